@@ -1,0 +1,31 @@
+"""specjax: exact speculative decoding in JAX, wired to T5X checkpoints and gin."""
+from setuptools import find_packages, setup
+
+setup(
+    name="specjax",
+    version="0.1.0",
+    description="Speculative decoding (Leviathan et al. 2023) in JAX/Flax for T5X models",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["specjax", "specjax.*", "experiments", "experiments.*"]),
+    include_package_data=True,
+    package_data={"specjax": ["gin/**/*.gin", "assets/**/*"]},
+    install_requires=[
+        "jax==0.10.2",
+        "jaxlib==0.10.2",
+        "flax==0.12.8",
+        "optax>=0.2.4",
+        "gin-config>=0.5.0",
+        "numpy>=1.26",
+        "tensorstore>=0.1.60",
+        "msgpack>=1.0",
+        "sentencepiece>=0.2.0",
+        "rich>=13.0",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "orbax-checkpoint>=0.11"],
+        "seqio": ["seqio>=0.0.19", "tensorflow-cpu", "sacrebleu>=2.4"],
+    },
+    entry_points={"console_scripts": ["specjax=specjax.main:run"]},
+)

@@ -1,0 +1,60 @@
+"""The model protocol the decode loops see.
+
+The decoding functions never see Flax modules. A model is an object with a few
+pure functions; tests plug in fake models (fixed probability tables) through the
+same protocol.
+
+Cache semantics (shared by every implementation):
+- ``init_cache(batch, max_len)`` allocates every buffer once: O(batch * max_len).
+- ``decode(params, cache, tokens[B, k], positions[B], encoded)`` writes the k
+  tokens of row b at cache slots ``positions[b] .. positions[b] + k - 1`` and
+  returns logits for each of them. Query ``positions[b] + i`` attends to keys at
+  slots ``<= positions[b] + i`` (causal); slots beyond are masked. So rolling
+  back a rejected guess is only moving the row's length: stale slots are
+  overwritten before any query can see them.
+- For an encoder-decoder model ``encoded = encode(params, inputs[B, L_in])``
+  holds what cross-attention needs (computed once per generation); a
+  decoder-only model returns ``None`` and ignores ``encoded``.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol, Tuple, runtime_checkable
+
+import jax
+
+Params = Any  # a nested dict of arrays with T5X names
+Cache = Any  # a pytree of arrays
+Encoded = Any  # a pytree of arrays, or None
+
+
+@runtime_checkable
+class DecodingModel(Protocol):
+  """What `specjax.decoding` needs from a model (target or draft)."""
+
+  @property
+  def vocab_size(self) -> int:
+    """Size of the logits' last axis."""
+
+  @property
+  def is_encoder_decoder(self) -> bool:
+    """True when `encode` must be called on the inputs (T5); False for decoder-only."""
+
+  def encode(self, params: Params, inputs: jax.Array) -> Encoded:
+    """inputs: int32 [B, L_in] (0 = padding) -> opaque pytree, or None."""
+
+  def init_cache(self, batch: int, max_len: int) -> Cache:
+    """Zeroed KV cache for `batch` rows of `max_len` decoder slots."""
+
+  def decode(self, params: Params, cache: Cache, tokens: jax.Array,
+             positions: jax.Array, encoded: Encoded
+             ) -> Tuple[jax.Array, Cache]:
+    """tokens: int32 [B, k]; positions: int32 [B] -> (float32 logits [B, k, V], cache)."""
+
+
+def check_same_vocab(target: DecodingModel, draft_vocab_size: Optional[int]) -> None:
+  """Raises ValueError when target and draft vocabularies differ."""
+  if draft_vocab_size is not None and draft_vocab_size != target.vocab_size:
+    raise ValueError(
+        f"target and draft vocabularies differ: target vocab_size="
+        f"{target.vocab_size}, draft vocab_size={draft_vocab_size}; "
+        "speculative decoding needs one shared vocabulary")

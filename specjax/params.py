@@ -1,0 +1,60 @@
+"""Helpers for parameter trees: nested dicts of arrays with T5X names."""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Mapping, Tuple
+
+import numpy as np
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]:
+  """Yields ('decoder/layers_0/mlp/wo/kernel', leaf) pairs in sorted key order."""
+  for key in sorted(tree):
+    value = tree[key]
+    path = f"{prefix}/{key}" if prefix else str(key)
+    if isinstance(value, Mapping):
+      yield from flatten(value, path)
+    else:
+      yield path, value
+
+
+def unflatten(items: Mapping[str, Any]) -> Dict[str, Any]:
+  """Inverse of `flatten`: {'a/b': x} -> {'a': {'b': x}}."""
+  out: Dict[str, Any] = {}
+  for path, value in items.items():
+    node = out
+    parts = path.split("/")
+    for part in parts[:-1]:
+      node = node.setdefault(part, {})
+    node[parts[-1]] = value
+  return out
+
+
+def check_params_match(params: Mapping[str, Any], expected: Mapping[str, Any],
+                       what: str = "parameters") -> None:
+  """Raises ValueError naming the first parameter whose name or shape differs.
+
+  Args:
+    params: the tree to check (arrays or anything with `.shape`).
+    expected: the tree the model config implies (e.g. from `jax.eval_shape`).
+    what: how to call `params` in the message (e.g. a checkpoint path).
+  """
+  got = dict(flatten(params))
+  want = dict(flatten(expected))
+  for name in sorted(want):
+    if name not in got:
+      raise ValueError(f"{what}: missing parameter '{name}' "
+                       f"(expected shape {tuple(want[name].shape)})")
+  for name in sorted(got):
+    if name not in want:
+      raise ValueError(f"{what}: unexpected parameter '{name}' "
+                       f"(shape {tuple(np.shape(got[name]))}) not in the model config")
+  for name in sorted(want):
+    if tuple(np.shape(got[name])) != tuple(want[name].shape):
+      raise ValueError(
+          f"{what}: parameter '{name}' has shape {tuple(np.shape(got[name]))} "
+          f"but the model config expects {tuple(want[name].shape)}")
+
+
+def count_params(params: Mapping[str, Any]) -> int:
+  """Total number of scalars in a parameter tree."""
+  return int(sum(np.prod(np.shape(v)) for _, v in flatten(params)))

@@ -1,0 +1,104 @@
+"""Standardized sampling (paper §2.2): temperature, top-k, top-p, argmax.
+
+The same `Sampling` is applied to the target's and the draft's logits, so that
+speculative sampling reproduces exactly the *standardized* target distribution.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """How logits become a distribution. Hashable: pass it as a static argument.
+
+  Order of operations: temperature, then top-k, then top-p (nucleus).
+  """
+
+  temperature: float = 1.0
+  """Divides the logits; 0 means argmax (greedy, ties to the lowest id)."""
+  top_k: int = 0
+  """Keep only the k most likely tokens (ties to the lowest ids); 0 turns it off."""
+  top_p: float = 1.0
+  """Keep the smallest set of most likely tokens whose mass reaches top_p; 1.0 turns it off."""
+
+  def __post_init__(self):
+    if not self.temperature >= 0:  # also catches NaN
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if int(self.top_k) != self.top_k or self.top_k < 0:
+      raise ValueError(f"top_k must be an integer >= 0, got {self.top_k}")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+  @property
+  def greedy(self) -> bool:
+    """True for temperature 0 (the distribution is one-hot at the argmax)."""
+    return self.temperature == 0
+
+  def probs(self, logits: jax.Array) -> jax.Array:
+    """The standardized distribution.
+
+    Args:
+      logits: float [..., V].
+    Returns:
+      float32 [..., V], non-negative, summing to 1 along the last axis.
+    """
+    logits = jnp.asarray(logits, jnp.float32)
+    vocab = logits.shape[-1]
+    if self.greedy:
+      return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
+    logits = logits / self.temperature
+    if self.top_k and self.top_k < vocab:
+      # Keep exactly k tokens: lax.top_k breaks ties towards lower indices.
+      _, keep = jax.lax.top_k(logits, self.top_k)  # int32 [..., k]
+      mask = jnp.any(jax.nn.one_hot(keep, vocab, dtype=jnp.bool_), axis=-2)
+      logits = jnp.where(mask, logits, -jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if self.top_p < 1.0:
+      probs = _nucleus(probs, self.top_p)
+    return probs
+
+  def sample(self, key: jax.Array, logits: jax.Array) -> jax.Array:
+    """Draws a token from `probs(logits)`.
+
+    Args:
+      key: a PRNG key (one draw per leading index, shared key).
+      logits: float [..., V].
+    Returns:
+      int32 [...].
+    """
+    if self.greedy:
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return categorical(key, self.probs(logits))
+
+
+def _nucleus(probs: jax.Array, top_p: float) -> jax.Array:
+  """Zeroes the tail outside the top_p nucleus and renormalizes. probs: [..., V]."""
+  order = jnp.argsort(-probs, axis=-1, stable=True)  # most likely first, ties to low ids
+  sorted_probs = jnp.take_along_axis(probs, order, axis=-1)
+  mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+  keep_sorted = mass_before < top_p  # always keeps the most likely token
+  keep = jnp.zeros_like(keep_sorted)
+  keep = jnp.put_along_axis(keep, order, keep_sorted, axis=-1, inplace=False)
+  kept = jnp.where(keep, probs, 0.0)
+  return kept / jnp.sum(kept, axis=-1, keepdims=True)
+
+
+def categorical(key: jax.Array, probs: jax.Array) -> jax.Array:
+  """Samples from unnormalized non-negative weights with no normalizing sum.
+
+  Uses the exponential race: argmax_i w_i / E_i with E_i ~ Exp(1) is distributed
+  as w / sum(w). Zero weights are never drawn (when all are zero it returns 0).
+
+  Args:
+    key: PRNG key.
+    probs: float [..., V] non-negative weights.
+  Returns:
+    int32 [...].
+  """
+  exp = jax.random.exponential(key, probs.shape, dtype=jnp.float32)
+  score = jnp.where(probs > 0, jnp.log(jnp.maximum(probs, 1e-38)) - jnp.log(exp), -jnp.inf)
+  return jnp.argmax(score, axis=-1).astype(jnp.int32)

@@ -1,0 +1,69 @@
+"""Tests for specjax.sampling: standardized distributions and their properties."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.sampling import Sampling, categorical
+
+LOGITS = jnp.array([[1.0, 3.0, 3.0, -2.0, 0.5, 2.0],
+                    [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+
+
+def test_temperature_zero_is_one_hot_argmax_with_ties_to_lowest_id():
+  probs = Sampling(temperature=0.0).probs(LOGITS)
+  np.testing.assert_array_equal(np.argmax(probs, -1), [1, 0])
+  np.testing.assert_allclose(probs.sum(-1), 1.0)
+  assert set(np.unique(np.asarray(probs))) == {0.0, 1.0}
+  tokens = Sampling(temperature=0.0).sample(jax.random.PRNGKey(0), LOGITS)
+  np.testing.assert_array_equal(tokens, [1, 0])
+
+
+def test_temperature_one_is_softmax_and_temperature_scales():
+  np.testing.assert_allclose(Sampling().probs(LOGITS), jax.nn.softmax(LOGITS), rtol=1e-6)
+  np.testing.assert_allclose(Sampling(temperature=0.5).probs(LOGITS),
+                             jax.nn.softmax(LOGITS * 2), rtol=1e-6)
+
+
+def test_top_k_keeps_exactly_k_and_top_one_equals_greedy():
+  probs = Sampling(top_k=2).probs(LOGITS)
+  assert list((np.asarray(probs) > 0).sum(-1)) == [2, 2]
+  np.testing.assert_allclose(probs[0, [1, 2]], [0.5, 0.5], rtol=1e-6)
+  np.testing.assert_allclose(probs[1, [0, 1]], [0.5, 0.5], rtol=1e-6)  # ties to low ids
+  np.testing.assert_array_equal(Sampling(top_k=1).probs(LOGITS),
+                                Sampling(temperature=0.0).probs(LOGITS))
+
+
+def test_top_p_keeps_smallest_nucleus():
+  logits = jnp.log(jnp.array([0.05, 0.5, 0.3, 0.15]))
+  probs = Sampling(top_p=0.75).probs(logits)  # 0.5 + 0.3 reaches 0.75
+  np.testing.assert_allclose(probs, [0, 0.5 / 0.8, 0.3 / 0.8, 0], rtol=1e-5)
+  probs = Sampling(top_p=0.8).probs(logits)  # 0.5 + 0.3 = 0.8 is enough
+  np.testing.assert_allclose(probs, [0, 0.5 / 0.8, 0.3 / 0.8, 0], rtol=1e-5)
+  probs = Sampling(top_p=0.81).probs(logits)
+  np.testing.assert_allclose(probs, [0, 0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95], rtol=1e-5)
+  probs = Sampling(top_p=1e-6).probs(logits)  # tiny p keeps the argmax only
+  np.testing.assert_allclose(probs, [0, 1, 0, 0])
+
+
+def test_categorical_matches_weights():
+  # 200k draws over 4 outcomes: sampling TV error ≈ 0.002; a wrong sampler
+  # (e.g. one biased by 0.01 in TV) fails the 0.006 bound.
+  weights = jnp.array([0.1, 0.0, 0.6, 0.3]) * 7.0  # unnormalized on purpose
+  keys = jax.random.split(jax.random.PRNGKey(1), 200_000)
+  draws = jax.vmap(categorical, in_axes=(0, None))(keys, weights)
+  freq = np.bincount(np.asarray(draws), minlength=4) / draws.shape[0]
+  assert freq[1] == 0
+  assert 0.5 * np.abs(freq - np.array([0.1, 0, 0.6, 0.3])).sum() < 0.006
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(temperature=-0.1), "temperature"),
+    (dict(top_k=-1), "top_k"),
+    (dict(top_k=1.5), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+])
+def test_bad_arguments_name_the_argument(kwargs, name):
+  with pytest.raises(ValueError, match=name):
+    Sampling(**kwargs)
