@@ -1,0 +1,82 @@
+"""Tiny fixtures shipped with the package: models given as fixed probability tables.
+
+`TableModel` implements `specjax.models.protocol.DecodingModel` with a trigram
+table: the logits at slot t are `log_table[token at t-1, token at t]`, where
+the token at t-1 is read from the model's own KV-style cache. Stale cache slots
+therefore change its output, so decode-loop tests through it also check that
+rollback never lets a rejected guess leak into later logits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class TableModel:
+  """A decoder-only (or, with `encoder_decoder=True`, a T5-like) trigram table model.
+
+  params: float32 log_table [V, V, V]. For the encoder-decoder flavour the
+  encoder output is ignored apart from shape checks (the decoder starts at token 0).
+  """
+
+  vocab: int
+  encoder_decoder: bool = False
+
+  @property
+  def vocab_size(self) -> int:
+    return self.vocab
+
+  @property
+  def is_encoder_decoder(self) -> bool:
+    return self.encoder_decoder
+
+  def encode(self, params, inputs):
+    return jnp.zeros((inputs.shape[0],), jnp.float32) if self.encoder_decoder else None
+
+  def init_cache(self, batch, max_len):
+    return jnp.zeros((batch, max_len), jnp.int32)  # the tokens written so far
+
+  def decode(self, params, cache, tokens, positions, encoded, **unused):
+    k = tokens.shape[1]
+    cache = jax.vmap(lambda c, t, p: jax.lax.dynamic_update_slice(c, t, (p,)))(
+        cache, tokens, positions)
+    slots = positions[:, None] + jnp.arange(k)[None, :]  # [B, k]
+    prev = jnp.where(slots > 0, jnp.take_along_axis(cache, jnp.maximum(slots - 1, 0), 1), 0)
+    return params[prev, tokens], cache
+
+
+def random_table(seed: int, vocab: int, sharpness: float = 1.5) -> jnp.ndarray:
+  """Random log-probabilities [V, V, V] (rows normalized)."""
+  rng = np.random.default_rng(seed)
+  logits = rng.normal(size=(vocab, vocab, vocab)) * sharpness
+  return jnp.asarray(jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1))
+
+
+def exact_joint(log_table: np.ndarray, sampling, prefix, steps: int) -> dict:
+  """Exact distribution of the next `steps` tokens of a TableModel, enumerated.
+
+  Args:
+    log_table: [V, V, V] the model's params.
+    sampling: a `Sampling`; applied to each row of logits.
+    prefix: the decoder prefix (prompt, or [0] for encoder-decoder).
+    steps: how many tokens to enumerate (V**steps outcomes).
+  Returns:
+    {tuple of tokens: probability}.
+  """
+  vocab = log_table.shape[0]
+  probs = np.asarray(sampling.probs(jnp.asarray(log_table)), np.float64)  # [V, V, V]
+  out = {}
+  for seq in itertools.product(range(vocab), repeat=steps):
+    context = list(prefix)
+    prob = 1.0
+    for token in seq:
+      prev = context[-2] if len(context) >= 2 else 0
+      prob *= probs[prev, context[-1], token]
+      context.append(token)
+    out[seq] = prob
+  return out
