@@ -25,7 +25,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "orbax-checkpoint>=0.11"],
-        "seqio": ["seqio>=0.0.19", "tensorflow-cpu", "sacrebleu>=2.4"],
+        "seqio": ["seqio>=0.0.19", "sacrebleu>=2.4"],
     },
     entry_points={"console_scripts": ["specjax=specjax.main:run"]},
 )
