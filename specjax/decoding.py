@@ -43,9 +43,21 @@ class DecodeConfig:
   """l in (0, 1]; 1 is exact. At temperature 0 and l < 1 the argmax lenience of A.5 is used."""
   cache_len: Optional[int] = None
   """Decoder slots per row (prefix + new tokens + max_gamma + 1). None: rounded up to 128."""
+  trace: bool = False
+  """Record every round's guesses, accepted count and correction (for Figure-1 traces)."""
 
   def __post_init__(self):
     check_lenience(self.lenience)
+
+
+@flax.struct.dataclass
+class Trace:
+  """Per-round record of a speculative generation (rounds beyond `target_calls` are 0)."""
+
+  guesses: jax.Array  # int32 [B, R, max_gamma]: the drafted tokens of round r
+  accepted: jax.Array  # int32 [B, R]: guesses accepted in round r
+  correction: jax.Array  # int32 [B, R]: the token the target drew after them
+  gamma: jax.Array  # int32 []: guesses per round
 
 
 @flax.struct.dataclass
@@ -59,6 +71,7 @@ class DecodeResult:
   accepted_hist: jax.Array  # int32 [B, max_gamma + 1]: rounds that accepted n guesses
   alpha_sum: jax.Array  # float32 [B]: Σ_x min(p, q) summed over verified positions
   alpha_count: jax.Array  # int32 [B]: verified positions in alpha_sum
+  trace: Optional[Trace] = None  # per-round record when DecodeConfig.trace
 
   @property
   def alpha(self) -> jax.Array:
@@ -84,6 +97,7 @@ class _Loop:
   alpha_sum: jax.Array  # float32 [B]
   alpha_count: jax.Array  # int32 [B]
   nan: jax.Array  # bool [B]: NaN seen in this row's logits
+  trace: Optional[Trace] = None  # filled when DecodeConfig.trace
 
 
 # ------------------------------------------------------------------ input handling
@@ -182,7 +196,8 @@ def _result(state: _Loop, prefix_len):
   tokens = jnp.where(jnp.arange(width)[None, :] < generated[:, None], take_rows(state.seq, index), 0)
   return DecodeResult(tokens=tokens, lengths=generated, target_calls=state.target_calls,
                       draft_calls=state.draft_calls, accepted_hist=state.accepted_hist,
-                      alpha_sum=state.alpha_sum, alpha_count=state.alpha_count), state.nan
+                      alpha_sum=state.alpha_sum, alpha_count=state.alpha_count,
+                      trace=state.trace), state.nan
 
 
 def _start(model, params, inputs, seq, length, cache_len, gamma_slots):
@@ -260,7 +275,7 @@ def _verify_rows(config: DecodeConfig, row_keys, length, guesses, draft_probs, l
   target_probs = config.sampling.probs(logits)  # [B, G+1, V]
 
   def one(key, start, x, q, p, raw):
-    if config.sampling.greedy and config.lenience < 1:
+    if config.sampling.greedy:  # Algorithm 1 on one-hot p, q is exactly this (no randomness)
       return argmax_lenient_step(x, jax.nn.softmax(raw, -1), lenience=config.lenience,
                                  num_guesses=gamma)
     offsets = jnp.arange(max_gamma + 1)
@@ -282,6 +297,12 @@ def _speculative(target, drafter, config, target_params, drafter_params, inputs,
   state, encoded = _start(target, target_params, inputs, seq, length, seq.shape[1], max_gamma + 1)
   state = state.replace(drafter_state=drafter.init(drafter_params, inputs, seq, length,
                                                    seq.shape[1]))
+  if config.trace:
+    batch, rounds = seq.shape
+    state = state.replace(trace=Trace(
+        guesses=jnp.zeros((batch, rounds, max_gamma), jnp.int32),
+        accepted=jnp.zeros((batch, rounds), jnp.int32),
+        correction=jnp.zeros((batch, rounds), jnp.int32), gamma=gamma))
 
   def body(state: _Loop) -> _Loop:
     active = ~state.done
@@ -301,7 +322,16 @@ def _speculative(target, drafter, config, target_params, drafter_params, inputs,
     overlap = jnp.minimum(p[:, :max_gamma], q).sum(-1)  # [B, G]
     seen = (slots[:, :max_gamma] <= n[:, None]) & (slots[:, :max_gamma] < gamma) & active[:, None]
     bad = jnp.any(jnp.isnan(logits), axis=(1, 2)) | jnp.any(jnp.isnan(q), axis=(1, 2))
+    trace = state.trace
+    if trace is not None:
+      rows, r = jnp.arange(n.shape[0]), jnp.minimum(state.target_calls, trace.accepted.shape[1] - 1)
+      keep = lambda new, old: jnp.where(active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+      trace = trace.replace(
+          guesses=trace.guesses.at[rows, r].set(keep(guesses, trace.guesses[rows, r])),
+          accepted=trace.accepted.at[rows, r].set(keep(n, trace.accepted[rows, r])),
+          correction=trace.correction.at[rows, r].set(keep(token, trace.correction[rows, r])))
     return state.replace(
+        trace=trace,
         seq=seq, length=length, done=done, cache=cache,
         drafter_state=drafter.update(dstate, n, gamma),
         target_calls=state.target_calls + active,

@@ -65,8 +65,10 @@ class Drafter(Protocol):
     """Called after verification with num_accepted int32 [B] (0..γ)."""
 
 
-def _sample_guess(row_keys, length, i, probs):
+def _sample_guess(row_keys, length, i, probs, greedy: bool):
   """Draws guess i (absolute position length + i) from probs [B, V] per row."""
+  if greedy:  # probs are one-hot: no randomness needed
+    return jnp.argmax(probs, axis=-1).astype(jnp.int32)
   keys = jax.vmap(position_key, in_axes=(0, 0, None))(row_keys, length + i, DRAFT_STREAM)
   return jax.vmap(categorical)(keys, probs)
 
@@ -117,7 +119,7 @@ class ModelDrafter:
     probs0 = sampling.probs(logits)
     tokens = jnp.zeros((batch, self.max_gamma), jnp.int32)
     all_probs = jnp.zeros((batch, self.max_gamma, probs0.shape[-1]), jnp.float32)
-    first = _sample_guess(row_keys, length, 0, probs0)
+    first = _sample_guess(row_keys, length, 0, probs0, sampling.greedy)
     tokens = tokens.at[:, 0].set(first)
     all_probs = all_probs.at[:, 0].set(probs0)
 
@@ -126,7 +128,7 @@ class ModelDrafter:
       prev = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)  # [B, 1]
       logits, cache = self.model.decode(params, cache, prev, length + i - 1, state.encoded)
       probs = sampling.probs(logits[:, 0])
-      guess = _sample_guess(row_keys, length, i, probs)
+      guess = _sample_guess(row_keys, length, i, probs, sampling.greedy)
       tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
       all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
       return tokens, all_probs, cache
@@ -228,7 +230,7 @@ class NGramDrafter:
       tokens, all_probs, prev = carry
       context = prev if self.order == 2 else jnp.zeros_like(prev)
       probs = sampling.probs(jnp.log(_table_probs(params, context)))
-      guess = _sample_guess(row_keys, length, i, probs)
+      guess = _sample_guess(row_keys, length, i, probs, sampling.greedy)
       tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
       all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
       return tokens, all_probs, guess

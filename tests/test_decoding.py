@@ -198,3 +198,20 @@ def test_bad_input(tables, kwargs, message):
                        max_new_tokens=args["max_new_tokens"], gamma=args["gamma"],
                        rng=jax.random.PRNGKey(0), config=DecodeConfig(cache_len=32),
                        prompt_lengths=args["prompt_lengths"])
+
+
+def test_trace_replays_the_output(tables):
+  target_table, draft_table = tables
+  prompts, lengths = _prompts(batch=3)
+  config = DecodeConfig(eos_id=NO_EOS, cache_len=64, trace=True)
+  result = speculative_decode(TableModel(V), target_table, ModelDrafter(TableModel(V), 4),
+                              draft_table, prompts, max_new_tokens=15, gamma=3,
+                              rng=jax.random.PRNGKey(2), config=config, prompt_lengths=lengths)
+  trace = result.trace
+  for b in range(3):
+    replay = []
+    for r in range(int(result.target_calls[b])):
+      n = int(trace.accepted[b, r])
+      replay += list(np.asarray(trace.guesses[b, r, :n])) + [int(trace.correction[b, r])]
+    assert replay[:15] == list(np.asarray(result.tokens[b]))
+    assert np.all(np.asarray(trace.accepted[b]) <= 3)
