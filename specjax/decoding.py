@@ -31,6 +31,9 @@ from specjax.sampling import Sampling
 from specjax.speculative import argmax_lenient_step, check_lenience, verify
 
 
+GAMMA_POLICIES = ("constant", "heuristic", "optimal")
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
   """Static decoding settings (hashable; part of the jit cache key)."""
@@ -45,9 +48,19 @@ class DecodeConfig:
   """Decoder slots per row (prefix + new tokens + max_gamma + 1). None: rounded up to 128."""
   trace: bool = False
   """Record every round's guesses, accepted count and correction (for Figure-1 traces)."""
+  gamma_policy: str = "constant"
+  """How each row's γ evolves: 'constant'; 'heuristic' (+2 after a round that accepted all,
+  −1 otherwise, within [1, max_gamma]); 'optimal' (the γ maximizing Thm 3.8 for the row's
+  running α estimate and `cost_coefficient`). γ is data: policies never recompile per γ."""
+  cost_coefficient: float = 0.0
+  """c, the draft/target cost ratio the 'optimal' policy plugs into Thm 3.8."""
 
   def __post_init__(self):
     check_lenience(self.lenience)
+    if self.gamma_policy not in GAMMA_POLICIES:
+      raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {self.gamma_policy!r}")
+    if self.cost_coefficient < 0:
+      raise ValueError(f"cost_coefficient must be >= 0, got {self.cost_coefficient}")
 
 
 @flax.struct.dataclass
@@ -57,7 +70,7 @@ class Trace:
   guesses: jax.Array  # int32 [B, R, max_gamma]: the drafted tokens of round r
   accepted: jax.Array  # int32 [B, R]: guesses accepted in round r
   correction: jax.Array  # int32 [B, R]: the token the target drew after them
-  gamma: jax.Array  # int32 []: guesses per round
+  gamma: jax.Array  # int32 [B, R]: guesses offered in round r (a row's γ may adapt)
 
 
 @flax.struct.dataclass
@@ -97,6 +110,7 @@ class _Loop:
   alpha_sum: jax.Array  # float32 [B]
   alpha_count: jax.Array  # int32 [B]
   nan: jax.Array  # bool [B]: NaN seen in this row's logits
+  gamma: Optional[jax.Array] = None  # int32 [B]: each row's γ for the next round
   trace: Optional[Trace] = None  # filled when DecodeConfig.trace
 
 
@@ -270,11 +284,14 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
 
 
 def _verify_rows(config: DecodeConfig, row_keys, length, guesses, draft_probs, logits, gamma):
-  """vmapped Algorithm 1 with position-tied randomness -> (n int32 [B], next int32 [B])."""
+  """vmapped Algorithm 1 with position-tied randomness; gamma int32 [B].
+
+  Returns (n int32 [B], next int32 [B], target_probs float32 [B, G+1, V]).
+  """
   max_gamma = guesses.shape[1]
   target_probs = config.sampling.probs(logits)  # [B, G+1, V]
 
-  def one(key, start, x, q, p, raw):
+  def one(key, start, x, q, p, raw, gamma):
     if config.sampling.greedy:  # Algorithm 1 on one-hot p, q is exactly this (no randomness)
       return argmax_lenient_step(x, jax.nn.softmax(raw, -1), lenience=config.lenience,
                                  num_guesses=gamma)
@@ -285,8 +302,20 @@ def _verify_rows(config: DecodeConfig, row_keys, length, guesses, draft_probs, l
                                                                  CORRECTION_STREAM)
     return verify(uniforms, correction, x, q, p, lenience=config.lenience, num_guesses=gamma)
 
-  n, token = jax.vmap(one)(row_keys, length, guesses, draft_probs, target_probs, logits)
+  n, token = jax.vmap(one)(row_keys, length, guesses, draft_probs, target_probs, logits, gamma)
   return n, token, target_probs
+
+
+def _next_gamma(config: DecodeConfig, gamma, n, alpha, max_gamma: int):
+  """Each row's γ for its next round under `config.gamma_policy`. All int32 [B]."""
+  if config.gamma_policy == "heuristic":
+    return jnp.clip(jnp.where(n >= gamma, gamma + 2, gamma - 1), 1, max_gamma)
+  if config.gamma_policy == "optimal":
+    a = jnp.clip(alpha, 0.0, 0.999)[:, None]  # [B, 1]
+    g = jnp.arange(1, max_gamma + 1, dtype=jnp.float32)[None, :]  # [1, G]
+    speed = (1 - a ** (g + 1)) / ((1 - a) * (g * config.cost_coefficient + 1))  # Thm 3.8
+    return (jnp.argmax(speed, axis=1) + 1).astype(jnp.int32)
+  return gamma
 
 
 @functools.partial(jax.jit, static_argnames=("target", "drafter", "config"))
@@ -297,15 +326,19 @@ def _speculative(target, drafter, config, target_params, drafter_params, inputs,
   state, encoded = _start(target, target_params, inputs, seq, length, seq.shape[1], max_gamma + 1)
   state = state.replace(drafter_state=drafter.init(drafter_params, inputs, seq, length,
                                                    seq.shape[1]))
+  batch = seq.shape[0]
+  state = state.replace(gamma=jnp.full((batch,), gamma, jnp.int32))
   if config.trace:
-    batch, rounds = seq.shape
+    rounds = seq.shape[1]
     state = state.replace(trace=Trace(
         guesses=jnp.zeros((batch, rounds, max_gamma), jnp.int32),
         accepted=jnp.zeros((batch, rounds), jnp.int32),
-        correction=jnp.zeros((batch, rounds), jnp.int32), gamma=gamma))
+        correction=jnp.zeros((batch, rounds), jnp.int32),
+        gamma=jnp.zeros((batch, rounds), jnp.int32)))
 
   def body(state: _Loop) -> _Loop:
     active = ~state.done
+    gamma = state.gamma  # int32 [B]
     guesses, q, draft_calls, dstate = drafter.propose(
         drafter_params, state.drafter_state, state.seq, state.length, gamma, row_keys,
         config.sampling)
@@ -320,16 +353,19 @@ def _speculative(target, drafter, config, target_params, drafter_params, inputs,
     seq, length, done = _advance(state, emitted, n + 1, prefix_len, max_new_tokens, config.eos_id)
     # α estimate over positions whose prefix is the committed one: i ≤ n, i < γ.
     overlap = jnp.minimum(p[:, :max_gamma], q).sum(-1)  # [B, G]
-    seen = (slots[:, :max_gamma] <= n[:, None]) & (slots[:, :max_gamma] < gamma) & active[:, None]
+    seen = (slots[:, :max_gamma] <= n[:, None]) & (slots[:, :max_gamma] < gamma[:, None]) & active[:, None]
     bad = jnp.any(jnp.isnan(logits), axis=(1, 2)) | jnp.any(jnp.isnan(q), axis=(1, 2))
     trace = state.trace
+    alpha_sum = state.alpha_sum + jnp.where(seen, overlap, 0.0).sum(1)
+    alpha_count = state.alpha_count + seen.sum(1)
     if trace is not None:
       rows, r = jnp.arange(n.shape[0]), jnp.minimum(state.target_calls, trace.accepted.shape[1] - 1)
       keep = lambda new, old: jnp.where(active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
       trace = trace.replace(
           guesses=trace.guesses.at[rows, r].set(keep(guesses, trace.guesses[rows, r])),
           accepted=trace.accepted.at[rows, r].set(keep(n, trace.accepted[rows, r])),
-          correction=trace.correction.at[rows, r].set(keep(token, trace.correction[rows, r])))
+          correction=trace.correction.at[rows, r].set(keep(token, trace.correction[rows, r])),
+          gamma=trace.gamma.at[rows, r].set(keep(gamma, trace.gamma[rows, r])))
     return state.replace(
         trace=trace,
         seq=seq, length=length, done=done, cache=cache,
@@ -338,8 +374,8 @@ def _speculative(target, drafter, config, target_params, drafter_params, inputs,
         draft_calls=state.draft_calls + jnp.where(active, draft_calls, 0),
         accepted_hist=state.accepted_hist + (jax.nn.one_hot(n, max_gamma + 1, dtype=jnp.int32)
                                              * active[:, None]),
-        alpha_sum=state.alpha_sum + jnp.where(seen, overlap, 0.0).sum(1),
-        alpha_count=state.alpha_count + seen.sum(1),
+        alpha_sum=alpha_sum, alpha_count=alpha_count,
+        gamma=_next_gamma(config, gamma, n, alpha_sum / jnp.maximum(alpha_count, 1), max_gamma),
         nan=state.nan | (active & bad))
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)

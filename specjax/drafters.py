@@ -59,10 +59,11 @@ class Drafter(Protocol):
   def propose(self, params: Any, state: Any, seq: jax.Array, length: jax.Array,
               gamma: jax.Array, row_keys: jax.Array, sampling: Sampling
               ) -> Tuple[jax.Array, jax.Array, jax.Array, Any]:
-    """-> (tokens int32 [B, G], probs float32 [B, G, V], calls int32 [B], state)."""
+    """gamma: int32 [B] (each row's γ) -> (tokens int32 [B, G], probs float32 [B, G, V],
+    calls int32 [B], state); guesses beyond a row's γ are ignored by the verifier."""
 
   def update(self, state: Any, num_accepted: jax.Array, gamma: jax.Array) -> Any:
-    """Called after verification with num_accepted int32 [B] (0..γ)."""
+    """Called after verification with num_accepted int32 [B] (0..γ) and gamma int32 [B]."""
 
 
 def _sample_guess(row_keys, length, i, probs, greedy: bool):
@@ -133,12 +134,14 @@ class ModelDrafter:
       all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
       return tokens, all_probs, cache
 
-    tokens, all_probs, cache = jax.lax.fori_loop(1, gamma, body, (tokens, all_probs, cache))
-    calls = jnp.full((batch,), gamma, jnp.int32)
-    return tokens, all_probs, calls, state.replace(cache=cache)
+    # Rows with a smaller γ ride along to the batch's largest γ; only their own count.
+    tokens, all_probs, cache = jax.lax.fori_loop(1, jnp.max(gamma), body,
+                                                 (tokens, all_probs, cache))
+    return tokens, all_probs, gamma, state.replace(cache=cache)
 
   def update(self, state, num_accepted, gamma):
-    return state.replace(lag=(num_accepted >= gamma).astype(jnp.int32))
+    # The draft fed x_1..x_{G-1} (G = the batch's largest γ): only n = G leaves x_G unfed.
+    return state.replace(lag=(num_accepted >= jnp.max(gamma)).astype(jnp.int32))
 
 
 def prefill(model: DecodingModel, params, cache, prompts: jax.Array, length: jax.Array):
@@ -235,7 +238,7 @@ class NGramDrafter:
       all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
       return tokens, all_probs, guess
 
-    tokens, all_probs, _ = jax.lax.fori_loop(0, gamma, body, (tokens, all_probs, prev))
+    tokens, all_probs, _ = jax.lax.fori_loop(0, jnp.max(gamma), body, (tokens, all_probs, prev))
     return tokens, all_probs, jnp.zeros((batch,), jnp.int32), state
 
   def update(self, state, num_accepted, gamma):

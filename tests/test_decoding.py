@@ -215,3 +215,42 @@ def test_trace_replays_the_output(tables):
       replay += list(np.asarray(trace.guesses[b, r, :n])) + [int(trace.correction[b, r])]
     assert replay[:15] == list(np.asarray(result.tokens[b]))
     assert np.all(np.asarray(trace.accepted[b]) <= 3)
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "optimal"])
+def test_adaptive_gamma_stays_exact_greedy_and_compiles_once(tables, policy):
+  target_table, draft_table = tables
+  prompts, lengths = _prompts()
+  greedy = Sampling(temperature=0.0)
+  reference = autoregressive_decode(TableModel(V), target_table, prompts, max_new_tokens=20,
+                                    rng=jax.random.PRNGKey(0),
+                                    config=DecodeConfig(sampling=greedy, cache_len=64),
+                                    prompt_lengths=lengths)
+  config = DecodeConfig(sampling=greedy, cache_len=64, gamma_policy=policy, trace=True,
+                        cost_coefficient=0.05)
+  drafter = ModelDrafter(TableModel(V), max_gamma=7)
+  before = decoding._speculative._cache_size()
+  for gamma in (1, 4):
+    result = speculative_decode(TableModel(V), target_table, drafter, draft_table, prompts,
+                                max_new_tokens=20, gamma=gamma, rng=jax.random.PRNGKey(0),
+                                config=config, prompt_lengths=lengths)
+    np.testing.assert_array_equal(result.tokens, reference.tokens)
+  assert decoding._speculative._cache_size() == before + 1
+  used = np.asarray(result.trace.gamma)[np.asarray(result.trace.gamma) > 0]
+  assert len(set(used.tolist())) > 1, "γ should adapt"
+  if policy == "heuristic":  # +2 after all-accepted rounds, −1 otherwise
+    g, n = np.asarray(result.trace.gamma[0]), np.asarray(result.trace.accepted[0])
+    for r in range(int(result.target_calls[0]) - 1):
+      want = min(g[r] + 2, 7) if n[r] == g[r] else max(g[r] - 1, 1)
+      assert g[r + 1] == want
+
+
+def test_adaptive_gamma_joint_is_exact(tables):
+  target_table, draft_table = tables
+  prompt = np.array([[2, 3]] * N, np.int32)
+  config = DecodeConfig(eos_id=NO_EOS, cache_len=16, gamma_policy="heuristic")
+  result = speculative_decode(TableModel(V), target_table, ModelDrafter(TableModel(V), 3),
+                              draft_table, prompt, max_new_tokens=STEPS, gamma=1,
+                              rng=jax.random.PRNGKey(3), config=config)
+  assert _joint_tv(result.tokens, exact_joint(np.asarray(target_table), Sampling(), [2, 3],
+                                              STEPS)) < 0.01
