@@ -283,7 +283,7 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
   return result.replace(tokens=result.tokens[:, :max_new_tokens])
 
 
-def _verify_rows(config: DecodeConfig, row_keys, length, guesses, draft_probs, logits, gamma):
+def verify_batch(config: DecodeConfig, row_keys, length, guesses, draft_probs, logits, gamma):
   """vmapped Algorithm 1 with position-tied randomness; gamma int32 [B].
 
   Returns (n int32 [B], next int32 [B], target_probs float32 [B, G+1, V]).
@@ -346,7 +346,7 @@ def _speculative(target, drafter, config, target_params, drafter_params, inputs,
     logits, cache = target.decode(target_params, state.cache,
                                   jnp.concatenate([last, guesses], axis=1), state.length - 1,
                                   encoded)  # ONE call scores γ+1 positions
-    n, token, p = _verify_rows(config, row_keys, state.length, guesses, q, logits, gamma)
+    n, token, p = verify_batch(config, row_keys, state.length, guesses, q, logits, gamma)
     slots = jnp.arange(max_gamma + 1)[None, :]
     padded = jnp.concatenate([guesses, jnp.zeros_like(guesses[:, :1])], axis=1)
     emitted = jnp.where(slots < n[:, None], padded, token[:, None])

@@ -78,21 +78,25 @@ def _sample_guess(row_keys, length, i, probs, greedy: bool):
 class ModelDrafterState:
   cache: Any  # the draft model's KV cache
   encoded: Any  # the draft's encoder output (None for decoder-only)
-  lag: jax.Array  # int32 [B]: 1 when the last round accepted all γ (x_γ not yet in the cache)
+  fed: jax.Array  # int32 [B]: cache slots 0..fed-1 hold the row's committed tokens
+  start: jax.Array  # int32 [B]: the row's length at the last `propose`
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelDrafter:
   """Any specjax model as the draft, with its own KV cache.
 
-  Its cache holds every committed token but the last. After a round that
-  rejected guess n+1, the stale slots are simply overwritten next round; after
-  a round that accepted all γ, x_γ was never fed, so the next round's first call
-  feeds a 2-token window [x_γ, correction] instead of one token: no extra pass.
+  The cache holds the committed tokens in slots 0..fed-1. A round needs slots up
+  to length-2 (the last token is fed again), so its first call feeds a short
+  catch-up window [x_{L-1-lag} .. x_{L-1}] with lag = L-1-fed: after a rejection
+  lag is 0 (stale slots are overwritten), after a round that accepted all γ it is
+  1 (x_γ was drafted but never fed), so no extra full draft pass is needed.
   """
 
   model: DecodingModel
   max_gamma: int
+  window: int = 2
+  """Static catch-up window: lags up to window-1 (2 suffices alone; 3 inside a hierarchy)."""
 
   @property
   def vocab_size(self) -> int:
@@ -101,27 +105,26 @@ class ModelDrafter:
   def init(self, params, inputs, seq, length, cache_len):
     batch = seq.shape[0]
     cache = self.model.init_cache(batch, cache_len)
-    encoded = None
+    encoded, fed = None, jnp.zeros((batch,), jnp.int32)
     if self.model.is_encoder_decoder:
       encoded = self.model.encode(params, inputs)
     else:
-      cache = prefill(self.model, params, cache, inputs, length)
-    return ModelDrafterState(cache=cache, encoded=encoded, lag=jnp.zeros((batch,), jnp.int32))
+      cache, fed = prefill(self.model, params, cache, inputs, length), length
+    return ModelDrafterState(cache=cache, encoded=encoded, fed=fed, start=length)
 
   def propose(self, params, state, seq, length, gamma, row_keys, sampling):
     batch = seq.shape[0]
-    lag = state.lag
-    # First call: the catch-up window. lag=1 -> [x_{L-2}, x_{L-1}] at L-2, read index 1;
-    # lag=0 -> [x_{L-1}, (junk, overwritten later)] at L-1, read index 0.
-    start = length - 1 - lag
-    window = take_rows(seq, start[:, None] + jnp.arange(2)[None, :])
-    logits, cache = self.model.decode(params, state.cache, window, start, state.encoded)
+    lag = jnp.clip(length - 1 - state.fed, 0, self.window - 1)
+    # First call: the catch-up window x_{L-1-lag} .. x_{L-1} (+ junk slots that
+    # later calls overwrite); the distribution of x_1 is read at index lag.
+    begin = length - 1 - lag
+    window = take_rows(seq, begin[:, None] + jnp.arange(self.window)[None, :])
+    logits, cache = self.model.decode(params, state.cache, window, begin, state.encoded)
     logits = jnp.take_along_axis(logits, lag[:, None, None], axis=1)[:, 0]  # [B, V]
     probs0 = sampling.probs(logits)
     tokens = jnp.zeros((batch, self.max_gamma), jnp.int32)
     all_probs = jnp.zeros((batch, self.max_gamma, probs0.shape[-1]), jnp.float32)
-    first = _sample_guess(row_keys, length, 0, probs0, sampling.greedy)
-    tokens = tokens.at[:, 0].set(first)
+    tokens = tokens.at[:, 0].set(_sample_guess(row_keys, length, 0, probs0, sampling.greedy))
     all_probs = all_probs.at[:, 0].set(probs0)
 
     def body(i, carry):
@@ -135,13 +138,18 @@ class ModelDrafter:
       return tokens, all_probs, cache
 
     # Rows with a smaller γ ride along to the batch's largest γ; only their own count.
-    tokens, all_probs, cache = jax.lax.fori_loop(1, jnp.max(gamma), body,
-                                                 (tokens, all_probs, cache))
-    return tokens, all_probs, gamma, state.replace(cache=cache)
+    most = jnp.max(gamma)
+    tokens, all_probs, cache = jax.lax.fori_loop(1, most, body, (tokens, all_probs, cache))
+    # Fed: the committed tokens, then x_1 .. x_{G-1} (G = the batch's largest γ).
+    state = state.replace(cache=cache, fed=length + most - 1, start=length)
+    return tokens, all_probs, gamma, state
 
   def update(self, state, num_accepted, gamma):
-    # The draft fed x_1..x_{G-1} (G = the batch's largest γ): only n = G leaves x_G unfed.
-    return state.replace(lag=(num_accepted >= jnp.max(gamma)).astype(jnp.int32))
+    return self.truncate(state, state.start + num_accepted)
+
+  def truncate(self, state, valid):
+    """Only slots 0..valid-1 still hold committed tokens (valid int32 [B])."""
+    return state.replace(fed=jnp.minimum(state.fed, valid))
 
 
 def prefill(model: DecodingModel, params, cache, prompts: jax.Array, length: jax.Array):
