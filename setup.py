@@ -10,7 +10,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["specjax", "specjax.*", "experiments", "experiments.*"]),
     include_package_data=True,
-    package_data={"specjax": ["gin/**/*.gin", "assets/**/*"]},
+    package_data={"specjax": ["assets/*", "assets/*/*"]},
     install_requires=[
         "jax==0.10.2",
         "jaxlib==0.10.2",

@@ -1,0 +1,147 @@
+"""gin the T5X way: `--gin_file` (repeatable), `--gin.NAME=VALUE`, `--gin_search_paths`.
+
+Registers specjax's configurables and resolves model gin files into configs
+under a scope, so one run can hold two models (target and draft) whose size
+files bind the same `T5Config.*` / `DecoderOnlyConfig.*` names.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import gin
+
+from specjax.decoding import DecodeConfig
+from specjax.models.decoder_only import DecoderOnlyConfig
+from specjax.models.t5 import T5Config
+from specjax.sampling import Sampling
+
+GIN_DIR = Path(__file__).resolve().parent.parent / "gin"
+
+for _cls in (T5Config, DecoderOnlyConfig, Sampling, DecodeConfig):
+  try:
+    gin.external_configurable(_cls, _cls.__name__)
+  except ValueError:  # already registered (module reloaded)
+    pass
+
+_MODEL_CLASSES = {"T5Config": T5Config, "DecoderOnlyConfig": DecoderOnlyConfig}
+
+
+def split_gin_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str], List[str]]:
+  """Splits `--gin_file=F`, `--gin.X=Y`, `--gin_search_paths=A,B` out of argv.
+
+  Returns (gin_files, bindings, search_paths, remaining argv).
+  """
+  files, bindings, paths, rest = [], [], [], []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    value = None
+    for flag in ("--gin_file", "--gin_search_paths"):
+      if arg == flag and i + 1 < len(args):
+        value, i = args[i + 1], i + 1
+      elif arg.startswith(flag + "="):
+        value = arg.split("=", 1)[1]
+      if value is not None:
+        (files.append(value) if flag == "--gin_file" else
+         paths.extend(p for p in value.split(",") if p))
+        break
+    else:
+      if arg.startswith("--gin."):
+        bindings.append(arg[len("--gin."):])
+      else:
+        rest.append(arg)
+    i += 1
+  return files, bindings, paths, rest
+
+
+def search_paths(extra: Sequence[str] = ()) -> List[str]:
+  """The user's search paths first, then the working directory and specjax's gin/."""
+  return [*extra, os.getcwd(), str(GIN_DIR)]
+
+
+def resolve(path: str, paths: Sequence[str]) -> str:
+  """Finds a gin file on the search paths; FileNotFoundError names what was tried."""
+  if os.path.isabs(path) and os.path.exists(path):
+    return path
+  for base in paths:
+    candidate = os.path.join(base, path)
+    if os.path.exists(candidate):
+      return candidate
+  raise FileNotFoundError(f"gin file '{path}' not found on search paths {list(paths)}")
+
+
+def query_macro(name: str, default=None):
+  """The value of a gin macro, or `default` when it is unbound."""
+  try:
+    return gin.query_parameter(f"%{name}")
+  except ValueError:
+    return default
+
+
+MODEL_MACROS = {"target": "TARGET_MODEL", "draft": "DRAFT_MODEL"}
+_SCOPE_CLASS = {}
+
+
+def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str] = ()) -> None:
+  """Parses run files then bindings (T5X order), with includes found on `paths`.
+
+  Model gin files named by the macros TARGET_MODEL / DRAFT_MODEL are then read
+  under the scopes `target/` and `draft/`, and the run files and bindings are
+  parsed again on top, so `--gin.draft/T5Config.num_heads=...` still wins.
+  """
+  all_paths = search_paths(paths)
+  for p in all_paths:
+    gin.add_config_file_search_path(p)
+  files = [resolve(f, all_paths) for f in gin_files]
+  gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+  models = {scope: query_macro(macro) for scope, macro in MODEL_MACROS.items()}
+  models = {s: m for s, m in models.items() if isinstance(m, str)}
+  if not models:
+    return
+  gin.clear_config()
+  for scope, model_file in models.items():
+    text, cls = _scoped_text(model_file, scope, all_paths)
+    if cls is None:
+      raise ValueError(f"model gin file '{model_file}' binds neither T5Config nor DecoderOnlyConfig")
+    _SCOPE_CLASS[scope] = cls
+    gin.parse_config(text)
+  gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+
+
+def model_config(scope: str):
+  """The model config bound under `scope` ('target' or 'draft') by `parse`."""
+  if scope not in _SCOPE_CLASS:
+    raise ValueError(f"no model gin file was given for '{scope}': bind "
+                     f"{MODEL_MACROS.get(scope, scope.upper() + '_MODEL')} to e.g. "
+                     "'models/t5_1_1_small.gin'")
+  with gin.config_scope(scope):
+    return gin.get_configurable(_SCOPE_CLASS[scope])()
+
+
+_BINDING = re.compile(r"^(\s*)([A-Za-z_][\w.]*)\.(\w+)\s*=")
+_INCLUDE = re.compile(r"""^\s*include\s+['"](.+)['"]\s*$""")
+
+
+def _scoped_text(path: str, scope: str, paths: Sequence[str], seen=()) -> Tuple[str, Optional[str]]:
+  """The bindings of a model gin file (includes inlined) with `scope/` prefixed."""
+  full = resolve(path, paths)
+  if full in seen:
+    raise ValueError(f"gin include cycle at {full}")
+  out, cls = [], None
+  for line in Path(full).read_text().splitlines():
+    inc = _INCLUDE.match(line)
+    if inc:
+      text, inner = _scoped_text(inc.group(1), scope, paths, (*seen, full))
+      out.append(text)
+      cls = cls or inner
+      continue
+    m = _BINDING.match(line)
+    if m and m.group(2) in _MODEL_CLASSES:
+      cls = m.group(2)
+      line = f"{m.group(1)}{scope}/{m.group(2)}.{m.group(3)} ="+ line[m.end():]
+    out.append(line)
+  return "\n".join(out), cls

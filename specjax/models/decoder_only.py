@@ -1,0 +1,324 @@
+"""Decoder-only LM of t5x/examples/decoder_only (the paper's "GPT-like" family).
+
+Parameter tree (all under `decoder/`, as T5X's DecoderWrapper names it):
+`token_embedder/embedding [V, E]`, `relpos_bias/rel_embedding [H, 32]`,
+`layers_i/{pre_self_attention_layer_norm, self_attention/{query,key,value,out},
+pre_mlp_layer_norm, mlp/{wi_0,wi_1,wo}}`, `decoder_norm`, and
+`logits_dense/kernel [E, V]` unless logits come from the embedding (the default
+of T5X's decoder-only base.gin).
+
+This module also holds the decoder stack that T5's decoder reuses (with
+cross-attention on): `DecoderLayer` and `DecoderStack`.
+
+Example:
+  model = DecoderOnlyModel(DecoderOnlyConfig(vocab_size=64, emb_dim=16,
+      num_heads=2, num_layers=2, head_dim=8, mlp_dim=32))
+  params = model.init(jax.random.PRNGKey(0))
+  cache = model.init_cache(batch=2, max_len=32)
+  logits, cache = model.decode(params, cache, prompts, jnp.zeros(2, jnp.int32))
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Tuple
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from specjax.models.layers import (DTYPES, Array, Dense, EncodedInputs, Embed, KVCache,
+                                   MlpBlock, MultiHeadAttention, NetworkModel,
+                                   RelativePositionBias, RMSNorm, check_positions,
+                                   check_prefix_lengths, check_tokens, mask_to_bias,
+                                   mlp_kernel_init, validate_config, write_rows)
+
+
+# ----------------------------------------------------------------------------
+# Decoder: one layer and the stack.
+# ----------------------------------------------------------------------------
+def _attention(cfg: Any) -> MultiHeadAttention:
+  return MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, DTYPES[cfg.dtype])
+
+
+class DecoderLayer(nn.Module):
+  """T5X decoder layer: self-attention, optional cross-attention, gated MLP."""
+  config: Any  # T5Config or DecoderOnlyConfig
+  cross_attention: bool
+
+  def setup(self):
+    cfg, dtype = self.config, DTYPES[self.config.dtype]
+    self.pre_self_attention_layer_norm = RMSNorm(dtype)
+    self.self_attention = _attention(cfg)
+    if self.cross_attention:
+      self.pre_cross_attention_layer_norm = RMSNorm(dtype)
+      self.encoder_decoder_attention = _attention(cfg)
+    self.pre_mlp_layer_norm = RMSNorm(dtype)
+    self.mlp = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, dtype)
+
+  def __call__(self, x: Array, bias: Array, cache: Optional[Tuple[Array, Array]],
+               starts: Optional[Array], cross: Optional[Tuple[Array, Array, Array]]
+               ) -> Tuple[Array, Optional[Tuple[Array, Array]]]:
+    """One layer.
+
+    Args:
+      x: [B, q, E] layer input.
+      bias: float32 [B|1, H, q, kv] self-attention bias including the mask.
+      cache: (keys, values) [B, max_len, H, D] to write into and attend over,
+        or None to attend over this call's own keys (teacher forcing).
+      starts: int32 [B] slot of x[:, 0] when `cache` is given.
+      cross: (keys [B, L_in, H, D], values, bias float32 [B, 1, 1, L_in]) or None.
+
+    Returns:
+      ([B, q, E], updated cache or None).
+    """
+    h = self.pre_self_attention_layer_norm(x)
+    query = self.self_attention.project_q(h)
+    key, value = self.self_attention.project_kv(h)
+    if cache is not None:
+      key, value = write_rows(cache[0], key, starts), write_rows(cache[1], value, starts)
+      cache = (key, value)
+    x = x + self.self_attention.attend(query, key, value, bias)
+    if self.cross_attention:
+      h = self.pre_cross_attention_layer_norm(x)
+      att = self.encoder_decoder_attention
+      x = x + att.attend(att.project_q(h), cross[0], cross[1], cross[2])
+    return x + self.mlp(self.pre_mlp_layer_norm(x)), cache
+
+
+class DecoderStack(nn.Module):
+  """T5X decoder: embedding, `relpos_bias`, `layers_i`, `decoder_norm`, logits.
+
+  With `shared_embedding` (T5) the embedding lives outside this scope; without
+  it (decoder-only) the stack owns `token_embedder`.
+  """
+  config: Any  # T5Config or DecoderOnlyConfig
+  num_layers: int
+  cross_attention: bool
+  shared_embedding: Optional[Embed] = None
+
+  def setup(self):
+    cfg, dtype = self.config, DTYPES[self.config.dtype]
+    if self.shared_embedding is None:
+      self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, dtype)
+    self.relpos_bias = RelativePositionBias(cfg.num_heads)
+    self.layers = [DecoderLayer(cfg, self.cross_attention) for _ in range(self.num_layers)]
+    self.decoder_norm = RMSNorm(dtype)
+    if not cfg.logits_via_embedding:
+      self.logits_dense = Dense(cfg.vocab_size, mlp_kernel_init, jnp.float32)
+
+  def _embedder(self) -> Embed:
+    return self.shared_embedding if self.shared_embedding is not None else self.token_embedder
+
+  def cross_kv(self, encoded: Array) -> Tuple[Tuple[Array, ...], Tuple[Array, ...]]:
+    """Encoder output [B, L_in, E] -> per-layer cross-attention (keys, values)."""
+    pairs = [layer.encoder_decoder_attention.project_kv(encoded) for layer in self.layers]
+    return tuple(k for k, _ in pairs), tuple(v for _, v in pairs)
+
+  def _run(self, tokens, query_pos, key_pos, visible, caches, starts, encoded):
+    """Shared body of `forward` and `decode_step`.
+
+    Args:
+      tokens: int32 [B, q].
+      query_pos: int32 [B|1, q] absolute positions of the queries.
+      key_pos: int32 [kv] absolute positions of the keys (cache slots).
+      visible: bool [B|1, q, kv], the self-attention mask.
+      caches: per layer (keys, values) [B, max_len, H, D], or None.
+      starts: int32 [B] slot of tokens[:, 0] when `caches` is given.
+      encoded: EncodedInputs (cross-attention) or None.
+
+    Returns:
+      (float32 logits [B, q, V], per-layer updated caches or Nones).
+    """
+    cfg = self.config
+    bias = self.relpos_bias(query_pos, key_pos, False) + mask_to_bias(visible)[:, None]
+    cross_bias = None
+    if self.cross_attention:
+      cross_bias = mask_to_bias(encoded.mask)[:, None, None, :]  # [B, 1, 1, L_in]
+    x = self._embedder()(tokens)
+    new_caches = []
+    for i, layer in enumerate(self.layers):
+      cross = None
+      if self.cross_attention:
+        cross = (encoded.keys[i], encoded.values[i], cross_bias)
+      x, cache = layer(x, bias, None if caches is None else caches[i], starts, cross)
+      new_caches.append(cache)
+    y = self.decoder_norm(x)
+    if cfg.logits_via_embedding:
+      logits = self._embedder().attend(y) / jnp.sqrt(jnp.float32(cfg.emb_dim))
+    else:
+      logits = self.logits_dense(y)
+    return logits.astype(jnp.float32), new_caches
+
+  def forward(self, tokens: Array, prefix_lengths: Optional[Array] = None,
+              encoded: Optional[EncodedInputs] = None) -> Array:
+    """Teacher-forced logits.
+
+    Args:
+      tokens: int32 [B, L] decoder input tokens.
+      prefix_lengths: int32 [B] or None; query i sees key j when j <= i or
+        j < prefix_lengths[b] (T5X's prefix-LM mask).
+      encoded: cross-attention inputs (T5) or None.
+
+    Returns:
+      float32 [B, L, V].
+    """
+    length = tokens.shape[1]
+    pos = jnp.arange(length, dtype=jnp.int32)
+    visible = (pos[None, :] <= pos[:, None])[None]  # [1, L, L]
+    if prefix_lengths is not None:
+      visible = visible | (pos[None, None, :] < prefix_lengths[:, None, None])
+    logits, _ = self._run(tokens, pos[None], pos, visible, None, None, encoded)
+    return logits
+
+  def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
+                  prefix_lengths: Optional[Array] = None,
+                  encoded: Optional[EncodedInputs] = None) -> Tuple[Array, KVCache]:
+    """Writes tokens[b] at slots positions[b] + (0..k-1) and returns their logits.
+
+    Args:
+      tokens: int32 [B, k].
+      positions: int32 [B] slot of tokens[:, 0] in each row.
+      cache: KVCache with max_len >= positions + k.
+      prefix_lengths: int32 [B] or None; as in `forward` (prefill of a prefix LM).
+      encoded: cross-attention inputs (T5) or None.
+
+    Returns:
+      (float32 logits [B, k, V], updated KVCache).
+    """
+    k = tokens.shape[1]
+    query_pos = positions[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [B, k]
+    slots = jnp.arange(cache.max_len, dtype=jnp.int32)
+    visible = slots[None, None, :] <= query_pos[:, :, None]  # [B, k, max_len]
+    if prefix_lengths is not None:
+      visible = visible | (slots[None, None, :] < prefix_lengths[:, None, None])
+    caches = list(zip(cache.keys, cache.values))
+    logits, new = self._run(tokens, query_pos, slots, visible, caches, positions, encoded)
+    return logits, KVCache(keys=tuple(c[0] for c in new), values=tuple(c[1] for c in new))
+
+
+# ----------------------------------------------------------------------------
+# The decoder-only model.
+# ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DecoderOnlyConfig:
+  """Sizes of a T5X decoder-only network (field names of T5X's TransformerConfig)."""
+  vocab_size: int
+  """Rows of the token embedding and size of the logits (T5X: 32128)."""
+  emb_dim: int
+  """Width E of the residual stream."""
+  num_heads: int
+  """Attention heads H."""
+  num_layers: int
+  """Decoder layers."""
+  head_dim: int
+  """Width D of each head (H * D need not equal E)."""
+  mlp_dim: int
+  """Hidden width of the MLP."""
+  mlp_activations: Tuple[str, ...] = ("gelu", "linear")
+  """One name per input kernel: ('gelu', 'linear') is gated gelu (wi_0, wi_1);
+  a single activation such as ('relu',) names the kernel `wi`."""
+  logits_via_embedding: bool = True
+  """True: logits = y @ embedding.T / sqrt(E) (no logits_dense kernel)."""
+  dtype: str = "float32"
+  """Activation, compute and cache dtype; parameters stay float32."""
+
+  def __post_init__(self):
+    validate_config(self, ("vocab_size", "emb_dim", "num_heads", "num_layers",
+                           "head_dim", "mlp_dim"))
+
+
+class DecoderOnlyNetwork(nn.Module):
+  """Flax module with T5X's `decoder/` scope around the stack."""
+  config: DecoderOnlyConfig
+
+  def setup(self):
+    self.decoder = DecoderStack(self.config, self.config.num_layers, cross_attention=False)
+
+  def forward(self, tokens: Array, prefix_lengths: Optional[Array] = None) -> Array:
+    """Teacher-forced logits: tokens int32 [B, L] -> float32 [B, L, V]."""
+    return self.decoder.forward(tokens, prefix_lengths)
+
+  def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
+                  prefix_lengths: Optional[Array] = None) -> Tuple[Array, KVCache]:
+    """Cached step; see `DecoderStack.decode_step`."""
+    return self.decoder.decode_step(tokens, positions, cache, prefix_lengths)
+
+
+class DecoderOnlyModel(NetworkModel):
+  """Decoder-only LM behind the `DecodingModel` protocol.
+
+  Causal by default. With `prefix_lm=True` (T5X's prefix LM), a call that
+  passes `prefix_lengths` lets each row's first `prefix_lengths[b]` slots
+  attend to each other bidirectionally: pass it on the prefill call with the
+  prompts' true lengths; later calls are causal (their queries lie past the
+  prefix and see all of it anyway).
+  """
+  is_encoder_decoder = False
+
+  def __init__(self, config: DecoderOnlyConfig, prefix_lm: bool = False):
+    if not isinstance(config, DecoderOnlyConfig):
+      raise ValueError(f"DecoderOnlyModel needs a DecoderOnlyConfig, got {type(config).__name__}")
+    super().__init__(config, config.num_layers)
+    self.prefix_lm = bool(prefix_lm)
+    self._net = DecoderOnlyNetwork(config)
+
+  def encode(self, params: Any, inputs: Any) -> None:
+    """A decoder-only model has no encoder: returns None."""
+    del params, inputs
+    return None
+
+  def logits(self, params: Any, tokens: Any, prefix_lengths: Any = None) -> Array:
+    """Teacher-forced logits (training, scoring).
+
+    Args:
+      params: parameter tree (T5X names).
+      tokens: int32 [B, L] decoder input tokens.
+      prefix_lengths: int32 [B], required in prefix-LM mode (bidirectional
+        attention over each row's first prefix_lengths[b] tokens); ignored
+        by a causal model.
+
+    Returns:
+      float32 [B, L, V]; logits[:, i] predicts the token after tokens[:, i].
+    """
+    self.check_params(params)
+    tokens = check_tokens(tokens, self.vocab_size, "logits tokens")
+    if not self.prefix_lm:
+      prefix_lengths = None
+    elif prefix_lengths is None:
+      raise ValueError("a prefix-LM model needs prefix_lengths int32 [batch] in logits()")
+    else:
+      prefix_lengths = check_prefix_lengths(prefix_lengths, tokens.shape[0],
+                                            jnp.full(tokens.shape[:1], tokens.shape[1]))
+    return self._apply("forward", params, tokens, prefix_lengths)
+
+  def decode(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
+             encoded: Any = None, *, prefix_lengths: Any = None
+             ) -> Tuple[Array, KVCache]:
+    """Writes k tokens per row at the row's own position; returns their logits.
+
+    Args:
+      params: parameter tree (T5X names).
+      cache: KVCache from `init_cache`.
+      tokens: int32 [B, k] (k = padded prompt length for the prefill, 1 for
+        plain decoding, gamma + 1 for verification, ...).
+      positions: int32 [B] slot of tokens[b, 0]; positions + k <= max_len.
+        Slots after positions[b] + k - 1 are masked, so moving a row's
+        position back rolls it back.
+      encoded: ignored (decoder-only).
+      prefix_lengths: int32 [B] or None; in prefix-LM mode, slots below
+        prefix_lengths[b] are visible to every query of the call. Ignored by
+        a causal model.
+
+    Returns:
+      (float32 logits [B, k, V], updated cache).
+    """
+    del encoded
+    self.check_params(params)
+    tokens = check_tokens(tokens, self.vocab_size, "decode tokens")
+    batch, k = tokens.shape
+    self._check_cache(cache, batch)
+    positions = check_positions(positions, batch, k, cache.max_len)
+    if self.prefix_lm and prefix_lengths is not None:
+      prefix_lengths = check_prefix_lengths(prefix_lengths, batch, positions + k)
+    else:
+      prefix_lengths = None
+    return self._apply("decode_step", params, tokens, positions, cache, prefix_lengths)

@@ -1,0 +1,521 @@
+"""Building blocks of the T5X networks, with a multi-token KV cache.
+
+Parameter names, shapes and initializers follow t5x/examples/t5/layers.py, so a
+T5X checkpoint's `target` tree loads with no renaming: 2-D kernels
+([E, H*D] for query/key/value, [H*D, E] for out), RMS layer norm `scale`,
+`rel_embedding [H, 32]`, `embedding [V, E]`.
+
+What differs from T5X is the cache. T5X's decoder cache takes one token per
+step at one shared index. Here a cache is a `KVCache` of [B, max_len, H, D]
+buffers per layer, and `DecoderStack.decode_step` writes k tokens of row b at
+slots `positions[b] .. positions[b] + k - 1`; query `positions[b] + i` sees the
+slots `<= positions[b] + i`, so moving a row's length back is a rollback.
+Relative position biases come from per-row absolute positions.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from specjax.params import check_params_match
+
+Array = jax.Array
+NEG_INF = -1e10  # T5X's additive mask value; softmax turns it into exactly 0.
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+NUM_BUCKETS = 32
+MAX_DISTANCE = 128
+
+# T5X initializers (t5x/examples/t5/layers.py and network.py).
+attention_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+mlp_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+embedding_init = nn.initializers.normal(stddev=1.0)
+relpos_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+
+
+# ----------------------------------------------------------------------------
+# Configuration helpers shared by T5Config and DecoderOnlyConfig.
+# ----------------------------------------------------------------------------
+def activation_fn(name: str) -> Callable[[Array], Array]:
+  """Maps a T5X activation name ('linear' or a flax.linen function) to a function.
+
+  'gelu' is flax's default gelu, the tanh approximation, as T5X computes it.
+  """
+  if name == "linear":
+    return lambda x: x
+  fn = getattr(nn, name, None) if isinstance(name, str) else None
+  if fn is None or not callable(fn) or isinstance(fn, type):
+    raise ValueError(f"unknown MLP activation {name!r}: use 'linear' or the name "
+                     "of a flax.linen activation such as 'gelu', 'relu', 'silu'")
+  return fn
+
+
+def validate_config(config: Any, int_fields: Sequence[str]) -> None:
+  """Raises ValueError for non-positive sizes, unknown activations or dtypes.
+
+  Also turns a list of activations (as gin may give) into a tuple, so the
+  frozen config stays hashable.
+  """
+  name = type(config).__name__
+  for field in int_fields:
+    value = getattr(config, field)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+      raise ValueError(f"{name}.{field} must be a positive integer, got {value!r}")
+  acts = config.mlp_activations
+  if isinstance(acts, str) or not isinstance(acts, Sequence) or not acts:
+    raise ValueError(f"{name}.mlp_activations must be a non-empty tuple of names, "
+                     f"got {acts!r}")
+  object.__setattr__(config, "mlp_activations", tuple(acts))
+  for act in config.mlp_activations:
+    activation_fn(act)
+  if config.dtype not in DTYPES:
+    raise ValueError(f"{name}.dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
+
+
+# ----------------------------------------------------------------------------
+# Relative position buckets.
+# ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _bucket_table(bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:
+  """int32 [2 * max_distance + 1]: bucket of relative position r at r + max_distance.
+
+  Evaluated once in numpy float32, the arithmetic T5X uses. Buckets saturate
+  at |r| >= max_distance, so clipping r to that range is exact.
+  """
+  rel = np.arange(-max_distance, max_distance + 1, dtype=np.int32)
+  dist = -rel  # how far back the key lies from the query
+  offset = np.zeros_like(dist)
+  if bidirectional:
+    num_buckets //= 2
+    offset = np.where(dist < 0, num_buckets, 0).astype(np.int32)
+    dist = np.abs(dist)
+  else:
+    dist = np.maximum(dist, 0)
+  exact = num_buckets // 2
+  # Logarithmic buckets beyond `exact` (eps keeps log(0) finite; unused there).
+  scaled = dist.astype(np.float32) / np.float32(exact)
+  log_ratio = np.log(scaled + np.finfo(np.float32).eps) / np.float32(
+      np.log(max_distance / exact))
+  large = exact + (log_ratio * np.float32(num_buckets - exact)).astype(np.int32)
+  large = np.minimum(large, num_buckets - 1)
+  return (offset + np.where(dist < exact, dist, large)).astype(np.int32)
+
+
+def relative_position_bucket(relative_position: Array, bidirectional: bool,
+                             num_buckets: int = NUM_BUCKETS,
+                             max_distance: int = MAX_DISTANCE) -> Array:
+  """T5's bucket of `relative_position` = key position - query position.
+
+  Args:
+    relative_position: int array of any shape.
+    bidirectional: False for causal attention (keys after the query share
+      bucket 0); True splits the buckets between the two directions.
+    num_buckets: number of buckets (T5: 32).
+    max_distance: distances beyond this share the last bucket (T5: 128).
+
+  Returns:
+    int32 array of the same shape, values in [0, num_buckets).
+  """
+  table = jnp.asarray(_bucket_table(bool(bidirectional), num_buckets, max_distance))
+  rel = jnp.clip(jnp.asarray(relative_position, jnp.int32), -max_distance, max_distance)
+  return table[rel + max_distance]
+
+
+# ----------------------------------------------------------------------------
+# Layers.
+# ----------------------------------------------------------------------------
+class Dense(nn.Module):
+  """Bias-free linear map with a 2-D float32 `kernel [in, features]` (T5X DenseGeneral)."""
+  features: int
+  kernel_init: Callable = mlp_kernel_init
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """x: [..., in] -> [..., features] in `dtype`."""
+    kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features),
+                        jnp.float32)
+    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class RMSNorm(nn.Module):
+  """T5 layer norm: no mean subtraction, no bias; `scale [E]`, eps 1e-6."""
+  dtype: Any = jnp.float32
+  epsilon: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """x: [..., E] -> [..., E] in `dtype`, normalized in float32."""
+    x = x.astype(jnp.float32)
+    mean2 = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    y = (x * lax.rsqrt(mean2 + self.epsilon)).astype(self.dtype)
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    return y * scale.astype(self.dtype)
+
+
+class Embed(nn.Module):
+  """Token embedding `embedding [V, E]`, also usable as the output projection."""
+  num_embeddings: int
+  features: int
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    self.embedding = self.param("embedding", embedding_init,
+                                (self.num_embeddings, self.features), jnp.float32)
+
+  def __call__(self, tokens: Array) -> Array:
+    """tokens: int [...] -> [..., E] in `dtype`."""
+    return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
+
+  def attend(self, y: Array) -> Array:
+    """y: [..., E] -> float32 [..., V], the dot product with every embedding."""
+    return jnp.dot(y.astype(jnp.float32), self.embedding.T)
+
+
+class MlpBlock(nn.Module):
+  """T5X MLP: wo(act_0(x wi_0) * act_1(x wi_1) * ...); one activation names `wi`."""
+  intermediate_dim: int
+  activations: Tuple[str, ...] = ("gelu", "linear")
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """x: [..., E] -> [..., E]."""
+    hidden = []
+    for i, act in enumerate(self.activations):
+      name = "wi" if len(self.activations) == 1 else f"wi_{i}"
+      h = Dense(self.intermediate_dim, mlp_kernel_init, self.dtype, name=name)(x)
+      hidden.append(activation_fn(act)(h))
+    h = functools.reduce(operator.mul, hidden)
+    return Dense(x.shape[-1], mlp_kernel_init, self.dtype, name="wo")(h)
+
+
+class RelativePositionBias(nn.Module):
+  """T5 relative position bias, `rel_embedding [H, num_buckets]`, one per stack."""
+  num_heads: int
+  num_buckets: int = NUM_BUCKETS
+  max_distance: int = MAX_DISTANCE
+
+  @nn.compact
+  def __call__(self, query_positions: Array, key_positions: Array,
+               bidirectional: bool) -> Array:
+    """Bias for every (query, key) pair from absolute positions.
+
+    Args:
+      query_positions: int32 [B, q] (B may be 1 to broadcast).
+      key_positions: int32 [kv], shared by every row.
+      bidirectional: True in the encoder, False in decoders.
+
+    Returns:
+      float32 [B, H, q, kv].
+    """
+    table = self.param("rel_embedding", relpos_init,
+                       (self.num_heads, self.num_buckets), jnp.float32)
+    rel = key_positions[None, None, :] - query_positions[:, :, None]
+    buckets = relative_position_bucket(rel, bidirectional, self.num_buckets,
+                                       self.max_distance)  # [B, q, kv]
+    return jnp.moveaxis(jnp.take(table.T, buckets, axis=0), -1, 1)
+
+
+def dot_product_attention(query: Array, key: Array, value: Array, bias: Array,
+                          dtype: Any) -> Array:
+  """Softmax(q k^T + bias) v, logits and softmax in float32; no 1/sqrt(D).
+
+  Args:
+    query: [B, q, H, D].
+    key: [B, kv, H, D].
+    value: [B, kv, H, D].
+    bias: float32 [B or 1, H or 1, q, kv]; masks are NEG_INF entries.
+    dtype: the dtype of the weighted sum.
+
+  Returns:
+    [B, q, H, D] in `dtype`.
+  """
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32),
+                      key.astype(jnp.float32)) + bias
+  weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(dtype))
+
+
+class MultiHeadAttention(nn.Module):
+  """T5X attention: `query`, `key`, `value` [E, H*D] and `out` [H*D, E] kernels.
+
+  The 1/sqrt(head_dim) of dot-product attention is folded into the query
+  kernel's initializer, as in T5X; the forward pass does not rescale.
+  """
+  num_heads: int
+  head_dim: int
+  emb_dim: int
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    inner = self.num_heads * self.head_dim
+    depth = float(np.sqrt(self.head_dim))
+
+    def query_init(key, shape, dtype=jnp.float32):
+      return attention_kernel_init(key, shape, dtype) / depth
+
+    self.query = Dense(inner, query_init, self.dtype)
+    self.key = Dense(inner, attention_kernel_init, self.dtype)
+    self.value = Dense(inner, attention_kernel_init, self.dtype)
+    self.out = Dense(self.emb_dim, attention_kernel_init, self.dtype)
+
+  def _heads(self, x: Array) -> Array:
+    return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
+
+  def project_q(self, x: Array) -> Array:
+    """x: [B, L, E] -> queries [B, L, H, D]."""
+    return self._heads(self.query(x))
+
+  def project_kv(self, x: Array) -> Tuple[Array, Array]:
+    """x: [B, L, E] -> (keys, values), each [B, L, H, D]."""
+    return self._heads(self.key(x)), self._heads(self.value(x))
+
+  def attend(self, query: Array, key: Array, value: Array, bias: Array) -> Array:
+    """Queries [B, q, H, D] over keys/values [B, kv, H, D] -> [B, q, E]."""
+    x = dot_product_attention(query, key, value, bias, self.dtype)
+    return self.out(x.reshape(x.shape[:-2] + (-1,)))
+
+  def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array) -> Array:
+    """Uncached attention: [B, q, E] over [B, kv, E] with bias [B|1, H|1, q, kv]."""
+    return self.attend(self.project_q(inputs_q), *self.project_kv(inputs_kv), bias)
+
+
+def mask_to_bias(mask: Array) -> Array:
+  """bool [...] -> float32 [...]: 0 where True, NEG_INF where False."""
+  return jnp.where(mask, 0.0, NEG_INF).astype(jnp.float32)
+
+
+def write_rows(buffer: Array, update: Array, starts: Array) -> Array:
+  """Writes update[b] into buffer[b, starts[b]:starts[b] + k].
+
+  Args:
+    buffer: [B, max_len, H, D].
+    update: [B, k, H, D].
+    starts: int32 [B]; the caller keeps starts[b] + k <= max_len (XLA clamps).
+
+  Returns:
+    The updated buffer, same shape and dtype.
+  """
+  def one_row(buf, upd, start):
+    return lax.dynamic_update_slice_in_dim(buf, upd.astype(buf.dtype), start, axis=0)
+  return jax.vmap(one_row)(buffer, update, starts)
+
+
+# ----------------------------------------------------------------------------
+# Cache and cross-attention inputs.
+# ----------------------------------------------------------------------------
+@flax.struct.dataclass
+class KVCache:
+  """Self-attention keys and values of every decoder layer; batch axis first.
+
+  Allocated once by `init_cache`; `decode` returns a cache of the same shapes.
+  Which slots are valid is not stored here: the decode loop tracks each row's
+  length and passes it as `positions`.
+  """
+  keys: Tuple[Array, ...]  # per layer: dtype [B, max_len, H, D]
+  values: Tuple[Array, ...]  # per layer: dtype [B, max_len, H, D]
+
+  @property
+  def batch(self) -> int:
+    """Number of rows B."""
+    return self.keys[0].shape[0]
+
+  @property
+  def max_len(self) -> int:
+    """Number of slots per row."""
+    return self.keys[0].shape[1]
+
+
+def zeros_cache(batch: int, max_len: int, num_layers: int, num_heads: int,
+                head_dim: int, dtype: Any) -> KVCache:
+  """A zeroed KVCache; raises ValueError for non-positive sizes."""
+  for name, value in (("batch", batch), ("max_len", max_len)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+      raise ValueError(f"init_cache: {name} must be a positive integer, got {value!r}")
+  shape = (int(batch), int(max_len), num_heads, head_dim)
+  keys = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+  values = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+  return KVCache(keys=keys, values=values)
+
+
+@flax.struct.dataclass
+class EncodedInputs:
+  """What cross-attention needs, computed once per generation by `encode`."""
+  keys: Tuple[Array, ...]  # per decoder layer: dtype [B, L_in, H, D]
+  values: Tuple[Array, ...]  # per decoder layer: dtype [B, L_in, H, D]
+  mask: Array  # bool [B, L_in], True at real (non-padding) input tokens
+
+
+# ----------------------------------------------------------------------------
+# Input checks: shapes always (free under jit), values only when concrete.
+# ----------------------------------------------------------------------------
+def is_concrete(x: Any) -> bool:
+  """True when x holds values now (not a jit/vmap tracer)."""
+  return not isinstance(x, jax.core.Tracer)
+
+
+def check_tokens(tokens: Any, vocab_size: int, what: str) -> Array:
+  """Returns tokens as an int32 [B, L] array; ValueError on bad shape or ids."""
+  tokens = jnp.asarray(tokens)
+  if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(f"{what} must be an integer array [batch, length], got "
+                     f"{tokens.dtype} {tuple(tokens.shape)}")
+  if tokens.shape[1] == 0:
+    raise ValueError(f"{what} must hold at least one token per row")
+  if is_concrete(tokens):
+    values = np.asarray(tokens)
+    bad = (values < 0) | (values >= vocab_size)
+    if bad.any():
+      row, col = np.argwhere(bad)[0]
+      raise ValueError(f"{what}: token id {int(values[row, col])} at [{row}, {col}] is "
+                       f"outside the vocabulary [0, {vocab_size})")
+  return tokens.astype(jnp.int32)
+
+
+def check_cache(cache: Any, batch: int, num_layers: int, num_heads: int,
+                head_dim: int) -> None:
+  """ValueError unless cache is a KVCache for `batch` rows of this model."""
+  if not isinstance(cache, KVCache):
+    raise ValueError(f"cache must be the KVCache from init_cache, got {type(cache).__name__}")
+  if len(cache.keys) != num_layers or len(cache.values) != num_layers:
+    raise ValueError(f"cache has {len(cache.keys)} layers but the model has {num_layers}")
+  want = (batch, cache.max_len, num_heads, head_dim)
+  for buf in cache.keys + cache.values:
+    if tuple(buf.shape) != want:
+      raise ValueError(f"cache buffer shape {tuple(buf.shape)} does not match "
+                       f"[batch={batch}, max_len, heads={num_heads}, head_dim={head_dim}]")
+
+
+def check_positions(positions: Any, batch: int, k: int, max_len: int,
+                    name: str = "positions") -> Array:
+  """Returns positions as int32 [B]; ValueError if a row would run past the cache."""
+  positions = jnp.asarray(positions)
+  if positions.shape != (batch,) or not jnp.issubdtype(positions.dtype, jnp.integer):
+    raise ValueError(f"{name} must be an integer array [batch={batch}], got "
+                     f"{positions.dtype} {tuple(positions.shape)}")
+  if is_concrete(positions):
+    values = np.asarray(positions)
+    if (values < 0).any():
+      raise ValueError(f"{name} must be >= 0, got {values.tolist()}")
+    if (values + k > max_len).any():
+      row = int(np.argmax(values + k > max_len))
+      raise ValueError(
+          f"{name}[{row}]={int(values[row])} with {k} tokens runs past the cache "
+          f"length {max_len} (needs max_len >= position + k)")
+  return positions.astype(jnp.int32)
+
+
+def check_prefix_lengths(prefix_lengths: Any, batch: int, limit: Optional[Array]) -> Array:
+  """Returns int32 [B] prefix lengths; ValueError outside [0, limit[b]]."""
+  prefix_lengths = jnp.asarray(prefix_lengths)
+  if prefix_lengths.shape != (batch,) or not jnp.issubdtype(prefix_lengths.dtype, jnp.integer):
+    raise ValueError(f"prefix_lengths must be an integer array [batch={batch}], got "
+                     f"{prefix_lengths.dtype} {tuple(prefix_lengths.shape)}")
+  if is_concrete(prefix_lengths) and (limit is None or is_concrete(limit)):
+    values = np.asarray(prefix_lengths)
+    top = np.broadcast_to(np.asarray(limit) if limit is not None else np.inf, values.shape)
+    if (values < 0).any() or (values > top).any():
+      raise ValueError(f"prefix_lengths {values.tolist()} must lie in [0, number of "
+                       f"tokens written so far], here at most {top.tolist()}")
+  return prefix_lengths.astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _init_network(net: nn.Module, method: str, num_inputs: int, rng: Array) -> Any:
+  tokens = jnp.ones((1, 1), jnp.int32)
+  return net.init(rng, *([tokens] * num_inputs), method=method)["params"]
+
+
+@functools.lru_cache(maxsize=64)
+def _network_shapes(net: nn.Module, method: str, num_inputs: int) -> Any:
+  return flax.core.unfreeze(jax.eval_shape(
+      functools.partial(_init_network, net, method, num_inputs), jax.random.PRNGKey(0)))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def apply_network(net: nn.Module, method: str, params: Any, *args: Any) -> Any:
+  """Jitted `net.apply`; equal networks (equal configs) share compiled code."""
+  return net.apply({"params": params}, *args, method=method)
+
+
+class NetworkModel:
+  """Plumbing shared by T5Model and DecoderOnlyModel (params, shapes, cache).
+
+  Subclasses set `_net` (a hashable Flax module), `_init_method` (the module
+  method that touches every parameter) and `_init_inputs` (how many int32
+  [1, 1] token arrays it takes).
+  """
+  is_encoder_decoder: bool = False
+  _net: nn.Module
+  _init_method: str = "forward"
+  _init_inputs: int = 1
+
+  def __init__(self, config: Any, num_decoder_layers: int):
+    self.config = config
+    self._num_decoder_layers = num_decoder_layers
+
+  def _key(self) -> Tuple[Any, ...]:
+    return (type(self), self.config, getattr(self, "prefix_lm", False))
+
+  def __eq__(self, other: Any) -> bool:
+    """Models with equal configs are interchangeable (e.g. as jit static args)."""
+    return isinstance(other, NetworkModel) and self._key() == other._key()
+
+  def __hash__(self) -> int:
+    return hash(self._key())
+
+  @property
+  def vocab_size(self) -> int:
+    """Size of the logits' last axis."""
+    return self.config.vocab_size
+
+  def init(self, rng: Any) -> Any:
+    """Random float32 parameters with T5X names and T5X initializers.
+
+    Args:
+      rng: a PRNG key (or an int seed).
+
+    Returns:
+      Nested dict of arrays, no top-level 'params' wrapper.
+    """
+    if isinstance(rng, (int, np.integer)):
+      rng = jax.random.PRNGKey(int(rng))
+    return flax.core.unfreeze(
+        _init_network(self._net, self._init_method, self._init_inputs, rng))
+
+  def param_shapes(self) -> Any:
+    """The parameter tree as jax.ShapeDtypeStruct leaves (no computation)."""
+    shapes = _network_shapes(self._net, self._init_method, self._init_inputs)
+    return jax.tree_util.tree_map(lambda x: x, shapes)  # a copy: the cache stays intact
+
+  def check_params(self, params: Any, what: str = "parameters") -> None:
+    """Raises ValueError naming the first parameter that does not fit the config."""
+    if not hasattr(params, "keys"):
+      raise ValueError(f"{what} must be a nested dict of arrays, got {type(params).__name__}")
+    keys = set(params.keys())
+    if len(keys) == 1 and keys & {"params", "target"}:
+      raise ValueError(f"{what} is wrapped in {{'{keys.pop()}': ...}}; pass the tree "
+                       "inside it (T5X names at the top level)")
+    check_params_match(params, _network_shapes(self._net, self._init_method,
+                                               self._init_inputs), what)
+
+  def init_cache(self, batch: int, max_len: int) -> KVCache:
+    """Zeroed cache: per decoder layer keys and values [batch, max_len, H, D]."""
+    cfg = self.config
+    return zeros_cache(batch, max_len, self._num_decoder_layers, cfg.num_heads,
+                       cfg.head_dim, DTYPES[cfg.dtype])
+
+  def _apply(self, method: str, params: Any, *args: Any) -> Any:
+    return apply_network(self._net, method, params, *args)
+
+  def _check_cache(self, cache: Any, batch: int) -> None:
+    cfg = self.config
+    check_cache(cache, batch, self._num_decoder_layers, cfg.num_heads, cfg.head_dim)
