@@ -93,6 +93,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str
   under the scopes `target/` and `draft/`, and the run files and bindings are
   parsed again on top, so `--gin.draft/T5Config.num_heads=...` still wins.
   """
+  _SCOPE_CLASS.clear()
   all_paths = search_paths(paths)
   for p in all_paths:
     gin.add_config_file_search_path(p)
