@@ -59,8 +59,8 @@ def split_gin_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]
 
 
 def search_paths(extra: Sequence[str] = ()) -> List[str]:
-  """The user's search paths first, then the working directory and specjax's gin/."""
-  return [*extra, os.getcwd(), str(GIN_DIR)]
+  """The user's search paths first, then specjax's gin/ and the working directory."""
+  return [*extra, str(GIN_DIR), os.getcwd()]
 
 
 def resolve(path: str, paths: Sequence[str]) -> str:
