@@ -184,16 +184,31 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
 
 
 def read_texts(args) -> List[str]:
-  """Inputs from --prompt (repeatable), --input_file (one per line) or --task NAME[:split]."""
+  """Inputs from --prompt (repeatable), --input_file (one per line) or --task NAME[:split].
+
+  --task takes a bundled split name ('translate_en_de', 'summarize_ddtp', 'lm_ddtp_en')
+  or a registered seqio task ('specjax_translate_en_de:validation'; needs the seqio extra).
+  Language-modelling documents are cut to their first `--prompt_words` words.
+  """
   texts = list(args.prompt or [])
   if args.input_file:
     with open(args.input_file, encoding="utf-8") as f:
       texts += [line.rstrip("\n") for line in f if line.strip()]
   if args.task:
-    from specjax.data import load_bundled  # pylint: disable=import-outside-toplevel
-    name, _, _ = args.task.partition(":")
-    examples = load_bundled(name)
-    texts += [e[0] if isinstance(e, (tuple, list)) else e for e in examples][: args.num_examples]
+    name, _, split = args.task.partition(":")
+    if name.startswith("specjax_"):
+      from specjax import tasks  # pylint: disable=import-outside-toplevel
+      dataset = tasks.get_task(name).get_dataset(split=split or "validation", shuffle=False)
+      key = "inputs_pretokenized" if "inputs" in tasks.output_features(name) else \
+          "targets_pretokenized"
+      found = [ex[key].decode("utf-8") for ex in dataset.take(args.num_examples).as_numpy_iterator()]
+    else:
+      from specjax.data import load_bundled  # pylint: disable=import-outside-toplevel
+      found = [e[0] if isinstance(e, (tuple, list)) else e
+               for e in load_bundled(name)[: args.num_examples]]
+    if name.endswith("lm_ddtp_en"):
+      found = [" ".join(t.split()[: args.prompt_words]) for t in found]
+    texts += found
   return texts
 
 
@@ -210,6 +225,8 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser.add_argument("--input_file", help="a text file, one input per line")
   parser.add_argument("--task", help="a bundled task split, e.g. translate_en_de")
   parser.add_argument("--num_examples", type=int, default=16)
+  parser.add_argument("--prompt_words", type=int, default=12,
+                      help="words of each language-modelling document used as its prompt")
   parser.add_argument("--plain", action="store_true", help="no colours in the trace")
   args = parser.parse_args(rest)
   gin_config.parse(gin_files or [DEFAULT_GIN], bindings, paths)

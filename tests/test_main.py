@@ -74,3 +74,12 @@ def test_split_gin_args():
        "--gin_search_paths=/x,/y"])
   assert files == ["a.gin", "b.gin"] and bindings == ["X=1"] and paths == ["/x", "/y"]
   assert rest == ["--prompt", "hi"]
+
+
+def test_inputs_from_a_seqio_task_split(tmp_path):
+  summary = run(["--task", "specjax_translate_en_de:validation", "--num_examples", "2",
+                 "--gin.MAX_NEW_TOKENS=3", "--plain", f"--gin.OUTPUT_DIR='{tmp_path}'"])
+  from specjax.data import load_bundled
+  first = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[0])
+  assert first["input"] == load_bundled("translate_en_de")[0][0]
+  assert summary["examples"] == 2
