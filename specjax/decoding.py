@@ -28,7 +28,8 @@ from specjax.drafters import (ACCEPT_STREAM, CORRECTION_STREAM, Drafter, positio
                               take_rows)
 from specjax.models.protocol import DecodingModel, check_same_vocab
 from specjax.sampling import Sampling
-from specjax.speculative import argmax_lenient_step, check_lenience, verify
+from specjax.speculative import argmax_lenient_step, check_lenience
+from specjax.verifiers import ReferenceVerifier, Verifier
 
 
 GAMMA_POLICIES = ("constant", "heuristic", "optimal")
@@ -54,6 +55,9 @@ class DecodeConfig:
   running α estimate and `cost_coefficient`). γ is data: policies never recompile per γ."""
   cost_coefficient: float = 0.0
   """c, the draft/target cost ratio the 'optimal' policy plugs into Thm 3.8."""
+  verifier: Verifier = ReferenceVerifier()
+  """The accept/reject step (`specjax.verifiers`): 'reference' and 'fused' are exact;
+  'sigmoid' (SigmoidApproxVerifierNotExact) is NOT exact: its output follows the draft."""
 
   def __post_init__(self):
     check_lenience(self.lenience)
@@ -292,7 +296,8 @@ def verify_batch(config: DecodeConfig, row_keys, length, guesses, draft_probs, l
   target_probs = config.sampling.probs(logits)  # [B, G+1, V]
 
   def one(key, start, x, q, p, raw, gamma):
-    if config.sampling.greedy:  # Algorithm 1 on one-hot p, q is exactly this (no randomness)
+    if config.sampling.greedy and config.verifier.exact:
+      # Algorithm 1 on one-hot p, q is exactly this (and needs no randomness).
       return argmax_lenient_step(x, jax.nn.softmax(raw, -1), lenience=config.lenience,
                                  num_guesses=gamma)
     offsets = jnp.arange(max_gamma + 1)
@@ -300,7 +305,8 @@ def verify_batch(config: DecodeConfig, row_keys, length, guesses, draft_probs, l
     uniforms = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys[:max_gamma])
     correction = jax.vmap(position_key, in_axes=(None, 0, None))(key, start + offsets,
                                                                  CORRECTION_STREAM)
-    return verify(uniforms, correction, x, q, p, lenience=config.lenience, num_guesses=gamma)
+    return config.verifier(uniforms, correction, x, q, p, raw, None, lenience=config.lenience,
+                           num_guesses=gamma)
 
   n, token = jax.vmap(one)(row_keys, length, guesses, draft_probs, target_probs, logits, gamma)
   return n, token, target_probs

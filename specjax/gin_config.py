@@ -17,10 +17,12 @@ from specjax.decoding import DecodeConfig
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
 from specjax.sampling import Sampling
+from specjax.verifiers import FusedVerifier, ReferenceVerifier, SigmoidApproxVerifierNotExact
 
 GIN_DIR = Path(__file__).resolve().parent.parent / "gin"
 
-for _cls in (T5Config, DecoderOnlyConfig, Sampling, DecodeConfig):
+for _cls in (T5Config, DecoderOnlyConfig, Sampling, DecodeConfig, ReferenceVerifier,
+             FusedVerifier, SigmoidApproxVerifierNotExact):
   try:
     gin.external_configurable(_cls, _cls.__name__)
   except ValueError:  # already registered (module reloaded)

@@ -32,6 +32,7 @@ from specjax.drafters import ModelDrafter, PromptLookupDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
 from specjax.models.t5 import T5Model
 from specjax.sampling import Sampling
+from specjax.verifiers import ReferenceVerifier, describe
 from specjax.vocab import load_vocab
 
 
@@ -80,6 +81,7 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
                max_gamma: Optional[int] = None, max_new_tokens: int = 32,
                sampling: Sampling = Sampling(temperature=0.0), lenience: float = 1.0,
                batch_size: int = 8, max_input_len: int = 128, seed: int = 0,
+               verifier=ReferenceVerifier(),
                output_dir: Optional[str] = "out/decode", plain: bool = False,
                console: Optional[Console] = None) -> Dict[str, Any]:
   """Runs autoregressive and speculative decoding on `texts`; prints and writes a report.
@@ -92,6 +94,7 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
     max_new_tokens: generation budget per example.
     sampling: standardization for both models; lenience: l in (0, 1] (1 = exact).
     batch_size: examples per decode call.
+    verifier: a `specjax.verifiers` verifier; the sigmoid one is NOT exact (flagged in output).
     output_dir: where `results.jsonl` and `summary.json` go (None: nowhere).
   Returns:
     The summary dict.
@@ -108,7 +111,11 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
                                                     max_gamma=max_gamma), None
   else:
     raise ValueError(f"drafter must be 'model' or 'prompt_lookup', got {drafter!r}")
+  if not verifier.exact:
+    console.print(f"[bold red]WARNING:[/bold red] {describe(verifier)}: speculative outputs are "
+                  "NOT distributed as the target's")
   config = DecodeConfig(sampling=sampling, eos_id=vocab.eos_id, lenience=lenience,
+                        verifier=verifier,
                         cache_len=max_input_len + max_new_tokens + max_gamma + 1)
   inputs = encode_inputs(vocab, texts, target.is_encoder_decoder, max_input_len)
   rng = jax.random.PRNGKey(seed)
@@ -162,6 +169,7 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
   report.print_trace(console, first_trace, lambda t: piece(t) + " ", plain)
   summary = {
       "examples": len(texts), "gamma": gamma, "drafter": drafter,
+      "verifier": describe(verifier),
       "temperature": sampling.temperature, "lenience": lenience,
       "alpha": stats["alpha_sum"] / max(stats["alpha_count"], 1),
       "tokens_per_target_call": stats["tokens"] / max(stats["calls"], 1),
@@ -169,7 +177,7 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
       "speedup": totals["ar_s"] / max(totals["spec_s"], 1e-9),
       "compile_ar_s": totals["ar_compile_s"], "compile_spec_s": totals["spec_compile_s"],
       "greedy_identical": (totals["identical"] if sampling.greedy and lenience == 1.0
-                           else "n/a (sampling)"),
+                           and verifier.exact else "n/a (sampling or not exact)"),
   }
   console.print(report.summary_table(summary))
   if output_dir:

@@ -254,3 +254,18 @@ def test_adaptive_gamma_joint_is_exact(tables):
                               rng=jax.random.PRNGKey(3), config=config)
   assert _joint_tv(result.tokens, exact_joint(np.asarray(target_table), Sampling(), [2, 3],
                                               STEPS)) < 0.01
+
+
+def test_fused_verifier_in_the_loop_draws_the_reference_tokens(tables):
+  from specjax.verifiers import FusedVerifier, SigmoidApproxVerifierNotExact
+  target_table, draft_table = tables
+  prompts, lengths = _prompts()
+  run = lambda verifier: speculative_decode(
+      TableModel(V), target_table, ModelDrafter(TableModel(V), 3), draft_table, prompts,
+      max_new_tokens=12, gamma=3, rng=jax.random.PRNGKey(8), prompt_lengths=lengths,
+      config=DecodeConfig(eos_id=NO_EOS, cache_len=64, verifier=verifier))
+  reference = run(decoding.ReferenceVerifier())
+  np.testing.assert_array_equal(run(FusedVerifier(tile=128)).tokens, reference.tokens)
+  # The sigmoid approximation (NOT exact) accepts almost every guess.
+  sigmoid = run(SigmoidApproxVerifierNotExact())
+  assert np.mean(sigmoid.tokens_per_call) > np.mean(reference.tokens_per_call)

@@ -1,0 +1,182 @@
+"""Time per verification step: reference vs fused (exact) vs sigmoid (NOT exact).
+
+  python -m experiments.bench_verify                 # V ∈ {8k, 32k, 128k}, γ ∈ {3, 5, 10}, B ∈ {1, 8}
+  python -m experiments.bench_verify --vocab 8192 --gamma 5 --batch 8 --output out/bench.json
+
+What is timed: one jitted, vmapped verification step over a batch, compile
+excluded (median of repeated calls), in two settings:
+- ``verify``: from the probabilities the loop already has (p [B, γ+1, V],
+  q [B, γ, V]); the sigmoid verifier reads the raw logits instead.
+- ``from logits``: softmax of the target's γ+1 and the draft's γ logit rows
+  plus the step, which is what Wagner et al.'s sigmoid replaces (it needs no
+  softmax). In specjax's loop the softmax is computed anyway (for the α
+  statistics), so ``verify`` is the saving the loop would see.
+
+On CPU the fused verifier runs its XLA path; the Pallas kernel is timed only
+when a GPU/TPU is present (on CPU it runs in interpret mode, a correctness tool).
+
+`time_decode` times whole decodes per verifier, for the end-to-end row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from specjax.verifiers import FusedVerifier, Verifier, describe, get_verifier
+
+
+def make_inputs(batch: int, gamma: int, vocab: int, seed: int = 0) -> Dict[str, jax.Array]:
+  """Random verification inputs with drafts sampled from q (realistic accept counts).
+
+  Returns a dict of: uniforms f32 [B, γ]; keys uint32 [B, γ+1, 2]; tokens i32 [B, γ];
+  target_logits f32 [B, γ+1, V]; draft_logits f32 [B, γ, V]; p f32 [B, γ+1, V]; q f32 [B, γ, V].
+  """
+  k = jax.random.split(jax.random.PRNGKey(seed), 5)
+  target_logits = 3.0 * jax.random.normal(k[0], (batch, gamma + 1, vocab), jnp.float32)
+  draft_logits = target_logits[:, :gamma] + 1.5 * jax.random.normal(k[1], (batch, gamma, vocab))
+  tokens = jax.random.categorical(k[2], draft_logits).astype(jnp.int32)
+  inputs = dict(uniforms=jax.random.uniform(k[3], (batch, gamma)),
+                keys=jax.random.split(k[4], (batch, gamma + 1)), tokens=tokens,
+                target_logits=target_logits, draft_logits=draft_logits,
+                p=jax.nn.softmax(target_logits, -1), q=jax.nn.softmax(draft_logits, -1))
+  return jax.block_until_ready(inputs)
+
+
+def step_fn(verifier: Verifier, from_logits: bool) -> Callable[..., Any]:
+  """jit(vmap(one verification step)) over the dict of `make_inputs`."""
+
+  def one(u, keys, x, zp, zq, p, q):
+    if from_logits:
+      p, q = jax.nn.softmax(zp, -1), jax.nn.softmax(zq, -1)
+    return verifier(u, keys, x, q, p, zp, zq, num_guesses=x.shape[0])
+
+  batched = jax.vmap(one)
+  return jax.jit(lambda d: batched(d["uniforms"], d["keys"], d["tokens"], d["target_logits"],
+                                   d["draft_logits"], d["p"], d["q"]))
+
+
+def median_seconds(fn: Callable[[], Any], min_repeats: int = 5, min_total_s: float = 0.5,
+                   max_repeats: int = 100) -> float:
+  """Median wall time of fn() after one warm-up call (which compiles)."""
+  jax.block_until_ready(fn())
+  times: List[float] = []
+  while len(times) < min_repeats or (sum(times) < min_total_s and len(times) < max_repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def device_note() -> str:
+  """Which device the timings are from; says so loudly when no accelerator is present."""
+  dev = jax.devices()[0]
+  if dev.platform == "cpu":
+    return (f"device: CPU ({os.cpu_count()} cores visible). No GPU/TPU is available in this "
+            "session: CPU timings only; the Pallas kernel is not timed here (on CPU it runs "
+            "only in interpret mode). GPU/TPU numbers are still to be measured.")
+  return f"device: {dev.platform} ({dev.device_kind})"
+
+
+def candidates() -> Dict[str, Verifier]:
+  """Verifiers to time: reference, fused (the backend this device uses), sigmoid (NOT exact)."""
+  out = {"reference": get_verifier("reference")}
+  if jax.default_backend() == "cpu":
+    out["fused"] = FusedVerifier(backend="xla")
+  else:
+    out["fused[pallas]"] = FusedVerifier(backend="pallas")
+    out["fused[xla]"] = FusedVerifier(backend="xla")
+  out["sigmoid"] = get_verifier("sigmoid")
+  return out
+
+
+def bench(vocabs: Sequence[int], gammas: Sequence[int], batches: Sequence[int],
+          settings: Sequence[str] = ("verify", "from logits"), min_repeats: int = 5,
+          min_total_s: float = 0.5) -> List[Dict[str, Any]]:
+  """One row per (setting, V, γ, B) with milliseconds per step for each verifier."""
+  rows = []
+  verifiers = candidates()
+  for vocab in vocabs:
+    for gamma in gammas:
+      for batch in batches:
+        inputs = make_inputs(batch, gamma, vocab)
+        for setting in settings:
+          row: Dict[str, Any] = dict(setting=setting, V=vocab, gamma=gamma, B=batch)
+          for name, verifier in verifiers.items():
+            fn = step_fn(verifier, setting == "from logits")
+            row[name] = 1e3 * median_seconds(lambda: fn(inputs), min_repeats=min_repeats,
+                                             min_total_s=min_total_s)
+          rows.append(row)
+          print(format_row(row, list(verifiers)), flush=True)
+        del inputs
+  return rows
+
+
+def format_header(names: Sequence[str]) -> str:
+  cols = ["setting", "V", "γ", "B"] + [f"{n} ms" for n in names]
+  cols += [f"{n} speedup" for n in names if n != "reference"]
+  return "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
+
+
+def format_row(row: Dict[str, Any], names: Sequence[str]) -> str:
+  cells = [row["setting"], str(row["V"]), str(row["gamma"]), str(row["B"])]
+  cells += [f"{row[n]:.3f}" for n in names]
+  cells += [f"{row['reference'] / row[n]:.2f}x" for n in names if n != "reference"]
+  return "| " + " | ".join(cells) + " |"
+
+
+def time_decode(run: Callable[[Verifier], Any],
+                verifiers: Sequence[str] = ("reference", "fused", "sigmoid"),
+                repeats: int = 3) -> List[Dict[str, Any]]:
+  """End-to-end decode walltime per verifier (for the lead's end-to-end row).
+
+  Args:
+    run: called with a verifier, runs one whole decode with it and returns its
+      output (e.g. ``lambda v: speculative_decode(..., config=DecodeConfig(..., verifier=v))``).
+    verifiers: registry names.
+    repeats: timed runs after the compiling one (the median is reported).
+  Returns:
+    One dict per verifier: name, label (says NOT EXACT where it applies), compile_s, decode_s.
+  """
+  rows = []
+  for name in verifiers:
+    verifier = get_verifier(name)
+    start = time.perf_counter()
+    jax.block_until_ready(run(verifier))
+    compile_s = time.perf_counter() - start
+    decode_s = median_seconds(lambda: run(verifier), min_repeats=repeats, min_total_s=0.0,
+                              max_repeats=repeats)
+    rows.append(dict(name=name, label=describe(verifier), compile_s=compile_s, decode_s=decode_s))
+  return rows
+
+
+def main(argv=None) -> List[Dict[str, Any]]:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--vocab", type=int, nargs="+", default=[8192, 32768, 131072])
+  parser.add_argument("--gamma", type=int, nargs="+", default=[3, 5, 10])
+  parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+  parser.add_argument("--repeats", type=int, default=5, help="minimum timed calls per cell")
+  parser.add_argument("--output", default=None, help="write the rows as JSON here")
+  args = parser.parse_args(argv)
+  print(device_note())
+  print("sigmoid = " + describe(get_verifier("sigmoid")))
+  names = list(candidates())
+  print(format_header(names), flush=True)
+  rows = bench(args.vocab, args.gamma, args.batch, min_repeats=args.repeats)
+  if args.output:
+    os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
+    with open(args.output, "w", encoding="utf-8") as f:
+      json.dump(dict(device=device_note(), rows=rows), f, indent=1)
+    print(f"wrote {args.output}")
+  return rows
+
+
+if __name__ == "__main__":
+  main()
