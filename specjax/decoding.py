@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters import (ACCEPT_STREAM, CORRECTION_STREAM, Drafter, position_key, prefill,
+from specjax.drafters import (ACCEPT_STREAM, CORRECTION_STREAM, Drafter, position_key, start_model,
                               take_rows)
 from specjax.models.protocol import DecodingModel, check_same_vocab
 from specjax.sampling import Sampling
@@ -220,12 +220,7 @@ def _result(state: _Loop, prefix_len):
 
 def _start(model, params, inputs, seq, length, cache_len, gamma_slots):
   batch = seq.shape[0]
-  cache = model.init_cache(batch, cache_len)
-  encoded = None
-  if model.is_encoder_decoder:
-    encoded = model.encode(params, inputs)
-  else:
-    cache = prefill(model, params, cache, inputs, length)
+  cache, encoded, _ = start_model(model, params, inputs, length, cache_len)
   zeros = jnp.zeros((batch,), jnp.int32)
   state = _Loop(seq=seq, length=length, done=jnp.zeros((batch,), jnp.bool_), cache=cache,
                 drafter_state=None, target_calls=zeros, draft_calls=zeros,

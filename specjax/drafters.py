@@ -103,13 +103,7 @@ class ModelDrafter:
     return self.model.vocab_size
 
   def init(self, params, inputs, seq, length, cache_len):
-    batch = seq.shape[0]
-    cache = self.model.init_cache(batch, cache_len)
-    encoded, fed = None, jnp.zeros((batch,), jnp.int32)
-    if self.model.is_encoder_decoder:
-      encoded = self.model.encode(params, inputs)
-    else:
-      cache, fed = prefill(self.model, params, cache, inputs, length), length
+    cache, encoded, fed = start_model(self.model, params, inputs, length, cache_len)
     return ModelDrafterState(cache=cache, encoded=encoded, fed=fed, start=length)
 
   def propose(self, params, state, seq, length, gamma, row_keys, sampling):
@@ -150,6 +144,20 @@ class ModelDrafter:
   def truncate(self, state, valid):
     """Only slots 0..valid-1 still hold committed tokens (valid int32 [B])."""
     return state.replace(fed=jnp.minimum(state.fed, valid))
+
+
+def start_model(model: DecodingModel, params, inputs: jax.Array, length: jax.Array,
+                cache_len: int):
+  """Allocates a model's cache, then encodes (T5) or prefills the prompts (decoder-only).
+
+  inputs: int32 [B, L]; length: int32 [B] decoder prefix lengths.
+  Returns (cache, encoded or None, fed int32 [B]: cache slots holding the prefix).
+  """
+  batch = inputs.shape[0]
+  cache = model.init_cache(batch, cache_len)
+  if model.is_encoder_decoder:
+    return cache, model.encode(params, inputs), jnp.zeros((batch,), jnp.int32)
+  return prefill(model, params, cache, inputs, length), None, length
 
 
 def prefill(model: DecodingModel, params, cache, prompts: jax.Array, length: jax.Array):

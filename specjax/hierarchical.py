@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding import DecodeConfig, verify_batch
-from specjax.drafters import ModelDrafter, prefill, take_rows
+from specjax.drafters import ModelDrafter, start_model, take_rows
 from specjax.models.protocol import DecodingModel
 
 INNER_KEY = 7
@@ -62,13 +62,7 @@ class HierarchicalDrafter:
     return self.medium.vocab_size
 
   def init(self, params, inputs, seq, length, cache_len):
-    batch = seq.shape[0]
-    cache = self.medium.init_cache(batch, cache_len)
-    encoded, fed = None, jnp.zeros((batch,), jnp.int32)
-    if self.medium.is_encoder_decoder:
-      encoded = self.medium.encode(params["medium"], inputs)
-    else:
-      cache, fed = prefill(self.medium, params["medium"], cache, inputs, length), length
+    cache, encoded, fed = start_model(self.medium, params["medium"], inputs, length, cache_len)
     inner = self.inner.init(params["inner"], inputs, seq, length, cache_len)
     return HierarchicalState(cache=cache, encoded=encoded, fed=fed, start=length, inner=inner)
 
