@@ -180,8 +180,13 @@ def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str,
                            dtype=dtype, assume_metadata=zarray is None)
 
 
-def _load_legacy(ckpt_file: str, where: str) -> Dict[str, np.ndarray]:
-  """Reads optimizer/target of a legacy checkpoint -> {'a/b/kernel': array}."""
+def _load_legacy(ckpt_file: str, where: str,
+                 read_arrays: Any = _ckpt_io.read_zarr_arrays) -> Dict[str, np.ndarray]:
+  """Reads optimizer/target of a legacy checkpoint -> {'a/b/kernel': array}.
+
+  `read_arrays(reads, where)` reads the zarr arrays (`specjax.sharding` passes one
+  that only opens them, to read per shard).
+  """
   with open(ckpt_file, "rb") as f:
     data = f.read()
   if data.startswith(b"model_checkpoint_path"):
@@ -215,7 +220,7 @@ def _load_legacy(ckpt_file: str, where: str) -> Dict[str, np.ndarray]:
                          f"{type(value).__name__}, not an array")
 
   walk(target, "")
-  for read, arr in zip(reads, _ckpt_io.read_zarr_arrays(reads, where)):
+  for read, arr in zip(reads, read_arrays(reads, where)):
     out[read.name] = arr
   if version == 2:
     for name, arr in out.items():

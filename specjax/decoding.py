@@ -28,6 +28,7 @@ from specjax.drafters import (ACCEPT_STREAM, CORRECTION_STREAM, Drafter, positio
                               take_rows)
 from specjax.models.protocol import DecodingModel, check_same_vocab
 from specjax.sampling import Sampling
+from specjax.sharding import Partitioner, constrain, place, unpad
 from specjax.speculative import argmax_lenient_step, check_lenience
 from specjax.verifiers import ReferenceVerifier, Verifier
 
@@ -230,10 +231,12 @@ def _start(model, params, inputs, seq, length, cache_len, gamma_slots):
   return state, encoded
 
 
-@functools.partial(jax.jit, static_argnames=("model", "config"))
-def _autoregressive(model, config, params, inputs, seq, length, row_keys, max_new_tokens):
+@functools.partial(jax.jit, static_argnames=("model", "config", "partitioner"))
+def _autoregressive(model, config, partitioner, params, inputs, seq, length, row_keys,
+                    max_new_tokens):
   prefix_len = length
-  state, encoded = _start(model, params, inputs, seq, length, seq.shape[1], 1)
+  state, encoded = constrain(partitioner, _start(model, params, inputs, seq, length,
+                                                 seq.shape[1], 1))
 
   def body(state: _Loop) -> _Loop:
     last = take_rows(state.seq, (state.length - 1)[:, None])
@@ -243,9 +246,9 @@ def _autoregressive(model, config, params, inputs, seq, length, row_keys, max_ne
     seq, length, done = _advance(state, token[:, None], jnp.ones_like(state.length), prefix_len,
                                  max_new_tokens, config.eos_id)
     active = ~state.done
-    return state.replace(seq=seq, length=length, done=done, cache=cache,
-                         target_calls=state.target_calls + active,
-                         nan=state.nan | (active & jnp.any(jnp.isnan(logits), axis=(1, 2))))
+    return constrain(partitioner, state.replace(
+        seq=seq, length=length, done=done, cache=cache, target_calls=state.target_calls + active,
+        nan=state.nan | (active & jnp.any(jnp.isnan(logits), axis=(1, 2)))))
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   return _result(state, prefix_len)
@@ -253,7 +256,8 @@ def _autoregressive(model, config, params, inputs, seq, length, row_keys, max_ne
 
 def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_tokens: int,
                           rng: jax.Array, config: DecodeConfig = DecodeConfig(),
-                          prompt_lengths=None) -> DecodeResult:
+                          prompt_lengths=None,
+                          partitioner: Optional[Partitioner] = None) -> DecodeResult:
   """The baseline: one token per target call (T5X `temperature_sample` semantics).
 
   Args:
@@ -265,6 +269,8 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
     rng: one PRNG key, or one key per row [B].
     config: static settings.
     prompt_lengths: optional int [B] for decoder-only prompts (default: non-zero count).
+    partitioner: a `specjax.sharding.Partitioner` to run on its mesh (params placed
+      in their shardings, the batch padded to and split over the 'data' axis).
   Returns:
     A `DecodeResult` with tokens [B, max_new_tokens].
   """
@@ -275,9 +281,11 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
   length = _prefix(model, inputs, prompt_lengths)
   cache_len = _cache_len(config, int(length.max()), max_new_tokens, 0)
   seq = _initial_seq(model, inputs, cache_len)
-  result, nan = _autoregressive(model, config, params, jnp.asarray(inputs, jnp.int32),
-                                  jnp.asarray(seq), jnp.asarray(length),
-                                  _row_keys(rng, inputs.shape[0]), jnp.int32(max_new_tokens))
+  (params,), rows = place(partitioner, [params], [
+      jnp.asarray(inputs, jnp.int32), jnp.asarray(seq), jnp.asarray(length),
+      _row_keys(rng, inputs.shape[0])])
+  result, nan = unpad(partitioner, _autoregressive(model, config, partitioner, params, *rows,
+                                                   jnp.int32(max_new_tokens)), inputs.shape[0])
   _check_nan(nan)
   return result.replace(tokens=result.tokens[:, :max_new_tokens])
 
@@ -319,9 +327,9 @@ def _next_gamma(config: DecodeConfig, gamma, n, alpha, max_gamma: int):
   return gamma
 
 
-@functools.partial(jax.jit, static_argnames=("target", "drafter", "config"))
-def _speculative(target, drafter, config, target_params, drafter_params, inputs, seq, length,
-                 row_keys, max_new_tokens, gamma):
+@functools.partial(jax.jit, static_argnames=("target", "drafter", "config", "partitioner"))
+def _speculative(target, drafter, config, partitioner, target_params, drafter_params, inputs, seq,
+                 length, row_keys, max_new_tokens, gamma):
   prefix_len = length
   max_gamma = drafter.max_gamma
   state, encoded = _start(target, target_params, inputs, seq, length, seq.shape[1], max_gamma + 1)
@@ -336,6 +344,7 @@ def _speculative(target, drafter, config, target_params, drafter_params, inputs,
         accepted=jnp.zeros((batch, rounds), jnp.int32),
         correction=jnp.zeros((batch, rounds), jnp.int32),
         gamma=jnp.zeros((batch, rounds), jnp.int32)))
+  state, encoded = constrain(partitioner, (state, encoded))
 
   def body(state: _Loop) -> _Loop:
     active = ~state.done
@@ -367,7 +376,7 @@ def _speculative(target, drafter, config, target_params, drafter_params, inputs,
           accepted=trace.accepted.at[rows, r].set(keep(n, trace.accepted[rows, r])),
           correction=trace.correction.at[rows, r].set(keep(token, trace.correction[rows, r])),
           gamma=trace.gamma.at[rows, r].set(keep(gamma, trace.gamma[rows, r])))
-    return state.replace(
+    return constrain(partitioner, state.replace(
         trace=trace,
         seq=seq, length=length, done=done, cache=cache,
         drafter_state=drafter.update(dstate, n, gamma),
@@ -377,7 +386,7 @@ def _speculative(target, drafter, config, target_params, drafter_params, inputs,
                                              * active[:, None]),
         alpha_sum=alpha_sum, alpha_count=alpha_count,
         gamma=_next_gamma(config, gamma, n, alpha_sum / jnp.maximum(alpha_count, 1), max_gamma),
-        nan=state.nan | (active & bad))
+        nan=state.nan | (active & bad)))
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   return _result(state, prefix_len)
@@ -386,7 +395,8 @@ def _speculative(target, drafter, config, target_params, drafter_params, inputs,
 def speculative_decode(target: DecodingModel, target_params: Any, drafter: Drafter,
                        drafter_params: Any, inputs, *, max_new_tokens: int, gamma: int,
                        rng: jax.Array, config: DecodeConfig = DecodeConfig(),
-                       prompt_lengths=None) -> DecodeResult:
+                       prompt_lengths=None,
+                       partitioner: Optional[Partitioner] = None) -> DecodeResult:
   """Speculative decoding (Algorithm 1 in a loop), exact for the target's distribution.
 
   Each round the drafter proposes γ guesses with their standardized q, the target
@@ -404,6 +414,7 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
     rng: one PRNG key, or one key per row [B].
     config: static settings.
     prompt_lengths: optional int [B] for decoder-only prompts.
+    partitioner: as for `autoregressive_decode` (drafter params are placed too).
   Returns:
     A `DecodeResult` with tokens [B, max_new_tokens] and per-row statistics.
   """
@@ -417,9 +428,11 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
   length = _prefix(target, inputs, prompt_lengths)
   cache_len = _cache_len(config, int(length.max()), max_new_tokens, drafter.max_gamma)
   seq = _initial_seq(target, inputs, cache_len)
-  result, nan = _speculative(target, drafter, config, target_params, drafter_params,
-                               jnp.asarray(inputs, jnp.int32), jnp.asarray(seq),
-                               jnp.asarray(length), _row_keys(rng, inputs.shape[0]),
-                               jnp.int32(max_new_tokens), jnp.int32(gamma))
+  (target_params, drafter_params), rows = place(partitioner, [target_params, drafter_params], [
+      jnp.asarray(inputs, jnp.int32), jnp.asarray(seq), jnp.asarray(length),
+      _row_keys(rng, inputs.shape[0])])
+  result, nan = unpad(partitioner, _speculative(
+      target, drafter, config, partitioner, target_params, drafter_params, *rows,
+      jnp.int32(max_new_tokens), jnp.int32(gamma)), inputs.shape[0])
   _check_nan(nan)
   return result.replace(tokens=result.tokens[:, :max_new_tokens])

@@ -9,6 +9,11 @@
 Prints the outputs, a Figure-1 trace of the first example and a summary table
 (α, tokens per target call, walltimes, speedup, greedy identity); writes the
 same as JSON lines to `output_dir`.
+
+Many devices: `--gin.NUM_PARTITIONS=8` splits each model over 8 devices (the
+'model' mesh axis; the rest of `jax.devices()` is the 'data' axis, see
+`specjax.sharding`). Multi-host: call `jax.distributed.initialize()` first on
+every host and run this same command on each (jax.devices() then spans all).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from specjax.drafters import ModelDrafter, PromptLookupDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
 from specjax.models.t5 import T5Model
 from specjax.sampling import Sampling
+from specjax.sharding import Partitioner
 from specjax.verifiers import ReferenceVerifier, describe
 from specjax.vocab import load_vocab
 
@@ -43,14 +49,19 @@ def build_model(config):
   return T5Model(config)
 
 
-def load_model(checkpoint: Optional[str], scope: str, seed: int):
+def load_model(checkpoint: Optional[str], scope: str, seed: int,
+               partitioner: Optional[Partitioner] = None):
   """(model, params): the config bound under `scope`, weights from a T5X checkpoint.
 
   checkpoint None means random initialization (seeded): only for smoke runs.
+  With a partitioner the params come back placed in their shardings.
   """
   model = build_model(gin_config.model_config(scope))
   if checkpoint is None:
-    return model, model.init(jax.random.PRNGKey(seed))
+    params = model.init(jax.random.PRNGKey(seed))
+    return model, params if partitioner is None else partitioner.shard_params(params)
+  if partitioner is not None:
+    return model, partitioner.load_params(checkpoint, model, dtype="float32")
   return model, jax.tree.map(jax.numpy.asarray,
                              load_t5x_for_model(checkpoint, model, dtype="float32"))
 
@@ -83,6 +94,7 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
                batch_size: int = 8, max_input_len: int = 128, seed: int = 0,
                verifier=ReferenceVerifier(),
                output_dir: Optional[str] = "out/decode", plain: bool = False,
+               partitioner: Optional[Partitioner] = None,
                console: Optional[Console] = None) -> Dict[str, Any]:
   """Runs autoregressive and speculative decoding on `texts`; prints and writes a report.
 
@@ -96,15 +108,17 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
     batch_size: examples per decode call.
     verifier: a `specjax.verifiers` verifier; the sigmoid one is NOT exact (flagged in output).
     output_dir: where `results.jsonl` and `summary.json` go (None: nowhere).
+    partitioner: a `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a
+      device mesh; None: one device.
   Returns:
     The summary dict.
   """
   console = console or Console()
   vocab = load_vocab()
-  target, target_params = load_model(target_checkpoint, "target", seed)
+  target, target_params = load_model(target_checkpoint, "target", seed, partitioner)
   max_gamma = max_gamma or gamma
   if drafter == "model":
-    draft, draft_params = load_model(draft_checkpoint, "draft", seed + 1)
+    draft, draft_params = load_model(draft_checkpoint, "draft", seed + 1, partitioner)
     the_drafter = ModelDrafter(draft, max_gamma=max_gamma)
   elif drafter == "prompt_lookup":
     the_drafter, draft_params = PromptLookupDrafter(vocab=target.vocab_size,
@@ -131,11 +145,12 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
       batch = np.concatenate([batch, np.repeat(batch[-1:], pad, 0)]) if pad else batch
       keys = jax.random.split(jax.random.fold_in(rng, start), batch_size)
       ar = lambda: autoregressive_decode(target, target_params, batch,
-                                         max_new_tokens=max_new_tokens, rng=keys, config=config)
+                                         max_new_tokens=max_new_tokens, rng=keys, config=config,
+                                         partitioner=partitioner)
       spec_config = DecodeConfig(**{**config.__dict__, "trace": True})
       spec = lambda: speculative_decode(target, target_params, the_drafter, draft_params, batch,
                                         max_new_tokens=max_new_tokens, gamma=gamma, rng=keys,
-                                        config=spec_config)
+                                        config=spec_config, partitioner=partitioner)
       if start == 0:  # compile (and warm up) apart from the timed runs
         totals["ar_compile_s"] = _timed(ar)[1]
         totals["spec_compile_s"] = _timed(spec)[1]

@@ -1,0 +1,115 @@
+"""Throughput of the decode loops on 1 vs N devices (specjax issue 10).
+
+  python -m experiments.bench_sharding                  # 1 vs 8 forced host (CPU) devices
+  python -m experiments.bench_sharding --devices 8 --num_partitions 2
+
+Each device count runs in its own subprocess (XLA's host device count is fixed
+when JAX starts; on CPU it is forced with
+`XLA_FLAGS=--xla_force_host_platform_device_count=N`). CPU host "devices" share
+the same cores, so CPU numbers are only a smoke test of the sharded path, not a
+measure of scaling; run on a TPU/GPU slice for real numbers (there the device
+count is the hardware's and `--devices` only picks the mesh).
+
+Prints one row per (devices, mesh, loop): tokens/s after a compile-and-warm-up call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def _measure(args) -> list:
+  """Runs in the child: times AR and speculative decoding on a random-init decoder-only pair."""
+  # pylint: disable=import-outside-toplevel
+  import jax
+  import numpy as np
+  from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
+  from specjax.drafters import ModelDrafter
+  from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
+  from specjax.sampling import Sampling
+  from specjax.sharding import Partitioner
+
+  def build(layers, emb, seed):
+    model = DecoderOnlyModel(DecoderOnlyConfig(vocab_size=512, emb_dim=emb, num_heads=8,
+                                               num_layers=layers, head_dim=emb // 8,
+                                               mlp_dim=4 * emb))
+    return model, model.init(seed)
+
+  target, target_params = build(args.layers, args.emb, 0)
+  draft, draft_params = build(1, args.emb // 2, 1)
+  partitioner = Partitioner(num_partitions=args.num_partitions) if args.sharded else None
+  if partitioner is not None:
+    target_params = partitioner.shard_params(target_params)
+    draft_params = partitioner.shard_params(draft_params)
+  prompts = np.random.default_rng(0).integers(2, 512, size=(args.batch, 16)).astype(np.int32)
+  config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1,
+                        cache_len=16 + args.new_tokens + 8)
+  key = jax.random.PRNGKey(0)
+  loops = {
+      "autoregressive": lambda: autoregressive_decode(
+          target, target_params, prompts, max_new_tokens=args.new_tokens, rng=key,
+          config=config, partitioner=partitioner),
+      "speculative": lambda: speculative_decode(
+          target, target_params, ModelDrafter(draft, max_gamma=4), draft_params, prompts,
+          max_new_tokens=args.new_tokens, gamma=4, rng=key, config=config,
+          partitioner=partitioner),
+  }
+  mesh = "none" if partitioner is None else "x".join(map(str, partitioner.mesh.shape.values()))
+  rows = []
+  for name, run in loops.items():
+    jax.block_until_ready(run().tokens)  # compile and warm up
+    start = time.perf_counter()
+    out = run()
+    jax.block_until_ready(out.tokens)
+    seconds = time.perf_counter() - start
+    rows.append({"devices": jax.device_count(), "platform": jax.devices()[0].platform,
+                 "mesh": mesh, "loop": name, "batch": args.batch,
+                 "tokens_per_s": float(np.asarray(out.lengths).sum()) / seconds})
+  return rows
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--devices", type=int, default=8, help="forced host devices (CPU)")
+  parser.add_argument("--num_partitions", type=int, default=1, help="'model' mesh axis")
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--new_tokens", type=int, default=32)
+  parser.add_argument("--layers", type=int, default=2)
+  parser.add_argument("--emb", type=int, default=128)
+  parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument("--sharded", action="store_true", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.child:
+    print(json.dumps(_measure(args)))
+    return None
+  rows = []
+  for devices, sharded in ((1, False), (args.devices, True)):
+    env = dict(os.environ)
+    if devices > 1:
+      env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                          f" --xla_force_host_platform_device_count={devices}").strip()
+    cmd = [sys.executable, "-m", "experiments.bench_sharding", "--child",
+           "--num_partitions", str(args.num_partitions if sharded else 1), "--batch",
+           str(args.batch), "--new_tokens", str(args.new_tokens), "--layers", str(args.layers),
+           "--emb", str(args.emb)] + (["--sharded"] if sharded else [])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode:
+      raise SystemExit(proc.stderr[-3000:])
+    rows += json.loads(proc.stdout.strip().splitlines()[-1])
+  print(f"{'devices':>7} {'platform':>8} {'mesh':>6} {'loop':>15} {'batch':>5} {'tokens/s':>10}")
+  for r in rows:
+    print(f"{r['devices']:>7} {r['platform']:>8} {r['mesh']:>6} {r['loop']:>15} "
+          f"{r['batch']:>5} {r['tokens_per_s']:>10.1f}")
+  if rows[0]["platform"] == "cpu":
+    print("CPU host devices share the same cores: a smoke test of the sharded path, "
+          "not a scaling measurement.")
+  return rows
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,410 @@
+"""Scale-out: the same jitted decode loops on many devices through `jax.sharding`.
+
+A `Partitioner` (T5X's `PjitPartitioner` in spirit) holds a 2-D device `Mesh`
+with axes ('data', 'model') and logical axis rules that map T5X's logical axis
+names to mesh axes:
+
+  batch -> data;  vocab, mlp, heads, joined_kv -> model;  embed, kv, length -> None
+
+Every parameter gets its logical axes from its T5X name (`param_logical_axes`,
+T5X's `param_axes`), every loop-state array is batch first, and KV caches and
+cross-attention inputs [B, L, H, D] are ('batch', 'length', 'heads', 'kv').
+An axis whose size the mesh axis does not divide is replicated instead (logged
+at debug level), so tiny test models still run on a 1x8 mesh.
+
+  partitioner = Partitioner(num_partitions=2)          # 8 devices -> 4 x 2 mesh
+  params = partitioner.shard_params(params)            # or partitioner.load_params(path, model)
+  out = speculative_decode(..., partitioner=partitioner)
+
+The decode functions pad the batch to a multiple of the data axis (repeating the
+last row) and drop the padding from the result, place the batch with its
+`NamedSharding`, and constrain the loop state inside `jax.jit` (initial state
+and every round) so XLA's SPMD partitioner keeps caches split by batch and heads.
+
+Multi-host (TPU pods, multi-node GPU): call `jax.distributed.initialize()` first
+on every host (before any other JAX call), run the same program on every host
+and build the `Partitioner` there: `jax.devices()` then lists every host's
+devices and the mesh spans them all; `load_params` reads on each host only the
+shards of its own devices. Every host must pass the same full batch (the
+arrays are global). Not tested here: only one host is available.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+import tensorstore as ts
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from specjax import _ckpt_io, _orbax, checkpoints
+from specjax.models.layers import EncodedInputs, KVCache
+from specjax.params import check_params_match, flatten, unflatten
+
+logger = logging.getLogger(__name__)
+
+DATA, MODEL = "data", "model"
+MESH_AXES = (DATA, MODEL)
+
+Rules = Tuple[Tuple[str, Optional[str]], ...]
+
+STANDARD_RULES: Rules = (
+    ("batch", DATA),
+    ("vocab", MODEL),
+    ("mlp", MODEL),
+    ("heads", MODEL),
+    ("joined_kv", MODEL),
+    ("embed", None),
+    ("kv", None),
+    ("length", None),
+    ("relpos_buckets", None),
+)
+"""T5X's standard logical axis rules (model parallelism over heads, MLP and vocab)."""
+
+# Logical axes of a parameter, found by the end of its T5X path.
+_PARAM_AXES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("token_embedder/embedding", ("vocab", "embed")),
+    ("query/kernel", ("embed", "joined_kv")),
+    ("key/kernel", ("embed", "joined_kv")),
+    ("value/kernel", ("embed", "joined_kv")),
+    ("out/kernel", ("joined_kv", "embed")),
+    ("mlp/wi/kernel", ("embed", "mlp")),
+    ("mlp/wi_0/kernel", ("embed", "mlp")),
+    ("mlp/wi_1/kernel", ("embed", "mlp")),
+    ("mlp/wo/kernel", ("mlp", "embed")),
+    ("logits_dense/kernel", ("embed", "vocab")),
+    ("relpos_bias/rel_embedding", ("heads", "relpos_buckets")),
+    ("scale", ("embed",)),
+)
+
+CACHE_AXES = ("batch", "length", "heads", "kv")  # KV caches and cross-attention [B, L, H, D]
+
+
+def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[Any]] = None) -> Mesh:
+  """A ('data', 'model') mesh: `num_partitions` devices per model replica.
+
+  Args:
+    num_partitions: size of the 'model' axis (T5X's `num_partitions`); 1 is
+      pure data parallelism.
+    devices: the devices to use (default `jax.devices()`, every host's).
+  Returns:
+    A `Mesh` of shape (len(devices) // num_partitions, num_partitions).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)) \
+      or num_partitions < 1:
+    raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
+  if not devices or len(devices) % num_partitions:
+    raise ValueError(f"num_partitions={num_partitions} does not divide the {len(devices)} "
+                     "devices")
+  shape = (len(devices) // num_partitions, int(num_partitions))
+  try:  # topology-aware order on TPU/GPU
+    grid = mesh_utils.create_device_mesh(shape, devices)
+  except Exception:  # pylint: disable=broad-except  # e.g. a device subset it cannot tile
+    grid = np.asarray(devices, dtype=object).reshape(shape)
+  return Mesh(grid, MESH_AXES)
+
+
+def param_logical_axes(params: Any) -> Any:
+  """The logical axes of every parameter (a tree like `params`; None = replicate).
+
+  Names follow T5X's `param_axes` (e.g. `attention/query/kernel` ->
+  ('embed', 'joined_kv')); leaves of unknown names or of another rank (n-gram
+  tables, test tables) are replicated.
+  """
+  if not hasattr(params, "items"):
+    return jax.tree.map(lambda _: None, params)
+  out = {}
+  for path, leaf in flatten(params):
+    axes = None
+    for suffix, logical in _PARAM_AXES:
+      if (path == suffix or path.endswith("/" + suffix)) and len(np.shape(leaf)) == len(logical):
+        axes = logical
+        break
+    if axes is None:
+      logger.debug("parameter %s %s: no logical axes, replicated", path, np.shape(leaf))
+    out[path] = axes
+  return unflatten(out)
+
+
+def logical_to_spec(axes: Optional[Sequence[Optional[str]]], shape: Sequence[int], mesh: Mesh,
+                    rules: Rules = STANDARD_RULES, what: str = "array") -> PartitionSpec:
+  """Maps logical axes to a `PartitionSpec` on `mesh`.
+
+  A logical axis maps to the first rule naming it (absent: replicated). A mesh
+  axis is used at most once per array, and only where it divides the size.
+  """
+  if axes is None:
+    return PartitionSpec()
+  if len(axes) != len(shape):
+    raise ValueError(f"{what}: {len(axes)} logical axes {tuple(axes)} for shape {tuple(shape)}")
+  table = {}
+  for logical, mesh_axis in rules:
+    table.setdefault(logical, mesh_axis)
+  spec, used = [], set()
+  for logical, size in zip(axes, shape):
+    mesh_axis = table.get(logical) if logical is not None else None
+    if mesh_axis is not None and mesh_axis not in mesh.shape:
+      raise ValueError(f"rule {logical!r} -> {mesh_axis!r}: no such mesh axis in {MESH_AXES}")
+    if mesh_axis is not None and mesh.shape[mesh_axis] == 1:
+      mesh_axis = None  # nothing to split over
+    if mesh_axis is not None and (mesh_axis in used or size % mesh.shape[mesh_axis]):
+      logger.debug("%s %s: axis %s of size %d not split over %s (%d devices)", what,
+                   tuple(shape), logical, size, mesh_axis, mesh.shape[mesh_axis])
+      mesh_axis = None
+    used.add(mesh_axis)
+    spec.append(mesh_axis)
+  while spec and spec[-1] is None:
+    spec.pop()
+  return PartitionSpec(*spec)
+
+
+def _is_struct(x: Any) -> bool:
+  return isinstance(x, (KVCache, EncodedInputs))
+
+
+@dataclasses.dataclass(frozen=True)
+class Partitioner:
+  """A ('data', 'model') mesh and logical axis rules (gin-configurable).
+
+  Hashable: it is a static argument of the jitted loops.
+  """
+
+  num_partitions: int = 1
+  """Devices per model replica: the 'model' axis (T5X's `num_partitions`). 1 = data parallel."""
+  rules: Rules = STANDARD_RULES
+  """Logical axis -> mesh axis ('data', 'model' or None), first match wins."""
+  devices: Optional[Tuple[Any, ...]] = None
+  """The devices of the mesh (default: `jax.devices()`)."""
+  mesh: Mesh = dataclasses.field(init=False, compare=False, repr=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "rules", tuple(tuple(r) for r in self.rules))
+    object.__setattr__(self, "mesh", create_mesh(self.num_partitions, self.devices))
+
+  def __hash__(self) -> int:
+    return hash((self.rules, self.mesh))
+
+  def __eq__(self, other: Any) -> bool:
+    return isinstance(other, Partitioner) and (self.rules, self.mesh) == (other.rules, other.mesh)
+
+  @property
+  def data_size(self) -> int:
+    """Devices on the 'data' axis (the batch is split this many ways)."""
+    return self.mesh.shape[DATA]
+
+  @property
+  def model_size(self) -> int:
+    """Devices on the 'model' axis."""
+    return self.mesh.shape[MODEL]
+
+  def sharding(self, axes: Optional[Sequence[Optional[str]]], shape: Sequence[int],
+               what: str = "array") -> NamedSharding:
+    """The `NamedSharding` of an array with these logical axes."""
+    return NamedSharding(self.mesh, logical_to_spec(axes, shape, self.mesh, self.rules, what))
+
+  # ------------------------------------------------------------------ parameters
+
+  def param_shardings(self, params: Any) -> Any:
+    """A tree of `NamedSharding`s for `params` (arrays or `jax.ShapeDtypeStruct`s)."""
+    if not hasattr(params, "items"):
+      return jax.tree.map(lambda x: self.sharding(None, np.shape(x)), params)
+    axes = dict(flatten(param_logical_axes(params)))
+    return unflatten({path: self.sharding(axes[path], np.shape(leaf), path)
+                      for path, leaf in flatten(params)})
+
+  def shard_params(self, params: Any) -> Any:
+    """Places `params` (numpy or jax arrays, or None) in their shardings."""
+    if params is None:
+      return None
+    return jax.device_put(params, self.param_shardings(params))
+
+  def load_params(self, path: str, model: Any, *, dtype: Any = None) -> Any:
+    """Loads a T5X checkpoint straight into its shardings (per-shard reads where possible).
+
+    Args:
+      path: as for `specjax.checkpoints.load_t5x`.
+      model: its `param_shapes()` gives the expected names and shapes.
+      dtype: as for `load_t5x` (None keeps the stored dtypes).
+    """
+    shapes = model.param_shapes()
+    return load_t5x_sharded(path, self.param_shardings(shapes), dtype=dtype,
+                                        expected=shapes)
+
+  # ------------------------------------------------------------- batch and state
+
+  def batch_sharding(self, shape: Sequence[int]) -> NamedSharding:
+    """Batch-first arrays: rows over 'data', the rest replicated."""
+    return self.sharding(("batch",) + (None,) * (len(shape) - 1), shape, "batch")
+
+  def _state_sharding(self, x: Any) -> NamedSharding:
+    if np.ndim(x) == 0:
+      return NamedSharding(self.mesh, PartitionSpec())
+    return self.batch_sharding(np.shape(x))
+
+  def _struct_shardings(self, struct: Any) -> Any:
+    cache = lambda x: self.sharding(CACHE_AXES, x.shape, "cache")
+    if isinstance(struct, KVCache):
+      return KVCache(keys=tuple(map(cache, struct.keys)), values=tuple(map(cache, struct.values)))
+    return EncodedInputs(keys=tuple(map(cache, struct.keys)),
+                         values=tuple(map(cache, struct.values)),
+                         mask=self.batch_sharding(struct.mask.shape))
+
+  def state_shardings(self, tree: Any) -> Any:
+    """Shardings of a batch-first pytree (loop state, caches, encoder outputs, results)."""
+    def one(x):
+      return self._struct_shardings(x) if _is_struct(x) else self._state_sharding(x)
+    return jax.tree.map(one, tree, is_leaf=_is_struct)
+
+  def constrain_state(self, tree: Any) -> Any:
+    """`with_sharding_constraint` by `state_shardings` (inside `jax.jit`)."""
+    return jax.lax.with_sharding_constraint(tree, self.state_shardings(tree))
+
+  def pad_rows(self, batch: int) -> int:
+    """Rows after padding `batch` up to a multiple of the 'data' axis."""
+    return -(-batch // self.data_size) * self.data_size
+
+  def prepare(self, params: Sequence[Any], rows: Sequence[Any]) -> Tuple[list, list]:
+    """Places params and batch-first arrays for a sharded call.
+
+    Args:
+      params: parameter trees (each placed by `shard_params`; already placed
+        arrays are not copied).
+      rows: batch-first arrays with the same leading size B; padded to
+        `pad_rows(B)` rows by repeating the last row, then split over 'data'.
+    Returns:
+      (placed params, placed padded rows).
+    """
+    batch = np.shape(rows[0])[0]
+    pad = self.pad_rows(batch) - batch
+
+    def place(x):
+      if pad:
+        x = jax.numpy.concatenate([x, jax.numpy.repeat(x[-1:], pad, axis=0)])
+      return jax.device_put(x, self.batch_sharding(np.shape(x)))
+    return [self.shard_params(p) for p in params], [place(x) for x in rows]
+
+  @staticmethod
+  def unpad(tree: Any, batch: int) -> Any:
+    """Drops padding rows: every batch-first leaf cut to `batch` rows."""
+    return jax.tree.map(lambda x: x[:batch], tree)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+class _LazyZarr:
+  """An opened, unread zarr array: `shape`, `dtype`; `[index]` reads only that slice."""
+
+  def __init__(self, store: Any, name: str, where: str):
+    self.store, self.name, self.where = store, name, where
+    self.shape = tuple(store.shape)
+    self.dtype = np.dtype(store.dtype.numpy_dtype)
+
+  def __getitem__(self, index: Any) -> np.ndarray:
+    try:
+      return np.asarray(self.store[index].read().result())
+    except Exception as e:  # tensorstore reports every failure as ValueError etc.
+      raise ValueError(f"{self.where}: cannot read the array of parameter "
+                       f"'{self.name}': {e}") from e
+
+
+def _open_lazy(reads: List[_ckpt_io.ZarrRead], where: str) -> List[_LazyZarr]:
+  """Opens (and checks) every array without reading it."""
+  context, out = ts.Context(), []
+  for r in reads:
+    kwargs = {"assume_metadata": True} if r.assume_metadata else {}
+    try:
+      store = ts.open(r.spec, open=True, read=True, context=context, **kwargs).result()
+    except Exception as e:  # tensorstore reports every failure as ValueError etc.
+      raise ValueError(f"{where}: cannot open the array of parameter '{r.name}': {e}") from e
+    lazy = _LazyZarr(store, r.name, where)
+    if (r.shape is not None and lazy.shape != tuple(r.shape)) or (
+        r.dtype is not None and lazy.dtype != r.dtype):
+      raise ValueError(f"{where}: the array of parameter '{r.name}' is {lazy.dtype.name} "
+                       f"{lazy.shape} but the checkpoint declares {r.dtype} {r.shape}")
+    out.append(lazy)
+  return out
+
+
+def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = None,
+                     expected: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+  """Loads a T5X checkpoint's `target` straight into `jax.Array`s of the given shardings.
+
+  Legacy (zarr) checkpoints are read per shard: each device's slice is read
+  from tensorstore on its own, so a host never holds a whole parameter it only
+  needs a part of. Orbax checkpoints are read whole, then split.
+
+  Args:
+    path: as for `specjax.checkpoints.load_t5x`.
+    shardings: nested dict of `jax.sharding.Sharding` with T5X names (e.g.
+      `specjax.sharding.Partitioner.param_shardings(model.param_shapes())`).
+    dtype: as for `specjax.checkpoints.load_t5x`.
+    expected: optional tree of expected shapes (e.g. `model.param_shapes()`).
+
+  Raises:
+    As `specjax.checkpoints.load_t5x`; ValueError when names or shapes differ
+    from `expected`, or names from `shardings`.
+  """
+  cast = _ckpt_io.resolve_dtype(dtype, "load_t5x_sharded")
+  where = os.fspath(path)
+  location = checkpoints.find_checkpoint(path)
+  if location.format == checkpoints.ORBAX:
+    flat = _orbax.load_target(location.path, where)
+  else:
+    flat = checkpoints._load_legacy(location.path, where, _open_lazy)  # pylint: disable=protected-access
+  if expected is not None:
+    check_params_match(unflatten(flat), expected, what=where)
+  want = dict(flatten(shardings))
+  differ = sorted(set(want) ^ set(flat))
+  if differ:
+    raise ValueError(f"{where}: parameter '{differ[0]}' is " + (
+        "missing from the checkpoint" if differ[0] in want else "not in the shardings tree"))
+  out = {}
+  for name, arr in flat.items():
+    seen: Dict[str, np.ndarray] = {}
+
+    def read(index, arr=arr, seen=seen):
+      key = repr(index)  # replicas of one slice are read once
+      if key not in seen:
+        x = np.asarray(arr[index])
+        seen[key] = x.astype(cast) if cast is not None and _ckpt_io.is_floating(x.dtype) else x
+      return seen[key]
+    out[name] = jax.make_array_from_callback(tuple(arr.shape), want[name], read)
+  return unflatten(out)
+
+
+def per_device_bytes(tree: Any) -> int:
+  """Bytes of `tree` held by the first addressable device (its own shards only)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    device = leaf.sharding._device_assignment[0]  # pylint: disable=protected-access
+    total += sum(s.data.nbytes for s in leaf.addressable_shards if s.device == device)
+  return total
+
+
+def constrain(partitioner: Optional[Partitioner], tree: Any) -> Any:
+  """`partitioner.constrain_state(tree)`; `tree` itself without a partitioner."""
+  return tree if partitioner is None else partitioner.constrain_state(tree)
+
+
+def place(partitioner: Optional[Partitioner], params: Sequence[Any],
+          rows: Sequence[Any]) -> Tuple[list, list]:
+  """`partitioner.prepare(params, rows)`; unchanged lists without a partitioner."""
+  return (list(params), list(rows)) if partitioner is None else partitioner.prepare(params, rows)
+
+
+def unpad(partitioner: Optional[Partitioner], tree: Any, batch: int) -> Any:
+  """Drops the padding rows `place` added (nothing without a partitioner)."""
+  return tree if partitioner is None else partitioner.unpad(tree, batch)
+
+
+try:
+  import gin  # pylint: disable=import-outside-toplevel,wrong-import-position
+  gin.external_configurable(Partitioner, "Partitioner")
+except ValueError:  # already registered (module reloaded)
+  pass
