@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import gin
 
+from specjax import beam  # noqa: F401  (registers beam_search / speculative_beam_search)
 from specjax.decoding import DecodeConfig
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
