@@ -26,6 +26,8 @@ setup(
     extras_require={
         "test": ["pytest>=8", "orbax-checkpoint>=0.11"],
         "seqio": ["seqio>=0.0.19", "sacrebleu>=2.4"],
+        "experiments": ["matplotlib>=3.8", "sacrebleu>=2.4"],
+        "hf": ["torch==2.13.0", "transformers>=5"],
     },
     entry_points={"console_scripts": ["specjax=specjax.main:run"]},
 )

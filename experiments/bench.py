@@ -1,0 +1,164 @@
+"""Benchmark: autoregressive vs speculative walltime on the bundled pairs, with an HF peer.
+
+  python -m experiments.bench [--pair lm --pair translate] [--fast]
+      [--gin_file=experiments/bench.gin]
+
+For each pair and batch size: compile (+ first run) time apart from steady-state
+time, the median of `repeats` interleaved runs, greedy. Peer, in the same run and
+on the SAME translation weights: HuggingFace transformers assisted generation
+(PyTorch CPU, `generate(assistant_model=...)`, greedy, constant γ), on the target
+and draft exported by `specjax.export_hf` (the export is checked by matching
+logits first). HF assisted generation takes batch 1 only, so its batch-8 cells are
+"n/a". Without torch/transformers installed the peer is skipped with a loud message.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Dict, List, Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from experiments import common
+from specjax.decoding import autoregressive_decode, speculative_decode
+
+FAST = dict(batches=(1,), max_new_tokens=6, repeats=1, gamma=2)
+PEER_MISSING = ("WARNING: HF PEER SKIPPED: torch/transformers are not installed "
+                "(pip install torch==2.13.0 transformers)")
+
+
+def _median_times(runs: Dict, repeats: int) -> Dict:
+  compile_s, outs = {}, {}
+  for name, fn in runs.items():
+    outs[name], compile_s[name] = common.timed(fn)
+  times = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, fn in runs.items():
+      times[name].append(common.timed(fn)[1])
+  return {name: (compile_s[name], statistics.median(times[name]), outs[name]) for name in runs}
+
+
+def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: int,
+            repeats: int, specjax_greedy: List[List[int]]) -> Dict:
+  """HF greedy and assisted generation on exported weights, batch 1 per example."""
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return {"error": PEER_MISSING}
+  from specjax import export_hf  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  target = export_hf.to_hf(pair.target.config, pair.target_params)
+  draft = export_hf.to_hf(pair.draft.config, pair.draft_params)
+  rows = [torch.from_numpy(r[r != 0][None].astype(np.int64)) for r in ex.inputs]
+  # the export, checked: logits of the first example's greedy continuation
+  ids = [0] + specjax_greedy[0][:max_new_tokens - 1]
+  with torch.no_grad():
+    hf_logits = target(input_ids=rows[0], decoder_input_ids=torch.tensor([ids])).logits.numpy()
+  ours = np.asarray(pair.target.logits(pair.target_params, ex.inputs[:1], np.array([ids])))
+  max_diff = float(np.abs(hf_logits - ours).max())
+
+  def generate(assisted: bool):
+    outs = []
+    for row in rows:
+      kwargs = dict(assistant_model=draft, num_assistant_tokens=gamma,
+                    num_assistant_tokens_schedule="constant",
+                    assistant_confidence_threshold=0.0) if assisted else {}
+      with torch.no_grad():
+        outs.append(target.generate(input_ids=row, attention_mask=torch.ones_like(row),
+                                    do_sample=False, max_new_tokens=max_new_tokens,
+                                    min_new_tokens=max_new_tokens, **kwargs))
+    return outs
+
+  result = {"logits_max_abs_diff": max_diff}
+  for name, assisted in (("hf_greedy", False), ("hf_assisted", True)):
+    start = time.perf_counter()
+    outs = generate(assisted)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      generate(assisted)
+      times.append(time.perf_counter() - start)
+    hf_ids = [o[0, 1:].tolist() for o in outs]
+    same = sum(h[:len(s)] == s[:len(h)] for h, s in zip(hf_ids, specjax_greedy))
+    result[name] = {"first_s": first, "steady_s": statistics.median(times),
+                    "same_as_specjax": f"{same}/{len(rows)}"}
+  return result
+
+
+@gin.configurable(module="bench")
+def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
+        gamma: int = 4, repeats: int = 5, max_input_len: int = 48, peer: bool = True) -> List[Dict]:
+  """Writes bench.{md,csv,json}; returns the rows (one per pair, batch and decoder).
+
+  Args:
+    cli: pairs and output folder.
+    batches: batch sizes (each batch: the first B bundled examples).
+    max_new_tokens: tokens per row (EOS ignored so every decoder does the same work).
+    gamma: guesses per round; repeats: timed runs (median, interleaved, ≥ 5 for results).
+    peer: run the HF assisted-generation peer on the translation pair.
+  """
+  rows, notes = [], []
+  for pair in cli.pairs:
+    key = jax.random.PRNGKey(0)
+    config = common.decode_config(0.0, max_input_len + max_new_tokens + gamma + 1)
+    drafter, dparams = common.model_drafter(pair, gamma)
+    for batch in batches:
+      ex = common.examples(pair, batch, max_input_len)
+      runs = {
+          "specjax autoregressive": lambda: autoregressive_decode(
+              pair.target, pair.target_params, ex.inputs, max_new_tokens=max_new_tokens,
+              rng=key, config=config),
+          f"specjax speculative γ={gamma}": lambda: speculative_decode(
+              pair.target, pair.target_params, drafter, dparams, ex.inputs,
+              max_new_tokens=max_new_tokens, gamma=gamma, rng=key, config=config)}
+      timing = _median_times(runs, repeats)
+      base = timing["specjax autoregressive"][1]
+      for name, (compile_s, steady, out) in timing.items():
+        rows.append({"pair": pair.name, "batch": batch, "decoder": name,
+                     "compile_s": compile_s, "steady_s": steady,
+                     "ms_per_token": 1e3 * steady / (batch * max_new_tokens),
+                     "vs_ar": base / steady,
+                     "alpha": float(np.mean(out.alpha)) if "speculative" in name else None})
+      if pair.target.is_encoder_decoder and peer:
+        if batch != 1:
+          rows.append({"pair": pair.name, "batch": batch, "decoder": "HF assisted",
+                       "compile_s": "n/a", "steady_s": "n/a (HF assisted generation: batch 1 only)"})
+          continue
+        greedy = [[int(t) for t in r] for r in np.asarray(timing["specjax autoregressive"][2].tokens)]
+        hf = hf_peer(pair, ex, gamma, max_new_tokens, repeats, greedy)
+        if "error" in hf:
+          print(hf["error"])
+          notes.append(hf["error"])
+          continue
+        notes.append(f"HF export check: max |logits_HF − logits_specjax| = "
+                     f"{hf['logits_max_abs_diff']:.2e}")
+        for name in ("hf_greedy", "hf_assisted"):
+          rows.append({"pair": pair.name, "batch": batch,
+                       "decoder": f"HF {'assisted γ=' + str(gamma) if 'assist' in name else 'greedy'}",
+                       "compile_s": hf[name]["first_s"], "steady_s": hf[name]["steady_s"],
+                       "ms_per_token": 1e3 * hf[name]["steady_s"] / max_new_tokens,
+                       "vs_ar": base / hf[name]["steady_s"],
+                       "same_as_specjax": hf[name]["same_as_specjax"]})
+  out = common.Output(cli.output_dir, "bench")
+  md = common.header("Benchmark: autoregressive vs speculative (greedy)", cli.pairs, [
+      f"{max_new_tokens} new tokens per row, median of {repeats} interleaved runs; "
+      "compile_s = compile + first run (HF: first run)", *notes])
+  md += "\n" + common.markdown_table(rows, ["pair", "batch", "decoder", "compile_s", "steady_s",
+                                            "ms_per_token", "vs_ar", "alpha", "same_as_specjax"])
+  out.markdown(md)
+  out.csv(rows)
+  out.json({"pairs": {p.name: p.source for p in cli.pairs}, "notes": notes, "rows": rows})
+  print(md)
+  return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+  cli = common.parse_cli(argv, __doc__, "bench")
+  return run(cli, **(FAST if cli.fast else {}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,388 @@
+"""Shared plumbing of the experiment modules: pairs, inputs, timing, output files.
+
+Where a pair comes from (in this order):
+1. gin: `TARGET_MODEL` / `DRAFT_MODEL` (model gin files) and `TARGET_CHECKPOINT` /
+   `DRAFT_CHECKPOINT` (T5X checkpoints, or None for random init), as in runs/decode.gin;
+   the run then uses that one pair, named 'gin'.
+2. a preset, `--pair lm|translate`: `specjax/assets/pairs/NAME/{target,draft}/` holding
+   `model.gin` and `checkpoint_N/` (what experiments/train_bundled.py writes);
+3. while those are not shipped: a random-init tiny pair of the preset's family, labelled
+   "random init: numbers are meaningless" in every output.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import io
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import gin_config
+from specjax.data import load_bundled
+from specjax.main import build_model, encode_inputs, load_model
+from specjax.models.decoder_only import DecoderOnlyConfig
+from specjax.models.t5 import T5Config
+from specjax.vocab import load_vocab
+
+RANDOM_NOTE = "random init: numbers are meaningless"
+PAIRS_DIR = Path(__file__).resolve().parent.parent / "specjax" / "assets" / "pairs"
+PRESET_TASKS = {"lm": "lm_ddtp_en", "translate": "translate_en_de"}
+V = 8192  # the bundled SentencePiece vocabulary
+RANDOM_CONFIGS = {  # tiny stand-ins with the real vocabulary
+    "lm": (DecoderOnlyConfig(vocab_size=V, emb_dim=64, num_heads=4, num_layers=2, head_dim=16,
+                             mlp_dim=128),
+           DecoderOnlyConfig(vocab_size=V, emb_dim=32, num_heads=2, num_layers=1, head_dim=16,
+                             mlp_dim=64)),
+    "translate": (T5Config(vocab_size=V, emb_dim=64, num_heads=4, num_encoder_layers=2,
+                           num_decoder_layers=2, head_dim=16, mlp_dim=128),
+                  T5Config(vocab_size=V, emb_dim=32, num_heads=2, num_encoder_layers=1,
+                           num_decoder_layers=1, head_dim=16, mlp_dim=64)),
+}
+
+
+@dataclasses.dataclass
+class Pair:
+  """A target/draft pair and where it came from."""
+  name: str
+  """'lm', 'translate' or 'gin'."""
+  task: str
+  """The bundled evaluation split: 'lm_ddtp_en' or 'translate_en_de'."""
+  target: Any
+  target_params: Any
+  draft: Any
+  draft_params: Any
+  source: str
+  """Human-readable origin (checkpoint paths, or RANDOM_NOTE)."""
+
+  @property
+  def random_init(self) -> bool:
+    return self.source.startswith("random init")
+
+  @property
+  def label(self) -> str:
+    return f"{self.name} ({self.source})"
+
+
+def latest_checkpoint(model_dir: Path) -> str:
+  """model_dir/checkpoint_N with the largest N, or model_dir itself when it has none."""
+  found = sorted((int(p.name.split("_")[1]), p) for p in model_dir.glob("checkpoint_*")
+                 if p.name.split("_")[1].isdigit())
+  return str(found[-1][1] if found else model_dir)
+
+
+def _from_gin(seed: int) -> Pair:
+  target_ckpt = gin_config.query_macro("TARGET_CHECKPOINT")
+  draft_ckpt = gin_config.query_macro("DRAFT_CHECKPOINT")
+  for name, value in (("TARGET_CHECKPOINT", target_ckpt), ("DRAFT_CHECKPOINT", draft_ckpt)):
+    if value is not None and not isinstance(value, str):
+      raise ValueError(f"{name} must be a checkpoint path or None, got {value!r}")
+  target, target_params = load_model(target_ckpt, "target", seed)
+  draft, draft_params = load_model(draft_ckpt, "draft", seed + 1)
+  task = gin_config.query_macro("PAIR_TASK") or (
+      "translate_en_de" if target.is_encoder_decoder else "lm_ddtp_en")
+  source = (f"target {target_ckpt}, draft {draft_ckpt}" if target_ckpt and draft_ckpt
+            else RANDOM_NOTE)
+  return Pair("gin", task, target, target_params, draft, draft_params, source)
+
+
+def load_pair(name: str, seed: int = 0) -> Pair:
+  """A preset pair: trained checkpoints when shipped, else random init (labelled)."""
+  if name not in PRESET_TASKS:
+    raise ValueError(f"unknown pair {name!r}; expected one of {sorted(PRESET_TASKS)}")
+  folder = PAIRS_DIR / name
+  if (folder / "target" / "model.gin").exists() and (folder / "draft" / "model.gin").exists():
+    ckpts = {w: latest_checkpoint(folder / w) for w in ("target", "draft")}
+    gin_config.parse([], [f"TARGET_MODEL = '{folder / 'target' / 'model.gin'}'",
+                          f"DRAFT_MODEL = '{folder / 'draft' / 'model.gin'}'"])
+    target, tp = load_model(ckpts["target"], "target", seed)
+    draft, dp = load_model(ckpts["draft"], "draft", seed + 1)
+    return Pair(name, PRESET_TASKS[name], target, tp, draft, dp,
+                f"trained: {ckpts['target']}, {ckpts['draft']}")
+  target_cfg, draft_cfg = RANDOM_CONFIGS[name]
+  target, draft = build_model(target_cfg), build_model(draft_cfg)
+  return Pair(name, PRESET_TASKS[name], target, target.init(jax.random.PRNGKey(seed)), draft,
+              draft.init(jax.random.PRNGKey(seed + 1)), RANDOM_NOTE)
+
+
+# ------------------------------------------------------------------ command line
+
+
+@dataclasses.dataclass
+class Cli:
+  pairs: List[Pair]
+  output_dir: Path
+  fast: bool
+
+
+def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
+              default_pairs: Sequence[str] = ("lm", "translate"), needs_pairs: bool = True) -> Cli:
+  """gin flags (T5X style) plus --pair (repeatable), --fast and --output_dir.
+
+  `--fast` asks for the module's FAST settings (tests, smoke runs); they win over
+  gin. Pairs are loaded before the experiment's own gin settings are parsed
+  again, since a preset pair parses its own model gin files.
+  """
+  argv = sys.argv[1:] if argv is None else list(argv)
+  files, bindings, paths, rest = gin_config.split_gin_args(argv)
+  parser = argparse.ArgumentParser(description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--pair", action="append", choices=sorted(PRESET_TASKS),
+                      help="a preset pair (repeatable; default: both)")
+  parser.add_argument("--fast", action="store_true", help="tiny settings (tests, smoke runs)")
+  parser.add_argument("--output_dir", default=f"out/experiments/{name}")
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args(rest)
+
+  def reparse():
+    gin.clear_config()
+    gin_config.parse(files, bindings, paths)
+
+  reparse()
+  pairs = []
+  if needs_pairs:
+    if isinstance(gin_config.query_macro("TARGET_MODEL"), str):
+      if args.pair:
+        raise ValueError("give either --pair or TARGET_MODEL/DRAFT_MODEL in gin, not both")
+      pairs = [_from_gin(args.seed)]
+    else:
+      for pair_name in args.pair or default_pairs:
+        pairs.append(load_pair(pair_name, args.seed))
+      reparse()
+  return Cli(pairs=pairs, output_dir=Path(args.output_dir), fast=args.fast)
+
+
+# ------------------------------------------------------------------------ inputs
+
+
+@dataclasses.dataclass
+class Examples:
+  """Bundled evaluation examples of a pair's task, padded to one width."""
+  inputs: np.ndarray  # int32 [N, W]: encoder inputs (T5) or left-aligned prompts, 0-padded
+  texts: List[str]  # the source sentences / prompts
+  references: List[Optional[str]]  # German references (translation) or None
+
+
+def examples(pair: Pair, num: int, max_input_len: int = 32, prompt_words: int = 8,
+             skip: int = 0) -> Examples:
+  """The first `num` examples (after `skip`) of the pair's bundled split."""
+  if num < 1:
+    raise ValueError(f"num examples must be >= 1, got {num}")
+  vocab = load_vocab()
+  data = load_bundled(pair.task)[skip: skip + num]
+  if pair.task == "lm_ddtp_en":
+    texts, refs = [" ".join(d.split()[:prompt_words]) for d in data], [None] * len(data)
+  else:
+    texts, refs = [s for s, _ in data], [t for _, t in data]
+  inputs = encode_inputs(vocab, texts, pair.target.is_encoder_decoder, max_input_len)
+  padded = np.zeros((len(texts), max_input_len), np.int32)
+  padded[:, :inputs.shape[1]] = inputs
+  return Examples(padded, texts, refs)
+
+
+def ngram_corpus(pair: Pair, limit: int = 2000) -> Tuple[List[List[int]], str]:
+  """Token lists to fit unigram/bigram drafts on: the task's train split when
+  data/ is prepared, else bundled examples 500.. (disjoint from the evaluated ones)."""
+  vocab = load_vocab()
+  root = Path(__file__).resolve().parent.parent / "data" / pair.task
+  train = root / ("train.txt" if pair.task == "lm_ddtp_en" else "train.tsv")
+  if train.exists():
+    with open(train, encoding="utf-8") as f:
+      lines = [next(f, "") for _ in range(limit)]
+    texts = [l.rstrip("\n").split("\t")[-1] for l in lines if l.strip()]
+    where = f"{train} (first {len(texts)} lines)"
+  else:
+    data = load_bundled(pair.task)[500:500 + limit]
+    texts = [d if isinstance(d, str) else d[1] for d in data]
+    where = f"bundled {pair.task} examples 500..{500 + len(texts)}"
+  return [vocab.encode(t) + [vocab.eos_id] for t in texts], where
+
+
+def output_ids(tokens: np.ndarray, length: int, eos_id: int = 1) -> List[int]:
+  """Generated ids up to (excluding) the first EOS."""
+  ids = [int(t) for t in np.asarray(tokens)[:length]]
+  return ids[:ids.index(eos_id)] if eos_id in ids else ids
+
+
+def bleu(references: Sequence[str], hypotheses: Sequence[str]) -> float:
+  """Corpus BLEU (sacrebleu, 13a) in [0, 100]."""
+  import sacrebleu  # pylint: disable=import-outside-toplevel
+  return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score)
+
+
+def perplexity(pair: Pair, inputs: np.ndarray, outputs: Sequence[Sequence[int]]) -> float:
+  """exp(mean NLL) of generated tokens under the target, teacher forced.
+
+  inputs: int32 [N, W] as decoded; outputs: N id lists (EOS already cut: an EOS is
+  appended and scored for the encoder-decoder, whose outputs end there).
+  """
+  total, count = 0.0, 0
+  model, params = pair.target, pair.target_params
+  for row, out in zip(inputs, outputs):
+    if model.is_encoder_decoder:
+      target = list(out) + [1]
+      dec = np.array([[0] + target[:-1]], np.int32)
+      logp = jax.nn.log_softmax(model.logits(params, row[None], dec)[0], -1)
+      nll = -np.asarray(logp)[np.arange(len(target)), target]
+    else:
+      if not out:
+        continue
+      prompt = [int(t) for t in row if t != 0]
+      seq = np.array([prompt + list(out)], np.int32)
+      logp = np.asarray(jax.nn.log_softmax(model.logits(params, seq)[0], -1))
+      pos = np.arange(len(prompt) - 1, len(prompt) - 1 + len(out))
+      nll = -logp[pos, np.asarray(out)]
+    total, count = total + float(nll.sum()), count + len(nll)
+  return float(np.exp(total / max(count, 1)))
+
+
+# ------------------------------------------------------------------------ timing
+
+
+def timed(fn: Callable[[], Any]) -> Tuple[Any, float]:
+  """(result, seconds), with every array of the result ready."""
+  start = time.perf_counter()
+  out = fn()
+  jax.block_until_ready(out)
+  return out, time.perf_counter() - start
+
+
+def step_times(model, params, inputs: np.ndarray, ks: Sequence[int], *, cache_len: int,
+               position: int, repeats: int = 5, inner: int = 20) -> Dict[int, float]:
+  """Median seconds of one jitted `model.decode` call with k tokens, batch 1, per k.
+
+  inputs: int32 [1, W] (encoded once for an encoder-decoder); the k tokens sit at
+  `position`, as in a generation's middle.
+  """
+  encoded = model.encode(params, jnp.asarray(inputs)) if model.is_encoder_decoder else None
+  step = jax.jit(lambda p, c, t, pos, e: model.decode(p, c, t, pos, e)[0])
+  cache = model.init_cache(1, cache_len)
+  out = {}
+  for k in ks:
+    tokens = jnp.full((1, k), 5, jnp.int32)
+    pos = jnp.array([position], jnp.int32)
+    jax.block_until_ready(step(params, cache, tokens, pos, encoded))  # compile
+    runs = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      for _ in range(inner):
+        result = step(params, cache, tokens, pos, encoded)
+      jax.block_until_ready(result)
+      runs.append((time.perf_counter() - start) / inner)
+    out[k] = statistics.median(runs)
+  return out
+
+
+# ------------------------------------------------------------------------ output
+
+
+def fmt(value: Any) -> str:
+  """Table cell: floats to 3 significant digits."""
+  if isinstance(value, (float, np.floating)):
+    return f"{float(value):.3g}"
+  return str(value)
+
+
+def markdown_table(rows: Sequence[Dict[str, Any]], columns: Optional[Sequence[str]] = None) -> str:
+  """A GitHub markdown table of dict rows (columns: the first row's keys by default)."""
+  if not rows:
+    raise ValueError("markdown_table needs at least one row")
+  columns = list(columns or rows[0].keys())
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+class Output:
+  """An experiment's output folder: NAME.md, NAME.csv, NAME.json and PNG plots."""
+
+  def __init__(self, folder: os.PathLike, name: str):
+    self.folder, self.name = Path(folder), name
+    self.folder.mkdir(parents=True, exist_ok=True)
+    self.written: List[Path] = []
+
+  def path(self, filename: str) -> Path:
+    path = self.folder / filename
+    self.written.append(path)
+    return path
+
+  def markdown(self, text: str, filename: Optional[str] = None) -> None:
+    self.path(filename or f"{self.name}.md").write_text(text.rstrip() + "\n", encoding="utf-8")
+
+  def csv(self, rows: Sequence[Dict[str, Any]], filename: Optional[str] = None) -> None:
+    if not rows:
+      raise ValueError("no rows to write")
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    self.path(filename or f"{self.name}.csv").write_text(buf.getvalue(), encoding="utf-8")
+
+  def json(self, obj: Any, filename: Optional[str] = None) -> None:
+    self.path(filename or f"{self.name}.json").write_text(
+        json.dumps(obj, indent=1, ensure_ascii=False, default=_json_default), encoding="utf-8")
+
+  def png(self, figure, filename: str) -> None:
+    figure.savefig(self.path(filename), dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    plt.close(figure)
+
+
+def _json_default(x):
+  if isinstance(x, (np.integer,)):
+    return int(x)
+  if isinstance(x, (np.floating,)):
+    return float(x)
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  return str(x)
+
+
+def pyplot():
+  """matplotlib.pyplot on the Agg backend (extra: `pip install matplotlib`)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
+
+
+def header(title: str, pairs: Sequence[Pair], notes: Sequence[str] = ()) -> str:
+  """Markdown title with each pair's origin; a loud line for random-init pairs."""
+  lines = [f"# {title}", ""]
+  for pair in pairs:
+    lines.append(f"- pair **{pair.name}** ({pair.task}): {pair.source}")
+  if any(p.random_init for p in pairs):
+    lines += ["", f"**WARNING: {RANDOM_NOTE}** (trained pairs are not shipped yet)"]
+  lines += ["", f"- device: {jax.devices()[0].platform}, jax {jax.__version__}"]
+  lines += [f"- {n}" for n in notes]
+  return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------- decoding
+
+
+def decode_config(temperature: float, cache_len: int, lenience: float = 1.0,
+                  trace: bool = False, eos_id: int = -1):
+  """DecodeConfig for experiments. eos_id -1 (default) generates the full budget, so
+  timings compare equal lengths; texts are cut at the first EOS afterwards."""
+  from specjax.decoding import DecodeConfig  # pylint: disable=import-outside-toplevel
+  from specjax.sampling import Sampling  # pylint: disable=import-outside-toplevel
+  return DecodeConfig(sampling=Sampling(temperature=float(temperature)), eos_id=eos_id,
+                      lenience=lenience, trace=trace, cache_len=cache_len)
+
+
+def model_drafter(pair: Pair, max_gamma: int):
+  """(ModelDrafter of the pair's draft, its params)."""
+  from specjax.drafters import ModelDrafter  # pylint: disable=import-outside-toplevel
+  return ModelDrafter(pair.draft, max_gamma=max_gamma), pair.draft_params

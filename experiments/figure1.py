@@ -1,0 +1,74 @@
+"""Paper Figure 1: the trace of one speculative generation (terminal and HTML).
+
+  python -m experiments.figure1 [--pair translate] [--fast] [--gin.figure1.example=3]
+
+One line per target call: accepted guesses green, the rejected guess red (struck
+through), the target's correction blue. Writes figure1.txt (plain: [-rejected-],
+[+correction+]), figure1.html, figure1.md and figure1.json (ids and pieces per round).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import gin
+import jax
+from rich.console import Console
+
+from experiments import common
+from specjax import report
+from specjax.decoding import speculative_decode
+from specjax.vocab import load_vocab
+
+FAST = dict(max_new_tokens=8)
+
+
+@gin.configurable(module="figure1")
+def run(cli: common.Cli, *, example: int = 0, gamma: int = 5, temperature: float = 0.0,
+        max_new_tokens: int = 32, max_input_len: int = 48, seed: int = 0) -> Dict:
+  """Decodes bundled example `example` of the first pair with a trace; writes the figure.
+
+  Returns {'rounds': [...], 'text': str, 'pair': name}.
+  """
+  pair = cli.pairs[0]
+  vocab = load_vocab()
+  ex = common.examples(pair, 1, max_input_len, skip=example)
+  drafter, dparams = common.model_drafter(pair, gamma)
+  config = common.decode_config(temperature, max_input_len + max_new_tokens + gamma + 1,
+                                trace=True, eos_id=vocab.eos_id)
+  result = speculative_decode(pair.target, pair.target_params, drafter, dparams, ex.inputs,
+                              max_new_tokens=max_new_tokens, gamma=gamma,
+                              rng=jax.random.PRNGKey(seed), config=config)
+  rounds = report.trace_rounds(result, 0)
+  piece = lambda t: (vocab.decode([t]) if t != vocab.eos_id else "</s>") + " "
+  console = Console(record=True, width=100)
+  title = f"Figure 1: {pair.label}, γ={gamma}, T={temperature:g}"
+  console.print(title, markup=False)
+  console.print(f"input: {ex.texts[0]}", markup=False, highlight=False)
+  console.print(report.render_trace(rounds, piece))
+  out = common.Output(cli.output_dir, "figure1")
+  plain = report.plain_trace(rounds, piece)
+  out.path("figure1.txt").write_text(plain + "\n", encoding="utf-8")
+  out.path("figure1.html").write_text(console.export_html(), encoding="utf-8")
+  md = common.header(title, [pair], [f"input: {ex.texts[0]}",
+                                     "[-x-] rejected guess, [+y+] the target's correction"])
+  out.markdown(md + "\n```\n" + plain + "\n```")
+  text = vocab.decode(common.output_ids(result.tokens[0], int(result.lengths[0])))
+  record = {"pair": pair.name, "source": pair.source, "input": ex.texts[0], "text": text,
+            "target_calls": int(result.target_calls[0]), "rounds": [
+                {**r, "pieces": {"accepted": [piece(t) for t in r["accepted"]],
+                                 "rejected": piece(r["rejected"]) if r["rejected"] is not None
+                                 else None,
+                                 "correction": piece(r["correction"])
+                                 if r["correction"] is not None else None}} for r in rounds]}
+  out.json(record)
+  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  return record
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict:
+  cli = common.parse_cli(argv, __doc__, "figure1", default_pairs=("translate",))
+  return run(cli, **(FAST if cli.fast else {}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,159 @@
+"""Paper Tables 2 and 4: measured walltime speedup of speculative vs autoregressive decoding.
+
+  python -m experiments.table2_speedup [--pair lm --pair translate] [--fast]
+      [--gin_file=experiments/table2_speedup.gin]
+
+For each pair, temperature and γ (batch 1, each example decoded alone, both loops
+jitted and compiled before timing, runs interleaved, median of `repeats`):
+- α: measured acceptance rate; c: draft step / target step (jitted `decode`, k=1);
+- r(γ): target `decode` with k=γ+1 tokens / with k=1 (1 on an idle accelerator,
+  more on a CPU, where verifying γ+1 tokens costs more than one);
+- EXP: the paper's Thm 3.8, (1 − α^{γ+1}) / ((1 − α)(γc + 1));
+- EXP-CPU: E[tokens](α, γ) / (γc + r(γ)), Thm 3.8 with the verify cost r(γ) for 1;
+- EMP: measured (AR time per token) / (speculative time per token).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Dict, List, Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from experiments import common
+from specjax import analysis
+from specjax.decoding import autoregressive_decode, speculative_decode
+
+FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 3), temperatures=(0.0,), repeats=1,
+            step_repeats=2)
+
+
+def cost_ratios(pair: common.Pair, inputs: np.ndarray, gammas: Sequence[int], cache_len: int,
+                position: int, repeats: int) -> Dict:
+  """c and r(γ) from jitted single `decode` calls (batch 1), median of `repeats`."""
+  ks = sorted({1, *[g + 1 for g in gammas]})
+  target = common.step_times(pair.target, pair.target_params, inputs, ks,
+                             cache_len=cache_len, position=position, repeats=repeats)
+  draft = common.step_times(pair.draft, pair.draft_params, inputs, [1], cache_len=cache_len,
+                            position=position, repeats=repeats)
+  return {"c": draft[1] / target[1], "target_step_s": target[1], "draft_step_s": draft[1],
+          "r": {g: target[g + 1] / target[1] for g in gammas}}
+
+
+def time_decoders(pair: common.Pair, ex: common.Examples, temperature: float,
+                  gammas: Sequence[int], max_new_tokens: int, repeats: int, seed: int = 0):
+  """Per-example batch-1 timings; returns {'ar': s/token, γ: (s/token, α, tokens/call)}."""
+  max_gamma = max(gammas)
+  width = ex.inputs.shape[1]
+  config = common.decode_config(temperature, width + max_new_tokens + max_gamma + 1)
+  drafter, dparams = common.model_drafter(pair, max_gamma)
+  key = jax.random.PRNGKey(seed)
+  runs = {"ar": lambda row: autoregressive_decode(
+      pair.target, pair.target_params, row, max_new_tokens=max_new_tokens, rng=key,
+      config=config)}
+  for g in gammas:
+    runs[g] = (lambda g: lambda row: speculative_decode(
+        pair.target, pair.target_params, drafter, dparams, row, max_new_tokens=max_new_tokens,
+        gamma=g, rng=key, config=config))(g)
+  compile_s = {name: common.timed(lambda: fn(ex.inputs[:1]))[1] for name, fn in runs.items()}
+  seconds = {name: 0.0 for name in runs}
+  stats = {g: [0.0, 0, 0] for g in gammas}  # alpha_sum, alpha_count, target_calls
+  for i in range(len(ex.inputs)):
+    row = ex.inputs[i:i + 1]
+    times = {name: [] for name in runs}
+    for _ in range(repeats):  # interleaved
+      for name, fn in runs.items():
+        out, s = common.timed(lambda: fn(row))
+        times[name].append(s)
+        if name != "ar" and len(times[name]) == 1:
+          stats[name][0] += float(out.alpha_sum[0])
+          stats[name][1] += int(out.alpha_count[0])
+          stats[name][2] += int(out.target_calls[0])
+    for name in runs:
+      seconds[name] += statistics.median(times[name])
+  total = len(ex.inputs) * max_new_tokens  # eos_id -1: every row generates the full budget
+  out = {"ar": seconds["ar"] / total, "compile_s": compile_s}
+  for g in gammas:
+    out[g] = (seconds[g] / total, stats[g][0] / max(stats[g][1], 1), total / max(stats[g][2], 1))
+  return out
+
+
+@gin.configurable(module="table2_speedup")
+def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
+        gammas: Sequence[int] = (1, 2, 3, 5, 7), temperatures: Sequence[float] = (0.0, 1.0),
+        repeats: int = 5, step_repeats: int = 7, max_input_len: int = 48) -> List[Dict]:
+  """Writes table2_speedup.{md,csv,json,png}; returns the rows.
+
+  Args:
+    cli: pairs and output folder (`common.parse_cli`).
+    num_examples: bundled examples per pair, each decoded alone (batch 1).
+    max_new_tokens: tokens generated per example (EOS ignored so lengths match).
+    gammas: the γ values; temperatures: sampling temperatures (0 = argmax).
+    repeats: timed runs per example and decoder (median); step_repeats: for c and r(γ).
+    max_input_len: encoder input / prompt width.
+  """
+  if min(gammas) < 1:
+    raise ValueError(f"gammas must be >= 1, got {gammas}")
+  rows = []
+  for pair in cli.pairs:
+    ex = common.examples(pair, num_examples, max_input_len)
+    cache_len = max_input_len + max_new_tokens + max(gammas) + 1
+    costs = cost_ratios(pair, ex.inputs[:1], gammas, cache_len,
+                        max_input_len // 2 if not pair.target.is_encoder_decoder else 8,
+                        step_repeats)
+    for temp in temperatures:
+      timing = time_decoders(pair, ex, temp, gammas, max_new_tokens, repeats)
+      for g in gammas:
+        per_token, alpha, per_call = timing[g]
+        c, r = costs["c"], costs["r"][g]
+        rows.append({
+            "pair": pair.name, "temperature": temp, "gamma": g, "alpha": alpha,
+            "c": c, "r": r, "tokens_per_call": per_call,
+            "EXP": float(analysis.walltime_improvement(alpha, g, c)),
+            "EXP_CPU": float(analysis.expected_tokens(alpha, g) / (g * c + r)),
+            "EMP": timing["ar"] / per_token,
+            "ar_ms_per_token": 1e3 * timing["ar"], "spec_ms_per_token": 1e3 * per_token,
+            "compile_ar_s": timing["compile_s"]["ar"], "compile_spec_s": timing["compile_s"][g]})
+        print(f"{pair.name} T={temp} γ={g}: α={alpha:.2f} c={c:.3f} r={r:.2f} "
+              f"EXP={rows[-1]['EXP']:.2f} EXP-CPU={rows[-1]['EXP_CPU']:.2f} "
+              f"EMP={rows[-1]['EMP']:.2f}")
+  out = common.Output(cli.output_dir, "table2_speedup")
+  md = common.header("Tables 2/4 analog: walltime speedup, batch 1", cli.pairs, [
+      f"{num_examples} examples × {max_new_tokens} tokens, median of {repeats} interleaved "
+      "runs, compile excluded",
+      "c = draft step / target step (k=1); r = target step with k=γ+1 / k=1",
+      "EXP = Thm 3.8; EXP-CPU = E[tokens]/(γc + r); EMP = measured"])
+  md += "\n" + common.markdown_table(rows, ["pair", "temperature", "gamma", "alpha", "c", "r",
+                                             "EXP", "EXP_CPU", "EMP", "ar_ms_per_token",
+                                             "spec_ms_per_token"])
+  out.markdown(md)
+  out.csv(rows)
+  out.json({"pairs": {p.name: p.source for p in cli.pairs}, "rows": rows})
+  _plot(out, rows)
+  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  return rows
+
+
+def _plot(out: common.Output, rows: List[Dict]) -> None:
+  plt = common.pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
+    sel = [r for r in rows if (r["pair"], r["temperature"]) == key]
+    g = [r["gamma"] for r in sel]
+    line = ax.plot(g, [r["EMP"] for r in sel], "o-", label=f"{key[0]} T={key[1]:g} EMP")[0]
+    ax.plot(g, [r["EXP_CPU"] for r in sel], "--", color=line.get_color(), label="EXP-CPU")
+    ax.plot(g, [r["EXP"] for r in sel], ":", color=line.get_color(), label="EXP")
+  ax.axhline(1.0, color="gray", lw=0.5)
+  ax.set(xlabel="γ", ylabel="speedup vs autoregressive", title="Walltime speedup (batch 1)")
+  ax.legend(fontsize=7)
+  out.png(fig, "table2_speedup.png")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+  cli = common.parse_cli(argv, __doc__, "table2_speedup")
+  return run(cli, **(FAST if cli.fast else {}))
+
+
+if __name__ == "__main__":
+  main()

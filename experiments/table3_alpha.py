@@ -1,0 +1,107 @@
+"""Paper Table 3's analog: α of unigram, bigram and model drafts at temperature 0 and 1.
+
+  python -m experiments.table3_alpha [--pair lm --pair translate] [--fast]
+      [--gin_file=experiments/table3_alpha.gin] [--gin.table3_alpha.num_examples=64]
+
+α is measured inside speculative decoding as the mean over verified positions of
+Σ_x min(p(x), q(x)) (Cor. 3.6), p the target's and q the draft's standardized
+distributions; at temperature 0 that is the rate at which the argmaxes agree.
+The unigram / bigram drafts are count tables (add-k smoothed) fitted on the task's
+train split (or, without data/, on bundled examples the table does not evaluate).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from experiments import common
+from specjax.decoding import speculative_decode
+from specjax.drafters import BigramDrafter, UnigramDrafter
+
+FAST = dict(num_examples=2, max_new_tokens=6, temperatures=(1.0,), gamma=2,
+            drafts=("bigram", "model"), ngram_lines=200)
+
+
+def measure_alpha(pair: common.Pair, drafter, drafter_params, ex: common.Examples,
+                  temperature: float, gamma: int, max_new_tokens: int, seed: int = 0) -> Dict:
+  """Decodes every example once (one batch); returns α and tokens per target call."""
+  width = ex.inputs.shape[1]
+  config = common.decode_config(temperature, width + max_new_tokens + gamma + 1)
+  result = speculative_decode(pair.target, pair.target_params, drafter, drafter_params,
+                              ex.inputs, max_new_tokens=max_new_tokens, gamma=gamma,
+                              rng=jax.random.PRNGKey(seed), config=config)
+  alpha = float(np.sum(result.alpha_sum) / max(int(np.sum(result.alpha_count)), 1))
+  per_call = float(np.sum(result.lengths) / max(int(np.sum(result.target_calls)), 1))
+  return {"alpha": alpha, "tokens_per_call": per_call,
+          "positions": int(np.sum(result.alpha_count))}
+
+
+@gin.configurable(module="table3_alpha")
+def run(cli: common.Cli, *, num_examples: int = 64, max_new_tokens: int = 32, gamma: int = 3,
+        temperatures: Sequence[float] = (0.0, 1.0),
+        drafts: Sequence[str] = ("unigram", "bigram", "model"), max_input_len: int = 48,
+        ngram_lines: int = 20000) -> List[Dict]:
+  """Writes table3_alpha.{md,csv,json}; returns the rows (pair, draft, temperature, α).
+
+  Args:
+    cli: pairs and output folder (`common.parse_cli`).
+    num_examples: bundled evaluation examples per pair; max_new_tokens: budget per example.
+    gamma: guesses per round while measuring (α does not depend on it).
+    temperatures: sampling temperatures (0 = argmax).
+    drafts: any of 'unigram', 'bigram', 'model'.
+    max_input_len: encoder input / prompt width; ngram_lines: train lines for the n-grams.
+  """
+  unknown = set(drafts) - {"unigram", "bigram", "model"}
+  if unknown:
+    raise ValueError(f"unknown drafts {sorted(unknown)}; use unigram, bigram, model")
+  rows = []
+  notes = []
+  for pair in cli.pairs:
+    ex = common.examples(pair, num_examples, max_input_len)
+    corpus, where = (common.ngram_corpus(pair, ngram_lines) if set(drafts) - {"model"}
+                     else ([], ""))
+    if where:
+      notes.append(f"{pair.name}: n-gram drafts fitted on {where}")
+    for name in drafts:
+      if name == "model":
+        drafter, params = common.model_drafter(pair, gamma)
+      else:
+        make = UnigramDrafter if name == "unigram" else BigramDrafter
+        drafter, params = make(corpus, pair.target.vocab_size, max_gamma=gamma)
+      for temp in temperatures:
+        stats = measure_alpha(pair, drafter, params, ex, temp, gamma, max_new_tokens)
+        rows.append({"pair": pair.name, "draft": name, "temperature": temp, **stats})
+        print(f"{pair.name:10s} {name:8s} T={temp}: α={stats['alpha']:.3f}")
+  out = common.Output(cli.output_dir, "table3_alpha")
+  md = common.header("Table 3 analog: α by draft and temperature", cli.pairs,
+                     [f"{num_examples} examples × {max_new_tokens} new tokens, γ={gamma}", *notes])
+  md += "\n" + common.markdown_table(rows, ["pair", "draft", "temperature", "alpha",
+                                             "tokens_per_call"])
+  out.markdown(md)
+  out.csv(rows)
+  out.json({"pairs": {p.name: p.source for p in cli.pairs}, "rows": rows})
+  _plot(out, rows)
+  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  return rows
+
+
+def _plot(out: common.Output, rows: List[Dict]) -> None:
+  plt = common.pyplot()
+  fig, ax = plt.subplots(figsize=(6, 3.5))
+  labels = [f"{r['pair']}/{r['draft']}\nT={r['temperature']:g}" for r in rows]
+  ax.bar(range(len(rows)), [r["alpha"] for r in rows])
+  ax.set_xticks(range(len(rows)), labels, fontsize=7)
+  ax.set(ylabel="α", ylim=(0, 1), title="α by draft (Table 3 analog)")
+  out.png(fig, "table3_alpha.png")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+  cli = common.parse_cli(argv, __doc__, "table3_alpha")
+  return run(cli, **(FAST if cli.fast else {}))
+
+
+if __name__ == "__main__":
+  main()

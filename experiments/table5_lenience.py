@@ -1,0 +1,111 @@
+"""Paper Table 5 / A.5: lenience l trades exactness for α and speed; what it costs in quality.
+
+  python -m experiments.table5_lenience [--pair translate] [--fast]
+      [--gin_file=experiments/table5_lenience.gin]
+
+Temperature 1: lenient acceptance min(1, p/(l·q)) for l in `leniences`; temperature 0:
+the argmax lenience of A.5 (a guess is accepted when p(guess) ≥ l · max p). l = 1 is
+exact. Lenience changes the output distribution, so each row also reports quality:
+perplexity of the generated text under the target (teacher forced) and, for the
+translation pair, corpus BLEU against the bundled references. Speedup: autoregressive
+over speculative time per token (all examples in one batch, median of `repeats`).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Dict, List, Optional, Sequence
+
+import gin
+import jax
+
+from experiments import common
+from specjax.decoding import autoregressive_decode, speculative_decode
+from specjax.vocab import load_vocab
+
+FAST = dict(num_examples=2, max_new_tokens=6, leniences=(1.0, 0.3), argmax_leniences=(0.5,),
+            repeats=1)
+
+
+def _quality(pair, ex, result) -> Dict:
+  vocab = load_vocab()
+  ids = [common.output_ids(result.tokens[i], int(result.lengths[i])) for i in range(len(ex.texts))]
+  out = {"perplexity": common.perplexity(pair, ex.inputs, ids)}
+  if ex.references[0] is not None:
+    out["bleu"] = common.bleu(ex.references, [vocab.decode(i) for i in ids])
+  return out
+
+
+@gin.configurable(module="table5_lenience")
+def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, gamma: int = 5,
+        leniences: Sequence[float] = (1.0, 0.5, 0.3, 0.1),
+        argmax_leniences: Sequence[float] = (1.0, 0.5, 0.3, 0.1), repeats: int = 3,
+        max_input_len: int = 48) -> List[Dict]:
+  """Writes table5_lenience.{md,csv,json,png}; returns the rows.
+
+  Args:
+    cli: pairs and output folder.
+    num_examples, max_new_tokens: examples per pair (one batch) and budget.
+    gamma: guesses per round.
+    leniences: l values at temperature 1; argmax_leniences: at temperature 0 (A.5).
+    repeats: timed runs (median); max_input_len: input width.
+  """
+  rows = []
+  for pair in cli.pairs:
+    ex = common.examples(pair, num_examples, max_input_len)
+    cache_len = max_input_len + max_new_tokens + gamma + 1
+    drafter, dparams = common.model_drafter(pair, gamma)
+    key = jax.random.PRNGKey(0)
+    for temp, ls in ((1.0, leniences), (0.0, argmax_leniences)):
+      if not ls:
+        continue
+      ar_config = common.decode_config(temp, cache_len)
+      ar = lambda: autoregressive_decode(pair.target, pair.target_params, ex.inputs,
+                                         max_new_tokens=max_new_tokens, rng=key,
+                                         config=ar_config)
+      ar_out, _ = common.timed(ar)
+      ar_s = statistics.median(common.timed(ar)[1] for _ in range(repeats))
+      rows.append({"pair": pair.name, "temperature": temp, "lenience": "AR", "alpha": None,
+                   "tokens_per_call": 1.0, "speedup": 1.0, **_quality(pair, ex, ar_out)})
+      for l in ls:
+        config = common.decode_config(temp, cache_len, lenience=l)
+        spec = lambda: speculative_decode(pair.target, pair.target_params, drafter, dparams,
+                                          ex.inputs, max_new_tokens=max_new_tokens,
+                                          gamma=gamma, rng=key, config=config)
+        out, _ = common.timed(spec)
+        spec_s = statistics.median(common.timed(spec)[1] for _ in range(repeats))
+        calls = int(out.target_calls.sum())
+        rows.append({"pair": pair.name, "temperature": temp, "lenience": l,
+                     "alpha": float(out.alpha_sum.sum() / max(int(out.alpha_count.sum()), 1)),
+                     "tokens_per_call": float(out.lengths.sum()) / max(calls, 1),
+                     "speedup": ar_s / spec_s, **_quality(pair, ex, out)})
+        print({k: common.fmt(v) for k, v in rows[-1].items()})
+  out = common.Output(cli.output_dir, "table5_lenience")
+  md = common.header("Table 5 analog: lenience", cli.pairs, [
+      f"{num_examples} examples × {max_new_tokens} tokens in one batch, γ={gamma}; "
+      "l = 1 is exact, l < 1 is NOT (quality columns show the cost)",
+      "temperature 0 rows use the argmax lenience of A.5"])
+  md += "\n" + common.markdown_table(rows, ["pair", "temperature", "lenience", "alpha",
+                                            "tokens_per_call", "speedup", "perplexity", "bleu"])
+  out.markdown(md)
+  out.csv(rows)
+  out.json({"pairs": {p.name: p.source for p in cli.pairs}, "rows": rows})
+  plt = common.pyplot()
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
+    sel = [r for r in rows if (r["pair"], r["temperature"]) == key and r["lenience"] != "AR"]
+    ax.plot([r["lenience"] for r in sel], [r["alpha"] for r in sel], "o-",
+            label=f"{key[0]} T={key[1]:g}")
+  ax.set(xlabel="lenience l", ylabel="α", xscale="log", title="α vs lenience")
+  ax.legend(fontsize=7)
+  out.png(fig, "table5_lenience.png")
+  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+  cli = common.parse_cli(argv, __doc__, "table5_lenience", default_pairs=("translate", "lm"))
+  return run(cli, **(FAST if cli.fast else {}))
+
+
+if __name__ == "__main__":
+  main()
