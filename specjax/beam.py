@@ -46,6 +46,7 @@ from jax import lax
 
 from specjax.drafters import start_model
 from specjax.models.protocol import DecodingModel
+from specjax.sharding import Partitioner, constrain, place, unpad
 
 NEG_INF = -1.0e7
 """T5X's beam-search "minus infinity": finite, so masked scores stay ordered."""
@@ -258,15 +259,16 @@ class _Loop:
   nan: jax.Array  # bool [B]: NaN seen in this row's logits
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size"))
-def _beam_search(model, beam_size, params, inputs, seq, prefix_len, max_new_tokens, alpha,
-                 eos_id):
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "partitioner"))
+def _beam_search(model, beam_size, partitioner, params, inputs, seq, prefix_len, max_new_tokens,
+                 alpha, eos_id):
   batch, width = seq.shape
   cache, encoded = start_copies(model, params, inputs, prefix_len, width, beam_size)
   encoded = repeat_rows(encoded, beam_size)
   beams = jax.vmap(init_beams, in_axes=(0, None))(seq, beam_size)
   state = _Loop(beams=beams, cache=cache, done=jnp.zeros((batch,), jnp.bool_),
                 target_calls=jnp.zeros((batch,), jnp.int32), nan=jnp.zeros((batch,), jnp.bool_))
+  state, encoded = constrain(partitioner, (state, encoded))
 
   def body(state: _Loop) -> _Loop:
     active = ~state.done
@@ -280,9 +282,10 @@ def _beam_search(model, beam_size, params, inputs, seq, prefix_len, max_new_toke
     beams = select_rows(active, new, state.beams)
     done = state.done | jax.vmap(beams_done, in_axes=(0, None, None))(beams, max_new_tokens,
                                                                       alpha)
-    return state.replace(beams=beams, cache=take_rows(cache, rows), done=done,
-                         target_calls=state.target_calls + active,
-                         nan=state.nan | (active & jnp.any(jnp.isnan(log_probs), axis=(1, 2))))
+    return constrain(partitioner, state.replace(
+        beams=beams, cache=take_rows(cache, rows), done=done,
+        target_calls=state.target_calls + active,
+        nan=state.nan | (active & jnp.any(jnp.isnan(log_probs), axis=(1, 2)))))
 
   state = lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   tokens, scores, lengths = finish(state.beams, prefix_len, eos_id)
@@ -293,7 +296,8 @@ def _beam_search(model, beam_size, params, inputs, seq, prefix_len, max_new_toke
 
 def beam_search(model: DecodingModel, params: Any, inputs: Any, *, beam_size: int,
                 max_new_tokens: int, alpha: float = 0.6, eos_id: int = 1,
-                prompt_lengths: Optional[Any] = None) -> BeamResult:
+                prompt_lengths: Optional[Any] = None,
+                partitioner: Optional[Partitioner] = None) -> BeamResult:
   """Beam search on one model with T5X's semantics (see the module docstring).
 
   One `lax.while_loop` under `jax.jit`; each step is one `decode` call over
@@ -310,15 +314,19 @@ def beam_search(model: DecodingModel, params: Any, inputs: Any, *, beam_size: in
     alpha: brevity-penalty exponent (T5X default 0.6; 0 ranks by raw log-probability).
     eos_id: the token that finishes a beam.
     prompt_lengths: optional int [B] for decoder-only prompts (default: non-zero count).
+    partitioner: a `specjax.sharding.Partitioner` to run on its mesh (params in their
+      shardings; examples padded to and split over 'data', their beams kept together).
   Returns:
     A `BeamResult`; `target_calls` counts the steps each row ran.
   """
   beam_size = check_positive("beam_size", beam_size)
   prep = prepare(model, inputs, prompt_lengths, max_new_tokens, alpha, extra_slots=2)
-  result, nan = _beam_search(model, beam_size, params, jnp.asarray(prep.inputs),
-                             jnp.asarray(prep.seq), jnp.asarray(prep.prefix_len),
-                             jnp.int32(max_new_tokens), jnp.float32(prep.alpha),
-                             jnp.int32(eos_id))
+  batch = prep.seq.shape[0]
+  (params,), rows = place(partitioner, [params], [
+      jnp.asarray(prep.inputs), jnp.asarray(prep.seq), jnp.asarray(prep.prefix_len)])
+  result, nan = unpad(partitioner, _beam_search(
+      model, beam_size, partitioner, params, *rows, jnp.int32(max_new_tokens),
+      jnp.float32(prep.alpha), jnp.int32(eos_id)), batch)
   check_nan(nan)
   return result.replace(sequences=result.sequences[:, :, :max_new_tokens])
 

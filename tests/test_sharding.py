@@ -73,6 +73,7 @@ def _child() -> dict:
   """Runs on 8 host devices; returns everything the tests check."""
   # pylint: disable=import-outside-toplevel
   import jax
+  from specjax.beam import beam_search
   from specjax.checkpoints import save_t5x
   from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
   from specjax.drafters import ModelDrafter
@@ -100,6 +101,14 @@ def _child() -> dict:
                        "lengths": np.asarray(r.lengths).tolist(),
                        "target_calls": np.asarray(r.target_calls).tolist()}
                    for k, r in runs.items()}
+    if family == "t5":  # beam search on a mixed mesh, against one device
+      beams = lambda p: beam_search(target, tparams, inputs, beam_size=2, max_new_tokens=NEW,
+                                    partitioner=p)
+      single, mixed = beams(None), beams(parts["4x2"])
+      out["beam"] = {"sequences": np.array_equal(single.sequences, mixed.sequences),
+                     "scores": float(np.max(np.abs(np.asarray(single.scores) -
+                                                   np.asarray(mixed.scores)))),
+                     "rows": int(mixed.sequences.shape[0])}
     out[family]["params"] = {name: _shard_report(p, tparams) for name, p in parts.items()}
     cache = parts["4x2"].state_shardings(target.init_cache(16, 32))
     out[family]["cache_spec"] = str(cache.keys[0].spec)
@@ -201,6 +210,11 @@ def test_per_device_bytes_shrink_by_model_axis(child, family, mesh):
     assert report["device_bytes"] <= total / model * 1.1
   else:
     assert report["device_bytes"] == total
+
+
+def test_beam_search_on_a_mixed_mesh_matches_one_device(child):
+  assert child["beam"]["sequences"] and child["beam"]["rows"] == BATCH
+  assert child["beam"]["scores"] < 1e-5
 
 
 def test_checkpoint_loads_into_shardings(child):
