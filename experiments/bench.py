@@ -148,9 +148,7 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
       "compile_s = compile + first run (HF: first run)", *notes])
   md += "\n" + common.markdown_table(rows, ["pair", "batch", "decoder", "compile_s", "steady_s",
                                             "ms_per_token", "vs_ar", "alpha", "same_as_specjax"])
-  out.markdown(md)
-  out.csv(rows)
-  out.json({"pairs": {p.name: p.source for p in cli.pairs}, "notes": notes, "rows": rows})
+  out.tables(md, rows, cli.pairs, notes=notes)
   print(md)
   return rows
 

@@ -333,6 +333,12 @@ class Output:
     self.path(filename or f"{self.name}.json").write_text(
         json.dumps(obj, indent=1, ensure_ascii=False, default=_json_default), encoding="utf-8")
 
+  def tables(self, md: str, rows: Sequence[Dict[str, Any]], pairs, **extra: Any) -> None:
+    """Writes NAME.md, NAME.csv and NAME.json (rows, the pairs' sources and `extra`)."""
+    self.markdown(md)
+    self.csv(rows)
+    self.json({"pairs": {p.name: p.source for p in pairs}, **extra, "rows": rows})
+
   def png(self, figure, filename: str) -> None:
     figure.savefig(self.path(filename), dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel

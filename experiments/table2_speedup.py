@@ -127,9 +127,7 @@ def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
   md += "\n" + common.markdown_table(rows, ["pair", "temperature", "gamma", "alpha", "c", "r",
                                              "EXP", "EXP_CPU", "EMP", "ar_ms_per_token",
                                              "spec_ms_per_token"])
-  out.markdown(md)
-  out.csv(rows)
-  out.json({"pairs": {p.name: p.source for p in cli.pairs}, "rows": rows})
+  out.tables(md, rows, cli.pairs)
   _plot(out, rows)
   print(f"wrote {', '.join(str(p) for p in out.written)}")
   return rows

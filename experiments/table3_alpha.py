@@ -80,9 +80,7 @@ def run(cli: common.Cli, *, num_examples: int = 64, max_new_tokens: int = 32, ga
                      [f"{num_examples} examples × {max_new_tokens} new tokens, γ={gamma}", *notes])
   md += "\n" + common.markdown_table(rows, ["pair", "draft", "temperature", "alpha",
                                              "tokens_per_call"])
-  out.markdown(md)
-  out.csv(rows)
-  out.json({"pairs": {p.name: p.source for p in cli.pairs}, "rows": rows})
+  out.tables(md, rows, cli.pairs)
   _plot(out, rows)
   print(f"wrote {', '.join(str(p) for p in out.written)}")
   return rows

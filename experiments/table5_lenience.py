@@ -86,9 +86,7 @@ def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, ga
       "temperature 0 rows use the argmax lenience of A.5"])
   md += "\n" + common.markdown_table(rows, ["pair", "temperature", "lenience", "alpha",
                                             "tokens_per_call", "speedup", "perplexity", "bleu"])
-  out.markdown(md)
-  out.csv(rows)
-  out.json({"pairs": {p.name: p.source for p in cli.pairs}, "rows": rows})
+  out.tables(md, rows, cli.pairs)
   plt = common.pyplot()
   fig, ax = plt.subplots(figsize=(5, 3.5))
   for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
