@@ -33,6 +33,7 @@ from specjax import gin_config
 from specjax.beam import beam_search, speculative_beam_search
 from specjax.checkpoints import load_t5x_for_model
 from specjax.data import load_bundled
+from specjax.main import encode_inputs
 from specjax.models import DecoderOnlyConfig, DecoderOnlyModel, T5Config, T5Model
 from specjax.vocab import load_vocab
 
@@ -78,17 +79,6 @@ def checkpoint_pair(args, gin_files: Sequence[str], bindings: Sequence[str],
     pair[f"{scope}_params"] = jax.tree.map(jax.numpy.asarray,
                                            load_t5x_for_model(path, model, dtype="float32"))
   return pair
-
-
-def encode(texts: Sequence[str], encoder_decoder: bool, max_len: int) -> np.ndarray:
-  """Texts -> int32 [B, L], 0-padded; encoder inputs end with EOS, prompts do not."""
-  vocab = load_vocab()
-  rows = [vocab.encode(t)[:max_len - 1] + [vocab.eos_id] if encoder_decoder
-          else vocab.encode(t)[:max_len] for t in texts]
-  out = np.zeros((len(rows), max(map(len, rows))), np.int32)
-  for i, row in enumerate(rows):
-    out[i, :len(row)] = row
-  return out
 
 
 def _timed(fn):
@@ -170,7 +160,8 @@ def main(argv=None) -> List[Dict[str, Any]]:
   texts = [e[0] if isinstance(e, (tuple, list)) else e for e in examples]
   rows = []
   for pair in pairs:
-    inputs = encode(texts, pair["target"].is_encoder_decoder, args.max_input_len)
+    inputs = encode_inputs(load_vocab(), texts, pair["target"].is_encoder_decoder,
+                           args.max_input_len)
     rows += bench_pair(pair, inputs, args)
   print(f"{jax.devices()[0].platform}, {len(texts)} examples of {args.task}, "
         f"max_new_tokens={args.max_new_tokens}, alpha={args.alpha}; calls are per example")
