@@ -124,7 +124,7 @@ class _Loop:
 
 def _row_keys(rng: jax.Array, batch: int) -> jax.Array:
   """One key per row: a single key is folded with the row index; [B] keys pass through."""
-  rng = jnp.asarray(rng) if not isinstance(rng, jax.Array) else rng
+  rng = jnp.asarray(rng)
   typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
   single = rng.ndim == (0 if typed else 1)
   if single:

@@ -56,7 +56,7 @@ def test_required_macros_and_bad_checkpoint_are_named(tmp_path):
   with pytest.raises(ValueError, match="TARGET_MODEL"):
     run(["--gin_file=runs/decode.gin", "--prompt", "x"])
   gin.clear_config()
-  with pytest.raises(FileNotFoundError):
+  with pytest.raises(FileNotFoundError, match="checkpoint path does not exist: .*nothing"):
     run(["--prompt", "x", f"--gin.TARGET_CHECKPOINT='{tmp_path / 'nothing'}'"])
   gin.clear_config()
   # A checkpoint whose shapes do not match the model config names the parameter.
