@@ -8,6 +8,7 @@ missing or was written for another optimizer.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import io
 import logging
@@ -21,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import checkpoints
+from specjax.models.decoder_only import DecoderOnlyConfig
+from specjax.models.t5 import T5Config
 
 log = logging.getLogger("specjax.train")
 OPT_STATE_FILE = "optimizer_state.npz"
@@ -55,6 +58,33 @@ def check_model_gin(model_dir: str, config: Any) -> None:
   with open(path + ".tmp", "w", encoding="utf-8") as f:
     f.write(text)
   os.replace(path + ".tmp", path)
+
+
+def read_model_gin(path: str) -> Any:
+  """The model config a `model.gin` (as `model_gin_text` writes it) describes.
+
+  Args:
+    path: a model.gin file, or the folder that holds one.
+  Returns:
+    A DecoderOnlyConfig or T5Config.
+  Raises ValueError for a binding that is not `Config.field = python literal`.
+  """
+  if os.path.isdir(path):
+    path = os.path.join(path, MODEL_GIN)
+  classes = {"DecoderOnlyConfig": DecoderOnlyConfig, "T5Config": T5Config}
+  with open(path, encoding="utf-8") as f:
+    lines = _bindings(f.read())
+  names, kwargs = set(), {}
+  for line in lines:
+    key, sep, value = line.partition("=")
+    name, _, field = key.strip().partition(".")
+    if not sep or name not in classes or not field:
+      raise ValueError(f"{path}: not a model.gin binding: {line!r}")
+    names.add(name)
+    kwargs[field] = ast.literal_eval(value.strip())
+  if len(names) != 1:
+    raise ValueError(f"{path} must bind exactly one of {sorted(classes)}, found {sorted(names)}")
+  return classes[names.pop()](**kwargs)
 
 
 def _tree_names(tree: Any) -> List[str]:

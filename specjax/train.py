@@ -20,6 +20,10 @@ Files in `TrainConfig.model_dir`:
                            (numpy arrays, never pickled; T5X readers ignore it)
   metrics.jsonl            one JSON line per log point and per evaluation
 
+Distillation (`specjax.distill`): with `train.distill = @DistillConfig()` the
+loss mixes the data's cross-entropy with KL(teacher ‖ student), the teacher (a
+trained model folder) evaluated in the same jitted step; `teacher_kl` is logged.
+
 Resuming: when `model_dir` holds a checkpoint, its params are loaded and the
 step count restarts from its step. The optimizer state comes from its
 `optimizer_state.npz`; without one (a bfloat16 export, a checkpoint written
@@ -57,6 +61,7 @@ from specjax._train_ckpt import (MODEL_GIN, OPT_STATE_FILE, check_model_gin, lis
                                  load_opt_state, model_gin_text, restore, save_checkpoint,
                                  save_opt_state)
 from specjax._train_data import DataConfig, make_batches
+from specjax.distill import DistillConfig, Teacher, kl_sums, load_teacher, logits_fn, mixed_loss
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
 from specjax.models.t5 import T5Config, T5Model
 
@@ -65,7 +70,7 @@ __all__ = [
     "make_schedule", "make_optimizer", "cross_entropy", "summarize", "make_model",
     "get_trainer", "make_batches", "train", "main", "save_checkpoint", "restore",
     "list_checkpoints", "save_opt_state", "load_opt_state", "model_gin_text",
-    "check_model_gin", "MODEL_GIN", "OPT_STATE_FILE", "METRICS_FILE",
+    "check_model_gin", "MODEL_GIN", "OPT_STATE_FILE", "METRICS_FILE", "DistillConfig",
 ]
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
@@ -218,12 +223,16 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
 
 
 def summarize(sums: Dict[str, Any]) -> Dict[str, float]:
-  """Means of `cross_entropy` sums: loss, cross_entropy, perplexity, accuracy, tokens."""
+  """Means of `cross_entropy` sums: loss, cross_entropy, perplexity, accuracy, tokens
+  (and teacher_kl, the mean KL(teacher ‖ model), when distilling)."""
   n = max(float(sums["weight_sum"]), 1.0)
   ce = float(sums["ce_sum"]) / n
-  return {"loss": float(sums["loss_sum"]) / n, "cross_entropy": ce,
-          "perplexity": math.exp(min(ce, 700.0)), "accuracy": float(sums["correct_sum"]) / n,
-          "tokens": float(sums["weight_sum"])}
+  out = {"loss": float(sums["loss_sum"]) / n, "cross_entropy": ce,
+         "perplexity": math.exp(min(ce, 700.0)), "accuracy": float(sums["correct_sum"]) / n,
+         "tokens": float(sums["weight_sum"])}
+  if "kl_sum" in sums:
+    out["teacher_kl"] = float(sums["kl_sum"]) / n
+  return out
 
 
 @flax.struct.dataclass
@@ -252,44 +261,64 @@ class Trainer:
     state = trainer.init_state(model.init(0))
     state, sums = trainer.train_step(state, batch)
     metrics = trainer.evaluate(state.params, batches.eval_batches())
+
+  With a `teacher` (`specjax.distill`), set `trainer.teacher_params` before
+  stepping: the loss then mixes in KL(teacher ‖ model).
   """
 
   def __init__(self, model: Any, optimizer: OptimizerConfig, num_steps: int,
-               z_loss: float = 1e-4):
+               z_loss: float = 1e-4, teacher: Optional[Teacher] = None):
     self.model = model
+    self.teacher = teacher
+    self.teacher_params = None
     self.schedule = make_schedule(optimizer, num_steps)
     self.optimizer = make_optimizer(optimizer, num_steps)
-    if isinstance(model, T5Model):
-      logits_fn = lambda p, b: model.logits(p, b["encoder_input_tokens"],
-                                            b["decoder_input_tokens"])
-    else:
-      logits_fn = lambda p, b: model.logits(p, b["decoder_input_tokens"])
+    student_logits = logits_fn(model)
+    teacher_logits = logits_fn(teacher.model) if teacher is not None else None
 
-    def sums_fn(params, batch, z):
-      return cross_entropy(logits_fn(params, batch), batch["decoder_target_tokens"],
+    def sums_fn(params, batch, z, teacher_params):
+      logits = student_logits(params, batch)
+      sums = cross_entropy(logits, batch["decoder_target_tokens"],
                            batch["decoder_loss_weights"], z)
+      if teacher is not None:
+        sums.update(kl_sums(logits, teacher_logits(teacher_params, batch),
+                            batch["decoder_loss_weights"], teacher.temperature))
+      return sums
 
-    def loss_fn(params, batch):
-      sums = sums_fn(params, batch, z_loss)
-      return sums["loss_sum"] / jnp.maximum(sums["weight_sum"], 1.0), sums
+    def loss_fn(params, batch, teacher_params):
+      sums = sums_fn(params, batch, z_loss, teacher_params)
+      total = (sums["loss_sum"] if teacher is None
+               else mixed_loss(sums["loss_sum"], sums["kl_sum"], teacher))
+      return total / jnp.maximum(sums["weight_sum"], 1.0), sums
 
-    def step_fn(state: TrainState, batch):
-      (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    def step_fn(state: TrainState, batch, teacher_params):
+      (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch,
+                                                                   teacher_params)
       updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
       sums = dict(sums, grad_norm=optax.tree.norm(grads))
       return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
 
-    self.train_step = jax.jit(step_fn, donate_argnums=0)
+    self._train_step = jax.jit(step_fn, donate_argnums=0)
     self.learning_rate = jax.jit(self.schedule)
-    self._eval_step = jax.jit(lambda p, b: sums_fn(p, b, z_loss))
+    self._eval_step = jax.jit(lambda p, b, t: sums_fn(p, b, z_loss, t))
     self._opt_init = jax.jit(self.optimizer.init)
+
+  def _teacher_args(self) -> Any:
+    if self.teacher is not None and self.teacher_params is None:
+      raise ValueError("this Trainer distills from a teacher: set trainer.teacher_params "
+                       "(specjax.distill.load_teacher) first")
+    return self.teacher_params
+
+  def train_step(self, state: TrainState, batch: Dict[str, Any]):
+    """One update (jitted; `state` is donated) -> (state, loss sums of the batch)."""
+    return self._train_step(state, batch, self._teacher_args())
 
   def precompile(self, state: TrainState, shapes: Iterable[Dict[str, Any]]) -> None:
     """Compiles the train step for each batch shape, e.g. `Batches.batch_shapes()`."""
     for feats in shapes:
       batch = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in feats.items()}
-      self.train_step.lower(state, batch).compile()
+      self._train_step.lower(state, batch, self._teacher_args()).compile()
 
   def init_state(self, params: Any, step: int = 0, opt_state: Any = None) -> TrainState:
     """A state at `step` with `params` (cast to float32) and a fresh or given optax state."""
@@ -300,7 +329,8 @@ class Trainer:
 
   def evaluate(self, params: Any, batches: Iterable[Dict[str, np.ndarray]]) -> Dict[str, float]:
     """`summarize`d loss, perplexity and accuracy of `params` over `batches`."""
-    parts = [self._eval_step(params, batch) for batch in batches]
+    teacher = self._teacher_args()
+    parts = [self._eval_step(params, batch, teacher) for batch in batches]
     if not parts:
       raise ValueError("evaluate needs at least one batch")
     parts = jax.device_get(parts)
@@ -309,9 +339,9 @@ class Trainer:
 
 @functools.lru_cache(maxsize=8)
 def get_trainer(model_config: Any, optimizer: OptimizerConfig, num_steps: int,
-                z_loss: float = 1e-4) -> Trainer:
+                z_loss: float = 1e-4, teacher: Optional[Teacher] = None) -> Trainer:
   """A Trainer of `make_model(model_config)`, cached: repeated runs reuse its compiled steps."""
-  return Trainer(make_model(model_config), optimizer, num_steps, z_loss)
+  return Trainer(make_model(model_config), optimizer, num_steps, z_loss, teacher)
 
 
 # ----------------------------------------------------------------------------
@@ -354,7 +384,8 @@ def _append_metrics(model_dir: str, record: Dict[str, Any]) -> None:
 @gin.configurable
 def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
           optimizer: Optional[OptimizerConfig] = None,
-          config: Optional[TrainConfig] = None) -> TrainResult:
+          config: Optional[TrainConfig] = None,
+          distill: Optional[DistillConfig] = None) -> TrainResult:
   """Trains (or resumes training) a model; see the module docstring.
 
   Args:
@@ -362,6 +393,7 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
     data: the data; None builds `DataConfig()` from gin bindings.
     optimizer: None builds `OptimizerConfig()` from gin bindings.
     config: the loop; None builds `TrainConfig()` from gin bindings.
+    distill: a teacher to distill from (`specjax.distill`); None trains on the data alone.
 
   Returns:
     A TrainResult.
@@ -372,7 +404,10 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
   train_batches, eval_batches = make_batches(data, model_config)
   os.makedirs(config.model_dir, exist_ok=True)
   check_model_gin(config.model_dir, model_config)
-  trainer = get_trainer(model_config, optimizer, config.num_steps, config.z_loss)
+  teacher, teacher_params = (load_teacher(distill, model_config) if distill is not None
+                             else (None, None))
+  trainer = get_trainer(model_config, optimizer, config.num_steps, config.z_loss, teacher)
+  trainer.teacher_params = teacher_params
   model = trainer.model
   state = restore(config.model_dir, trainer)
   if state is None:
