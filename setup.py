@@ -10,7 +10,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["specjax", "specjax.*", "experiments", "experiments.*"]),
     include_package_data=True,
-    package_data={"specjax": ["assets/*", "assets/*/*"]},
+    package_data={"specjax": ["assets/**/*"]},
     install_requires=[
         "jax==0.10.2",
         "jaxlib==0.10.2",
@@ -26,7 +26,8 @@ setup(
     extras_require={
         "test": ["pytest>=8", "orbax-checkpoint>=0.11"],
         "seqio": ["seqio>=0.0.19", "sacrebleu>=2.4"],
-        "experiments": ["matplotlib>=3.8", "sacrebleu>=2.4"],
+        "experiments": ["matplotlib>=3.8", "sacrebleu>=2.4", "nbclient>=0.10", "nbformat>=5.10",
+                        "ipykernel>=6.29"],
         "hf": ["torch==2.13.0", "transformers>=5"],
     },
     entry_points={"console_scripts": ["specjax=specjax.main:run"]},

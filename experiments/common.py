@@ -4,8 +4,8 @@ Where a pair comes from (in this order):
 1. gin: `TARGET_MODEL` / `DRAFT_MODEL` (model gin files) and `TARGET_CHECKPOINT` /
    `DRAFT_CHECKPOINT` (T5X checkpoints, or None for random init), as in runs/decode.gin;
    the run then uses that one pair, named 'gin'.
-2. a preset, `--pair lm|translate`: `specjax/assets/pairs/NAME/{target,draft}/` holding
-   `model.gin` and `checkpoint_N/` (what experiments/train_bundled.py writes);
+2. a preset, `--pair lm|translate`: the bundled pair (`specjax.bundled`,
+   `specjax/assets/pairs/NAME/{target,draft}/`, made by experiments/train_bundled.py);
 3. while those are not shipped: a random-init tiny pair of the preset's family, labelled
    "random init: numbers are meaningless" in every output.
 """
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import gin_config
+from specjax import bundled, gin_config
 from specjax.data import load_bundled
 from specjax.main import build_model, encode_inputs, load_model
 from specjax.models.decoder_only import DecoderOnlyConfig
@@ -36,8 +36,6 @@ from specjax.models.t5 import T5Config
 from specjax.vocab import load_vocab
 
 RANDOM_NOTE = "random init: numbers are meaningless"
-PAIRS_DIR = Path(__file__).resolve().parent.parent / "specjax" / "assets" / "pairs"
-PRESET_TASKS = {"lm": "lm_ddtp_en", "translate": "translate_en_de"}
 V = 8192  # the bundled SentencePiece vocabulary
 RANDOM_CONFIGS = {  # tiny stand-ins with the real vocabulary
     "lm": (DecoderOnlyConfig(vocab_size=V, emb_dim=64, num_heads=4, num_layers=2, head_dim=16,
@@ -74,13 +72,6 @@ class Pair:
     return f"{self.name} ({self.source})"
 
 
-def latest_checkpoint(model_dir: Path) -> str:
-  """model_dir/checkpoint_N with the largest N, or model_dir itself when it has none."""
-  found = sorted((int(p.name.split("_")[1]), p) for p in model_dir.glob("checkpoint_*")
-                 if p.name.split("_")[1].isdigit())
-  return str(found[-1][1] if found else model_dir)
-
-
 def _from_gin(seed: int) -> Pair:
   target_ckpt = gin_config.query_macro("TARGET_CHECKPOINT")
   draft_ckpt = gin_config.query_macro("DRAFT_CHECKPOINT")
@@ -97,22 +88,35 @@ def _from_gin(seed: int) -> Pair:
 
 
 def load_pair(name: str, seed: int = 0) -> Pair:
-  """A preset pair: trained checkpoints when shipped, else random init (labelled)."""
-  if name not in PRESET_TASKS:
-    raise ValueError(f"unknown pair {name!r}; expected one of {sorted(PRESET_TASKS)}")
-  folder = PAIRS_DIR / name
-  if (folder / "target" / "model.gin").exists() and (folder / "draft" / "model.gin").exists():
-    ckpts = {w: latest_checkpoint(folder / w) for w in ("target", "draft")}
-    gin_config.parse([], [f"TARGET_MODEL = '{folder / 'target' / 'model.gin'}'",
-                          f"DRAFT_MODEL = '{folder / 'draft' / 'model.gin'}'"])
-    target, tp = load_model(ckpts["target"], "target", seed)
-    draft, dp = load_model(ckpts["draft"], "draft", seed + 1)
-    return Pair(name, PRESET_TASKS[name], target, tp, draft, dp,
-                f"trained: {ckpts['target']}, {ckpts['draft']}")
+  """A preset pair: the bundled trained checkpoints when shipped, else random init (labelled)."""
+  if name not in bundled.PAIRS:
+    raise ValueError(f"unknown pair {name!r}; expected one of {sorted(bundled.PAIRS)}")
+  if bundled.available(name, "target") and bundled.available(name, "draft"):
+    target, tp = bundled.load(name, "target")
+    draft, dp = bundled.load(name, "draft")
+    source = ", ".join(str(bundled.checkpoint_dir(name, r).relative_to(bundled.PAIRS_DIR.parent))
+                       for r in ("target", "draft"))
+    return Pair(name, bundled.PAIRS[name], target, tp, draft, dp, f"trained: {source}")
   target_cfg, draft_cfg = RANDOM_CONFIGS[name]
   target, draft = build_model(target_cfg), build_model(draft_cfg)
-  return Pair(name, PRESET_TASKS[name], target, target.init(jax.random.PRNGKey(seed)), draft,
+  return Pair(name, bundled.PAIRS[name], target, target.init(jax.random.PRNGKey(seed)), draft,
               draft.init(jax.random.PRNGKey(seed + 1)), RANDOM_NOTE)
+
+
+def tiny_model(pair: Pair, seed: int = 7):
+  """(model, params) of the small third model of hierarchical drafting, or None.
+
+  The bundled PAIR/tiny for a trained pair; a random-init one beside a random-init
+  pair (smoke runs); None when a trained pair has none shipped.
+  """
+  if not pair.random_init and bundled.available(pair.name, "tiny"):
+    return bundled.load(pair.name, "tiny")
+  if pair.random_init:
+    family = "lm" if not pair.target.is_encoder_decoder else "translate"
+    small = dataclasses.replace(RANDOM_CONFIGS[family][1], emb_dim=16, mlp_dim=32)
+    model = build_model(small)
+    return model, model.init(jax.random.PRNGKey(seed))
+  return None
 
 
 # ------------------------------------------------------------------ command line
@@ -137,7 +141,7 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
   files, bindings, paths, rest = gin_config.split_gin_args(argv)
   parser = argparse.ArgumentParser(description=description,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--pair", action="append", choices=sorted(PRESET_TASKS),
+  parser.add_argument("--pair", action="append", choices=sorted(bundled.PAIRS),
                       help="a preset pair (repeatable; default: both)")
   parser.add_argument("--fast", action="store_true", help="tiny settings (tests, smoke runs)")
   parser.add_argument("--output_dir", default=f"out/experiments/{name}")
@@ -255,6 +259,37 @@ def timed(fn: Callable[[], Any]) -> Tuple[Any, float]:
   out = fn()
   jax.block_until_ready(out)
   return out, time.perf_counter() - start
+
+
+def time_interleaved(runs: Dict[Any, Callable[[np.ndarray], Any]], inputs: np.ndarray,
+                     repeats: int) -> Tuple[Dict[Any, float], Dict[Any, float], Dict[Any, Dict]]:
+  """Batch-1 timings of several decoders over the rows of `inputs`, interleaved.
+
+  runs: name -> fn(row int32 [1, W]) returning a DecodeResult. Each is compiled
+  (and timed) once on the first row; then every row is decoded `repeats` times
+  by each decoder in turn, and the per-row medians are summed.
+  Returns (compile seconds, summed median seconds, per-name totals of the first
+  run of each row: tokens, target_calls, alpha_sum, alpha_count).
+  """
+  compile_s = {name: timed(lambda: fn(inputs[:1]))[1] for name, fn in runs.items()}
+  seconds = {name: 0.0 for name in runs}
+  stats = {name: dict(tokens=0, target_calls=0, alpha_sum=0.0, alpha_count=0) for name in runs}
+  for i in range(len(inputs)):
+    row = inputs[i:i + 1]
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+      for name, fn in runs.items():
+        out, sec = timed(lambda: fn(row))
+        times[name].append(sec)
+        if len(times[name]) == 1:
+          st = stats[name]
+          st["tokens"] += int(out.lengths[0])
+          st["target_calls"] += int(out.target_calls[0])
+          st["alpha_sum"] += float(out.alpha_sum[0])
+          st["alpha_count"] += int(out.alpha_count[0])
+    for name in runs:
+      seconds[name] += statistics.median(times[name])
+  return compile_s, seconds, stats
 
 
 def step_times(model, params, inputs: np.ndarray, ks: Sequence[int], *, cache_len: int,

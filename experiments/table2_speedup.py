@@ -14,7 +14,6 @@ jitted and compiled before timing, runs interleaved, median of `repeats`):
 """
 from __future__ import annotations
 
-import statistics
 from typing import Dict, List, Optional, Sequence
 
 import gin
@@ -56,26 +55,13 @@ def time_decoders(pair: common.Pair, ex: common.Examples, temperature: float,
     runs[g] = (lambda g: lambda row: speculative_decode(
         pair.target, pair.target_params, drafter, dparams, row, max_new_tokens=max_new_tokens,
         gamma=g, rng=key, config=config))(g)
-  compile_s = {name: common.timed(lambda: fn(ex.inputs[:1]))[1] for name, fn in runs.items()}
-  seconds = {name: 0.0 for name in runs}
-  stats = {g: [0.0, 0, 0] for g in gammas}  # alpha_sum, alpha_count, target_calls
-  for i in range(len(ex.inputs)):
-    row = ex.inputs[i:i + 1]
-    times = {name: [] for name in runs}
-    for _ in range(repeats):  # interleaved
-      for name, fn in runs.items():
-        out, s = common.timed(lambda: fn(row))
-        times[name].append(s)
-        if name != "ar" and len(times[name]) == 1:
-          stats[name][0] += float(out.alpha_sum[0])
-          stats[name][1] += int(out.alpha_count[0])
-          stats[name][2] += int(out.target_calls[0])
-    for name in runs:
-      seconds[name] += statistics.median(times[name])
+  compile_s, seconds, stats = common.time_interleaved(runs, ex.inputs, repeats)
   total = len(ex.inputs) * max_new_tokens  # eos_id -1: every row generates the full budget
   out = {"ar": seconds["ar"] / total, "compile_s": compile_s}
   for g in gammas:
-    out[g] = (seconds[g] / total, stats[g][0] / max(stats[g][1], 1), total / max(stats[g][2], 1))
+    st = stats[g]
+    out[g] = (seconds[g] / total, st["alpha_sum"] / max(st["alpha_count"], 1),
+              total / max(st["target_calls"], 1))
   return out
 
 

@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import gin
 
 from specjax import beam  # noqa: F401  (registers beam_search / speculative_beam_search)
+from specjax import bundled
 from specjax.decoding import DecodeConfig
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
@@ -67,7 +68,11 @@ def search_paths(extra: Sequence[str] = ()) -> List[str]:
 
 
 def resolve(path: str, paths: Sequence[str]) -> str:
-  """Finds a gin file on the search paths; FileNotFoundError names what was tried."""
+  """Finds a gin file on the search paths; FileNotFoundError names what was tried.
+
+  'bundled:PAIR/ROLE' names the model.gin of a shipped model (`specjax.bundled`).
+  """
+  path = bundled.resolve(path, "model")
   if os.path.isabs(path) and os.path.exists(path):
     return path
   for base in paths:

@@ -30,7 +30,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
-from specjax import gin_config, report
+from specjax import bundled, gin_config, report
 from specjax.checkpoints import load_t5x_for_model
 from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.drafters import ModelDrafter, PromptLookupDrafter
@@ -53,9 +53,11 @@ def load_model(checkpoint: Optional[str], scope: str, seed: int,
                partitioner: Optional[Partitioner] = None):
   """(model, params): the config bound under `scope`, weights from a T5X checkpoint.
 
-  checkpoint None means random initialization (seeded): only for smoke runs.
+  checkpoint None means random initialization (seeded): only for smoke runs;
+  'bundled:PAIR/ROLE' is a shipped model (`specjax.bundled`).
   With a partitioner the params come back placed in their shardings.
   """
+  checkpoint = bundled.resolve(checkpoint, "checkpoint")
   model = build_model(gin_config.model_config(scope))
   if checkpoint is None:
     params = model.init(jax.random.PRNGKey(seed))

@@ -10,6 +10,8 @@ from specjax import gin_config
 from specjax.checkpoints import load_t5x_for_model, save_t5x
 from specjax.main import build_model, run
 
+TINY = "runs/random_tiny.gin"  # a random-init tiny pair: checkpoints can be made from it
+
 
 @pytest.fixture(autouse=True)
 def _clear_gin():
@@ -30,7 +32,7 @@ def test_default_run_writes_outputs_and_is_greedy_identical(tmp_path):
 
 
 def test_checkpoints_round_trip_through_the_job(tmp_path):
-  gin_config.parse(["runs/default.gin"], [])
+  gin_config.parse([TINY], [])
   target = build_model(gin_config.model_config("target"))
   params = target.init(jax.random.PRNGKey(0))
   save_t5x(params, str(tmp_path / "target"), step=3, dtype="float32")
@@ -41,7 +43,7 @@ def test_checkpoints_round_trip_through_the_job(tmp_path):
                              target.logits(params, inputs, decoder_in), atol=1e-6)
   gin.clear_config()
   # The same weights from the checkpoint give the random-init run's outputs (seed 0).
-  common = ["--prompt", "Hello world", "--gin.MAX_NEW_TOKENS=5", "--plain",
+  common = [f"--gin_file={TINY}", "--prompt", "Hello world", "--gin.MAX_NEW_TOKENS=5", "--plain",
             "--gin.BATCH_SIZE=1", f"--gin.OUTPUT_DIR='{tmp_path / 'a'}'"]
   run(common)
   gin.clear_config()
@@ -60,12 +62,13 @@ def test_required_macros_and_bad_checkpoint_are_named(tmp_path):
     run(["--prompt", "x", f"--gin.TARGET_CHECKPOINT='{tmp_path / 'nothing'}'"])
   gin.clear_config()
   # A checkpoint whose shapes do not match the model config names the parameter.
-  gin_config.parse(["runs/default.gin"], [])
+  gin_config.parse([TINY], [])
   draft = build_model(gin_config.model_config("draft"))
   save_t5x(draft.init(jax.random.PRNGKey(0)), str(tmp_path / "draft"), dtype="float32")
   gin.clear_config()
   with pytest.raises(ValueError, match="missing parameter|unexpected parameter|has shape"):
-    run(["--prompt", "x", f"--gin.TARGET_CHECKPOINT='{tmp_path / 'draft'}'"])
+    run([f"--gin_file={TINY}", "--prompt", "x",
+         f"--gin.TARGET_CHECKPOINT='{tmp_path / 'draft'}'"])
 
 
 def test_split_gin_args():

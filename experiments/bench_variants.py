@@ -1,0 +1,195 @@
+"""Adaptive γ and hierarchical drafting, measured against fixed-γ two-model speculation.
+
+  python -m experiments.bench_variants [--pair lm --pair translate] [--fast]
+      [--gin.bench_variants.temperatures=(0.0,)]
+
+Part 1, adaptive γ (each pair): batch 1, each example decoded alone by
+autoregressive decoding, by speculative decoding with every fixed γ in `gammas`,
+and with the `heuristic` (+2 / −1) and `optimal` (Thm 3.8 per row, with the
+measured c) γ policies, all with the same draft (max_gamma = max(gammas)); runs
+interleaved, median of `repeats`, compile excluded. `compiles` counts the jit
+compilations of the speculative loop each decoder caused over all its runs
+(constant: all γ values together), which should be 1.
+
+Part 2, hierarchical (the LM pair, when the tiny model is shipped in
+specjax/assets/pairs/lm/tiny): target ← draft ← tiny (the draft, itself sped up
+by the tiny model, drafts for the target) vs target ← draft and target ← tiny,
+at γ = `hier_gamma` (inner γ = `inner_gamma`), plus a check that greedy outputs
+are identical to the target's autoregressive ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from experiments import common
+from specjax import decoding
+from specjax.decoding import autoregressive_decode, speculative_decode
+from specjax.drafters import ModelDrafter
+from specjax.hierarchical import HierarchicalDrafter
+
+FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 2), repeats=1, step_repeats=2,
+            hier_gamma=2, inner_gamma=1)
+
+
+def _counting(fn, counts: Dict, name):
+  """fn wrapped to add the speculative loop's jit-cache growth to counts[name]."""
+  def wrapped(row):
+    before = decoding._speculative._cache_size()  # pylint: disable=protected-access
+    out = fn(row)
+    counts[name] = counts.get(name, 0) + decoding._speculative._cache_size() - before  # pylint: disable=protected-access
+    return out
+  return wrapped
+
+
+def _row(pair, temp, name, seconds, stats, compile_s, total, ar_per_token, **extra) -> Dict:
+  st = stats[name]
+  per_token = seconds[name] / total
+  return {"pair": pair.name, "temperature": temp, "decoder": name, **extra,
+          "alpha": st["alpha_sum"] / max(st["alpha_count"], 1) if name != "ar" else "",
+          "tokens_per_call": st["tokens"] / max(st["target_calls"], 1),
+          "ms_per_token": 1e3 * per_token, "speedup": ar_per_token / per_token,
+          "compile_s": compile_s[name]}
+
+
+def adaptive(pair: common.Pair, ex: common.Examples, temp: float, gammas: Sequence[int],
+             max_new_tokens: int, repeats: int, c: float) -> List[Dict]:
+  """Rows for AR, each constant γ, heuristic and optimal (see the module docstring)."""
+  max_gamma = max(gammas)
+  width = ex.inputs.shape[1]
+  base = common.decode_config(temp, width + max_new_tokens + max_gamma + 1)
+  drafter, dparams = common.model_drafter(pair, max_gamma)
+  key = jax.random.PRNGKey(0)
+  counts: Dict = {}
+
+  def spec(config, gamma, count_as):
+    return _counting(lambda row: speculative_decode(
+        pair.target, pair.target_params, drafter, dparams, row, max_new_tokens=max_new_tokens,
+        gamma=gamma, rng=key, config=config), counts, count_as)
+
+  runs = {"ar": lambda row: autoregressive_decode(pair.target, pair.target_params, row,
+                                                  max_new_tokens=max_new_tokens, rng=key,
+                                                  config=base)}
+  for g in gammas:
+    runs[f"constant γ={g}"] = spec(base, g, "constant")
+  start = min(2, max_gamma)
+  runs["heuristic"] = spec(dataclasses.replace(base, gamma_policy="heuristic"), start,
+                           "heuristic")
+  runs["optimal"] = spec(dataclasses.replace(base, gamma_policy="optimal",
+                                                    cost_coefficient=c), start, "optimal")
+  compile_s, seconds, stats = common.time_interleaved(runs, ex.inputs, repeats)
+  total = len(ex.inputs) * max_new_tokens
+  ar = seconds["ar"] / total
+  rows = []
+  for name in runs:
+    policy = name.split(" ")[0]
+    rows.append(_row(pair, temp, name, seconds, stats, compile_s, total, ar,
+                     compiles=counts.get(policy, "") if name != "ar" else ""))
+  best = max((r for r in rows if r["decoder"].startswith("constant")), key=lambda r: r["speedup"])
+  for r in rows:
+    r["vs_best_fixed"] = r["speedup"] / best["speedup"]
+  return rows
+
+
+def hierarchical(pair: common.Pair, tiny, tiny_params, ex: common.Examples, temp: float,
+                 gamma: int, inner_gamma: int, max_new_tokens: int, repeats: int) -> List[Dict]:
+  """Rows for AR, target←draft, target←tiny and target←draft←tiny (one γ)."""
+  width = ex.inputs.shape[1]
+  config = common.decode_config(temp, width + max_new_tokens + gamma + 1)
+  key = jax.random.PRNGKey(0)
+  hier = HierarchicalDrafter(pair.draft, ModelDrafter(tiny, max_gamma=inner_gamma, window=3),
+                             max_gamma=gamma, inner_gamma=inner_gamma)
+  drafters = {
+      "target ← draft": (ModelDrafter(pair.draft, max_gamma=gamma), pair.draft_params),
+      "target ← tiny": (ModelDrafter(tiny, max_gamma=gamma), tiny_params),
+      "target ← draft ← tiny": (hier, {"medium": pair.draft_params, "inner": tiny_params}),
+  }
+  runs = {"ar": lambda row: autoregressive_decode(pair.target, pair.target_params, row,
+                                                  max_new_tokens=max_new_tokens, rng=key,
+                                                  config=config)}
+  for name, (d, p) in drafters.items():
+    runs[name] = (lambda d, p: lambda row: speculative_decode(
+        pair.target, pair.target_params, d, p, row, max_new_tokens=max_new_tokens, gamma=gamma,
+        rng=key, config=config))(d, p)
+  identical = ""
+  if temp == 0:
+    ar = np.asarray(runs["ar"](ex.inputs[:1]).tokens)
+    identical = all(np.array_equal(np.asarray(runs[n](ex.inputs[:1]).tokens), ar)
+                    for n in drafters)
+  compile_s, seconds, stats = common.time_interleaved(runs, ex.inputs, repeats)
+  total = len(ex.inputs) * max_new_tokens
+  ar_per_token = seconds["ar"] / total
+  return [_row(pair, temp, name, seconds, stats, compile_s, total, ar_per_token, gamma=gamma,
+               greedy_identical=identical if name != "ar" else "") for name in runs]
+
+
+@gin.configurable(module="bench_variants")
+def run(cli: common.Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
+        gammas: Sequence[int] = (1, 2, 3, 5, 7), temperatures: Sequence[float] = (0.0, 1.0),
+        repeats: int = 3, step_repeats: int = 5, max_input_len: int = 48, hier_gamma: int = 4,
+        inner_gamma: int = 2) -> List[Dict]:
+  """Writes bench_variants.{md,csv,json}; returns the rows of both parts.
+
+  Args:
+    cli: pairs and output folder (`common.parse_cli`).
+    num_examples: bundled examples per pair, each decoded alone (batch 1).
+    max_new_tokens: tokens per example (EOS ignored so lengths match).
+    gammas: the fixed γ values (their max caps the adaptive policies).
+    temperatures: sampling temperatures (0 = argmax).
+    repeats: timed runs per example and decoder (median); step_repeats: for c.
+    max_input_len: encoder input / prompt width.
+    hier_gamma, inner_gamma: γ of the target round and of the draft's inner rounds.
+  """
+  adaptive_rows, hier_rows, notes = [], [], []
+  for pair in cli.pairs:
+    ex = common.examples(pair, num_examples, max_input_len)
+    cache_len = max_input_len + max_new_tokens + max(gammas) + 1
+    pos = max_input_len // 2 if not pair.target.is_encoder_decoder else 8
+    target_t = common.step_times(pair.target, pair.target_params, ex.inputs[:1], [1],
+                                 cache_len=cache_len, position=pos, repeats=step_repeats)[1]
+    draft_t = common.step_times(pair.draft, pair.draft_params, ex.inputs[:1], [1],
+                                cache_len=cache_len, position=pos, repeats=step_repeats)[1]
+    c = draft_t / target_t
+    notes.append(f"{pair.name}: measured c = {c:.3f} (given to the optimal policy)")
+    for temp in temperatures:
+      rows = adaptive(pair, ex, temp, gammas, max_new_tokens, repeats, c)
+      adaptive_rows += rows
+      for r in rows:
+        print({k: common.fmt(v) for k, v in r.items()})
+    tiny = common.tiny_model(pair) if pair.name == "lm" else None
+    if pair.name == "lm" and tiny is None:
+      notes.append("hierarchical: skipped (no specjax/assets/pairs/lm/tiny)")
+    if tiny is not None:
+      for temp in temperatures:
+        rows = hierarchical(pair, *tiny, ex, temp, hier_gamma, inner_gamma, max_new_tokens,
+                            repeats)
+        hier_rows += rows
+        for r in rows:
+          print({k: common.fmt(v) for k, v in r.items()})
+  out = common.Output(cli.output_dir, "bench_variants")
+  md = common.header("Adaptive γ and hierarchical drafting (batch 1)", cli.pairs, [
+      f"{num_examples} examples × {max_new_tokens} tokens, median of {repeats} interleaved runs, "
+      "compile excluded", *notes])
+  md += "\n## Adaptive γ\n\n" + common.markdown_table(adaptive_rows, [
+      "pair", "temperature", "decoder", "alpha", "tokens_per_call", "ms_per_token", "speedup",
+      "vs_best_fixed", "compiles"])
+  if hier_rows:
+    md += "\n\n## Hierarchical\n\n" + common.markdown_table(hier_rows, [
+        "pair", "temperature", "decoder", "gamma", "alpha", "tokens_per_call", "ms_per_token",
+        "speedup", "greedy_identical"])
+  out.tables(md, adaptive_rows + hier_rows, cli.pairs)
+  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  return adaptive_rows + hier_rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+  cli = common.parse_cli(argv, __doc__, "bench_variants")
+  return run(cli, **(FAST if cli.fast else {}))
+
+
+if __name__ == "__main__":
+  main()
