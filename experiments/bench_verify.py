@@ -15,11 +15,16 @@ excluded (median of repeated calls), in two settings:
 On CPU the fused verifier runs its XLA path; the Pallas kernel is timed only
 when a GPU/TPU is present (on CPU it runs in interpret mode, a correctness tool).
 
-`time_decode` times whole decodes per verifier, for the end-to-end row.
+End to end (`--pair lm --pair translate`): `time_decode` times whole speculative
+decodes of bundled examples per verifier (batch 1 and 8, γ = 4, greedy and
+temperature 1), compile apart, median of `--repeats`.
+
+    python -m experiments.bench_verify --pair lm --pair translate --output_dir out/bv
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -156,6 +161,35 @@ def time_decode(run: Callable[[Verifier], Any],
   return rows
 
 
+def end_to_end(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
+               temperatures: Sequence[float] = (0.0, 1.0), gamma: int = 4,
+               max_new_tokens: int = 48, repeats: int = 5) -> List[Dict[str, Any]]:
+  """Whole-decode walltime per verifier on the bundled pairs (bundled examples)."""
+  from experiments import common  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import speculative_decode  # pylint: disable=import-outside-toplevel
+  rows = []
+  for name in pair_names:
+    pair = common.load_pair(name)
+    drafter, dparams = common.model_drafter(pair, gamma)
+    for batch in batches:
+      ex = common.examples(pair, batch, 48)
+      for temp in temperatures:
+        config = common.decode_config(temp, 48 + max_new_tokens + gamma + 1)
+        run = lambda v: speculative_decode(
+            pair.target, pair.target_params, drafter, dparams, ex.inputs,
+            max_new_tokens=max_new_tokens, gamma=gamma, rng=jax.random.PRNGKey(0),
+            config=dataclasses.replace(config, verifier=v))
+        timed = time_decode(run, repeats=repeats)
+        base = timed[0]["decode_s"]
+        for r in timed:
+          rows.append(dict(pair=name, batch=batch, temperature=temp, verifier=r["label"],
+                           compile_s=r["compile_s"], decode_s=r["decode_s"],
+                           ms_per_token=1e3 * r["decode_s"] / (batch * max_new_tokens),
+                           vs_reference=base / r["decode_s"]))
+          print({k: common.fmt(v) for k, v in rows[-1].items()}, flush=True)
+  return rows
+
+
 def main(argv=None) -> List[Dict[str, Any]]:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -164,8 +198,24 @@ def main(argv=None) -> List[Dict[str, Any]]:
   parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
   parser.add_argument("--repeats", type=int, default=5, help="minimum timed calls per cell")
   parser.add_argument("--output", default=None, help="write the rows as JSON here")
+  parser.add_argument("--pair", action="append", choices=("lm", "translate"),
+                      help="end to end on this bundled pair instead (repeatable)")
+  parser.add_argument("--output_dir", default="out/experiments/bench_verify",
+                      help="--pair writes bench_verify_e2e.{md,csv,json} here")
   args = parser.parse_args(argv)
   print(device_note())
+  if args.pair:
+    from experiments import common  # pylint: disable=import-outside-toplevel
+    rows = end_to_end(args.pair, repeats=args.repeats)
+    pairs = [common.load_pair(name) for name in args.pair]
+    md = common.header("End-to-end decode walltime per verifier", pairs, [
+        device_note(), "greedy and temperature 1, γ = 4, 48 new tokens per row (no EOS), "
+        f"median of {args.repeats}; sigmoid is NOT exact"])
+    md += "\n" + common.markdown_table(rows)
+    out = common.Output(args.output_dir, "bench_verify_e2e")
+    out.tables(md, rows, pairs)
+    print(md)
+    return rows
   print("sigmoid = " + describe(get_verifier("sigmoid")))
   names = list(candidates())
   print(format_header(names), flush=True)

@@ -212,6 +212,13 @@ def ngram_corpus(pair: Pair, limit: int = 2000) -> Tuple[List[List[int]], str]:
   return [vocab.encode(t) + [vocab.eos_id] for t in texts], where
 
 
+def pad_rows(rows: np.ndarray, batch: int) -> np.ndarray:
+  """rows [n, W] padded to [batch, W] by repeating the first row (one compiled shape)."""
+  if len(rows) == batch:
+    return rows
+  return np.concatenate([rows, np.repeat(rows[:1], batch - len(rows), 0)])
+
+
 def output_ids(tokens: np.ndarray, length: int, eos_id: int = 1) -> List[int]:
   """Generated ids up to (excluding) the first EOS."""
   ids = [int(t) for t in np.asarray(tokens)[:length]]

@@ -76,20 +76,13 @@ def greedy_bleu(pair: common.Pair, which: str, ex: common.Examples, batch: int,
   config = common.decode_config(0.0, max_new_tokens + 2, eos_id=1)
   hyps = []
   for start in range(0, len(ex.texts), batch):
-    rows = _pad_rows(ex.inputs[start:start + batch], batch)
+    rows = common.pad_rows(ex.inputs[start:start + batch], batch)
     out = autoregressive_decode(model, params, rows, max_new_tokens=max_new_tokens,
                                 rng=jax.random.PRNGKey(0), config=config)
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     for i in range(min(batch, len(ex.texts) - start)):
       hyps.append(vocab.decode(common.output_ids(tokens[i], int(lengths[i]))))
   return common.bleu(ex.references, hyps)
-
-
-def _pad_rows(rows: np.ndarray, batch: int) -> np.ndarray:
-  """rows padded to `batch` rows by repeating the first (one compiled shape)."""
-  if len(rows) == batch:
-    return rows
-  return np.concatenate([rows, np.repeat(rows[:1], batch - len(rows), 0)])
 
 
 def measure_alpha(pair: common.Pair, temperature: float, *, gamma: int, batch: int,
@@ -105,7 +98,7 @@ def measure_alpha(pair: common.Pair, temperature: float, *, gamma: int, batch: i
       raise ValueError(f"{pair.task}: the bundled split ran out at {tokens} tokens "
                        f"(asked for {min_tokens}); raise max_new_tokens")
     ex = common.examples(pair, min(batch, available - skip), max_input_len, skip=skip)
-    rows = _pad_rows(ex.inputs, batch)
+    rows = common.pad_rows(ex.inputs, batch)
     config = common.decode_config(temperature, max_input_len + max_new_tokens + gamma + 1,
                                   eos_id=eos)
     out = speculative_decode(pair.target, pair.target_params, drafter, dparams, rows,

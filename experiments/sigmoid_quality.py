@@ -13,6 +13,13 @@
    speculative loop over trigram tables; TV of the empirical joint from the exact
    joint, acceptance rate, mean target NLL per token. The exact verifier's TV is
    the sampling-noise floor.
+4. The bundled pairs (`--pair lm --pair translate`): speculative decoding of bundled
+   examples with each verifier at temperature 1 and 0, beside the target decoding
+   alone: acceptance rate of the guesses, and the quality of the outputs (BLEU
+   against the references for translation; perplexity of the generated tokens
+   under the target for the LM).
+
+    python -m experiments.sigmoid_quality --pair lm --pair translate --examples 64
 """
 from __future__ import annotations
 
@@ -24,6 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import common
+from specjax import bundled
+from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.sampling import Sampling
 from specjax.testing import exact_joint, random_table
 from specjax.verifiers import SigmoidApproxVerifierNotExact, Verifier, describe, get_verifier
@@ -127,6 +137,55 @@ def table_quality(verifier: Verifier, vocab: int = 8, gamma: int = 4, steps: int
               exact_nll=float(exact_nll))
 
 
+def pair_quality(pair: common.Pair, verifiers: List[Verifier], temperature: float, *,
+                 num_examples: int, max_new_tokens: int = 48, gamma: int = 4, batch: int = 16,
+                 max_input_len: int = 48) -> List[Dict]:
+  """Acceptance rate and output quality per verifier on a bundled pair (part 4).
+
+  Rows: the target decoding alone (autoregressive: the exact reference quality),
+  then speculative decoding with each verifier. Translation stops at EOS and is
+  scored by corpus BLEU; LM rows generate `max_new_tokens` and are scored by the
+  perplexity of the generated tokens under the target.
+  """
+  ex = common.examples(pair, num_examples, max_input_len)
+  eos = 1 if pair.target.is_encoder_decoder else -1
+  drafter, dparams = common.model_drafter(pair, gamma)
+  vocab = common.load_vocab()
+  rows = []
+  for verifier in [None, *verifiers]:
+    config = DecodeConfig(sampling=Sampling(temperature=temperature), eos_id=eos,
+                          cache_len=max_input_len + max_new_tokens + gamma + 1,
+                          **({"verifier": verifier} if verifier is not None else {}))
+    outputs, accepted, proposed = [], 0, 0
+    for start in range(0, len(ex.texts), batch):
+      inputs = common.pad_rows(ex.inputs[start:start + batch], batch)
+      key = jax.random.PRNGKey(start)
+      if verifier is None:
+        out = autoregressive_decode(pair.target, pair.target_params, inputs,
+                                    max_new_tokens=max_new_tokens, rng=key, config=config)
+      else:
+        out = speculative_decode(pair.target, pair.target_params, drafter, dparams, inputs,
+                                 max_new_tokens=max_new_tokens, gamma=gamma, rng=key,
+                                 config=config)
+      n = min(batch, len(ex.texts) - start)
+      tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+      outputs += [common.output_ids(tokens[i], int(lengths[i])) for i in range(n)]
+      hist = np.asarray(out.accepted_hist)[:n]  # [n, γ+1]: rounds that accepted k guesses
+      accepted += int((hist * np.arange(hist.shape[1])).sum())
+      proposed += gamma * int(hist.sum())
+    row = {"pair": pair.name, "temperature": temperature,
+           "decoder": "target alone (autoregressive)" if verifier is None else _label(verifier),
+           "exact": True if verifier is None else verifier.exact,
+           "accept_rate": accepted / proposed if proposed else ""}
+    if pair.target.is_encoder_decoder:
+      row["bleu"] = common.bleu(ex.references, [vocab.decode(o) for o in outputs])
+    else:
+      row["target_ppl"] = common.perplexity(pair, ex.inputs, outputs)
+    rows.append(row)
+    print({k: common.fmt(v) for k, v in row.items()}, flush=True)
+  return rows
+
+
 def _verifiers() -> List[Verifier]:
   return [get_verifier("fused")] + [SigmoidApproxVerifierNotExact(alpha=-b, beta=b)
                                     for b in SCALES]
@@ -144,7 +203,15 @@ def main(argv=None) -> Dict[str, list]:
   parser.add_argument("--samples", type=int, default=200_000, help="sequences in part 3")
   parser.add_argument("--vocab", type=int, default=32768, help="vocabulary of part 2")
   parser.add_argument("--steps", type=int, default=3, help="tokens per sequence in part 3")
+  parser.add_argument("--pair", action="append", choices=sorted(bundled.PAIRS),
+                      help="part 4 only, on this bundled pair (repeatable)")
+  parser.add_argument("--examples", type=int, default=64, help="bundled examples in part 4")
+  parser.add_argument("--max_new_tokens", type=int, default=48, help="budget in part 4")
+  parser.add_argument("--output_dir", default="out/experiments/sigmoid_quality",
+                      help="part 4 writes sigmoid_quality.{md,csv,json} here")
   args = parser.parse_args(argv)
+  if args.pair:
+    return {"pairs": pairs_part(args)}
   out: Dict[str, list] = {"analytic": [], "first_token": [], "tables": []}
 
   print("1. Analytic: σ((z − α)/(β − α)) for |z| ≤ 50 with α = −β")
@@ -178,6 +245,26 @@ def main(argv=None) -> Dict[str, list]:
     print(f"| {_label(verifier)} | {r['accept']:.4f} | {r['tv']:.4f} | {r['nll']:.3f} "
           f"({r['exact_nll']:.3f}) |", flush=True)
   return out
+
+
+def pairs_part(args) -> List[Dict]:
+  """Part 4 on the bundled pairs named by --pair; writes the table files."""
+  pairs = [common.load_pair(name) for name in args.pair]
+  verifiers = [get_verifier("reference"), get_verifier("fused"), get_verifier("sigmoid")]
+  rows = []
+  for pair in pairs:
+    for temperature in (1.0, 0.0):
+      rows += pair_quality(pair, verifiers, temperature, num_examples=args.examples,
+                           max_new_tokens=args.max_new_tokens)
+  out = common.Output(args.output_dir, "sigmoid_quality")
+  md = common.header("Sigmoid verifier (NOT exact) vs exact verifiers on the bundled pairs",
+                     pairs, [f"{args.examples} bundled examples, γ = 4, "
+                             f"≤ {args.max_new_tokens} new tokens; sigmoid α = −β = 10⁴"])
+  columns = list(dict.fromkeys(k for r in rows for k in r))
+  md += "\n" + common.markdown_table(rows, columns)
+  out.tables(md, rows, pairs)
+  print(md)
+  return rows
 
 
 if __name__ == "__main__":
