@@ -82,12 +82,12 @@ def train_summary(pair: str, role: str) -> Dict[str, Any]:
 
 def load(pair: str, role: str) -> Tuple[Any, Any]:
   """(model, float32 params as jax arrays) of the bundled PAIR/ROLE."""
-  # Imported here: specjax.train (via _train_ckpt) is heavier than this module needs.
+  # Imported here: gin_config imports this module, and checkpoints need tensorstore.
   from specjax._train_ckpt import read_model_gin  # pylint: disable=import-outside-toplevel
   from specjax.checkpoints import load_t5x_for_model  # pylint: disable=import-outside-toplevel
-  from specjax.train import make_model  # pylint: disable=import-outside-toplevel
+  from specjax.models import build_model  # pylint: disable=import-outside-toplevel
   ckpt = checkpoint_dir(pair, role)
-  model = make_model(read_model_gin(str(ckpt.parent)))
+  model = build_model(read_model_gin(str(ckpt.parent)))
   params = load_t5x_for_model(str(ckpt), model, dtype="float32")
   return model, jax.tree.map(jnp.asarray, params)
 

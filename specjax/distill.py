@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from specjax import checkpoints
 from specjax._train_ckpt import read_model_gin
+from specjax.models import build_model
 
 
 @gin.configurable
@@ -63,7 +64,6 @@ def load_teacher(config: DistillConfig, student_config: Any) -> Tuple[Teacher, A
   Raises ValueError when the teacher's family or vocabulary differs from the
   student's, FileNotFoundError when the folder holds no model.gin or checkpoint.
   """
-  from specjax.train import make_model  # pylint: disable=import-outside-toplevel
   folder = config.teacher.rstrip("/")
   model_dir = os.path.dirname(folder) if os.path.basename(folder).startswith(
       "checkpoint_") else folder
@@ -77,7 +77,7 @@ def load_teacher(config: DistillConfig, student_config: Any) -> Tuple[Teacher, A
   if teacher_config.vocab_size != student_config.vocab_size:
     raise ValueError(f"teacher vocabulary {teacher_config.vocab_size} != student vocabulary "
                      f"{student_config.vocab_size}: draft and target must share one vocabulary")
-  model = make_model(teacher_config)
+  model = build_model(teacher_config)
   params = checkpoints.load_t5x_for_model(folder, model, dtype="float32")
   params = jax.tree.map(jnp.asarray, params)
   return Teacher(model, config.weight, config.temperature), params

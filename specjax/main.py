@@ -34,19 +34,11 @@ from specjax import bundled, gin_config, report
 from specjax.checkpoints import load_t5x_for_model
 from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.drafters import ModelDrafter, PromptLookupDrafter
-from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
-from specjax.models.t5 import T5Model
+from specjax.models import build_model
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
 from specjax.verifiers import ReferenceVerifier, describe
 from specjax.vocab import load_vocab
-
-
-def build_model(config):
-  """A specjax model from its config dataclass."""
-  if isinstance(config, DecoderOnlyConfig):
-    return DecoderOnlyModel(config)
-  return T5Model(config)
 
 
 def load_model(checkpoint: Optional[str], scope: str, seed: int,

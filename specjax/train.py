@@ -62,8 +62,7 @@ from specjax._train_ckpt import (MODEL_GIN, OPT_STATE_FILE, check_model_gin, lis
                                  save_opt_state)
 from specjax._train_data import DataConfig, make_batches
 from specjax.distill import DistillConfig, Teacher, kl_sums, load_teacher, logits_fn, mixed_loss
-from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
-from specjax.models.t5 import T5Config, T5Model
+from specjax.models import build_model as make_model
 
 __all__ = [
     "OptimizerConfig", "DataConfig", "TrainConfig", "TrainState", "TrainResult", "Trainer",
@@ -241,16 +240,6 @@ class TrainState:
   step: jax.Array  # int32 []: optimizer updates applied so far
   params: Any  # float32 parameter tree with T5X names
   opt_state: Any  # optax state of `params`
-
-
-def make_model(config: Any):
-  """T5Model for a T5Config, DecoderOnlyModel for a DecoderOnlyConfig."""
-  if isinstance(config, T5Config):
-    return T5Model(config)
-  if isinstance(config, DecoderOnlyConfig):
-    return DecoderOnlyModel(config)
-  raise ValueError(f"model_config must be a T5Config or DecoderOnlyConfig, got "
-                   f"{type(config).__name__}")
 
 
 class Trainer:

@@ -417,7 +417,7 @@ def test_bad_configs_raise(tmp_path):
                             head_dim=4, mlp_dim=8)
   with pytest.raises(ValueError, match="smaller than the vocabulary"):
     T.make_batches(T.DataConfig(task="lm"), small)
-  with pytest.raises(ValueError, match="model_config must be"):
+  with pytest.raises(ValueError, match="model config must be"):
     T.make_model(object())
   with pytest.raises(ValueError, match="unknown arguments"):
     T.main(["--gin_file=runs/train_lm.gin", "--steps=3"])

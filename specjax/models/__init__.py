@@ -5,4 +5,14 @@ from specjax.models.protocol import DecodingModel, check_same_vocab
 from specjax.models.t5 import T5Config, T5Model
 
 __all__ = ["DecodingModel", "check_same_vocab", "T5Config", "T5Model",
-           "DecoderOnlyConfig", "DecoderOnlyModel", "KVCache", "EncodedInputs"]
+           "DecoderOnlyConfig", "DecoderOnlyModel", "KVCache", "EncodedInputs", "build_model"]
+
+
+def build_model(config):
+  """T5Model for a T5Config, DecoderOnlyModel for a DecoderOnlyConfig."""
+  if isinstance(config, T5Config):
+    return T5Model(config)
+  if isinstance(config, DecoderOnlyConfig):
+    return DecoderOnlyModel(config)
+  raise ValueError(f"model config must be a T5Config or DecoderOnlyConfig, got "
+                   f"{type(config).__name__}")
