@@ -27,8 +27,9 @@ collects one summary per model (merged across invocations).
 
 `--ship FROM` copies each trained model's final checkpoint and model.gin from
 FROM/NAME into specjax/assets/pairs/PAIR/ROLE (see SHIP), with a
-train_summary.json (parameters, steps, training tokens summed from
-metrics.jsonl, wall seconds from FROM/summary.json); optimizer states and
+train_summary.json (parameters counted in the checkpoint, steps, training
+tokens and train-step seconds summed from metrics.jsonl, wall seconds from
+FROM/summary.json when it has the run); optimizer states and
 intermediate checkpoints stay behind.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
 
-from specjax import bundled, gin_config
+from specjax import bundled, checkpoints, gin_config
 from specjax import train as train_lib
 from specjax.params import count_params
 
@@ -97,11 +98,18 @@ def ship(source: Path, dest: Path = bundled.PAIRS_DIR,
                if l.strip()]
     train = [r for r in records if r.get("split") == "train"]
     evals = [r for r in records if r.get("split") == "validation"]
+    # A resumed run logs its resumed steps twice; count each step once (the last log).
+    by_step = {r["step"]: r for r in train}
+    params = checkpoints.load_t5x(str(ckpt))
     info = {"name": name, "gin_files": list(_files(name)), "teacher": TEACHERS.get(name),
             "steps": int(ckpt.name.split("_")[1]),
-            "train_tokens": int(sum(r["tokens"] for r in train)),
+            "train_tokens": int(sum(r["tokens"] for r in by_step.values())),
+            # Time in train steps (from the logged tokens/s), evals and restarts excluded.
+            "train_seconds": round(sum(r["tokens"] / r["tokens_per_second"]
+                                       for r in by_step.values()
+                                       if r.get("tokens_per_second")), 1),
             "wall_seconds": summaries.get(name, {}).get("wall_seconds"),
-            "params": summaries.get(name, {}).get("params"),
+            "params": count_params(params),
             "validation": evals[-1] if evals else None}
     pair, role = SHIP[name]
     final = dest / pair / role
