@@ -1,7 +1,7 @@
 """The bundled pairs' report card: size, training, held-out quality, α at T=0 and T=1.
 
   python -m experiments.eval_pairs [--pair lm --pair translate] [--fast]
-      [--gin.eval_pairs.alpha_tokens=10000]
+      [--gin.eval_pairs.run.alpha_tokens=10000]
 
 For each pair and each of its models (target, draft):
 - params, training steps / tokens / wall time (the shipped train_summary.json);
@@ -158,7 +158,8 @@ def run(cli: common.Cli, *, alpha_tokens: int = 10000, alpha_batch: int = 64,
       row = {"pair": pair.name, "model": role, "params_M": count_params(params) / 1e6,
              "train_steps": info.get("steps", ""),
              "train_tokens_M": info["train_tokens"] / 1e6 if info else "",
-             "train_minutes": (info["wall_seconds"] / 60 if info.get("wall_seconds")
+             # Time spent in train steps (evals and restarts excluded).
+             "train_minutes": (info["train_seconds"] / 60 if info.get("train_seconds")
                                else ""),
              "heldout_ppl": perplexity(model, params, pair.task, examples, ppl_batches)}
       if bleu_ex is not None:

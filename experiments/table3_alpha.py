@@ -1,7 +1,7 @@
 """Paper Table 3's analog: α of unigram, bigram and model drafts at temperature 0 and 1.
 
   python -m experiments.table3_alpha [--pair lm --pair translate] [--fast]
-      [--gin_file=experiments/table3_alpha.gin] [--gin.table3_alpha.num_examples=64]
+      [--gin_file=experiments/table3_alpha.gin] [--gin.table3_alpha.run.num_examples=64]
 
 α is measured inside speculative decoding as the mean over verified positions of
 Σ_x min(p(x), q(x)) (Cor. 3.6), p the target's and q the draft's standardized

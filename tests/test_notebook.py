@@ -4,13 +4,15 @@ nbclient executes every cell in a fresh kernel (any exception fails the test; th
 notebook itself asserts greedy speculative == autoregressive), then the outputs
 are checked: the trace printed, and the theory-vs-measurement plot rendered.
 """
+import os
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "experiments" / "notebooks" / "quickstart.ipynb"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "experiments" / "notebooks" / "quickstart.ipynb"
 
 
 def _outputs(cell):
@@ -20,8 +22,17 @@ def _outputs(cell):
 @pytest.fixture(scope="module")
 def executed():
   nb = nbformat.read(NOTEBOOK, as_version=4)
-  NotebookClient(nb, timeout=900, kernel_name="python3",
-                 resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+  # The kernel imports the specjax of this checkout, installed or not.
+  saved = os.environ.get("PYTHONPATH")
+  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved]))
+  try:
+    NotebookClient(nb, timeout=900, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+  finally:
+    if saved is None:
+      del os.environ["PYTHONPATH"]
+    else:
+      os.environ["PYTHONPATH"] = saved
   return nb
 
 
