@@ -40,6 +40,9 @@ def _median_times(runs: Dict, repeats: int) -> Dict:
   return {name: (compile_s[name], statistics.median(times[name]), outs[name]) for name in runs}
 
 
+EOS = 1  # the bundled vocabulary's EOS id (T5 conventions)
+
+
 def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: int,
             repeats: int, specjax_greedy: List[List[int]]) -> Dict:
   """HF greedy and assisted generation on exported weights, batch 1 per example."""
@@ -82,7 +85,10 @@ def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: 
       generate(assisted)
       times.append(time.perf_counter() - start)
     hf_ids = [o[0, 1:].tolist() for o in outs]
-    same = sum(h[:len(s)] == s[:len(h)] for h, s in zip(hf_ids, specjax_greedy))
+    # specjax runs past EOS (every decoder does the same work) and emits EOS as a token;
+    # HF's min_new_tokens forbids EOS instead, so the two agree up to the first EOS.
+    upto = [s.index(EOS) if EOS in s else len(s) for s in specjax_greedy]
+    same = sum(h[:n] == s[:n] for h, s, n in zip(hf_ids, specjax_greedy, upto))
     result[name] = {"first_s": first, "steady_s": statistics.median(times),
                     "same_as_specjax": f"{same}/{len(rows)}"}
   return result
