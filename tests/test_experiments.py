@@ -86,3 +86,18 @@ def test_bench_with_hf_peer(tmp_path):
 def test_bad_pair_name_is_named():
   with pytest.raises(ValueError, match="unknown pair"):
     common.load_pair("summarize")
+
+
+def test_profile_round_accounts_for_a_round(capsys):
+  from experiments import profile_round  # pylint: disable=import-outside-toplevel
+  profile_round.main(["--gamma", "2", "--new_tokens", "12"])
+  out = capsys.readouterr().out
+  rows = dict(line.strip("|").split("|")[:2] for line in out.splitlines()
+              if line.startswith("| ") and not line.startswith("| part"))
+  parts = {k.strip(): float(v) for k, v in rows.items()}
+  assert parts["speculative round, measured"] > 0
+  assert parts["target call, 1 token (in a loop)"] > 0 and parts["verification step"] > 0
+  unaccounted = parts["unaccounted per round"]
+  assert unaccounted == pytest.approx(
+      parts["speculative round, measured"] - parts["target call, γ+1 = 3 tokens"]
+      - parts["drafter proposal of γ guesses"] - parts["verification step"], abs=2e-3)
