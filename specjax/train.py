@@ -62,11 +62,11 @@ from specjax._train_ckpt import (MODEL_GIN, OPT_STATE_FILE, check_model_gin, lis
                                  save_opt_state)
 from specjax._train_data import DataConfig, make_batches
 from specjax.distill import DistillConfig, Teacher, kl_sums, load_teacher, logits_fn, mixed_loss
-from specjax.models import build_model as make_model
+from specjax.models import build_model
 
 __all__ = [
     "OptimizerConfig", "DataConfig", "TrainConfig", "TrainState", "TrainResult", "Trainer",
-    "make_schedule", "make_optimizer", "cross_entropy", "summarize", "make_model",
+    "make_schedule", "make_optimizer", "cross_entropy", "summarize",
     "get_trainer", "make_batches", "train", "main", "save_checkpoint", "restore",
     "list_checkpoints", "save_opt_state", "load_opt_state", "model_gin_text",
     "check_model_gin", "MODEL_GIN", "OPT_STATE_FILE", "METRICS_FILE", "DistillConfig",
@@ -329,8 +329,8 @@ class Trainer:
 @functools.lru_cache(maxsize=8)
 def get_trainer(model_config: Any, optimizer: OptimizerConfig, num_steps: int,
                 z_loss: float = 1e-4, teacher: Optional[Teacher] = None) -> Trainer:
-  """A Trainer of `make_model(model_config)`, cached: repeated runs reuse its compiled steps."""
-  return Trainer(make_model(model_config), optimizer, num_steps, z_loss, teacher)
+  """A Trainer of `build_model(model_config)`, cached: repeated runs reuse its compiled steps."""
+  return Trainer(build_model(model_config), optimizer, num_steps, z_loss, teacher)
 
 
 # ----------------------------------------------------------------------------

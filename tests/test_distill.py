@@ -15,6 +15,7 @@ import pytest
 
 from specjax import distill
 from specjax import train as T
+from specjax.models import build_model
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
 from tests.test_train import LM_GIN, run_cli
@@ -104,7 +105,7 @@ def test_trainer_without_teacher_params_says_so(runs):
   r = runs.distilled
   teacher, _ = distill.load_teacher(distill.DistillConfig(teacher=runs.teacher_dir),
                                     r.model_config)
-  trainer = T.Trainer(T.make_model(r.model_config), r.optimizer, 5, teacher=teacher)
+  trainer = T.Trainer(build_model(r.model_config), r.optimizer, 5, teacher=teacher)
   state = trainer.init_state(trainer.model.init(0))
   batch = T.make_batches(r.data, r.model_config)[0].batch(0)
   with pytest.raises(ValueError, match="teacher_params"):

@@ -21,6 +21,7 @@ import pytest
 from specjax import _train_data as td
 from specjax import checkpoints
 from specjax import train as T
+from specjax.models import build_model
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
 from specjax.params import flatten
@@ -418,7 +419,7 @@ def test_bad_configs_raise(tmp_path):
   with pytest.raises(ValueError, match="smaller than the vocabulary"):
     T.make_batches(T.DataConfig(task="lm"), small)
   with pytest.raises(ValueError, match="model config must be"):
-    T.make_model(object())
+    build_model(object())
   with pytest.raises(ValueError, match="unknown arguments"):
     T.main(["--gin_file=runs/train_lm.gin", "--steps=3"])
   with pytest.raises(ValueError, match="run file"):
