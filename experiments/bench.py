@@ -23,6 +23,7 @@ import numpy as np
 
 from experiments import common
 from specjax.decoding import autoregressive_decode, speculative_decode
+from specjax.vocab import load_vocab
 
 FAST = dict(batches=(1,), max_new_tokens=6, repeats=1, gamma=2)
 PEER_MISSING = ("WARNING: HF PEER SKIPPED: torch/transformers are not installed "
@@ -38,9 +39,6 @@ def _median_times(runs: Dict, repeats: int) -> Dict:
     for name, fn in runs.items():
       times[name].append(common.timed(fn)[1])
   return {name: (compile_s[name], statistics.median(times[name]), outs[name]) for name in runs}
-
-
-EOS = 1  # the bundled vocabulary's EOS id (T5 conventions)
 
 
 def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: int,
@@ -87,7 +85,8 @@ def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: 
     hf_ids = [o[0, 1:].tolist() for o in outs]
     # specjax runs past EOS (every decoder does the same work) and emits EOS as a token;
     # HF's min_new_tokens forbids EOS instead, so the two agree up to the first EOS.
-    upto = [s.index(EOS) if EOS in s else len(s) for s in specjax_greedy]
+    eos = load_vocab().eos_id
+    upto = [s.index(eos) if eos in s else len(s) for s in specjax_greedy]
     same = sum(h[:n] == s[:n] for h, s, n in zip(hf_ids, specjax_greedy, upto))
     result[name] = {"first_s": first, "steady_s": statistics.median(times),
                     "same_as_specjax": f"{same}/{len(rows)}"}
