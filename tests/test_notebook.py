@@ -22,17 +22,10 @@ def _outputs(cell):
 @pytest.fixture(scope="module")
 def executed():
   nb = nbformat.read(NOTEBOOK, as_version=4)
-  # The kernel imports the specjax of this checkout, installed or not.
-  saved = os.environ.get("PYTHONPATH")
-  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved]))
-  try:
+  with pytest.MonkeyPatch.context() as mp:  # the kernel imports this checkout's specjax
+    mp.setenv("PYTHONPATH", str(ROOT), prepend=os.pathsep)
     NotebookClient(nb, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-  finally:
-    if saved is None:
-      del os.environ["PYTHONPATH"]
-    else:
-      os.environ["PYTHONPATH"] = saved
   return nb
 
 
