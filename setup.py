@@ -1,5 +1,12 @@
 """specjax: exact speculative decoding in JAX, wired to T5X checkpoints and gin."""
+import os
+
 from setuptools import find_packages, setup
+
+# The top-level gin/ folder is installed inside the package as specjax/gin (as T5X ships its
+# gin files), so a wheel finds runs/default.gin from any working directory.
+GIN_PACKAGES = ["specjax.gin" + root[len("gin"):].replace(os.sep, ".")
+                for root, _, _ in os.walk("gin") if "__pycache__" not in root]
 
 setup(
     name="specjax",
@@ -8,9 +15,11 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["specjax", "specjax.*", "experiments", "experiments.*"]),
+    # experiments/ are scripts run from the checkout (python -m experiments.X), not installed.
+    packages=find_packages(include=["specjax", "specjax.*"]) + GIN_PACKAGES,
+    package_dir={"specjax.gin": "gin"},
     include_package_data=True,
-    package_data={"specjax": ["assets/**/*"]},
+    package_data={"specjax": ["assets/**/*"], **{p: ["*.gin"] for p in GIN_PACKAGES}},
     install_requires=[
         "jax==0.10.2",
         "jaxlib==0.10.2",

@@ -22,8 +22,8 @@ import jax
 import numpy as np
 
 from experiments import common
-from specjax.decoding import autoregressive_decode, speculative_decode
-from specjax.vocab import load_vocab
+from specjax.decode import autoregressive_decode, speculative_decode
+from specjax.data import load_vocab
 
 FAST = dict(batches=(1,), max_new_tokens=6, repeats=1, gamma=2)
 PEER_MISSING = ("WARNING: HF PEER SKIPPED: torch/transformers are not installed "

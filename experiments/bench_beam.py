@@ -30,12 +30,12 @@ import jax
 import numpy as np
 
 from specjax import gin_config
-from specjax.beam import beam_search, speculative_beam_search
+from specjax.decode import beam_search, speculative_beam_search
 from specjax.checkpoints import load_t5x_for_model
 from specjax.data import load_bundled
 from specjax.main import encode_inputs
 from specjax.models import DecoderOnlyConfig, DecoderOnlyModel, T5Config, T5Model
-from specjax.vocab import load_vocab
+from specjax.data import load_vocab
 
 TINY = dict(vocab_size=8192, emb_dim=64, num_heads=4, head_dim=16, mlp_dim=128)
 

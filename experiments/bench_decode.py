@@ -21,8 +21,8 @@ import time
 import jax
 import numpy as np
 
-from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
-from specjax.drafters import ModelDrafter
+from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.draft import ModelDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
 from specjax.params import count_params
 from specjax.sampling import Sampling

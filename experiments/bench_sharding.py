@@ -27,8 +27,8 @@ def _measure(args) -> list:
   # pylint: disable=import-outside-toplevel
   import jax
   import numpy as np
-  from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
-  from specjax.drafters import ModelDrafter
+  from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+  from specjax.draft import ModelDrafter
   from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
   from specjax.sampling import Sampling
   from specjax.sharding import Partitioner

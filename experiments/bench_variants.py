@@ -27,10 +27,10 @@ import jax
 import numpy as np
 
 from experiments import common
-from specjax import decoding
-from specjax.decoding import autoregressive_decode, speculative_decode
-from specjax.drafters import ModelDrafter
-from specjax.hierarchical import HierarchicalDrafter
+from specjax.decode import speculative as decoding
+from specjax.decode import autoregressive_decode, speculative_decode
+from specjax.draft import ModelDrafter
+from specjax.draft import HierarchicalDrafter
 
 FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 2), repeats=1, step_repeats=2,
             hier_gamma=2, inner_gamma=1)

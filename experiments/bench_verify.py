@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Sequence
 import jax
 import jax.numpy as jnp
 
-from specjax.verifiers import FusedVerifier, Verifier, describe, get_verifier
+from specjax.verify import FusedVerifier, Verifier, describe, get_verifier
 
 
 def make_inputs(batch: int, gamma: int, vocab: int, seed: int = 0) -> Dict[str, jax.Array]:
@@ -166,7 +166,7 @@ def end_to_end(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
                max_new_tokens: int = 48, repeats: int = 5) -> List[Dict[str, Any]]:
   """Whole-decode walltime per verifier on the bundled pairs (bundled examples)."""
   from experiments import common  # pylint: disable=import-outside-toplevel
-  from specjax.decoding import speculative_decode  # pylint: disable=import-outside-toplevel
+  from specjax.decode import speculative_decode  # pylint: disable=import-outside-toplevel
   rows = []
   for name in pair_names:
     pair = common.load_pair(name)

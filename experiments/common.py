@@ -33,7 +33,7 @@ from specjax.data import load_bundled
 from specjax.main import build_model, encode_inputs, load_model
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
-from specjax.vocab import load_vocab
+from specjax.data import load_vocab
 
 RANDOM_NOTE = "random init: numbers are meaningless"
 V = 8192  # the bundled SentencePiece vocabulary
@@ -424,7 +424,7 @@ def decode_config(temperature: float, cache_len: int, lenience: float = 1.0,
                   trace: bool = False, eos_id: int = -1):
   """DecodeConfig for experiments. eos_id -1 (default) generates the full budget, so
   timings compare equal lengths; texts are cut at the first EOS afterwards."""
-  from specjax.decoding import DecodeConfig  # pylint: disable=import-outside-toplevel
+  from specjax.decode import DecodeConfig  # pylint: disable=import-outside-toplevel
   from specjax.sampling import Sampling  # pylint: disable=import-outside-toplevel
   return DecodeConfig(sampling=Sampling(temperature=float(temperature)), eos_id=eos_id,
                       lenience=lenience, trace=trace, cache_len=cache_len)
@@ -432,5 +432,5 @@ def decode_config(temperature: float, cache_len: int, lenience: float = 1.0,
 
 def model_drafter(pair: Pair, max_gamma: int):
   """(ModelDrafter of the pair's draft, its params)."""
-  from specjax.drafters import ModelDrafter  # pylint: disable=import-outside-toplevel
+  from specjax.draft import ModelDrafter  # pylint: disable=import-outside-toplevel
   return ModelDrafter(pair.draft, max_gamma=max_gamma), pair.draft_params

@@ -26,12 +26,12 @@ import numpy as np
 
 from experiments import common
 from specjax import bundled
-from specjax import data as data_lib
-from specjax._train_data import Batches, make_features
-from specjax.decoding import autoregressive_decode, speculative_decode
+from specjax import data as data_lib  # load_bundled, read_split, TASK_FILES
+from specjax.train import Batches, make_features
+from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.params import count_params
 from specjax.train import OptimizerConfig, get_trainer
-from specjax.vocab import load_vocab
+from specjax.data import load_vocab
 
 FAST = dict(alpha_tokens=16, alpha_batch=2, max_new_tokens=8, bleu_examples=4, ppl_batches=1,
             temperatures=(0.0,))

@@ -16,8 +16,8 @@ from rich.console import Console
 
 from experiments import common
 from specjax import report
-from specjax.decoding import speculative_decode
-from specjax.vocab import load_vocab
+from specjax.decode import speculative_decode
+from specjax.data import load_vocab
 
 FAST = dict(max_new_tokens=8)
 

@@ -20,8 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import bundled
-from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode, verify_batch
-from specjax.drafters import ModelDrafter
+from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.verify import verify_batch
+from specjax.draft import ModelDrafter
 from specjax.sampling import Sampling
 
 CACHE_LEN = 256
@@ -67,10 +68,10 @@ def propose_ms(drafter: ModelDrafter, params, gamma: int, n: int = 30) -> float:
 
     def body(i, carry):
       state, acc = carry
-      guesses, q, _, state = drafter.propose(params, state, seq, length + i, gammas, keys,
-                                             Sampling(temperature=0.0))
+      proposal, state = drafter.propose(params, state, seq, length + i, gammas, keys,
+                                       Sampling(temperature=0.0))
       state = drafter.update(state, jnp.full((1,), 2, jnp.int32), gammas)
-      return state, acc + q[0, 0, 0] + guesses[0, 0]
+      return state, acc + proposal.probs[0, 0, 0] + proposal.tokens[0, 0]
     return jax.lax.fori_loop(0, n, body, (state, 0.0))[1]
   return 1e3 * _median_s(loop, params, seq, length) / n
 
@@ -86,7 +87,7 @@ def verify_ms(config: DecodeConfig, gamma: int, vocab: int, n: int = 50) -> floa
   @jax.jit
   def loop(logits, q):
     def body(i, acc):
-      n_acc, _, p = verify_batch(config, keys, jnp.full((1,), 10 + i, jnp.int32), guesses, q,
+      n_acc, _, p = verify_batch(config.sampling, config.verifier, config.lenience, keys, jnp.full((1,), 10 + i, jnp.int32), guesses, q,
                                  logits + acc, jnp.full((1,), gamma, jnp.int32))
       return acc + 1e-6 * n_acc[0].astype(jnp.float32) + p[0, 0, 0]
     return jax.lax.fori_loop(0, n, body, 0.0)

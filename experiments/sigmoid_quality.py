@@ -33,10 +33,10 @@ import numpy as np
 
 from experiments import common
 from specjax import bundled
-from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.sampling import Sampling
 from specjax.testing import exact_joint, random_table
-from specjax.verifiers import SigmoidApproxVerifierNotExact, Verifier, describe, get_verifier
+from specjax.verify import SigmoidApproxVerifierNotExact, Verifier, describe, get_verifier
 
 SCALES = (1e4, 1e3, 10.0, 1.0)  # β = −α: the paper's 10⁴, ASR's 10³, and two small ones
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from experiments import common
 from specjax import analysis
-from specjax.decoding import autoregressive_decode, speculative_decode
+from specjax.decode import autoregressive_decode, speculative_decode
 
 FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 3), temperatures=(0.0,), repeats=1,
             step_repeats=2)

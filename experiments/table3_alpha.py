@@ -18,8 +18,8 @@ import jax
 import numpy as np
 
 from experiments import common
-from specjax.decoding import speculative_decode
-from specjax.drafters import BigramDrafter, UnigramDrafter
+from specjax.decode import speculative_decode
+from specjax.draft import BigramDrafter, UnigramDrafter
 
 FAST = dict(num_examples=2, max_new_tokens=6, temperatures=(1.0,), gamma=2,
             drafts=("bigram", "model"), ngram_lines=200)

@@ -19,8 +19,8 @@ import gin
 import jax
 
 from experiments import common
-from specjax.decoding import autoregressive_decode, speculative_decode
-from specjax.vocab import load_vocab
+from specjax.decode import autoregressive_decode, speculative_decode
+from specjax.data import load_vocab
 
 FAST = dict(num_examples=2, max_new_tokens=6, leniences=(1.0, 0.3), argmax_leniences=(0.5,),
             repeats=1)

@@ -158,7 +158,7 @@ def run_one(name: str, model_dir: str, data_dir: Optional[str],
               "TrainConfig.final_dtype = 'float32'"]
   gin_config.parse(list(_files(name)), [*extra, *bindings])
   start = time.perf_counter()
-  result = train_lib.train()
+  result = gin.get_configurable(train_lib.train)()
   seconds = time.perf_counter() - start
   steps = result.step - result.start_step
   tokens = sum(h["tokens"] for h in result.history)

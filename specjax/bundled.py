@@ -24,6 +24,9 @@ from typing import Any, Dict, Tuple
 import jax
 import jax.numpy as jnp
 
+from specjax.checkpoints import load_t5x_for_model
+from specjax.models import build_model, read_model_gin
+
 PAIRS_DIR = Path(__file__).resolve().parent / "assets" / "pairs"
 PAIRS = {"lm": "lm_ddtp_en", "translate": "translate_en_de"}
 """Bundled pair -> its task (the bundled evaluation split in specjax/assets/eval)."""
@@ -82,10 +85,6 @@ def train_summary(pair: str, role: str) -> Dict[str, Any]:
 
 def load(pair: str, role: str) -> Tuple[Any, Any]:
   """(model, float32 params as jax arrays) of the bundled PAIR/ROLE."""
-  # Imported here: gin_config imports this module, and checkpoints need tensorstore.
-  from specjax._train_ckpt import read_model_gin  # pylint: disable=import-outside-toplevel
-  from specjax.checkpoints import load_t5x_for_model  # pylint: disable=import-outside-toplevel
-  from specjax.models import build_model  # pylint: disable=import-outside-toplevel
   ckpt = checkpoint_dir(pair, role)
   model = build_model(read_model_gin(str(ckpt.parent)))
   params = load_t5x_for_model(str(ckpt), model, dtype="float32")

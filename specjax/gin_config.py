@@ -13,22 +13,45 @@ from typing import List, Optional, Sequence, Tuple
 
 import gin
 
-from specjax import beam  # noqa: F401  (registers beam_search / speculative_beam_search)
 from specjax import bundled
-from specjax.decoding import DecodeConfig
-from specjax.models.decoder_only import DecoderOnlyConfig
-from specjax.models.t5 import T5Config
+from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
+from specjax.models import DecoderOnlyConfig, T5Config
 from specjax.sampling import Sampling
-from specjax.verifiers import FusedVerifier, ReferenceVerifier, SigmoidApproxVerifierNotExact
+from specjax.sharding import Partitioner
+from specjax.verify import FusedVerifier, ReferenceVerifier, SigmoidApproxVerifierNotExact
 
-GIN_DIR = Path(__file__).resolve().parent.parent / "gin"
 
-for _cls in (T5Config, DecoderOnlyConfig, Sampling, DecodeConfig, ReferenceVerifier,
-             FusedVerifier, SigmoidApproxVerifierNotExact):
+def _gin_dir() -> Path:
+  """specjax's gin files: inside the installed package (`specjax/gin`, a wheel) or, in a
+  checkout, the repository's top-level `gin/` (setup.py installs it as `specjax/gin`)."""
+  here = Path(__file__).resolve().parent
+  for candidate in (here / "gin", here.parent / "gin"):
+    if (candidate / "runs").is_dir():
+      return candidate
+  return here / "gin"
+
+
+GIN_DIR = _gin_dir()
+
+
+def register(obj, module: str, name: Optional[str] = None):
+  """THE way specjax registers a gin configurable: `gin.register`, which leaves `obj` itself
+  untouched (direct Python calls never see gin bindings; gin files reach it as `@Name()`,
+  and entry points call `gin.get_configurable(obj)`). Idempotent (module reloads)."""
   try:
-    gin.external_configurable(_cls, _cls.__name__)
+    gin.register(name, module=module)(obj) if name else gin.register(obj, module=module)
   except ValueError:  # already registered (module reloaded)
     pass
+  return obj
+
+
+for _obj, _module in ((T5Config, "specjax.models"), (DecoderOnlyConfig, "specjax.models"),
+                      (Sampling, "specjax"), (DecodeConfig, "specjax.decode"),
+                      (ReferenceVerifier, "specjax.verify"), (FusedVerifier, "specjax.verify"),
+                      (SigmoidApproxVerifierNotExact, "specjax.verify"),
+                      (Partitioner, "specjax.sharding"), (beam_search, "specjax.decode"),
+                      (speculative_beam_search, "specjax.decode")):
+  register(_obj, _module)
 
 _MODEL_CLASSES = {"T5Config": T5Config, "DecoderOnlyConfig": DecoderOnlyConfig}
 

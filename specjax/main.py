@@ -31,14 +31,14 @@ from rich.console import Console
 from rich.progress import Progress
 
 from specjax import bundled, gin_config, report
-from specjax.checkpoints import load_t5x_for_model
-from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
-from specjax.drafters import ModelDrafter, PromptLookupDrafter
+from specjax.checkpoints import load_sharded, load_t5x_for_model
+from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.draft import ModelDrafter, PromptLookupDrafter
 from specjax.models import build_model
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
-from specjax.verifiers import ReferenceVerifier, describe
-from specjax.vocab import load_vocab
+from specjax.verify import ReferenceVerifier, describe
+from specjax.data import load_vocab
 
 
 def load_model(checkpoint: Optional[str], scope: str, seed: int,
@@ -55,7 +55,7 @@ def load_model(checkpoint: Optional[str], scope: str, seed: int,
     params = model.init(jax.random.PRNGKey(seed))
     return model, params if partitioner is None else partitioner.shard_params(params)
   if partitioner is not None:
-    return model, partitioner.load_params(checkpoint, model, dtype="float32")
+    return model, load_sharded(checkpoint, model, partitioner, dtype="float32")
   return model, jax.tree.map(jax.numpy.asarray,
                              load_t5x_for_model(checkpoint, model, dtype="float32"))
 
@@ -80,7 +80,7 @@ def _timed(fn):
   return out, time.perf_counter() - start
 
 
-@gin.configurable
+@gin.register(module="specjax.main")
 def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
                draft_checkpoint: Optional[str] = None, drafter: str = "model", gamma: int = 4,
                max_gamma: Optional[int] = None, max_new_tokens: int = 32,
@@ -100,7 +100,7 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
     max_new_tokens: generation budget per example.
     sampling: standardization for both models; lenience: l in (0, 1] (1 = exact).
     batch_size: examples per decode call.
-    verifier: a `specjax.verifiers` verifier; the sigmoid one is NOT exact (flagged in output).
+    verifier: a `specjax.verify` verifier; the sigmoid one is NOT exact (flagged in output).
     output_dir: where `results.jsonl` and `summary.json` go (None: nowhere).
     partitioner: a `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a
       device mesh; None: one device.
@@ -214,7 +214,7 @@ def read_texts(args) -> List[str]:
   if args.task:
     name, _, split = args.task.partition(":")
     if name.startswith("specjax_"):
-      from specjax import tasks  # pylint: disable=import-outside-toplevel
+      from specjax.data import tasks  # pylint: disable=import-outside-toplevel
       dataset = tasks.get_task(name).get_dataset(split=split or "validation", shuffle=False)
       key = "inputs_pretokenized" if "inputs" in tasks.output_features(name) else \
           "targets_pretokenized"
@@ -253,7 +253,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     texts = read_texts(args)
   if not texts:
     raise SystemExit("no inputs: give --prompt, --input_file or --task")
-  return decode_job(texts, plain=args.plain)
+  return gin.get_configurable(decode_job)(texts, plain=args.plain)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specjax.decoding import DecodeResult
+from specjax.decode import DecodeResult
 
 
 def trace_rounds(result: DecodeResult, row: int) -> List[Dict]:

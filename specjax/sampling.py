@@ -6,6 +6,7 @@ speculative sampling reproduces exactly the *standardized* target distribution.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -102,3 +103,45 @@ def categorical(key: jax.Array, probs: jax.Array) -> jax.Array:
   exp = jax.random.exponential(key, probs.shape, dtype=jnp.float32)
   score = jnp.where(probs > 0, jnp.log(jnp.maximum(probs, 1e-38)) - jnp.log(exp), -jnp.inf)
   return jnp.argmax(score, axis=-1).astype(jnp.int32)
+
+
+# ------------------------------------------------------------ randomness discipline
+# Every random draw of a generation is tied to (row key, absolute position, stream),
+# so a row's tokens do not depend on its batch, its slot or earlier acceptance counts.
+
+DRAFT_STREAM = 0
+"""Stream of the drafter's guess at a position."""
+ACCEPT_STREAM = 1
+"""Stream of the accept/reject uniform of the guess at a position."""
+CORRECTION_STREAM = 2
+"""Stream of the token the target draws at a position (correction or plain step)."""
+
+
+def position_key(row_key: jax.Array, position: jax.Array, stream: int) -> jax.Array:
+  """The key of one (row, absolute position, stream); row_key is one row's key."""
+  return jax.random.fold_in(jax.random.fold_in(row_key, position), stream)
+
+
+def row_keys(rng: jax.Array, batch: int) -> jax.Array:
+  """One key per row: a single key is folded with the row index; [B] keys pass through.
+
+  Args:
+    rng: one PRNG key (raw uint32 [2] or typed []), or one key per row ([B, 2] or typed [B]).
+    batch: B.
+  Returns:
+    The per-row keys, [B, 2] (raw) or [B] (typed).
+  """
+  rng = jnp.asarray(rng)
+  typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+  if rng.ndim == (0 if typed else 1):
+    return _fold_rows(rng, batch)
+  if rng.ndim != (1 if typed else 2):
+    raise ValueError(f"rng must be one PRNG key or one key per row, got shape {rng.shape}")
+  if rng.shape[0] != batch:
+    raise ValueError(f"rng has {rng.shape[0]} row keys but the batch has {batch} rows")
+  return rng
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _fold_rows(rng: jax.Array, batch: int) -> jax.Array:
+  return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(batch))

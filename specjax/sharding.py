@@ -13,7 +13,7 @@ An axis whose size the mesh axis does not divide is replicated instead (logged
 at debug level), so tiny test models still run on a 1x8 mesh.
 
   partitioner = Partitioner(num_partitions=2)          # 8 devices -> 4 x 2 mesh
-  params = partitioner.shard_params(params)            # or partitioner.load_params(path, model)
+  params = partitioner.shard_params(params)            # or checkpoints.load_sharded(path, model, partitioner)
   out = speculative_decode(..., partitioner=partitioner)
 
 The decode functions pad the batch to a multiple of the data axis (repeating the
@@ -24,7 +24,7 @@ and every round) so XLA's SPMD partitioner keeps caches split by batch and heads
 Multi-host (TPU pods, multi-node GPU): call `jax.distributed.initialize()` first
 on every host (before any other JAX call), run the same program on every host
 and build the `Partitioner` there: `jax.devices()` then lists every host's
-devices and the mesh spans them all; `load_params` reads on each host only the
+devices and the mesh spans them all; `specjax.checkpoints.load_sharded` reads on each host only the
 shards of its own devices. Every host must pass the same full batch (the
 arrays are global). Not tested here: only one host is available.
 """
@@ -37,13 +37,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
-import tensorstore as ts
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from specjax import _ckpt_io, _orbax, checkpoints
 from specjax.models.layers import EncodedInputs, KVCache
-from specjax.params import check_params_match, flatten, unflatten
+from specjax.params import flatten, unflatten
 
 logger = logging.getLogger(__name__)
 
@@ -223,18 +221,6 @@ class Partitioner:
       return None
     return jax.device_put(params, self.param_shardings(params))
 
-  def load_params(self, path: str, model: Any, *, dtype: Any = None) -> Any:
-    """Loads a T5X checkpoint straight into its shardings (per-shard reads where possible).
-
-    Args:
-      path: as for `specjax.checkpoints.load_t5x`.
-      model: its `param_shapes()` gives the expected names and shapes.
-      dtype: as for `load_t5x` (None keeps the stored dtypes).
-    """
-    shapes = model.param_shapes()
-    return load_t5x_sharded(path, self.param_shardings(shapes), dtype=dtype,
-                                        expected=shapes)
-
   # ------------------------------------------------------------- batch and state
 
   def batch_sharding(self, shape: Sequence[int]) -> NamedSharding:
@@ -294,90 +280,6 @@ class Partitioner:
     return jax.tree.map(lambda x: x[:batch], tree)
 
 
-# ---------------------------------------------------------------- checkpoints
-
-
-class _LazyZarr:
-  """An opened, unread zarr array: `shape`, `dtype`; `[index]` reads only that slice."""
-
-  def __init__(self, store: Any, name: str, where: str):
-    self.store, self.name, self.where = store, name, where
-    self.shape = tuple(store.shape)
-    self.dtype = np.dtype(store.dtype.numpy_dtype)
-
-  def __getitem__(self, index: Any) -> np.ndarray:
-    try:
-      return np.asarray(self.store[index].read().result())
-    except Exception as e:  # tensorstore reports every failure as ValueError etc.
-      raise ValueError(f"{self.where}: cannot read the array of parameter "
-                       f"'{self.name}': {e}") from e
-
-
-def _open_lazy(reads: List[_ckpt_io.ZarrRead], where: str) -> List[_LazyZarr]:
-  """Opens (and checks) every array without reading it."""
-  context, out = ts.Context(), []
-  for r in reads:
-    kwargs = {"assume_metadata": True} if r.assume_metadata else {}
-    try:
-      store = ts.open(r.spec, open=True, read=True, context=context, **kwargs).result()
-    except Exception as e:  # tensorstore reports every failure as ValueError etc.
-      raise ValueError(f"{where}: cannot open the array of parameter '{r.name}': {e}") from e
-    lazy = _LazyZarr(store, r.name, where)
-    if (r.shape is not None and lazy.shape != tuple(r.shape)) or (
-        r.dtype is not None and lazy.dtype != r.dtype):
-      raise ValueError(f"{where}: the array of parameter '{r.name}' is {lazy.dtype.name} "
-                       f"{lazy.shape} but the checkpoint declares {r.dtype} {r.shape}")
-    out.append(lazy)
-  return out
-
-
-def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = None,
-                     expected: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-  """Loads a T5X checkpoint's `target` straight into `jax.Array`s of the given shardings.
-
-  Legacy (zarr) checkpoints are read per shard: each device's slice is read
-  from tensorstore on its own, so a host never holds a whole parameter it only
-  needs a part of. Orbax checkpoints are read whole, then split.
-
-  Args:
-    path: as for `specjax.checkpoints.load_t5x`.
-    shardings: nested dict of `jax.sharding.Sharding` with T5X names (e.g.
-      `specjax.sharding.Partitioner.param_shardings(model.param_shapes())`).
-    dtype: as for `specjax.checkpoints.load_t5x`.
-    expected: optional tree of expected shapes (e.g. `model.param_shapes()`).
-
-  Raises:
-    As `specjax.checkpoints.load_t5x`; ValueError when names or shapes differ
-    from `expected`, or names from `shardings`.
-  """
-  cast = _ckpt_io.resolve_dtype(dtype, "load_t5x_sharded")
-  where = os.fspath(path)
-  location = checkpoints.find_checkpoint(path)
-  if location.format == checkpoints.ORBAX:
-    flat = _orbax.load_target(location.path, where)
-  else:
-    flat = checkpoints._load_legacy(location.path, where, _open_lazy)  # pylint: disable=protected-access
-  if expected is not None:
-    check_params_match(unflatten(flat), expected, what=where)
-  want = dict(flatten(shardings))
-  differ = sorted(set(want) ^ set(flat))
-  if differ:
-    raise ValueError(f"{where}: parameter '{differ[0]}' is " + (
-        "missing from the checkpoint" if differ[0] in want else "not in the shardings tree"))
-  out = {}
-  for name, arr in flat.items():
-    seen: Dict[str, np.ndarray] = {}
-
-    def read(index, arr=arr, seen=seen):
-      key = repr(index)  # replicas of one slice are read once
-      if key not in seen:
-        x = np.asarray(arr[index])
-        seen[key] = x.astype(cast) if cast is not None and _ckpt_io.is_floating(x.dtype) else x
-      return seen[key]
-    out[name] = jax.make_array_from_callback(tuple(arr.shape), want[name], read)
-  return unflatten(out)
-
-
 def per_device_bytes(tree: Any) -> int:
   """Bytes of `tree` held by the first addressable device (its own shards only)."""
   total = 0
@@ -401,10 +303,3 @@ def place(partitioner: Optional[Partitioner], params: Sequence[Any],
 def unpad(partitioner: Optional[Partitioner], tree: Any, batch: int) -> Any:
   """Drops the padding rows `place` added (nothing without a partitioner)."""
   return tree if partitioner is None else partitioner.unpad(tree, batch)
-
-
-try:
-  import gin  # pylint: disable=import-outside-toplevel,wrong-import-position
-  gin.external_configurable(Partitioner, "Partitioner")
-except ValueError:  # already registered (module reloaded)
-  pass

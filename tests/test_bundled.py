@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from specjax import bundled, checkpoints, gin_config
-from specjax._train_ckpt import read_model_gin
-from specjax._train_data import Batches, make_features
+from specjax.models import read_model_gin
+from specjax.train import Batches, make_features
 from specjax.data import load_bundled
-from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
-from specjax.drafters import ModelDrafter
+from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.draft import ModelDrafter
 from specjax.main import encode_inputs
 from specjax.params import flatten
 from specjax.sampling import Sampling
 from specjax.train import OptimizerConfig, get_trainer
-from specjax.vocab import load_vocab
+from specjax.data import load_vocab
 
 SHIPPED = [(p, r) for p in bundled.PAIRS for r in ("target", "draft")]
 MAX_BYTES = 64 * 2 ** 20  # the budget for all committed weights

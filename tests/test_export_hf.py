@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specjax import export_hf
-from specjax.decoding import DecodeConfig, autoregressive_decode
+from specjax.decode import DecodeConfig, autoregressive_decode
 from specjax.models.t5 import T5Config, T5Model
 from specjax.sampling import Sampling
 

@@ -73,10 +73,11 @@ def _child() -> dict:
   """Runs on 8 host devices; returns everything the tests check."""
   # pylint: disable=import-outside-toplevel
   import jax
-  from specjax.beam import beam_search
+  from specjax.decode import beam_search
+  from specjax import checkpoints
   from specjax.checkpoints import save_t5x
-  from specjax.decoding import DecodeConfig, autoregressive_decode, speculative_decode
-  from specjax.drafters import ModelDrafter
+  from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+  from specjax.draft import ModelDrafter
   from specjax.sampling import Sampling
   from specjax.testing import TableModel, exact_joint, random_table
 
@@ -117,7 +118,7 @@ def _child() -> dict:
   (target, tparams), _ = models["t5"]
   with tempfile.TemporaryDirectory() as folder:
     save_t5x(tparams, folder, dtype="float32")
-    loaded = parts["1x8"].load_params(folder, target)
+    loaded = checkpoints.load_sharded(folder, target, parts["1x8"])
   want = parts["1x8"].param_shardings(target.param_shapes())
   pairs = zip(sharding.flatten(loaded), sharding.flatten(tparams), sharding.flatten(want))
   out["checkpoint"] = {name: {"equal": bool(np.array_equal(np.asarray(a), np.asarray(b))),

@@ -1,0 +1,13 @@
+"""T5X checkpoints: the legacy (msgpack + zarr) and Orbax formats, read and written.
+
+`load_t5x` reads a checkpoint's `target` tree (either format, without orbax);
+`load_t5x_for_model` checks it against a model's parameter shapes; `save_t5x`
+writes the legacy format atomically; `load_sharded` reads straight into a
+`specjax.sharding.Partitioner`'s shardings.
+"""
+from specjax.checkpoints.sharded import load_sharded, load_t5x_sharded
+from specjax.checkpoints.t5x import (LEGACY, ORBAX, VERSION, CheckpointLocation, find_checkpoint,
+                                     load_t5x, load_t5x_for_model, save_t5x)
+
+__all__ = ["load_t5x", "load_t5x_for_model", "save_t5x", "find_checkpoint", "CheckpointLocation",
+           "load_sharded", "load_t5x_sharded", "LEGACY", "ORBAX", "VERSION"]

@@ -1,0 +1,188 @@
+"""Reads the `target` tree of a T5X Orbax checkpoint without importing orbax.
+
+Layout written by orbax-checkpoint's PyTreeCheckpointHandler (what T5X uses,
+item folder `checkpoint_N/state/`, or `checkpoint_N/` itself in older T5X):
+
+- `_METADATA`: JSON. Current orbax writes ``{"tree_metadata": {"('optimizer',
+  'target', 'encoder', ...)": {"key_metadata": [{"key": "optimizer",
+  "key_type": 2}, ...], "value_metadata": {"value_type": "jax.Array",
+  "skip_deserialize": false}}, ...}, "use_ocdbt": true, "use_zarr3": false}``;
+  older orbax wrote the nested tree of value metadata directly. Both are read.
+- Each array is a zarr (or zarr3) array whose name is the tree path joined
+  with '.' (`optimizer.target.encoder.layers_0.mlp.wi_0.kernel`), stored
+  either in one OCDBT database (`manifest.ocdbt`, `d/`, `ocdbt.process_N/`)
+  or, without OCDBT, as a plain folder of that name.
+- Values with `skip_deserialize: true` (orbax < 0.5 "aggregated" values) live
+  in the msgpack file `checkpoint` of the item folder.
+
+Only the leaves under `optimizer/target` (or a top-level `target`) are read.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorstore as ts
+
+from specjax.checkpoints import _io
+
+_ARRAY_TYPES = ("jax.Array", "np.ndarray", "scalar", None)
+_AGGREGATE_FILE = "checkpoint"
+
+Entry = Tuple[Tuple[str, ...], Dict[str, Any]]  # (tree keys, value metadata)
+
+
+def _read_json(path: str) -> Any:
+  try:
+    with open(path, "rb") as f:
+      return json.loads(f.read())
+  except (OSError, ValueError) as e:
+    raise ValueError(f"unreadable Orbax metadata {path}: {e}") from e
+
+
+def _keys_of(flat_key: str, entry: Dict[str, Any], where: str) -> Tuple[str, ...]:
+  key_meta = entry.get("key_metadata")
+  if isinstance(key_meta, list) and all(isinstance(k, dict) for k in key_meta):
+    return tuple(str(k.get("key")) for k in key_meta)
+  try:  # "('a', 'b')" -> ('a', 'b'); literal_eval evaluates literals only.
+    keys = ast.literal_eval(flat_key)
+  except (ValueError, SyntaxError) as e:
+    raise ValueError(f"{where}: unreadable tree key {flat_key!r}") from e
+  if not isinstance(keys, tuple):
+    raise ValueError(f"{where}: unreadable tree key {flat_key!r}")
+  return tuple(str(k) for k in keys)
+
+
+def _is_value_meta(node: Any) -> bool:
+  return isinstance(node, dict) and ("value_type" in node or
+                                     "skip_deserialize" in node)
+
+
+def tree_entries(meta: Any, where: str) -> List[Entry]:
+  """Every leaf of the saved tree as (keys, value metadata)."""
+  if not isinstance(meta, dict):
+    raise ValueError(f"{where}: Orbax _METADATA is not a JSON object")
+  if isinstance(meta.get("tree_metadata"), dict):
+    entries = []
+    for flat_key, entry in meta["tree_metadata"].items():
+      if not isinstance(entry, dict):
+        raise ValueError(f"{where}: malformed entry for {flat_key!r}")
+      value_meta = entry.get("value_metadata")
+      entries.append((_keys_of(flat_key, entry, where),
+                      value_meta if isinstance(value_meta, dict) else {}))
+    return entries
+  entries = []
+
+  def walk(node: Dict[str, Any], keys: Tuple[str, ...]) -> None:
+    for key, value in node.items():
+      if _is_value_meta(value):
+        entries.append((keys + (str(key),), value))
+      elif isinstance(value, dict):
+        walk(value, keys + (str(key),))
+
+  walk(meta, ())
+  return entries
+
+
+def _target_prefix(entries: Sequence[Entry], where: str) -> Tuple[str, ...]:
+  for prefix in (("optimizer", "target"), ("target",)):
+    if any(keys[:len(prefix)] == prefix and len(keys) > len(prefix)
+           for keys, _ in entries):
+      return prefix
+  tops = sorted({keys[0] for keys, _ in entries if keys})
+  raise ValueError(f"{where}: the Orbax checkpoint has no 'optimizer/target' "
+                   f"(or 'target') tree; top-level keys: {tops}")
+
+
+def _param_name(sub: Tuple[str, ...], where: str) -> str:
+  for key in sub:
+    if not key or "/" in key or "\x00" in key or key in (".", ".."):
+      raise ValueError(f"{where}: invalid parameter name component {key!r} "
+                       f"in {'/'.join(sub)!r}")
+  return "/".join(sub)
+
+
+def _ocdbt_keys(item_dir: str, where: str) -> set:
+  try:
+    kv = ts.KvStore.open({"driver": "ocdbt",
+                          "base": {"driver": "file", "path": item_dir + "/"}}
+                         ).result()
+    return {k.decode("utf-8", errors="replace") for k in kv.list().result()}
+  except Exception as e:  # tensorstore raises ValueError and friends
+    raise ValueError(f"{where}: cannot open the OCDBT database in {item_dir}: "
+                     f"{e}") from e
+
+
+def _aggregate_value(item_dir: str, keys: Tuple[str, ...], name: str,
+                     cache: Dict[str, Any], where: str) -> np.ndarray:
+  path = os.path.join(item_dir, _AGGREGATE_FILE)
+  if "tree" not in cache:
+    if not os.path.isfile(path):
+      raise ValueError(f"{where}: parameter '{name}' is stored in the "
+                       f"aggregate file {path}, which is missing")
+    with open(path, "rb") as f:
+      cache["tree"] = _io.decode_all(f.read(), path)
+  node = cache["tree"]
+  for key in keys:
+    if not isinstance(node, dict) or key not in node:
+      raise ValueError(f"{where}: the array of parameter '{name}' is missing "
+                       f"from the aggregate file {path}")
+    node = node[key]
+  if not isinstance(node, (np.ndarray, np.generic, int, float)):
+    raise ValueError(f"{where}: parameter '{name}' in {path} is not an array")
+  return np.asarray(node)
+
+
+def load_target(item_dir: str, where: str) -> Dict[str, np.ndarray]:
+  """Reads the target leaves of an Orbax item folder -> {'a/b/kernel': array}."""
+  item_dir = os.path.abspath(item_dir)
+  meta_path = os.path.join(item_dir, "_METADATA")
+  meta = _read_json(meta_path)
+  entries = tree_entries(meta, meta_path)
+  prefix = _target_prefix(entries, where)
+  use_zarr3 = meta.get("use_zarr3") is True
+  driver = "zarr3" if use_zarr3 else "zarr"
+  marker = "zarr.json" if use_zarr3 else ".zarray"
+  ocdbt = os.path.isfile(os.path.join(item_dir, "manifest.ocdbt"))
+  present: Optional[set] = _ocdbt_keys(item_dir, where) if ocdbt else None
+
+  out: Dict[str, np.ndarray] = {}
+  reads: List[_io.ZarrRead] = []
+  aggregate_cache: Dict[str, Any] = {}
+  for keys, value_meta in entries:
+    if keys[:len(prefix)] != prefix or len(keys) == len(prefix):
+      continue
+    name = _param_name(keys[len(prefix):], where)
+    if value_meta.get("value_type") not in _ARRAY_TYPES:
+      raise ValueError(f"{where}: parameter '{name}' has Orbax value type "
+                       f"{value_meta.get('value_type')!r}, not an array")
+    if value_meta.get("skip_deserialize") is True:
+      out[name] = _aggregate_value(item_dir, keys, name, aggregate_cache, where)
+      continue
+    stored = ".".join(keys)
+    if present is not None:
+      if f"{stored}/{marker}" not in present:
+        raise ValueError(f"{where}: the array of parameter '{name}' is missing "
+                         f"(no '{stored}/{marker}' in the OCDBT database)")
+      kvstore = {"driver": "ocdbt",
+                 "base": {"driver": "file", "path": item_dir + "/"},
+                 "path": stored + "/"}
+    else:
+      folder = _io.safe_join(item_dir, stored, name, where)
+      if use_zarr3:
+        if not os.path.isfile(os.path.join(folder, marker)):
+          raise ValueError(f"{where}: the array of parameter '{name}' is "
+                           f"missing (no {os.path.join(folder, marker)})")
+      elif _io.check_zarr_folder(folder, name, where, {}) is None:
+        raise ValueError(f"{where}: the array of parameter '{name}' is "
+                         f"missing its metadata {os.path.join(folder, marker)}")
+      kvstore = {"driver": "file", "path": folder + "/"}
+    out[name] = None  # filled below, keeps the tree order of the metadata
+    reads.append(_io.ZarrRead(name=name,
+                                   spec={"driver": driver, "kvstore": kvstore}))
+  for read, arr in zip(reads, _io.read_zarr_arrays(reads, where)):
+    out[read.name] = arr
+  return out

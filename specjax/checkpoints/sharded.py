@@ -1,0 +1,112 @@
+"""Loading a T5X checkpoint straight into sharded `jax.Array`s (per-shard reads for zarr)."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional
+
+import jax
+import numpy as np
+import tensorstore as ts
+
+from specjax.checkpoints import _io, _orbax
+from specjax.checkpoints.t5x import ORBAX, find_checkpoint, load_legacy_target
+from specjax.params import check_params_match, flatten, unflatten
+from specjax.sharding import Partitioner
+
+
+
+class _LazyZarr:
+  """An opened, unread zarr array: `shape`, `dtype`; `[index]` reads only that slice."""
+
+  def __init__(self, store: Any, name: str, where: str):
+    self.store, self.name, self.where = store, name, where
+    self.shape = tuple(store.shape)
+    self.dtype = np.dtype(store.dtype.numpy_dtype)
+
+  def __getitem__(self, index: Any) -> np.ndarray:
+    try:
+      return np.asarray(self.store[index].read().result())
+    except Exception as e:  # tensorstore reports every failure as ValueError etc.
+      raise ValueError(f"{self.where}: cannot read the array of parameter "
+                       f"'{self.name}': {e}") from e
+
+
+def _open_lazy(reads: List[_io.ZarrRead], where: str) -> List[_LazyZarr]:
+  """Opens (and checks) every array without reading it."""
+  context, out = ts.Context(), []
+  for r in reads:
+    kwargs = {"assume_metadata": True} if r.assume_metadata else {}
+    try:
+      store = ts.open(r.spec, open=True, read=True, context=context, **kwargs).result()
+    except Exception as e:  # tensorstore reports every failure as ValueError etc.
+      raise ValueError(f"{where}: cannot open the array of parameter '{r.name}': {e}") from e
+    lazy = _LazyZarr(store, r.name, where)
+    if (r.shape is not None and lazy.shape != tuple(r.shape)) or (
+        r.dtype is not None and lazy.dtype != r.dtype):
+      raise ValueError(f"{where}: the array of parameter '{r.name}' is {lazy.dtype.name} "
+                       f"{lazy.shape} but the checkpoint declares {r.dtype} {r.shape}")
+    out.append(lazy)
+  return out
+
+
+def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = None,
+                     expected: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+  """Loads a T5X checkpoint's `target` straight into `jax.Array`s of the given shardings.
+
+  Legacy (zarr) checkpoints are read per shard: each device's slice is read
+  from tensorstore on its own, so a host never holds a whole parameter it only
+  needs a part of. Orbax checkpoints are read whole, then split.
+
+  Args:
+    path: as for `specjax.checkpoints.load_t5x`.
+    shardings: nested dict of `jax.sharding.Sharding` with T5X names (e.g.
+      `specjax.sharding.Partitioner.param_shardings(model.param_shapes())`).
+    dtype: as for `specjax.checkpoints.load_t5x`.
+    expected: optional tree of expected shapes (e.g. `model.param_shapes()`).
+
+  Raises:
+    As `specjax.checkpoints.load_t5x`; ValueError when names or shapes differ
+    from `expected`, or names from `shardings`.
+  """
+  cast = _io.resolve_dtype(dtype, "load_t5x_sharded")
+  where = os.fspath(path)
+  location = find_checkpoint(path)
+  if location.format == ORBAX:
+    flat = _orbax.load_target(location.path, where)
+  else:
+    flat = load_legacy_target(location.path, where, _open_lazy)
+  if expected is not None:
+    check_params_match(unflatten(flat), expected, what=where)
+  want = dict(flatten(shardings))
+  differ = sorted(set(want) ^ set(flat))
+  if differ:
+    raise ValueError(f"{where}: parameter '{differ[0]}' is " + (
+        "missing from the checkpoint" if differ[0] in want else "not in the shardings tree"))
+  out = {}
+  for name, arr in flat.items():
+    seen: Dict[str, np.ndarray] = {}
+
+    def read(index, arr=arr, seen=seen):
+      key = repr(index)  # replicas of one slice are read once
+      if key not in seen:
+        x = np.asarray(arr[index])
+        seen[key] = x.astype(cast) if cast is not None and _io.is_floating(x.dtype) else x
+      return seen[key]
+    out[name] = jax.make_array_from_callback(tuple(arr.shape), want[name], read)
+  return unflatten(out)
+
+
+
+
+def load_sharded(path: str, model: Any, partitioner: Partitioner, *, dtype: Any = None) -> Any:
+  """Loads a T5X checkpoint for `model` straight into `partitioner`'s parameter shardings.
+
+  Args:
+    path: as for `specjax.checkpoints.load_t5x`.
+    model: its `param_shapes()` gives the expected names and shapes.
+    partitioner: a `specjax.sharding.Partitioner`.
+    dtype: as for `load_t5x` (None keeps the stored dtypes).
+  """
+  shapes = model.param_shapes()
+  return load_t5x_sharded(path, partitioner.param_shardings(shapes), dtype=dtype,
+                          expected=shapes)

@@ -1,0 +1,437 @@
+"""Read T5X checkpoints (legacy msgpack+zarr, Orbax) and write legacy T5X ones.
+
+Legacy T5X format (t5x/checkpoints.py, `VERSION = 3`):
+
+    model_dir/checkpoint_N/checkpoint       msgpack written by flax serialization:
+        {'version': 3, 'optimizer': {'target': params, 'state': {'step': ..., ...}}}
+    model_dir/checkpoint_N/target.decoder.layers_0.mlp.wi_0.kernel/
+        .zarray, 0.0, 0.1, ...              a tensorstore zarr v2 array, gzip chunks
+
+An array written through tensorstore is replaced in the msgpack by its
+tensorstore spec (`{'driver': 'zarr', 'dtype': 'bfloat16', 'kvstore': {'driver':
+'file', 'path': 'target.decoder...kernel/'}, 'metadata': {'chunks': [..],
+'compressor': {'id': 'gzip'}, 'shape': [..]}}`), its path relative to the
+checkpoint folder (`gfile` and `gcs` kvstores are read from the local folder the
+same way; tensorstore < 0.1.14 put `path` beside `kvstore`). Small arrays are
+inline msgpack extension values (flax: code 1 = numpy array, 3 = numpy scalar).
+
+Orbax format: `checkpoint_N/state/` (or `checkpoint_N/` itself, as older T5X
+wrote it) holding `_METADATA` plus an OCDBT database; see `specjax.checkpoints._orbax`.
+Orbax is not needed to read it (tensorstore's `ocdbt` driver does the work).
+
+Reading never unpickles: the msgpack extension hook understands flax's array,
+scalar and complex codes only, and array paths that are absolute or escape the
+checkpoint folder are refused. Only `target` is decoded; the optimizer state
+is skipped in the msgpack stream and none of its arrays are opened.
+
+Writing (`save_t5x`) produces the legacy layout above: every target array with
+at least one dimension goes to its own zarr folder (as T5X does for every
+partitioned parameter, i.e. every model parameter), 0-d arrays go inline; the
+state is `{'step': int32}`, exactly T5X's `InferenceState.state_dict()`, so T5X
+eval/infer restore it as is. To train from it with an optimizer in T5X, restore
+with `RestoreCheckpointConfig(assignment_map=((r'state/param_states.*', None),),
+fallback_to_scratch=True)` so the optimizer state starts fresh.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import shutil
+import uuid
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import tensorstore as ts
+
+from specjax.checkpoints import _io
+from specjax.checkpoints import _orbax
+from specjax.params import check_params_match, unflatten
+
+VERSION = 3
+LEGACY = "legacy"
+ORBAX = "orbax"
+_CHUNK_BYTES = 64 * 2**20  # T5X's desired zarr chunk size
+_STEP_DIR = re.compile(r"checkpoint_(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointLocation:
+  """Where a checkpoint lives once a user path has been resolved."""
+  format: str  # LEGACY or ORBAX
+  path: str  # LEGACY: the `checkpoint` msgpack file; ORBAX: the item folder
+  step: Optional[int]  # N of the enclosing checkpoint_N folder, if any
+
+
+def _in_folder(folder: str) -> Optional[Tuple[str, str]]:
+  """The checkpoint stored directly in `folder`, if any."""
+  if os.path.isfile(os.path.join(folder, "state", "_METADATA")):
+    return ORBAX, os.path.join(folder, "state")
+  if os.path.isfile(os.path.join(folder, "_METADATA")):
+    return ORBAX, folder  # T5X's rule: _METADATA beside `checkpoint` is Orbax
+  if os.path.isfile(os.path.join(folder, "checkpoint")):
+    return LEGACY, os.path.join(folder, "checkpoint")
+  return None
+
+
+def _step_of(path: str) -> Optional[int]:
+  for part in reversed(os.path.normpath(path).split(os.sep)):
+    match = _STEP_DIR.fullmatch(part)
+    if match:
+      return int(match.group(1))
+  return None
+
+
+def find_checkpoint(path: str) -> CheckpointLocation:
+  """Resolves a model folder, a `checkpoint_N` folder or a `checkpoint` file.
+
+  In a model folder the highest N whose `checkpoint_N` holds a complete
+  checkpoint wins (numerically: checkpoint_10 beats checkpoint_9); temporary
+  folders such as `checkpoint_N.tmp-...` are ignored.
+
+  Raises:
+    FileNotFoundError: `path` does not exist or holds no checkpoint.
+  """
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"checkpoint path does not exist: {path}")
+  if os.path.isfile(path):
+    found = _in_folder(os.path.dirname(os.path.abspath(path)))
+    if found is None or (found[0] == LEGACY and
+                         os.path.basename(path) != "checkpoint"):
+      found = (LEGACY, path)
+    return CheckpointLocation(found[0], found[1], _step_of(found[1]))
+  found = _in_folder(path)
+  if found is not None:
+    return CheckpointLocation(found[0], found[1], _step_of(found[1]))
+  steps = []
+  for entry in os.listdir(path):
+    match = _STEP_DIR.fullmatch(entry)
+    if match and os.path.isdir(os.path.join(path, entry)):
+      steps.append((int(match.group(1)), entry))
+  for step, entry in sorted(steps, reverse=True):
+    found = _in_folder(os.path.join(path, entry))
+    if found is not None:
+      return CheckpointLocation(found[0], found[1], step)
+  raise FileNotFoundError(
+      f"no T5X checkpoint in {path}: expected a 'checkpoint' msgpack file, "
+      "'state/_METADATA' (Orbax) or checkpoint_N folders holding one")
+
+
+# ----------------------------------------------------------------------------
+# Reading
+
+
+def _is_ts_spec(node: Any) -> bool:
+  return isinstance(node, dict) and {"driver", "kvstore", "metadata"} <= set(node)
+
+
+def _declared_dtype(spec: Dict[str, Any], meta: Dict[str, Any], name: str,
+                    where: str) -> Optional[np.dtype]:
+  declared = spec.get("dtype", meta.get("dtype"))
+  if declared is None:
+    return None
+  try:
+    return np.dtype(declared)
+  except TypeError as e:
+    raise ValueError(f"{where}: parameter '{name}' declares an unknown dtype "
+                     f"{declared!r}") from e
+
+
+def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str,
+                 where: str) -> _io.ZarrRead:
+  """Turns a T5X tensorstore spec from the msgpack into a safe local read."""
+  if spec.get("driver") != "zarr":
+    raise ValueError(f"{where}: parameter '{name}' uses tensorstore driver "
+                     f"{spec.get('driver')!r}; only 'zarr' is supported")
+  kvstore, meta = spec.get("kvstore"), spec.get("metadata")
+  if not isinstance(kvstore, dict) or not isinstance(meta, dict):
+    raise ValueError(f"{where}: parameter '{name}' has a malformed tensorstore "
+                     f"spec {spec!r}")
+  if kvstore.get("driver") not in ("file", "gfile", "gcs"):
+    raise ValueError(f"{where}: parameter '{name}' uses kvstore driver "
+                     f"{kvstore.get('driver')!r}; expected 'file', 'gfile' or "
+                     "'gcs' (read from the local checkpoint folder)")
+  rel = kvstore["path"] if "path" in kvstore else spec.get("path")
+  folder = _io.safe_join(ckpt_dir, rel, name, where)
+  shape = meta.get("shape")
+  if shape is not None and not _io.int_list(shape):
+    raise ValueError(f"{where}: parameter '{name}' declares an invalid shape "
+                     f"{shape!r}")
+  dtype = _declared_dtype(spec, meta, name, where)
+  zarray = _io.check_zarr_folder(folder, name, where, meta)
+  open_spec: Dict[str, Any] = {"driver": "zarr",
+                               "kvstore": {"driver": "file", "path": folder + "/"}}
+  if zarray is None:  # rebuild the array metadata from the msgpack's spec
+    missing = [k for k in ("shape", "chunks", "compressor") if k not in meta]
+    if dtype is None:
+      missing.append("dtype")
+    if missing:
+      raise ValueError(f"{where}: parameter '{name}' has no .zarray in {folder} "
+                       f"and its spec lacks {missing} to rebuild it")
+    open_spec["dtype"] = dtype.name
+    open_spec["metadata"] = {
+        k: meta[k] for k in ("shape", "chunks", "compressor", "order",
+                             "fill_value", "filters", "dimension_separator")
+        if k in meta}
+  return _io.ZarrRead(name=name, spec=open_spec,
+                           shape=None if shape is None else tuple(shape),
+                           dtype=dtype, assume_metadata=zarray is None)
+
+
+def load_legacy_target(ckpt_file: str, where: str,
+                 read_arrays: Any = _io.read_zarr_arrays) -> Dict[str, np.ndarray]:
+  """Reads optimizer/target of a legacy checkpoint -> {'a/b/kernel': array}.
+
+  `read_arrays(reads, where)` reads the zarr arrays (`specjax.sharding` passes one
+  that only opens them, to read per shard).
+  """
+  with open(ckpt_file, "rb") as f:
+    data = f.read()
+  if data.startswith(b"model_checkpoint_path"):
+    raise ValueError(f"{ckpt_file} is a TensorFlow checkpoint index, not a T5X "
+                     "checkpoint; convert it with T5X first")
+  version, target = _io.decode_t5x_target(data, ckpt_file)
+  if version not in (2, VERSION):
+    raise ValueError(f"{ckpt_file}: unsupported T5X checkpoint version "
+                     f"{version} (expected 2 or 3)")
+  if not isinstance(target, dict):
+    raise ValueError(f"{ckpt_file}: 'optimizer/target' is not a tree of arrays")
+  ckpt_dir = os.path.dirname(os.path.abspath(ckpt_file))
+  out: Dict[str, Any] = {}
+  reads: List[_io.ZarrRead] = []
+
+  def walk(node: Dict[Any, Any], prefix: str) -> None:
+    for key, value in node.items():
+      if not isinstance(key, str) or not key or "/" in key:
+        raise ValueError(f"{where}: invalid parameter name {key!r} under "
+                         f"'{prefix or 'target'}'")
+      name = f"{prefix}/{key}" if prefix else key
+      if _is_ts_spec(value):
+        reads.append(_legacy_read(value, ckpt_dir, name, where))
+        out[name] = None
+      elif isinstance(value, dict):
+        walk(value, name)
+      elif isinstance(value, (np.ndarray, np.generic, int, float, complex)):
+        out[name] = np.asarray(value)
+      else:
+        raise ValueError(f"{where}: parameter '{name}' holds a "
+                         f"{type(value).__name__}, not an array")
+
+  walk(target, "")
+  for read, arr in zip(reads, read_arrays(reads, where)):
+    out[read.name] = arr
+  if version == 2:
+    for name, arr in out.items():
+      if arr.dtype == np.uint16:
+        raise ValueError(f"{where}: parameter '{name}' is uint16, how T5X "
+                         "version-2 checkpoints stored bfloat16; re-save it "
+                         "with a current T5X")
+  return out
+
+
+def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
+  """Loads the `target` tree (the model parameters) of a T5X checkpoint.
+
+  Args:
+    path: a model folder (the highest `checkpoint_N` is used), a
+      `checkpoint_N` folder, its `checkpoint` file, or an Orbax item folder.
+    dtype: None keeps the stored dtypes; otherwise floating-point arrays are
+      cast to it (e.g. 'float32', 'bfloat16'); integer arrays are kept.
+
+  Returns:
+    Nested dicts of numpy arrays with T5X names, e.g.
+    `params['decoder']['layers_0']['mlp']['wi_0']['kernel']`.
+
+  Raises:
+    FileNotFoundError: no checkpoint at `path`.
+    ValueError: a corrupt msgpack, a missing array, an unsafe array path or
+      anything else wrong inside the checkpoint (the message names it).
+  """
+  cast = _io.resolve_dtype(dtype, "load_t5x")
+  where = os.fspath(path)
+  location = find_checkpoint(path)
+  if location.format == ORBAX:
+    flat = _orbax.load_target(location.path, where)
+  else:
+    flat = load_legacy_target(location.path, where)
+  if not flat:
+    raise ValueError(f"{where}: the checkpoint's target tree is empty")
+  if cast is not None:
+    flat = {name: arr.astype(cast) if _io.is_floating(arr.dtype) else arr
+            for name, arr in flat.items()}
+  return unflatten(flat)
+
+
+def load_t5x_for_model(path: str, model: Any, *, dtype: Any = None
+                       ) -> Dict[str, Any]:
+  """`load_t5x`, then checks names and shapes against `model.param_shapes()`.
+
+  Args:
+    path: as for `load_t5x`.
+    model: any object whose `param_shapes()` returns the expected tree (leaves
+      with `.shape`, e.g. `jax.ShapeDtypeStruct`).
+    dtype: as for `load_t5x`.
+
+  Raises:
+    ValueError: naming the first parameter that is missing, unexpected or of
+      the wrong shape (besides the errors of `load_t5x`).
+  """
+  params = load_t5x(path, dtype=dtype)
+  check_params_match(params, model.param_shapes(), what=os.fspath(path))
+  return params
+
+
+# ----------------------------------------------------------------------------
+# Writing
+
+
+def _chunk_shape(shape: Tuple[int, ...], itemsize: int) -> List[int]:
+  """Largest chunk of at most 64 MiB whose sides divide the array's sides.
+
+  The currently longest chunk side is shrunk to its next smaller divisor until
+  the chunk fits (the rule T5X uses, so chunks tile the array exactly).
+  """
+  limit = max(1, _CHUNK_BYTES // itemsize)
+  chunk = [max(1, s) for s in shape]
+  while math.prod(chunk) > limit:
+    axis = max(range(len(chunk)), key=lambda i: chunk[i])
+    size = shape[axis]
+    chunk[axis] = max(d for d in range(1, chunk[axis]) if size % d == 0)
+  return chunk
+
+
+def _as_array(value: Any, name: str) -> np.ndarray:
+  # value: an array-like of any shape; returns it as numpy with a numeric dtype.
+  try:
+    arr = np.asarray(value)
+  except Exception as e:  # arbitrary objects may fail in arbitrary ways
+    raise ValueError(f"save_t5x: parameter '{name}' is not an array: {e}") from e
+  if arr.dtype.name not in _io.ARRAY_DTYPES:
+    raise ValueError(f"save_t5x: parameter '{name}' has unsupported dtype "
+                     f"{arr.dtype}")
+  return arr
+
+
+def _build_target(node: Mapping[Any, Any], prefix: str, cast: Optional[np.dtype],
+                  ckpt_dir: str, writes: List[Tuple[Dict[str, Any], np.ndarray]],
+                  folders: Dict[str, str]) -> Dict[str, Any]:
+  """The msgpack `target` tree; queues (absolute spec, array) zarr writes.
+
+  `node` leaves are arrays of any shape (numpy or jax, numeric dtype); 0-d
+  ones stay inline, the others become tensorstore specs.
+  """
+  out: Dict[str, Any] = {}
+  for key, value in node.items():
+    if not isinstance(key, str) or not key or "/" in key or "\x00" in key:
+      raise ValueError(f"save_t5x: invalid parameter name {key!r} under "
+                       f"'{prefix or 'params'}' (names are non-empty strings "
+                       "without '/')")
+    name = f"{prefix}/{key}" if prefix else key
+    if isinstance(value, Mapping):
+      out[key] = _build_target(value, name, cast, ckpt_dir, writes, folders)
+      continue
+    arr = _as_array(value, name)
+    if cast is not None and _io.is_floating(arr.dtype):
+      arr = arr.astype(cast)
+    if arr.ndim == 0:
+      out[key] = arr
+      continue
+    folder = "target." + name.replace("/", ".")
+    if folder in folders:
+      raise ValueError(f"save_t5x: parameters '{folders[folder]}' and '{name}' "
+                       f"would share the array folder {folder}")
+    folders[folder] = name
+    spec = {"driver": "zarr", "dtype": arr.dtype.name,
+            "kvstore": {"driver": "file", "path": folder + "/"},
+            "metadata": {"chunks": _chunk_shape(arr.shape, arr.dtype.itemsize),
+                         "compressor": {"id": "gzip", "level": 1},
+                         "shape": [int(d) for d in arr.shape]}}
+    out[key] = spec
+    absolute = dict(spec, kvstore={"driver": "file",
+                                   "path": os.path.join(ckpt_dir, folder) + "/"})
+    writes.append((absolute, np.ascontiguousarray(arr)))
+  return out
+
+
+def _write_zarr(writes: List[Tuple[Dict[str, Any], np.ndarray]]) -> None:
+  """Creates every zarr array, starts every write, then waits for all.
+
+  Args:
+    writes: (absolute tensorstore spec, array of the spec's shape and dtype).
+  """
+  context = ts.Context()
+  opens = [ts.open(spec, create=True, context=context) for spec, _ in writes]
+  stores = [future.result() for future in opens]
+  pending = [store.write(arr) for store, (_, arr) in zip(stores, writes)]
+  for future in pending:
+    future.result()
+
+
+def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
+             dtype: Any = "bfloat16", overwrite: bool = False) -> str:
+  """Writes `params` as the T5X checkpoint `path/checkpoint_{step}`.
+
+  The checkpoint is assembled in a temporary sibling folder and renamed into
+  place, so `checkpoint_{step}` is either absent or complete.
+
+  Args:
+    params: nested dicts of arrays (numpy or jax) with T5X names.
+    path: the model folder (created if needed).
+    step: the training step, N in `checkpoint_N` and `state/step`.
+    dtype: floating-point arrays are stored in this dtype ('bfloat16' or
+      'float32', say); None keeps each array's dtype.
+    overwrite: replace an existing `checkpoint_{step}` instead of failing.
+
+  Returns:
+    The path of the written `checkpoint_{step}` folder.
+
+  Raises:
+    FileExistsError: `checkpoint_{step}` exists and `overwrite` is False.
+    ValueError: params that are not a non-empty tree of numeric arrays, an
+      invalid name, step or dtype.
+  """
+  cast = _io.resolve_dtype(dtype, "save_t5x")
+  if (isinstance(step, bool) or not isinstance(step, (int, np.integer))
+      or not 0 <= step < 2**31):
+    raise ValueError(f"save_t5x: step must be an integer in [0, 2**31), "
+                     f"got {step!r}")
+  if not isinstance(params, Mapping) or not params:
+    raise ValueError("save_t5x: params must be a non-empty nested dict of arrays")
+  step = int(step)
+  path = os.fspath(path)
+  os.makedirs(path, exist_ok=True)
+  final = os.path.join(path, f"checkpoint_{step}")
+  if os.path.lexists(final) and not overwrite:
+    raise FileExistsError(f"checkpoint already exists: {final} "
+                          "(pass overwrite=True to replace it)")
+  tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+  os.mkdir(tmp)
+  try:
+    writes: List[Tuple[Dict[str, Any], np.ndarray]] = []
+    target = _build_target(params, "", cast, tmp, writes, {})
+    _write_zarr(writes)
+    payload = _io.encode({
+        "version": VERSION,
+        "optimizer": {"target": target,
+                      "state": {"step": np.asarray(step, np.int32)}}})
+    with open(os.path.join(tmp, "checkpoint"), "wb") as f:
+      f.write(payload)
+      f.flush()
+      os.fsync(f.fileno())
+    if os.path.lexists(final):
+      old = f"{final}.old-{uuid.uuid4().hex}"
+      os.rename(final, old)
+      try:
+        os.rename(tmp, final)
+      except BaseException:
+        os.rename(old, final)
+        raise
+      shutil.rmtree(old, ignore_errors=True)
+    else:
+      os.rename(tmp, final)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return final

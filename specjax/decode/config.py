@@ -1,0 +1,42 @@
+"""The static configuration of a decode loop (hashable; part of the jit cache key)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from specjax.sampling import Sampling
+from specjax.verify import ReferenceVerifier, Verifier, check_lenience
+
+GAMMA_POLICIES = ("constant", "heuristic", "optimal")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """Static decoding settings (hashable; part of the jit cache key)."""
+
+  sampling: Sampling = Sampling()
+  """Standardization applied to target and draft logits alike."""
+  eos_id: int = 1
+  """Generation of a row stops after it emits this token (T5 convention: 1)."""
+  lenience: float = 1.0
+  """l in (0, 1]; 1 is exact. At temperature 0 and l < 1 the argmax lenience of A.5 is used."""
+  cache_len: Optional[int] = None
+  """Decoder slots per row (prefix + new tokens + max_gamma + 1). None: rounded up to 128."""
+  trace: bool = False
+  """Record every round's guesses, accepted count and correction (for Figure-1 traces)."""
+  gamma_policy: str = "constant"
+  """How each row's γ evolves: 'constant'; 'heuristic' (+2 after a round that accepted all,
+  −1 otherwise, within [1, max_gamma]); 'optimal' (the γ maximizing Thm 3.8 for the row's
+  running α estimate and `cost_coefficient`). γ is data: policies never recompile per γ."""
+  cost_coefficient: float = 0.0
+  """c, the draft/target cost ratio the 'optimal' policy plugs into Thm 3.8."""
+  verifier: Verifier = ReferenceVerifier()
+  """The accept/reject step (`specjax.verify`): 'reference' and 'fused' are exact;
+  'sigmoid' (SigmoidApproxVerifierNotExact) is NOT exact: its output follows the draft."""
+
+  def __post_init__(self):
+    check_lenience(self.lenience)
+    if self.gamma_policy not in GAMMA_POLICIES:
+      raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {self.gamma_policy!r}")
+    if self.cost_coefficient < 0:
+      raise ValueError(f"cost_coefficient must be >= 0, got {self.cost_coefficient}")

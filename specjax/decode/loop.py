@@ -1,0 +1,68 @@
+"""Pieces shared by the autoregressive and speculative loops (traced, inside jit).
+
+Both loops keep, per row, a token buffer `seq` [B, T] holding the decoder
+prefix (T5: the start token 0; decoder-only: the prompt) followed by the
+generated tokens, and the committed length. Caches hold every committed token
+but the last, which each round feeds again, so a round is always "feed the last
+token (+ guesses) at length - 1". Rolling back rejected guesses is only not
+advancing the length: their cache slots are overwritten before any query sees them.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.decode.state import DecodeResult, LoopState
+from specjax.models import start_model
+from specjax.rows import take_rows, update_rows
+
+
+def start_loop(model, params, inputs, seq, length, cache_len: int, gamma_slots: int):
+  """The loop state after the target's encode / prefill -> (LoopState, encoded)."""
+  batch = seq.shape[0]
+  cache, encoded, _ = start_model(model, params, inputs, length, cache_len)
+  zeros = jnp.zeros((batch,), jnp.int32)
+  state = LoopState(seq=seq, length=length, done=jnp.zeros((batch,), jnp.bool_), cache=cache,
+                    drafter_state=None, target_calls=zeros, draft_calls=zeros,
+                    accepted_hist=jnp.zeros((batch, gamma_slots), jnp.int32),
+                    alpha_sum=jnp.zeros((batch,), jnp.float32), alpha_count=zeros,
+                    nan=jnp.zeros((batch,), jnp.bool_))
+  return state, encoded
+
+
+def last_tokens(state: LoopState) -> jax.Array:
+  """int32 [B, 1]: each row's last committed token (fed again at position length - 1)."""
+  return take_rows(state.seq, (state.length - 1)[:, None])
+
+
+def advance(state: LoopState, emitted, num_emitted, prefix_len, max_new_tokens, eos_id):
+  """Appends emitted[:, :num_emitted] to active rows, stopping at EOS and the budget.
+
+  emitted: int32 [B, W]; num_emitted: int32 [B] in [1, W]. Returns (seq, length, done).
+  """
+  width = emitted.shape[1]
+  active = ~state.done
+  is_eos = (emitted == eos_id) & (jnp.arange(width)[None, :] < num_emitted[:, None])
+  count = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1) + 1, num_emitted)
+  room = prefix_len + max_new_tokens - state.length
+  hit_eos = jnp.any(is_eos, 1) & (jnp.argmax(is_eos, 1) < room)
+  count = jnp.minimum(count, room)
+  current = take_rows(state.seq, state.length[:, None] + jnp.arange(width)[None, :])
+  window = jnp.where(active[:, None], emitted, current)
+  start = jnp.minimum(state.length, state.seq.shape[1] - width)
+  seq = update_rows(state.seq, window, start)
+  length = jnp.where(active, state.length + count, state.length)
+  done = state.done | hit_eos | (length >= prefix_len + max_new_tokens)
+  return seq, length, done
+
+
+def finish(state: LoopState, prefix_len):
+  """-> (DecodeResult with tokens [B, T], nan flags bool [B])."""
+  width = state.seq.shape[1]
+  generated = state.length - prefix_len
+  index = prefix_len[:, None] + jnp.arange(width)[None, :]
+  tokens = jnp.where(jnp.arange(width)[None, :] < generated[:, None], take_rows(state.seq, index), 0)
+  return DecodeResult(tokens=tokens, lengths=generated, target_calls=state.target_calls,
+                      draft_calls=state.draft_calls, accepted_hist=state.accepted_hist,
+                      alpha_sum=state.alpha_sum, alpha_count=state.alpha_count,
+                      trace=state.trace), state.nan

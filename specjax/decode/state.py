@@ -1,0 +1,61 @@
+"""What the decode loops carry and return: loop state, per-round trace, result."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class Trace:
+  """Per-round record of a speculative generation (rounds beyond `target_calls` are 0)."""
+
+  guesses: jax.Array  # int32 [B, R, max_gamma]: the drafted tokens of round r
+  accepted: jax.Array  # int32 [B, R]: guesses accepted in round r
+  correction: jax.Array  # int32 [B, R]: the token the target drew after them
+  gamma: jax.Array  # int32 [B, R]: guesses offered in round r (a row's γ may adapt)
+
+
+@flax.struct.dataclass
+class DecodeResult:
+  """Tokens and per-row statistics of one generation."""
+
+  tokens: jax.Array  # int32 [B, max_new_tokens]; 0 after each row's end
+  lengths: jax.Array  # int32 [B]: generated tokens, a final EOS included
+  target_calls: jax.Array  # int32 [B]: target `decode` calls (rounds), prefill excluded
+  draft_calls: jax.Array  # int32 [B]: draft model calls (0 for table drafters)
+  accepted_hist: jax.Array  # int32 [B, max_gamma + 1]: rounds that accepted n guesses
+  alpha_sum: jax.Array  # float32 [B]: Σ_x min(p, q) summed over verified positions
+  alpha_count: jax.Array  # int32 [B]: verified positions in alpha_sum
+  trace: Optional[Trace] = None  # per-round record when DecodeConfig.trace
+
+  @property
+  def alpha(self) -> jax.Array:
+    """float32 [B]: the acceptance-rate estimate, mean of Σ min(p, q)."""
+    return self.alpha_sum / jnp.maximum(self.alpha_count, 1)
+
+  @property
+  def tokens_per_call(self) -> jax.Array:
+    """float32 [B]: generated tokens per target call."""
+    return self.lengths / jnp.maximum(self.target_calls, 1)
+
+
+@flax.struct.dataclass
+class LoopState:
+  """The state of a decode loop (autoregressive or speculative), batch axis first."""
+
+  seq: jax.Array  # int32 [B, T]: decoder prefix then generated tokens
+  length: jax.Array  # int32 [B]: committed tokens in seq
+  done: jax.Array  # bool [B]: the row emitted EOS or reached its budget
+  cache: Any  # the target's KV cache (model-defined pytree, batch axis first)
+  drafter_state: Any  # the drafter's own state (None when autoregressive)
+  target_calls: jax.Array  # int32 [B]: target decode calls (rounds) so far
+  draft_calls: jax.Array  # int32 [B]: draft model calls so far
+  accepted_hist: jax.Array  # int32 [B, G + 1]: rounds that accepted n guesses
+  alpha_sum: jax.Array  # float32 [B]: Σ min(p, q) over verified positions
+  alpha_count: jax.Array  # int32 [B]: verified positions in alpha_sum
+  nan: jax.Array  # bool [B]: NaN seen in this row's logits
+  gamma: Optional[jax.Array] = None  # int32 [B]: each row's γ for the next round
+  trace: Optional[Trace] = None  # filled when DecodeConfig.trace

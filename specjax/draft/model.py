@@ -1,0 +1,85 @@
+"""`ModelDrafter`: any specjax model as the draft, with its own KV cache."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from specjax.draft.base import Proposal, sample_guess
+from specjax.models import DecodingModel, start_model
+from specjax.rows import take_rows
+
+
+@flax.struct.dataclass
+class ModelDrafterState:
+  cache: Any  # the draft model's KV cache
+  encoded: Any  # the draft's encoder output (None for decoder-only)
+  fed: jax.Array  # int32 [B]: cache slots 0..fed-1 hold the row's committed tokens
+  start: jax.Array  # int32 [B]: the row's length at the last `propose`
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDrafter:
+  """Any specjax model as the draft, with its own KV cache.
+
+  The cache holds the committed tokens in slots 0..fed-1. A round needs slots up
+  to length-2 (the last token is fed again), so its first call feeds a short
+  catch-up window [x_{L-1-lag} .. x_{L-1}] with lag = L-1-fed: after a rejection
+  lag is 0 (stale slots are overwritten), after a round that accepted all γ it is
+  1 (x_γ was drafted but never fed), so no extra full draft pass is needed.
+  """
+
+  model: DecodingModel
+  max_gamma: int
+  window: int = 2
+  """Static catch-up window: lags up to window-1 (2 suffices alone; 3 inside a hierarchy)."""
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def init(self, params, inputs, seq, length, cache_len):
+    cache, encoded, fed = start_model(self.model, params, inputs, length, cache_len)
+    return ModelDrafterState(cache=cache, encoded=encoded, fed=fed, start=length)
+
+  def propose(self, params, state, seq, length, gamma, row_keys, sampling):
+    batch = seq.shape[0]
+    lag = jnp.clip(length - 1 - state.fed, 0, self.window - 1)
+    # First call: the catch-up window x_{L-1-lag} .. x_{L-1} (+ junk slots that
+    # later calls overwrite); the distribution of x_1 is read at index lag.
+    begin = length - 1 - lag
+    window = take_rows(seq, begin[:, None] + jnp.arange(self.window)[None, :])
+    logits, cache = self.model.decode(params, state.cache, window, begin, state.encoded)
+    logits = jnp.take_along_axis(logits, lag[:, None, None], axis=1)[:, 0]  # [B, V]
+    probs0 = sampling.probs(logits)
+    tokens = jnp.zeros((batch, self.max_gamma), jnp.int32)
+    all_probs = jnp.zeros((batch, self.max_gamma, probs0.shape[-1]), jnp.float32)
+    tokens = tokens.at[:, 0].set(sample_guess(row_keys, length, 0, probs0, sampling.greedy))
+    all_probs = all_probs.at[:, 0].set(probs0)
+
+    def body(i, carry):
+      tokens, all_probs, cache = carry
+      prev = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)  # [B, 1]
+      logits, cache = self.model.decode(params, cache, prev, length + i - 1, state.encoded)
+      probs = sampling.probs(logits[:, 0])
+      guess = sample_guess(row_keys, length, i, probs, sampling.greedy)
+      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
+      all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
+      return tokens, all_probs, cache
+
+    # Rows with a smaller γ ride along to the batch's largest γ; only their own count.
+    most = jnp.max(gamma)
+    tokens, all_probs, cache = jax.lax.fori_loop(1, most, body, (tokens, all_probs, cache))
+    # Fed: the committed tokens, then x_1 .. x_{G-1} (G = the batch's largest γ).
+    state = state.replace(cache=cache, fed=length + most - 1, start=length)
+    return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
+
+  def update(self, state, num_accepted, gamma):
+    return self.truncate(state, state.start + num_accepted)
+
+  def truncate(self, state, valid):
+    """Only slots 0..valid-1 still hold committed tokens (valid int32 [B])."""
+    return state.replace(fed=jnp.minimum(state.fed, valid))

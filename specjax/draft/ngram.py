@@ -1,0 +1,115 @@
+"""Unigram and bigram drafters from sparse count tables (c ≈ 0)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.draft.base import Proposal, sample_guess
+from specjax.rows import take_rows
+
+
+def _table_probs(params, prev: jax.Array) -> jax.Array:
+  """Add-k smoothed q(· | prev) from a sparse table. prev: int32 [B] -> float32 [B, V]."""
+  ids = params["ids"][prev]  # int32 [B, M]
+  counts = params["counts"][prev]  # float32 [B, M]
+  total = params["totals"][prev]  # float32 [B]
+  vocab = params["smoothing"].shape[0]
+  k = params["smoothing"][0]
+  base = jnp.full((prev.shape[0], vocab), k, jnp.float32)
+  dense = jax.vmap(lambda b, i, c: b.at[i].add(c))(base, ids, counts)
+  return dense / (total + k * vocab)[:, None]
+
+
+@flax.struct.dataclass
+class NoState:
+  """The state of a stateless drafter."""
+  pass
+
+
+@dataclasses.dataclass(frozen=True)
+class NGramDrafter:
+  """Unigram (order 1) or bigram (order 2) drafter with add-k smoothing; c ≈ 0.
+
+  `params` (from `from_corpus`) is a sparse count table: for each context token
+  the `max_followers` most frequent next tokens and their counts (the rest
+  count as 0), and the total count, so a row of q costs O(V) and the table
+  O(V · max_followers) memory instead of O(V²).
+  """
+
+  order: int
+  vocab: int
+  max_gamma: int
+
+  @property
+  def vocab_size(self) -> int:
+    return self.vocab
+
+  @staticmethod
+  def from_corpus(token_lists: Sequence[Sequence[int]], vocab_size: int, *, order: int,
+                  max_gamma: int, k: float = 0.01, max_followers: int = 64
+                  ) -> Tuple["NGramDrafter", dict]:
+    """Counts n-grams in a token corpus. Returns (drafter, params)."""
+    if order not in (1, 2):
+      raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {order}")
+    if k <= 0:
+      raise ValueError(f"add-k smoothing needs k > 0, got {k}")
+    contexts = vocab_size if order == 2 else 1
+    counts = np.zeros((contexts, vocab_size), np.float64)
+    for tokens in token_lists:
+      tokens = np.asarray(tokens, np.int64)
+      if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise ValueError(f"corpus token ids must be in [0, {vocab_size})")
+      if order == 1:
+        np.add.at(counts[0], tokens, 1)
+      elif tokens.size > 1:
+        np.add.at(counts, (tokens[:-1], tokens[1:]), 1)
+    m = min(max_followers, vocab_size)
+    ids = np.argsort(-counts, axis=1, kind="stable")[:, :m]
+    top = np.take_along_axis(counts, ids, axis=1)
+    params = {
+        "ids": jnp.asarray(ids, jnp.int32),
+        "counts": jnp.asarray(top, jnp.float32),
+        "totals": jnp.asarray(top.sum(1), jnp.float32),
+        "smoothing": jnp.full((vocab_size,), k, jnp.float32),
+    }
+    return NGramDrafter(order=order, vocab=vocab_size, max_gamma=max_gamma), params
+
+  def init(self, params, inputs, seq, length, cache_len):
+    return NoState()
+
+  def propose(self, params, state, seq, length, gamma, row_keys, sampling):
+    batch = seq.shape[0]
+    prev = take_rows(seq, (length - 1)[:, None])[:, 0]
+    tokens = jnp.zeros((batch, self.max_gamma), jnp.int32)
+    all_probs = jnp.zeros((batch, self.max_gamma, self.vocab), jnp.float32)
+
+    def body(i, carry):
+      tokens, all_probs, prev = carry
+      context = prev if self.order == 2 else jnp.zeros_like(prev)
+      probs = sampling.probs(jnp.log(_table_probs(params, context)))
+      guess = sample_guess(row_keys, length, i, probs, sampling.greedy)
+      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
+      all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
+      return tokens, all_probs, guess
+
+    tokens, all_probs, _ = jax.lax.fori_loop(0, jnp.max(gamma), body, (tokens, all_probs, prev))
+    return Proposal(tokens=tokens, probs=all_probs, calls=jnp.zeros((batch,), jnp.int32)), state
+
+  def update(self, state, num_accepted, gamma):
+    return state
+
+
+def UnigramDrafter(token_lists, vocab_size, *, max_gamma, k=0.01):  # pylint: disable=invalid-name
+  """A unigram `NGramDrafter` from a token corpus -> (drafter, params)."""
+  return NGramDrafter.from_corpus(token_lists, vocab_size, order=1, max_gamma=max_gamma, k=k)
+
+
+def BigramDrafter(token_lists, vocab_size, *, max_gamma, k=0.01, max_followers=64):  # pylint: disable=invalid-name
+  """A bigram `NGramDrafter` from a token corpus -> (drafter, params)."""
+  return NGramDrafter.from_corpus(token_lists, vocab_size, order=2, max_gamma=max_gamma, k=k,
+                                  max_followers=max_followers)

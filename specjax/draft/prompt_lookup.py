@@ -1,0 +1,61 @@
+"""Prompt lookup: copy the continuation of the row's last n-gram from its own context."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.draft.base import Proposal
+from specjax.draft.ngram import NoState
+from specjax.rows import take_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLookupDrafter:
+  """Copies the continuation of the longest earlier match of the row's last n-gram.
+
+  Looks for the longest suffix (up to `max_ngram` tokens) of the row's committed
+  tokens that occurred earlier in its own context (prompt + generated; the most
+  recent occurrence wins) and proposes the tokens that followed it, continued
+  periodically. With no match it proposes the last token repeated. q is one-hot
+  at each guess, so verification keeps the output exactly the target's: a
+  rejected guess is replaced by a draw from the target's residual, which is p
+  with the guess removed.
+  """
+
+  vocab: int
+  max_gamma: int
+  max_ngram: int = 3
+
+  @property
+  def vocab_size(self) -> int:
+    return self.vocab
+
+  def init(self, params, inputs, seq, length, cache_len):
+    return NoState()
+
+  def propose(self, params, state, seq, length, gamma, row_keys, sampling):
+    batch, total = seq.shape
+    ends = jnp.arange(total)[None, :]  # candidate match end e, continuation at e+1
+    run = jnp.zeros((batch, total), jnp.int32)
+    alive = jnp.ones((batch, total), jnp.bool_)
+    for j in range(self.max_ngram):
+      here = take_rows(seq, ends - j)
+      suffix = take_rows(seq, (length - 1 - j)[:, None])
+      alive &= (here == suffix) & (ends - j >= 0) & (length[:, None] - 1 - j >= 0)
+      run += alive.astype(jnp.int32)
+    run = jnp.where(ends <= length[:, None] - 2, run, 0)
+    # The longest match, most recent first: score = run * T + e.
+    best = jnp.argmax(run * total + ends, axis=1)
+    found = jnp.max(run, axis=1) > 0
+    period = jnp.maximum(length - 1 - best, 1)
+    offsets = jnp.arange(self.max_gamma)[None, :]
+    index = jnp.where(found[:, None], best[:, None] + 1 + offsets % period[:, None],
+                      (length - 1)[:, None])
+    tokens = take_rows(seq, index)
+    probs = jax.nn.one_hot(tokens, self.vocab, dtype=jnp.float32)
+    return Proposal(tokens=tokens, probs=probs, calls=jnp.zeros((batch,), jnp.int32)), state
+
+  def update(self, state, num_accepted, gamma):
+    return state

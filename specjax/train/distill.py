@@ -1,0 +1,115 @@
+"""Draft distillation: train a small model toward a trained target's distributions.
+
+Speculative decoding accepts a draft guess with probability Σ_x min(p, q) =
+1 − TV(p, q) (the paper's α), so a draft is better the closer its q is to the
+target's p, not to the data. Distillation trains the draft on
+
+    loss = (1 − weight) · CE(data) + weight · τ² · KL(p_τ ‖ q_τ)
+
+per non-padding target position, where p_τ and q_τ are the teacher's and the
+student's softmax at temperature τ (Hinton et al.; τ² keeps the gradient scale),
+and the teacher runs in the same jitted step on the same batch, its parameters
+an argument of the step (not a compile-time constant).
+
+    python -m specjax.train --gin_file=runs/train_lm_draft.gin \\
+        --gin_file=runs/distill.gin --gin.MODEL_DIR="'/tmp/lm_draft'" \\
+        --gin.DATA_DIR="'data/'" --gin.TEACHER="'/tmp/lm_target'"
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Dict, Tuple
+
+import gin
+import jax
+import jax.numpy as jnp
+
+from specjax import checkpoints
+
+from specjax.models import build_model, read_model_gin
+
+
+@gin.register(module="specjax.train")
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+  """Where the teacher is and how much of the loss it owns."""
+  teacher: str
+  """A trained model folder (model.gin + checkpoint_N/, as specjax.train writes;
+  the latest checkpoint is used) or one checkpoint_N folder inside such a folder."""
+  weight: float = 1.0
+  """Share of the KL term; 1 − weight stays on the data's cross-entropy."""
+  temperature: float = 1.0
+  """τ of both softmaxes in the KL term (1 matches what speculative sampling compares)."""
+
+  def __post_init__(self):
+    if not 0 <= self.weight <= 1:
+      raise ValueError(f"DistillConfig.weight must be in [0, 1], got {self.weight}")
+    if not self.temperature > 0:
+      raise ValueError(f"DistillConfig.temperature must be > 0, got {self.temperature}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+  """The static half of a teacher (hashable, so trainers that share it share compiles)."""
+  model: Any
+  """A specjax model (T5Model or DecoderOnlyModel)."""
+  weight: float
+  temperature: float
+
+
+def load_teacher(config: DistillConfig, student_config: Any) -> Tuple[Teacher, Any]:
+  """(Teacher, float32 params) from `config.teacher`; checks it fits the student.
+
+  Raises ValueError when the teacher's family or vocabulary differs from the
+  student's, FileNotFoundError when the folder holds no model.gin or checkpoint.
+  """
+  folder = config.teacher.rstrip("/")
+  model_dir = os.path.dirname(folder) if os.path.basename(folder).startswith(
+      "checkpoint_") else folder
+  if not os.path.isfile(os.path.join(model_dir, "model.gin")):
+    raise FileNotFoundError(f"teacher {config.teacher}: no model.gin in {model_dir} (give a "
+                            "folder written by specjax.train)")
+  teacher_config = read_model_gin(model_dir)
+  if type(teacher_config) is not type(student_config):
+    raise ValueError(f"teacher is a {type(teacher_config).__name__} but the student is a "
+                     f"{type(student_config).__name__}: distillation needs one family")
+  if teacher_config.vocab_size != student_config.vocab_size:
+    raise ValueError(f"teacher vocabulary {teacher_config.vocab_size} != student vocabulary "
+                     f"{student_config.vocab_size}: draft and target must share one vocabulary")
+  model = build_model(teacher_config)
+  params = checkpoints.load_t5x_for_model(folder, model, dtype="float32")
+  params = jax.tree.map(jnp.asarray, params)
+  return Teacher(model, config.weight, config.temperature), params
+
+
+def kl_sums(student_logits: jax.Array, teacher_logits: jax.Array, weights: jax.Array,
+            temperature: float = 1.0) -> Dict[str, jax.Array]:
+  """Weighted sum of KL(p_τ ‖ q_τ) per position (teacher p, student q).
+
+  Args:
+    student_logits: float [B, L, V].
+    teacher_logits: float [B, L, V] (no gradient flows into them).
+    weights: float32 [B, L], 0 on padding.
+    temperature: τ of both softmaxes.
+  Returns:
+    {'kl_sum': float32 []}: Σ weights · KL, in nats (not scaled by τ²).
+  """
+  teacher_logits = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
+  log_p = jax.nn.log_softmax(teacher_logits / temperature, axis=-1)
+  log_q = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
+  kl = jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)  # [B, L]
+  return {"kl_sum": jnp.sum(kl * weights)}
+
+
+def mixed_loss(ce_loss_sum: jax.Array, kl_sum: jax.Array, teacher: Teacher) -> jax.Array:
+  """(1 − w) · (CE + z-loss) + w · τ² · KL, both sums over the same positions."""
+  return ((1.0 - teacher.weight) * ce_loss_sum
+          + teacher.weight * teacher.temperature ** 2 * kl_sum)
+
+
+def logits_fn(model: Any) -> Callable[[Any, Dict[str, jax.Array]], jax.Array]:
+  """fn(params, batch) -> float [B, L, V]: teacher-forced logits of a training batch."""
+  if model.is_encoder_decoder:
+    return lambda p, b: model.logits(p, b["encoder_input_tokens"], b["decoder_input_tokens"])
+  return lambda p, b: model.logits(p, b["decoder_input_tokens"])

@@ -1,0 +1,490 @@
+"""Gin-configured optax training of specjax's T5 and decoder-only models.
+
+    python -m specjax.train --gin_file=runs/train_lm.gin --gin.MODEL_DIR="'/tmp/lm'"
+    python -m specjax.train --gin_file=runs/train_translate.gin \\
+        --gin.MODEL_DIR="'/tmp/t5'" --gin.DATA_DIR="'data/'" --gin.NUM_STEPS=2000
+
+A run trains `train.model_config` (a `DecoderOnlyConfig` for task 'lm', a
+`T5Config` for 'translate' / 'summarize'; see `specjax._train_data` for the
+batches) with a jitted step: cross-entropy over non-padding targets plus
+T5X's optional z-loss, global-norm gradient clipping, then adamw or adafactor
+under linear warmup and cosine / rsqrt decay. Parameters stay float32.
+
+Files in `TrainConfig.model_dir`:
+  model.gin                the model config's bindings, so it travels with the weights
+                           (a resumed run with a different config is refused)
+  checkpoint_N/            T5X legacy checkpoints (`specjax.checkpoints.save_t5x`),
+                           float32 every `checkpoint_every` steps, the last
+                           `keep_checkpoints` kept; the final one in `final_dtype`
+  checkpoint_N/optimizer_state.npz   the optax state of a float32 checkpoint
+                           (numpy arrays, never pickled; T5X readers ignore it)
+  metrics.jsonl            one JSON line per log point and per evaluation
+
+Distillation (`specjax.distill`): with `train.distill = @DistillConfig()` the
+loss mixes the data's cross-entropy with KL(teacher ‖ student), the teacher (a
+trained model folder) evaluated in the same jitted step; `teacher_kl` is logged.
+
+Resuming: when `model_dir` holds a checkpoint, its params are loaded and the
+step count restarts from its step. The optimizer state comes from its
+`optimizer_state.npz`; without one (a bfloat16 export, a checkpoint written
+elsewhere, or a changed optimizer) the optimizer state is re-initialized and a
+warning says so. Batches depend only on (seed, step), so a run resumed from a
+float32 checkpoint continues exactly as the uninterrupted run would have.
+A T5X checkpoint copied into an empty model_dir is fine-tuned the same way.
+
+A decode run reads the trained model back with `TARGET_MODEL = 'MODEL_DIR/model.gin'`
+(or DRAFT_MODEL) and the checkpoint path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+import flax
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeRemainingColumn)
+
+from specjax import gin_config
+from specjax.models import MODEL_GIN, build_model, model_gin_text
+from specjax.train.batches import DataConfig, make_batches
+from specjax.train.checkpoints import (OPT_STATE_FILE, check_model_gin, list_checkpoints,
+                                       load_opt_state, restore, save_checkpoint, save_opt_state)
+from specjax.train.distill import (DistillConfig, Teacher, kl_sums, load_teacher, logits_fn,
+                                   mixed_loss)
+
+__all__ = [
+    "OptimizerConfig", "DataConfig", "TrainConfig", "TrainState", "TrainResult", "Trainer",
+    "make_schedule", "make_optimizer", "cross_entropy", "summarize",
+    "get_trainer", "make_batches", "train", "main", "save_checkpoint", "restore",
+    "list_checkpoints", "save_opt_state", "load_opt_state", "model_gin_text",
+    "check_model_gin", "MODEL_GIN", "OPT_STATE_FILE", "METRICS_FILE", "DistillConfig",
+]
+log = logging.getLogger(__name__)
+METRICS_FILE = "metrics.jsonl"
+
+
+# ----------------------------------------------------------------------------
+# Configuration.
+# ----------------------------------------------------------------------------
+@gin.register(module="specjax.train")
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """Optimizer, learning-rate schedule and gradient clipping."""
+  name: str = "adamw"
+  """'adamw' or 'adafactor' (optax's, T5X's defaults: factored moments, decay 0.8)."""
+  learning_rate: float = 1e-3
+  """Peak learning rate, reached at the end of the warmup."""
+  warmup_steps: int = 100
+  """Update s (1-based) uses learning_rate * s / warmup_steps while s <= warmup_steps."""
+  decay: str = "cosine"
+  """After warmup: 'cosine' (to end_learning_rate at the last step), 'rsqrt'
+  (learning_rate * sqrt(warmup_steps / s), T5X's) or 'constant'."""
+  end_learning_rate: float = 0.0
+  """Where the cosine decay ends."""
+  b1: float = 0.9
+  """adamw first-moment decay."""
+  b2: float = 0.999
+  """adamw second-moment decay."""
+  eps: float = 1e-8
+  """adamw epsilon."""
+  weight_decay: float = 0.0
+  """Decoupled weight decay on matrices (ndim >= 2) only, not on norm scales."""
+  clip_norm: Optional[float] = 1.0
+  """Clip the gradients' global norm to this; None turns clipping off."""
+
+  def __post_init__(self):
+    if self.name not in ("adamw", "adafactor"):
+      raise ValueError(f"optimizer name must be 'adamw' or 'adafactor', got {self.name!r}")
+    if self.decay not in ("cosine", "rsqrt", "constant"):
+      raise ValueError(f"decay must be 'cosine', 'rsqrt' or 'constant', got {self.decay!r}")
+    if not self.learning_rate > 0 or self.warmup_steps < 0 or self.weight_decay < 0:
+      raise ValueError("learning_rate must be positive, warmup_steps and weight_decay "
+                       f"non-negative; got {self.learning_rate}, {self.warmup_steps}, "
+                       f"{self.weight_decay}")
+    if self.clip_norm is not None and not self.clip_norm > 0:
+      raise ValueError(f"clip_norm must be positive or None, got {self.clip_norm}")
+
+@gin.register(module="specjax.train")
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The training loop."""
+  model_dir: str
+  """Checkpoints, model.gin and metrics go here; a checkpoint here is resumed."""
+  num_steps: int
+  """Total optimizer updates (a resumed run continues up to this step)."""
+  eval_every: int = 0
+  """Evaluate on the validation split every this many steps (and always at the end)."""
+  eval_batches: Optional[int] = None
+  """Validation batches per evaluation; None: the whole split."""
+  checkpoint_every: int = 1000
+  """Write a float32 checkpoint every this many steps (and always at the end)."""
+  keep_checkpoints: int = 2
+  """Checkpoints kept in model_dir (the oldest are deleted)."""
+  final_dtype: str = "float32"
+  """dtype of the final checkpoint; 'bfloat16' halves an export (resuming from it
+  restarts the optimizer state from scratch)."""
+  z_loss: float = 1e-4
+  """Coefficient of T5X's z-loss, z_loss * logsumexp(logits)**2; 0 turns it off."""
+  log_every: int = 10
+  """Steps per progress / metrics.jsonl update."""
+  seed: int = 0
+  """Seed of the parameter initialization."""
+  progress: bool = True
+  """Show a rich progress bar and evaluation lines."""
+
+  def __post_init__(self):
+    if not self.model_dir:
+      raise ValueError("TrainConfig.model_dir must be a directory path")
+    if self.num_steps < 1 or self.checkpoint_every < 1 or self.log_every < 1:
+      raise ValueError("num_steps, checkpoint_every and log_every must be positive, got "
+                       f"{self.num_steps}, {self.checkpoint_every}, {self.log_every}")
+    if self.keep_checkpoints < 1 or self.eval_every < 0 or self.z_loss < 0:
+      raise ValueError("keep_checkpoints must be >= 1, eval_every and z_loss >= 0")
+    if self.final_dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"final_dtype must be 'float32' or 'bfloat16', got {self.final_dtype!r}")
+
+
+# ----------------------------------------------------------------------------
+# Optimizer and loss.
+# ----------------------------------------------------------------------------
+def make_schedule(cfg: OptimizerConfig, num_steps: int) -> Callable[[Any], jax.Array]:
+  """Learning rate as a function of the number of updates already applied (optax's count)."""
+  lr, warm = cfg.learning_rate, cfg.warmup_steps
+
+  def schedule(count):
+    s = jnp.asarray(count, jnp.float32) + 1.0  # this update, 1-based
+    warmup = lr * s / max(warm, 1)
+    if cfg.decay == "cosine":
+      frac = jnp.clip((s - warm) / max(num_steps - warm, 1), 0.0, 1.0)
+      after = cfg.end_learning_rate + (lr - cfg.end_learning_rate) * 0.5 * (
+          1.0 + jnp.cos(jnp.pi * frac))
+    elif cfg.decay == "rsqrt":
+      after = lr * jnp.sqrt(max(warm, 1) / jnp.maximum(s, 1.0))
+    else:
+      after = jnp.asarray(lr, jnp.float32)
+    return jnp.where(s <= warm, warmup, after)
+
+  return schedule
+
+
+def _decay_mask(params: Any) -> Any:
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
+  """Clipping then adamw / adafactor under `make_schedule(cfg, num_steps)`."""
+  schedule = make_schedule(cfg, num_steps)
+  if cfg.name == "adamw":
+    opt = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                      weight_decay=cfg.weight_decay, mask=_decay_mask)
+  else:
+    opt = optax.adafactor(schedule, weight_decay_rate=cfg.weight_decay or None,
+                          weight_decay_mask=_decay_mask)
+  if cfg.clip_norm is None:
+    return opt
+  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
+                  z_loss: float = 0.0) -> Dict[str, jax.Array]:
+  """Weighted sums of the per-token loss terms (T5X's cross_entropy_with_logits).
+
+  Args:
+    logits: float [B, L, V].
+    targets: int32 [B, L].
+    weights: float32 [B, L], 0 on padding.
+    z_loss: coefficient of z_loss * logsumexp(logits)**2.
+
+  Returns:
+    float32 scalars: loss_sum (cross-entropy + z-loss), ce_sum, correct_sum
+    (argmax == target) and weight_sum, all weighted by `weights`.
+  """
+  logits = logits.astype(jnp.float32)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  ce = lse - target_logit
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return {"loss_sum": jnp.sum((ce + z_loss * jnp.square(lse)) * weights),
+          "ce_sum": jnp.sum(ce * weights), "correct_sum": jnp.sum(correct * weights),
+          "weight_sum": jnp.sum(weights)}
+
+
+def summarize(sums: Dict[str, Any]) -> Dict[str, float]:
+  """Means of `cross_entropy` sums: loss, cross_entropy, perplexity, accuracy, tokens
+  (and teacher_kl, the mean KL(teacher ‖ model), when distilling)."""
+  n = max(float(sums["weight_sum"]), 1.0)
+  ce = float(sums["ce_sum"]) / n
+  out = {"loss": float(sums["loss_sum"]) / n, "cross_entropy": ce,
+         "perplexity": math.exp(min(ce, 700.0)), "accuracy": float(sums["correct_sum"]) / n,
+         "tokens": float(sums["weight_sum"])}
+  if "kl_sum" in sums:
+    out["teacher_kl"] = float(sums["kl_sum"]) / n
+  return out
+
+
+@flax.struct.dataclass
+class TrainState:
+  """What one training step updates."""
+  step: jax.Array  # int32 []: optimizer updates applied so far
+  params: Any  # float32 parameter tree with T5X names
+  opt_state: Any  # optax state of `params`
+
+
+class Trainer:
+  """A model, its optimizer and the jitted train / eval steps.
+
+  Example:
+    trainer = Trainer(model, OptimizerConfig(learning_rate=1e-2), num_steps=100)
+    state = trainer.init_state(model.init(0))
+    state, sums = trainer.train_step(state, batch)
+    metrics = trainer.evaluate(state.params, batches.eval_batches())
+
+  With a `teacher` (`specjax.distill`), set `trainer.teacher_params` before
+  stepping: the loss then mixes in KL(teacher ‖ model).
+  """
+
+  def __init__(self, model: Any, optimizer: OptimizerConfig, num_steps: int,
+               z_loss: float = 1e-4, teacher: Optional[Teacher] = None):
+    self.model = model
+    self.teacher = teacher
+    self.teacher_params = None
+    self.schedule = make_schedule(optimizer, num_steps)
+    self.optimizer = make_optimizer(optimizer, num_steps)
+    student_logits = logits_fn(model)
+    teacher_logits = logits_fn(teacher.model) if teacher is not None else None
+
+    def sums_fn(params, batch, z, teacher_params):
+      logits = student_logits(params, batch)
+      sums = cross_entropy(logits, batch["decoder_target_tokens"],
+                           batch["decoder_loss_weights"], z)
+      if teacher is not None:
+        sums.update(kl_sums(logits, teacher_logits(teacher_params, batch),
+                            batch["decoder_loss_weights"], teacher.temperature))
+      return sums
+
+    def loss_fn(params, batch, teacher_params):
+      sums = sums_fn(params, batch, z_loss, teacher_params)
+      total = (sums["loss_sum"] if teacher is None
+               else mixed_loss(sums["loss_sum"], sums["kl_sum"], teacher))
+      return total / jnp.maximum(sums["weight_sum"], 1.0), sums
+
+    def step_fn(state: TrainState, batch, teacher_params):
+      (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch,
+                                                                   teacher_params)
+      updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      sums = dict(sums, grad_norm=optax.tree.norm(grads))
+      return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
+
+    self._train_step = jax.jit(step_fn, donate_argnums=0)
+    self.learning_rate = jax.jit(self.schedule)
+    self._eval_step = jax.jit(lambda p, b, t: sums_fn(p, b, z_loss, t))
+    self._opt_init = jax.jit(self.optimizer.init)
+
+  def _teacher_args(self) -> Any:
+    if self.teacher is not None and self.teacher_params is None:
+      raise ValueError("this Trainer distills from a teacher: set trainer.teacher_params "
+                       "(specjax.distill.load_teacher) first")
+    return self.teacher_params
+
+  def train_step(self, state: TrainState, batch: Dict[str, Any]):
+    """One update (jitted; `state` is donated) -> (state, loss sums of the batch)."""
+    return self._train_step(state, batch, self._teacher_args())
+
+  def precompile(self, state: TrainState, shapes: Iterable[Dict[str, Any]]) -> None:
+    """Compiles the train step for each batch shape, e.g. `Batches.batch_shapes()`."""
+    for feats in shapes:
+      batch = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in feats.items()}
+      self._train_step.lower(state, batch, self._teacher_args()).compile()
+
+  def init_state(self, params: Any, step: int = 0, opt_state: Any = None) -> TrainState:
+    """A state at `step` with `params` (cast to float32) and a fresh or given optax state."""
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    if opt_state is None:
+      opt_state = self._opt_init(params)
+    return TrainState(step=jnp.asarray(step, jnp.int32), params=params, opt_state=opt_state)
+
+  def evaluate(self, params: Any, batches: Iterable[Dict[str, np.ndarray]]) -> Dict[str, float]:
+    """`summarize`d loss, perplexity and accuracy of `params` over `batches`."""
+    teacher = self._teacher_args()
+    parts = [self._eval_step(params, batch, teacher) for batch in batches]
+    if not parts:
+      raise ValueError("evaluate needs at least one batch")
+    parts = jax.device_get(parts)
+    return summarize({k: sum(float(p[k]) for p in parts) for k in parts[0]})
+
+
+@functools.lru_cache(maxsize=8)
+def get_trainer(model_config: Any, optimizer: OptimizerConfig, num_steps: int,
+                z_loss: float = 1e-4, teacher: Optional[Teacher] = None) -> Trainer:
+  """A Trainer of `build_model(model_config)`, cached: repeated runs reuse its compiled steps."""
+  return Trainer(build_model(model_config), optimizer, num_steps, z_loss, teacher)
+
+
+# ----------------------------------------------------------------------------
+# The loop.
+# ----------------------------------------------------------------------------
+@dataclasses.dataclass
+class TrainResult:
+  """What `train` returns."""
+  step: int
+  """Step of the final params."""
+  start_step: int
+  """Step the run started from (a resumed checkpoint's, or 0)."""
+  params: Any
+  """Final float32 parameters (numpy, T5X names)."""
+  history: List[Dict[str, float]]
+  """Training metrics per log point (step, loss, cross_entropy, accuracy, learning_rate, ...)."""
+  evals: List[Dict[str, float]]
+  """Validation metrics per evaluation (step, loss, cross_entropy, perplexity, accuracy)."""
+  tokens_per_second: float
+  """Non-padding target tokens per second of training, compilation, evaluation and
+  checkpointing excluded (nan for a run of one step)."""
+  checkpoint: Optional[str]
+  """The final checkpoint folder (None when nothing was left to train)."""
+  model_config: Any = None
+  """The model config trained."""
+  data: Optional[DataConfig] = None
+  """The data config used (gin-resolved)."""
+  optimizer: Optional[OptimizerConfig] = None
+  """The optimizer config used (gin-resolved)."""
+  config: Optional[TrainConfig] = None
+  """The loop config used (gin-resolved)."""
+
+
+def _append_metrics(model_dir: str, record: Dict[str, Any]) -> None:
+  record = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}
+  with open(os.path.join(model_dir, METRICS_FILE), "a", encoding="utf-8") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+@gin.register(module="specjax.train")
+def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
+          optimizer: Optional[OptimizerConfig] = None,
+          config: Optional[TrainConfig] = None,
+          distill: Optional[DistillConfig] = None) -> TrainResult:
+  """Trains (or resumes training) a model; see the module docstring.
+
+  Args:
+    model_config: a DecoderOnlyConfig (task 'lm') or T5Config ('translate', 'summarize').
+    data: the data; None builds `DataConfig()` from gin bindings.
+    optimizer: None builds `OptimizerConfig()` from gin bindings.
+    config: the loop; None builds `TrainConfig()` from gin bindings.
+    distill: a teacher to distill from (`specjax.distill`); None trains on the data alone.
+
+  Returns:
+    A TrainResult.
+  """
+  data = data if data is not None else DataConfig()
+  optimizer = optimizer if optimizer is not None else OptimizerConfig()
+  config = config if config is not None else TrainConfig()
+  train_batches, eval_batches = make_batches(data, model_config)
+  os.makedirs(config.model_dir, exist_ok=True)
+  check_model_gin(config.model_dir, model_config)
+  teacher, teacher_params = (load_teacher(distill, model_config) if distill is not None
+                             else (None, None))
+  trainer = get_trainer(model_config, optimizer, config.num_steps, config.z_loss, teacher)
+  trainer.teacher_params = teacher_params
+  model = trainer.model
+  state = restore(config.model_dir, trainer)
+  if state is None:
+    state = trainer.init_state(model.init(jax.random.PRNGKey(config.seed)))
+  start = int(state.step)
+  result = TrainResult(step=start, start_step=start, params=None, history=[], evals=[],
+                       tokens_per_second=float("nan"), checkpoint=None,
+                       model_config=model_config, data=data, optimizer=optimizer, config=config)
+  if start >= config.num_steps:
+    log.warning("%s is at step %d >= num_steps %d: nothing to train", config.model_dir,
+                start, config.num_steps)
+    result.params = jax.device_get(state.params)
+    return result
+  shapes = train_batches.batch_shapes()
+  if len(shapes) > 1:  # length buckets: compile them all before the clock starts
+    trainer.precompile(state, shapes)
+
+  columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+             TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+             TimeRemainingColumn())
+  pending, timed_tokens, timed_seconds, t_last, paused = [], 0.0, 0.0, None, 0.0
+  with Progress(*columns, disable=not config.progress) as bar:
+    task_id = bar.add_task("train", total=config.num_steps, completed=start, loss="-", tps="-")
+
+    def run_eval(step):
+      metrics = dict(trainer.evaluate(state.params, eval_batches.eval_batches(config.eval_batches)),
+                     step=step)
+      result.evals.append(metrics)
+      _append_metrics(config.model_dir, dict(metrics, split="validation"))
+      if config.progress:
+        bar.console.print(f"step {step}: validation loss {metrics['loss']:.4f} "
+                          f"perplexity {metrics['perplexity']:.2f} accuracy {metrics['accuracy']:.3f}")
+
+    for step in range(start, config.num_steps):
+      state, sums = trainer.train_step(state, train_batches.batch(step))
+      pending.append(sums)
+      done = step + 1
+      if done == start + 1 or done % config.log_every == 0 or done == config.num_steps:
+        window = jax.device_get(pending)
+        now = time.perf_counter()
+        tokens = sum(float(s["weight_sum"]) for s in window)
+        tps = float("nan")
+        if t_last is not None:  # the first window holds the compilation
+          timed_tokens += tokens
+          timed_seconds += now - t_last - paused
+          tps = tokens / max(now - t_last - paused, 1e-9)
+        t_last, paused = now, 0.0
+        total = {k: sum(float(s[k]) for s in window) for k in window[0]}
+        record = dict(summarize(total), step=done, tokens_per_second=tps,
+                      grad_norm=float(window[-1]["grad_norm"]),
+                      learning_rate=float(trainer.learning_rate(done - 1)))
+        result.history.append(record)
+        _append_metrics(config.model_dir, dict(record, split="train"))
+        bar.update(task_id, completed=done, loss=f"{record['loss']:.3f}",
+                   tps="-" if math.isnan(tps) else f"{tps:,.0f}")
+        pending = []
+      t0 = time.perf_counter()
+      if done == config.num_steps:
+        result.checkpoint = save_checkpoint(config.model_dir, state, config.final_dtype,
+                                            config.keep_checkpoints)
+      elif done % config.checkpoint_every == 0:
+        save_checkpoint(config.model_dir, state, "float32", config.keep_checkpoints)
+      if done == config.num_steps or (config.eval_every and done % config.eval_every == 0):
+        run_eval(done)
+      paused += time.perf_counter() - t0
+  result.step = int(state.step)
+  result.params = jax.device_get(state.params)
+  if timed_seconds > 0:
+    result.tokens_per_second = timed_tokens / timed_seconds
+  return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> TrainResult:
+  """CLI: `--gin_file` (repeatable), `--gin.NAME=VALUE`, `--gin_search_paths`."""
+  files, bindings, paths, rest = gin_config.split_gin_args(
+      sys.argv[1:] if argv is None else argv)
+  if rest:
+    raise ValueError(f"unknown arguments {rest}; use --gin_file, --gin.NAME=VALUE and "
+                     "--gin_search_paths")
+  if not files:
+    raise ValueError("give a run file, e.g. --gin_file=runs/train_lm.gin")
+  gin_config.parse(files, bindings, paths)
+  result = gin.get_configurable(train)()
+  final = result.evals[-1] if result.evals else {}
+  print(json.dumps({"step": result.step, "checkpoint": result.checkpoint,
+                    "tokens_per_second": result.tokens_per_second, "validation": final}))
+  return result
+
+
+if __name__ == "__main__":
+  main()

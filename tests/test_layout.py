@@ -1,0 +1,131 @@
+"""The package layout: no import cycles, private modules stay private, the wheel is complete."""
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "specjax"
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = list(path.relative_to(ROOT).with_suffix("").parts)
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules():
+  return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(path: pathlib.Path, name: str, known):
+  """Every specjax module `path` imports (anywhere in the file, lazy imports included)."""
+  out = set()
+  package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names if a.name.startswith("specjax")}
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] +
+                        ([base] if base else []))
+      if not base.startswith("specjax"):
+        continue
+      if not (name + ".").startswith(base + "."):  # an ancestor package is initialized first
+        out.add(base)
+      out |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known}
+  return {m for m in out if m in known}
+
+
+def test_no_import_cycles():
+  known = _modules()
+  graph = {name: _imports(path, name, known) - {name} for name, path in known.items()}
+  # Tarjan's strongly connected components: any component of size > 1 is a cycle.
+  index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on.add(v)
+    for w in graph[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        cycles.append(sorted(comp))
+
+  sys.setrecursionlimit(10000)
+  for v in graph:
+    if v not in index:
+      visit(v)
+  assert not cycles, f"import cycles: {cycles}"
+
+
+def test_private_modules_stay_in_their_subpackage():
+  known = _modules()
+  offenders = []
+  for name, path in known.items():
+    for target in _imports(path, name, known):
+      parts = target.split(".")
+      private = [i for i, p in enumerate(parts) if p.startswith("_")]
+      if private and not name.startswith(".".join(parts[:private[0]]) + "."):
+        offenders.append((name, target))
+  assert not offenders, f"modules importing another subpackage's private module: {offenders}"
+
+
+def test_cycle_check_sees_a_cycle(tmp_path):
+  """The checker itself sees both sides of a cycle, the lazy (in-function) import included."""
+  pkg = tmp_path / "specjax"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  (pkg / "a.py").write_text("from specjax import b\n")
+  (pkg / "b.py").write_text("def f():\n  from specjax.a import x\n")
+  known = {"specjax": pkg / "__init__.py", "specjax.a": pkg / "a.py", "specjax.b": pkg / "b.py"}
+  global ROOT  # pylint: disable=global-statement
+  saved, ROOT = ROOT, tmp_path
+  try:
+    assert _imports(pkg / "a.py", "specjax.a", known) == {"specjax.b"}
+    assert _imports(pkg / "b.py", "specjax.b", known) == {"specjax.a"}
+  finally:
+    ROOT = saved
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+  out = tmp_path_factory.mktemp("wheel")
+  subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                  "-q", "-w", str(out), str(ROOT)], check=True, capture_output=True, timeout=600,
+                 cwd=str(ROOT))
+  (path,) = out.glob("specjax-*.whl")
+  with zipfile.ZipFile(path) as z:
+    return z.namelist()
+
+
+def test_wheel_ships_gin_files_inside_the_package(wheel):
+  gin_files = {n for n in wheel if n.startswith("specjax/gin/") and n.endswith(".gin")}
+  for name in ("specjax/gin/runs/default.gin", "specjax/gin/models/t5_1_1_xxl.gin",
+               "specjax/gin/decoding/greedy.gin"):
+    assert name in gin_files
+  assert len(gin_files) == sum(1 for _ in (ROOT / "gin").rglob("*.gin"))
+
+
+def test_wheel_has_no_top_level_experiments_package(wheel):
+  tops = {n.split("/")[0] for n in wheel}
+  assert "experiments" not in tops
+  assert "specjax" in tops
+  assert "specjax/assets/spm/specjax_8k.model" in wheel
