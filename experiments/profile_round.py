@@ -87,9 +87,10 @@ def verify_ms(config: DecodeConfig, gamma: int, vocab: int, n: int = 50) -> floa
   @jax.jit
   def loop(logits, q):
     def body(i, acc):
-      n_acc, _, p = verify_batch(config.sampling, config.verifier, config.lenience, keys, jnp.full((1,), 10 + i, jnp.int32), guesses, q,
-                                 logits + acc, jnp.full((1,), gamma, jnp.int32))
-      return acc + 1e-6 * n_acc[0].astype(jnp.float32) + p[0, 0, 0]
+      n_acc, _, overlap = verify_batch(config.sampling, config.verifier, config.lenience, keys,
+                                       jnp.full((1,), 10 + i, jnp.int32), guesses, q,
+                                       logits + acc, jnp.full((1,), gamma, jnp.int32))
+      return acc + 1e-6 * n_acc[0].astype(jnp.float32) + overlap[0, 0]
     return jax.lax.fori_loop(0, n, body, 0.0)
   return 1e3 * _median_s(loop, logits, q) / n
 

@@ -42,7 +42,7 @@ class Verdict:
 
   n: jax.Array  # int32 [B]: guesses accepted
   token: jax.Array  # int32 [B]: the token drawn after them
-  target_probs: jax.Array  # float32 [B, G+1, V]: the standardized p at the γ+1 positions
+  overlap: jax.Array  # float32 [B, G]: Σ_x min(p_i, q_i) at each guess position
   bad: jax.Array  # bool [B]: NaN in the row's target logits or draft q
 
 
@@ -57,10 +57,11 @@ def _score(target, target_params, state: LoopState, proposal: Proposal, encoded)
 
 
 def _verify(config: DecodeConfig, keys, state: LoopState, proposal: Proposal, logits) -> Verdict:
-  n, token, p = verify_batch(config.sampling, config.verifier, config.lenience, keys,
-                             state.length, proposal.tokens, proposal.probs, logits, state.gamma)
+  n, token, overlap = verify_batch(config.sampling, config.verifier, config.lenience, keys,
+                                   state.length, proposal.tokens, proposal.probs, logits,
+                                   state.gamma)
   bad = jnp.any(jnp.isnan(logits), axis=(1, 2)) | jnp.any(jnp.isnan(proposal.probs), axis=(1, 2))
-  return Verdict(n=n, token=token, target_probs=p, bad=bad)
+  return Verdict(n=n, token=token, overlap=overlap, bad=bad)
 
 
 def _commit(config: DecodeConfig, drafter, state: LoopState, proposal: Proposal, verdict: Verdict,
@@ -78,9 +79,8 @@ def _record(config: DecodeConfig, before: LoopState, after: LoopState, proposal:
   gamma, n = before.gamma, verdict.n
   # α estimate over positions whose prefix is the committed one: i ≤ n, i < γ.
   slots = jnp.arange(max_gamma)[None, :]
-  overlap = jnp.minimum(verdict.target_probs[:, :max_gamma], proposal.probs).sum(-1)  # [B, G]
   seen = (slots <= n[:, None]) & (slots < gamma[:, None]) & active[:, None]
-  alpha_sum = before.alpha_sum + jnp.where(seen, overlap, 0.0).sum(1)
+  alpha_sum = before.alpha_sum + jnp.where(seen, verdict.overlap, 0.0).sum(1)
   alpha_count = before.alpha_count + seen.sum(1)
   trace = before.trace
   if trace is not None:

@@ -90,8 +90,9 @@ class HierarchicalDrafter:
       index = lag[:, None] + jnp.arange(self.inner_gamma + 1)[None, :]
       logits = jnp.take_along_axis(logits, index[:, :, None], axis=1)  # [B, g+1, V]
       # Exact inner verification (reference verifier, lenience 1).
-      n, token, p = verify_batch(sampling, ReferenceVerifier(), 1.0, inner_keys, tlen, guesses, q,
+      n, token, _ = verify_batch(sampling, ReferenceVerifier(), 1.0, inner_keys, tlen, guesses, q,
                                  logits, inner_gamma)
+      p = sampling.probs(logits)  # M's standardized distribution at the g+1 positions
       inner = self.inner.update(inner, n, inner_gamma)
       fed = tlen + n  # the medium fed everything it accepted, not the correction
       emitted = emitted_tokens(guesses, n, token)  # [B, g+1]

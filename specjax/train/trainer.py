@@ -387,9 +387,10 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
   Returns:
     A TrainResult.
   """
-  data = data if data is not None else DataConfig()
-  optimizer = optimizer if optimizer is not None else OptimizerConfig()
-  config = config if config is not None else TrainConfig()
+  # gin.register leaves the classes untouched: their configured versions read the bindings.
+  data = data if data is not None else gin.get_configurable(DataConfig)()
+  optimizer = optimizer if optimizer is not None else gin.get_configurable(OptimizerConfig)()
+  config = config if config is not None else gin.get_configurable(TrainConfig)()
   train_batches, eval_batches = make_batches(data, model_config)
   os.makedirs(config.model_dir, exist_ok=True)
   check_model_gin(config.model_dir, model_config)

@@ -36,16 +36,26 @@ def verify_batch(sampling: Sampling, verifier: Verifier, lenience: float, row_ke
     gamma: int32 [B]: each row's γ ≤ G (guesses beyond it are ignored).
   Returns:
     (n int32 [B] accepted guesses, next int32 [B] the token after them,
-     target_probs float32 [B, G+1, V] the standardized p).
+     overlap float32 [B, G]: Σ_x min(p_i, q_i) at each guess position, for the α estimate).
+
+  At temperature 0 with an exact verifier, Algorithm 1 on one-hot p and q is argmax
+  matching, so no distribution over the vocabulary is materialized: the argmax of the raw
+  logits decides (the autoregressive loop's own rule, ties to the lowest id), and the
+  overlap is q_i at p_i's argmax (p_i is one-hot there).
   """
   max_gamma = guesses.shape[1]
+  if sampling.greedy and verifier.exact:
+    # A.5's argmax lenience needs probabilities; l = 1 needs only the argmax of the logits.
+    scores = logits if lenience == 1.0 else jax.nn.softmax(logits, -1)
+    n, token = jax.vmap(lambda x, s, g: argmax_lenient_step(x, s, lenience=lenience,
+                                                            num_guesses=g))(guesses, scores,
+                                                                            gamma)
+    best = jnp.argmax(logits[:, :max_gamma], axis=-1)  # [B, G]
+    overlap = jnp.take_along_axis(draft_probs, best[..., None], axis=-1)[..., 0]
+    return n, token, overlap
   target_probs = sampling.probs(logits)  # [B, G+1, V]
 
   def one(key, start, x, q, p, raw, gamma):
-    if sampling.greedy and verifier.exact:
-      # Algorithm 1 on one-hot p, q is exactly this (and needs no randomness).
-      return argmax_lenient_step(x, jax.nn.softmax(raw, -1), lenience=lenience,
-                                 num_guesses=gamma)
     offsets = jnp.arange(max_gamma + 1)
     keys = jax.vmap(position_key, in_axes=(None, 0, None))(key, start + offsets, ACCEPT_STREAM)
     uniforms = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys[:max_gamma])
@@ -55,7 +65,8 @@ def verify_batch(sampling: Sampling, verifier: Verifier, lenience: float, row_ke
                     num_guesses=gamma)
 
   n, token = jax.vmap(one)(row_keys, length, guesses, draft_probs, target_probs, logits, gamma)
-  return n, token, target_probs
+  overlap = jnp.minimum(target_probs[:, :max_gamma], draft_probs).sum(-1)  # [B, G]
+  return n, token, overlap
 
 
 def emitted_tokens(guesses: jax.Array, n: jax.Array, token: jax.Array) -> jax.Array:

@@ -171,6 +171,27 @@ def test_gamma_and_budget_are_data_not_recompiled(tables):
   assert decoding._speculative._cache_size() == before + 1
 
 
+def test_one_compile_per_static_config(tables):
+  """γ, max_new_tokens, rng and new inputs of the same padded shape reuse the compiled loops."""
+  from specjax.decode import autoregressive as ar_loop  # pylint: disable=import-outside-toplevel
+  target_table, draft_table = tables
+  drafter = ModelDrafter(TableModel(V), max_gamma=4)
+  config = DecodeConfig(eos_id=NO_EOS, cache_len=40)
+  spec_before = decoding._speculative._cache_size()
+  ar_before = ar_loop._autoregressive._cache_size()
+  rng = np.random.default_rng(3)
+  for i, (gamma, budget) in enumerate([(1, 6), (4, 11), (2, 3)]):
+    prompts = rng.integers(2, V, size=(3, 5)).astype(np.int32)
+    lengths = np.array([5, 2 + i, 4], np.int32)
+    speculative_decode(TableModel(V), target_table, drafter, draft_table, prompts,
+                       max_new_tokens=budget, gamma=gamma, rng=jax.random.PRNGKey(i),
+                       config=config, prompt_lengths=lengths)
+    autoregressive_decode(TableModel(V), target_table, prompts, max_new_tokens=budget,
+                          rng=jax.random.PRNGKey(i), config=config, prompt_lengths=lengths)
+  assert decoding._speculative._cache_size() == spec_before + 1
+  assert ar_loop._autoregressive._cache_size() == ar_before + 1
+
+
 def test_nan_logits_are_reported(tables):
   target_table, draft_table = tables
   bad = target_table.at[0, 3].set(np.nan)  # logits after token 3 at slot 0
