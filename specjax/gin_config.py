@@ -6,10 +6,13 @@ files bind the same `T5Config.*` / `DecoderOnlyConfig.*` names.
 """
 from __future__ import annotations
 
+import io
+import logging
 import os
 import re
+import tokenize
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Set, Tuple
 
 import gin
 
@@ -129,19 +132,108 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str
   for p in all_paths:
     gin.add_config_file_search_path(p)
   files = [resolve(f, all_paths) for f in gin_files]
-  gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+  _parse_files_and_bindings(files, bindings, all_paths)
   models = {scope: query_macro(macro) for scope, macro in MODEL_MACROS.items()}
   models = {s: m for s, m in models.items() if isinstance(m, str)}
-  if not models:
-    return
-  gin.clear_config()
-  for scope, model_file in models.items():
-    text, cls = _scoped_text(model_file, scope, all_paths)
-    if cls is None:
-      raise ValueError(f"model gin file '{model_file}' binds neither T5Config nor DecoderOnlyConfig")
-    _SCOPE_CLASS[scope] = cls
-    gin.parse_config(text)
-  gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+  if models:
+    gin.clear_config()
+    for scope, model_file in models.items():
+      text, cls = _scoped_text(model_file, scope, all_paths)
+      if cls is None:
+        raise ValueError(f"model gin file '{model_file}' binds neither T5Config nor "
+                         "DecoderOnlyConfig")
+      _SCOPE_CLASS[scope] = cls
+      try:
+        gin.parse_config(text)
+      except (SyntaxError, tokenize.TokenError) as e:
+        raise ValueError(f"gin syntax error in model file '{model_file}': {e}") from e
+    _parse_files_and_bindings(files, bindings, all_paths)
+  unread = unread_macros(bindings)
+  if unread:
+    logging.warning("--gin bindings of macros that nothing reads (misspelled?): %s",
+                    ", ".join(unread))
+
+
+CODE_MACROS = frozenset({*MODEL_MACROS.values(), "DEFAULT_TASK", "TARGET_CHECKPOINT",
+                         "DRAFT_CHECKPOINT", "PAIR_TASK"})
+"""Macros read by code (`query_macro`) rather than by other bindings."""
+
+_MACRO_BINDING = re.compile(r"^\s*([A-Za-z_]\w*)\s*=")
+
+
+def _macro_refs(value, found: Set[str]) -> None:
+  """Adds the names of the macros that a bound value refers to (`%NAME`) to `found`."""
+  if isinstance(value, gin.config.ConfigurableReference):
+    name = value.scoped_selector
+    if name.endswith("/gin.macro"):
+      found.add(name[:-len("/gin.macro")])
+  elif isinstance(value, (list, tuple, set)):
+    for v in value:
+      _macro_refs(v, found)
+  elif isinstance(value, dict):
+    for v in (*value.keys(), *value.values()):
+      _macro_refs(v, found)
+
+
+def unread_macros(bindings: Sequence[str]) -> List[str]:
+  """The macros bound by `bindings` (`NAME=VALUE`) that no parsed binding refers to as `%NAME`
+  and no code reads (CODE_MACROS): usually a misspelling (`GAMA=3`)."""
+  bound = [m.group(1) for m in map(_MACRO_BINDING.match, bindings) if m]
+  found: Set[str] = set()
+  for params in gin.config._CONFIG.values():  # pylint: disable=protected-access
+    for value in params.values():
+      _macro_refs(value, found)
+  return sorted({name for name in bound if name not in found and name not in CODE_MACROS})
+
+
+def _parse_files_and_bindings(files: Sequence[str], bindings: Sequence[str],
+                              paths: Sequence[str]) -> None:
+  """gin's parse; a syntax error becomes a ValueError naming the file (or binding) and line."""
+  try:
+    gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+  except SyntaxError as e:
+    where = f"'{e.filename}', line {e.lineno}" if e.filename else "a --gin binding"
+    raise ValueError(f"gin syntax error in {where}: {e.msg}\n  {(e.text or '').rstrip()}") from e
+  except tokenize.TokenError as e:
+    raise ValueError(f"gin syntax error in {_token_error_site(files, bindings, paths)}: "
+                     f"{e.args[0] if e.args else 'unbalanced brackets or quotes'}") from e
+
+
+def _unbalanced(text: str) -> Optional[str]:
+  """None if Python's tokenizer reads `text`; else the unclosed bracket or string and its line."""
+  opened = []  # (bracket, line) still open
+  try:
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+      if tok.type == tokenize.OP and tok.string in "([{":
+        opened.append((tok.string, tok.start[0]))
+      elif tok.type == tokenize.OP and tok.string in ")]}" and opened:
+        opened.pop()
+  except tokenize.TokenError as e:
+    if opened:
+      return f"'{opened[-1][0]}' opened on line {opened[-1][1]} is never closed"
+    line = e.args[1][0] if len(e.args) > 1 else "?"
+    return f"{e.args[0] if e.args else 'unbalanced quotes'} (line {line})"
+  return None
+
+
+def _token_error_site(files: Sequence[str], bindings: Sequence[str], paths: Sequence[str],
+                      seen=()) -> str:
+  """Where Python's tokenizer fails (gin drops the file name): 'FILE', line N or the binding."""
+  for path in files:
+    if path in seen:
+      continue
+    text = Path(path).read_text(encoding="utf-8")
+    problem = _unbalanced(text)
+    if problem:
+      return f"'{path}' ({problem})"
+    includes = [m.group(1) for m in map(_INCLUDE.match, text.splitlines()) if m]
+    inner = _token_error_site([resolve(i, paths) for i in includes], (), paths, (*seen, path))
+    if inner:
+      return inner
+  for binding in bindings:
+    if _unbalanced(binding):
+      return f"--gin.{binding}"
+  return "" if seen or not files else "the gin files " + ", ".join(files)
 
 
 def model_config(scope: str):

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import gin
 import jax
@@ -33,6 +34,7 @@ from rich.progress import Progress
 from specjax import bundled, gin_config, report
 from specjax.checkpoints import load_sharded, load_t5x_for_model
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.decode.inputs import check_cache_size, check_count, drafter_models
 from specjax.draft import ModelDrafter, PromptLookupDrafter
 from specjax.models import build_model
 from specjax.sampling import Sampling
@@ -49,28 +51,77 @@ def load_model(checkpoint: Optional[str], scope: str, seed: int,
   'bundled:PAIR/ROLE' is a shipped model (`specjax.bundled`).
   With a partitioner the params come back placed in their shardings.
   """
-  checkpoint = bundled.resolve(checkpoint, "checkpoint")
   model = build_model(gin_config.model_config(scope))
+  return model, load_params(model, checkpoint, seed, partitioner)
+
+
+def load_params(model, checkpoint: Optional[str], seed: int,
+                partitioner: Optional[Partitioner] = None):
+  """`model`'s params from a T5X checkpoint (None: random init; 'bundled:...': shipped)."""
+  checkpoint = bundled.resolve(checkpoint, "checkpoint")
   if checkpoint is None:
     params = model.init(jax.random.PRNGKey(seed))
-    return model, params if partitioner is None else partitioner.shard_params(params)
+    return params if partitioner is None else partitioner.shard_params(params)
   if partitioner is not None:
-    return model, load_sharded(checkpoint, model, partitioner, dtype="float32")
-  return model, jax.tree.map(jax.numpy.asarray,
-                             load_t5x_for_model(checkpoint, model, dtype="float32"))
+    return load_sharded(checkpoint, model, partitioner, dtype="float32")
+  return jax.tree.map(jax.numpy.asarray, load_t5x_for_model(checkpoint, model, dtype="float32"))
 
 
 def encode_inputs(vocab, texts: Sequence[str], encoder_decoder: bool, max_len: int) -> np.ndarray:
-  """Texts -> int32 [B, L] (0-padded). Encoder inputs end with EOS; LM prompts do not."""
+  """Texts -> int32 [B, L] (0-padded). Encoder inputs end with EOS; LM prompts do not.
+
+  A text longer than `max_len` tokens is cut to its first max_len - 1 tokens + EOS (T5) or
+  first max_len tokens (LM), with a logged warning naming the example.
+  """
   rows = []
-  for text in texts:
-    ids = vocab.encode(text)[: max_len - 1 if encoder_decoder else max_len]
+  keep = max_len - 1 if encoder_decoder else max_len
+  for index, text in enumerate(texts):
+    ids = vocab.encode(text)
+    if len(ids) > keep:
+      logging.warning("input %d has %d tokens, more than max_input_len=%d: keeping its first %d "
+                      "tokens%s and dropping the last %d", index, len(ids), max_len, keep,
+                      " + EOS" if encoder_decoder else "", len(ids) - keep)
+      ids = ids[:keep]
     rows.append(ids + [vocab.eos_id] if encoder_decoder else ids)
   width = max(len(r) for r in rows)
   out = np.zeros((len(rows), width), np.int32)
   for i, r in enumerate(rows):
     out[i, :len(r)] = r
   return out
+
+
+def check_settings(*, drafter: str, gamma: Any, max_gamma: Any, max_new_tokens: Any,
+                   batch_size: Any, max_input_len: Any, seed: Any) -> int:
+  """ValueError naming the first bad setting of `decode_job` (nothing loaded yet).
+
+  Returns max_gamma (gamma when None)."""
+  if drafter not in ("model", "prompt_lookup"):
+    raise ValueError(f"drafter must be 'model' or 'prompt_lookup', got {drafter!r}")
+  gamma = check_count("gamma", gamma)
+  max_gamma = gamma if max_gamma is None else check_count("max_gamma", max_gamma)
+  if gamma > max_gamma:
+    raise ValueError(f"gamma must be in [1, max_gamma={max_gamma}], got {gamma}")
+  check_count("max_new_tokens", max_new_tokens)
+  check_count("batch_size", batch_size)
+  if check_count("max_input_len", max_input_len) < 2:
+    raise ValueError(f"max_input_len must be >= 2 (a token and EOS), got {max_input_len}")
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    raise ValueError(f"seed must be an integer, got {seed!r}")
+  return max_gamma
+
+
+def prepare_output_dir(output_dir: Optional[str]) -> None:
+  """Creates `output_dir` and checks a file can be written there (before any decoding)."""
+  if not output_dir:
+    return
+  probe = os.path.join(output_dir, ".specjax_write_test")
+  try:
+    os.makedirs(output_dir, exist_ok=True)
+    with open(probe, "w", encoding="utf-8") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise ValueError(f"output_dir '{output_dir}' is not writable: {e}") from e
 
 
 def _timed(fn):
@@ -89,7 +140,8 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
                verifier=ReferenceVerifier(),
                output_dir: Optional[str] = "out/decode", plain: bool = False,
                partitioner: Optional[Partitioner] = None,
-               console: Optional[Console] = None) -> Dict[str, Any]:
+               console: Optional[Console] = None,
+               on_batch: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
   """Runs autoregressive and speculative decoding on `texts`; prints and writes a report.
 
   Args:
@@ -104,70 +156,86 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
     output_dir: where `results.jsonl` and `summary.json` go (None: nowhere).
     partitioner: a `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a
       device mesh; None: one device.
+    on_batch: called as on_batch(examples_done, examples_total) after each batch (a progress
+      hook). Ctrl-C (KeyboardInterrupt) between batches stops the job with a message.
+  Every setting, the output folder and the caches' size are checked before any model loads.
   Returns:
     The summary dict.
   """
   console = console or Console()
+  max_gamma = check_settings(drafter=drafter, gamma=gamma, max_gamma=max_gamma,
+                             max_new_tokens=max_new_tokens, batch_size=batch_size,
+                             max_input_len=max_input_len, seed=seed)
+  if not texts:
+    raise ValueError("no inputs to decode")
+  prepare_output_dir(output_dir)
   vocab = load_vocab()
-  target, target_params = load_model(target_checkpoint, "target", seed, partitioner)
-  max_gamma = max_gamma or gamma
-  if drafter == "model":
-    draft, draft_params = load_model(draft_checkpoint, "draft", seed + 1, partitioner)
-    the_drafter = ModelDrafter(draft, max_gamma=max_gamma)
-  elif drafter == "prompt_lookup":
-    the_drafter, draft_params = PromptLookupDrafter(vocab=target.vocab_size,
-                                                    max_gamma=max_gamma), None
-  else:
-    raise ValueError(f"drafter must be 'model' or 'prompt_lookup', got {drafter!r}")
-  if not verifier.exact:
-    console.print(f"[bold red]WARNING:[/bold red] {describe(verifier)}: speculative outputs are "
-                  "NOT distributed as the target's")
   config = DecodeConfig(sampling=sampling, eos_id=vocab.eos_id, lenience=lenience,
                         verifier=verifier,
                         cache_len=max_input_len + max_new_tokens + max_gamma + 1)
+  target = build_model(gin_config.model_config("target"))
+  if drafter == "model":
+    draft = build_model(gin_config.model_config("draft"))
+    the_drafter = ModelDrafter(draft, max_gamma=max_gamma)
+  else:
+    the_drafter = PromptLookupDrafter(vocab=target.vocab_size, max_gamma=max_gamma)
+  check_cache_size([target, *drafter_models(the_drafter)], batch_size, config.cache_len,
+                   partitioner)
+  target_params = load_params(target, target_checkpoint, seed, partitioner)
+  draft_params = (load_params(draft, draft_checkpoint, seed + 1, partitioner)
+                  if drafter == "model" else None)
+  if not verifier.exact:
+    console.print(f"[bold red]WARNING:[/bold red] {describe(verifier)}: speculative outputs are "
+                  "NOT distributed as the target's")
   inputs = encode_inputs(vocab, texts, target.is_encoder_decoder, max_input_len)
   rng = jax.random.PRNGKey(seed)
   records: List[Dict[str, Any]] = []
   totals = dict(ar_s=0.0, spec_s=0.0, ar_compile_s=0.0, spec_compile_s=0.0, identical=True)
   stats = dict(tokens=0, calls=0, alpha_sum=0.0, alpha_count=0)
   first_trace = None
-  with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
-    task = progress.add_task("decoding", total=len(texts))
-    for start in range(0, len(texts), batch_size):
-      batch = inputs[start:start + batch_size]
-      pad = batch_size - len(batch)  # keep one shape: no recompiles on the last batch
-      batch = np.concatenate([batch, np.repeat(batch[-1:], pad, 0)]) if pad else batch
-      keys = jax.random.split(jax.random.fold_in(rng, start), batch_size)
-      ar = lambda: autoregressive_decode(target, target_params, batch,
-                                         max_new_tokens=max_new_tokens, rng=keys, config=config,
-                                         partitioner=partitioner)
-      spec_config = DecodeConfig(**{**config.__dict__, "trace": True})
-      spec = lambda: speculative_decode(target, target_params, the_drafter, draft_params, batch,
-                                        max_new_tokens=max_new_tokens, gamma=gamma, rng=keys,
-                                        config=spec_config, partitioner=partitioner)
-      if start == 0:  # compile (and warm up) apart from the timed runs
-        totals["ar_compile_s"] = _timed(ar)[1]
-        totals["spec_compile_s"] = _timed(spec)[1]
-      ar_out, ar_s = _timed(ar)
-      spec_out, spec_s = _timed(spec)
-      totals["ar_s"] += ar_s
-      totals["spec_s"] += spec_s
-      if first_trace is None:
-        first_trace = report.trace_rounds(spec_out, 0)
-      for i in range(len(batch) - pad):
-        n_ar, n_sp = int(ar_out.lengths[i]), int(spec_out.lengths[i])
-        ar_ids = np.asarray(ar_out.tokens[i, :n_ar]).tolist()
-        sp_ids = np.asarray(spec_out.tokens[i, :n_sp]).tolist()
-        totals["identical"] &= ar_ids == sp_ids
-        stats["tokens"] += n_sp
-        stats["calls"] += int(spec_out.target_calls[i])
-        stats["alpha_sum"] += float(spec_out.alpha_sum[i])
-        stats["alpha_count"] += int(spec_out.alpha_count[i])
-        records.append({"input": texts[start + i], "autoregressive": vocab.decode(ar_ids),
-                        "speculative": vocab.decode(sp_ids), "target_calls": int(
-                            spec_out.target_calls[i]), "tokens": n_sp,
-                        "alpha": float(spec_out.alpha[i])})
-      progress.advance(task, len(batch) - pad)
+  try:
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
+      task = progress.add_task("decoding", total=len(texts))
+      for start in range(0, len(texts), batch_size):
+        batch = inputs[start:start + batch_size]
+        pad = batch_size - len(batch)  # keep one shape: no recompiles on the last batch
+        batch = np.concatenate([batch, np.repeat(batch[-1:], pad, 0)]) if pad else batch
+        keys = jax.random.split(jax.random.fold_in(rng, start), batch_size)
+        ar = lambda: autoregressive_decode(target, target_params, batch,
+                                           max_new_tokens=max_new_tokens, rng=keys, config=config,
+                                           partitioner=partitioner)
+        spec_config = DecodeConfig(**{**config.__dict__, "trace": True})
+        spec = lambda: speculative_decode(target, target_params, the_drafter, draft_params, batch,
+                                          max_new_tokens=max_new_tokens, gamma=gamma, rng=keys,
+                                          config=spec_config, partitioner=partitioner)
+        if start == 0:  # compile (and warm up) apart from the timed runs
+          totals["ar_compile_s"] = _timed(ar)[1]
+          totals["spec_compile_s"] = _timed(spec)[1]
+        ar_out, ar_s = _timed(ar)
+        spec_out, spec_s = _timed(spec)
+        totals["ar_s"] += ar_s
+        totals["spec_s"] += spec_s
+        if first_trace is None:
+          first_trace = report.trace_rounds(spec_out, 0)
+        for i in range(len(batch) - pad):
+          n_ar, n_sp = int(ar_out.lengths[i]), int(spec_out.lengths[i])
+          ar_ids = np.asarray(ar_out.tokens[i, :n_ar]).tolist()
+          sp_ids = np.asarray(spec_out.tokens[i, :n_sp]).tolist()
+          totals["identical"] &= ar_ids == sp_ids
+          stats["tokens"] += n_sp
+          stats["calls"] += int(spec_out.target_calls[i])
+          stats["alpha_sum"] += float(spec_out.alpha_sum[i])
+          stats["alpha_count"] += int(spec_out.alpha_count[i])
+          records.append({"input": texts[start + i], "autoregressive": vocab.decode(ar_ids),
+                          "speculative": vocab.decode(sp_ids), "target_calls": int(
+                              spec_out.target_calls[i]), "tokens": n_sp,
+                          "alpha": float(spec_out.alpha[i])})
+        progress.advance(task, len(batch) - pad)
+        if on_batch is not None:
+          on_batch(len(records), len(texts))
+  except KeyboardInterrupt:
+    console.print(f"interrupted after {len(records)} of {len(texts)} examples: nothing written")
+    raise
 
   for record in records:
     console.print(f"[bold]>[/bold] {record['input']}", markup=True, highlight=False)
@@ -209,8 +277,14 @@ def read_texts(args) -> List[str]:
   """
   texts = list(args.prompt or [])
   if args.input_file:
-    with open(args.input_file, encoding="utf-8") as f:
-      texts += [line.rstrip("\n") for line in f if line.strip()]
+    with open(args.input_file, "rb") as f:
+      raw = f.read()
+    try:
+      text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"--input_file '{args.input_file}' is not UTF-8: byte {e.start} "
+                       f"({raw[e.start:e.start + 1]!r}) cannot be decoded ({e.reason})") from e
+    texts += [line for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
   if args.task:
     name, _, split = args.task.partition(":")
     if name.startswith("specjax_"):
@@ -246,6 +320,9 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                       help="words of each language-modelling document used as its prompt")
   parser.add_argument("--plain", action="store_true", help="no colours in the trace")
   args = parser.parse_args(rest)
+  for name in ("num_examples", "prompt_words"):
+    if getattr(args, name) < 1:
+      parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
   gin_config.parse(gin_files or [DEFAULT_GIN], bindings, paths)
   texts = read_texts(args)
   if not texts and gin_config.query_macro("DEFAULT_TASK"):

@@ -10,6 +10,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,12 +132,17 @@ def row_keys(rng: jax.Array, batch: int) -> jax.Array:
   Returns:
     The per-row keys, [B, 2] (raw) or [B] (typed).
   """
+  typed = hasattr(rng, "dtype") and jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+  if np.ndim(rng) == 0 and not typed:
+    raise ValueError(f"rng must be a PRNG key, got {rng!r}: pass jax.random.PRNGKey(seed) "
+                     "(or one key per row)")
   rng = jnp.asarray(rng)
   typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
   if rng.ndim == (0 if typed else 1):
     return _fold_rows(rng, batch)
   if rng.ndim != (1 if typed else 2):
-    raise ValueError(f"rng must be one PRNG key or one key per row, got shape {rng.shape}")
+    raise ValueError(f"rng must be one PRNG key or one key per row, got shape {rng.shape}: "
+                     "pass jax.random.PRNGKey(seed)")
   if rng.shape[0] != batch:
     raise ValueError(f"rng has {rng.shape[0]} row keys but the batch has {batch} rows")
   return rng

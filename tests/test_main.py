@@ -1,12 +1,18 @@
 """The main job end to end: gin parsing, checkpoints, both decoders, the report."""
+import argparse
 import json
+import logging
+import signal
 
 import gin
 import jax
 import numpy as np
 import pytest
 
-from specjax import gin_config
+from rich.console import Console
+
+from specjax import gin_config, main
+from specjax.data import load_vocab
 from specjax.checkpoints import load_t5x_for_model, save_t5x
 from specjax.main import build_model, run
 
@@ -86,3 +92,124 @@ def test_inputs_from_a_seqio_task_split(tmp_path):
   first = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[0])
   assert first["input"] == load_bundled("translate_en_de")[0][0]
   assert summary["examples"] == 2
+
+
+# ------------------------------------------------- issue #16: settings checked up front
+
+
+def _no_models(monkeypatch):
+  """Makes building or loading any model fail: a check that fires first never gets there."""
+  def fail(*args, **kwargs):
+    raise AssertionError("a model was built or loaded before the settings were checked")
+  monkeypatch.setattr(main, "build_model", fail)
+
+
+@pytest.mark.parametrize("bindings,message", [
+    (["--gin.decode_job.max_gamma=4", "--gin.GAMMA=5"], r"gamma must be in \[1, max_gamma=4\]"),
+    (["--gin.GAMMA=0"], "gamma must be an integer >= 1, got 0"),
+    (["--gin.GAMMA=2.5"], "gamma must be an integer >= 1, got 2.5"),
+    (["--gin.BATCH_SIZE=0"], "batch_size must be an integer >= 1, got 0"),
+    (["--gin.MAX_NEW_TOKENS=True"], "max_new_tokens must be an integer >= 1, got True"),
+])
+def test_settings_are_checked_before_any_model_loads(monkeypatch, tmp_path, bindings, message):
+  _no_models(monkeypatch)
+  with pytest.raises(ValueError, match=message):
+    run([f"--gin_file={TINY}", "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}'", *bindings])
+
+
+def test_unwritable_output_dir_is_found_before_decoding(monkeypatch, tmp_path):
+  _no_models(monkeypatch)
+  (tmp_path / "a_file").write_text("x")
+  with pytest.raises(ValueError, match="output_dir '.*a_file/out' is not writable"):
+    run([f"--gin_file={TINY}", "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}/a_file/out'"])
+
+
+def test_a_cache_beyond_memory_is_refused_before_loading_weights(monkeypatch, tmp_path):
+  def fail(*args, **kwargs):
+    raise AssertionError("weights were loaded before the cache size was checked")
+  monkeypatch.setattr(main, "load_params", fail, raising=False)
+  monkeypatch.setattr(main, "load_model", fail)
+  with pytest.raises(ValueError, match=r"KV caches would take [\d.]+ GiB .* above the limit"):
+    run([f"--gin_file={TINY}", "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}'",
+         f"--gin.MAX_NEW_TOKENS={10**9}"])
+
+
+def test_non_utf8_input_file_names_the_file_and_byte(monkeypatch, tmp_path):
+  _no_models(monkeypatch)
+  path = tmp_path / "inputs.txt"
+  path.write_bytes(b"fine\n\xffbad\n")
+  with pytest.raises(ValueError, match=r"inputs\.txt' is not UTF-8: byte 5"):
+    run([f"--gin_file={TINY}", "--input_file", str(path)])
+
+
+def test_input_file_lines_are_read(tmp_path):
+  path = tmp_path / "inputs.txt"
+  path.write_bytes("één\r\n\nzwei\n".encode("utf-8"))
+  args = argparse.Namespace(prompt=None, input_file=str(path), task=None)
+  assert main.read_texts(args) == ["één", "zwei"]
+
+
+@pytest.mark.parametrize("flag", ["--num_examples", "--prompt_words"])
+def test_non_positive_counts_are_refused(monkeypatch, capsys, flag):
+  _no_models(monkeypatch)
+  with pytest.raises(SystemExit):
+    run([f"--gin_file={TINY}", "--task", "translate_en_de", flag, "-1"])
+  assert f"{flag} must be >= 1, got -1" in capsys.readouterr().err
+
+
+def test_overlong_inputs_are_cut_with_a_warning(caplog):
+  vocab = load_vocab()
+  long_text = "the house is wonderful and the garden is green " * 3
+  n = len(vocab.encode(long_text))
+  with caplog.at_level(logging.WARNING):
+    out = main.encode_inputs(vocab, ["short", long_text], True, 6)
+  assert out.shape == (2, 6) and out[1, -1] == vocab.eos_id
+  assert out[1, :5].tolist() == vocab.encode(long_text)[:5]
+  assert (f"input 1 has {n} tokens, more than max_input_len=6: keeping its first 5 tokens + EOS"
+          in caplog.text)
+  assert "input 0" not in caplog.text
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_gin_syntax_errors_name_the_file(tmp_path, include):
+  bad = tmp_path / "bad.gin"
+  bad.write_text("GAMMA = 3\ndecode_job.gamma = (\n")
+  top = bad
+  if include:
+    top = tmp_path / "top.gin"
+    top.write_text(f"include '{bad}'\n")
+  with pytest.raises(ValueError, match=r"gin syntax error in '.*bad\.gin' \('\(' opened on "
+                                       r"line 2 is never closed\)"):
+    run([f"--gin_file={top}", "--prompt", "x"])
+
+
+def test_gin_syntax_error_in_a_binding_is_named():
+  with pytest.raises(ValueError, match=r"gin syntax error in --gin\.GAMMA=\(3"):
+    run([f"--gin_file={TINY}", "--prompt", "x", "--gin.GAMMA=(3"])
+
+
+def test_misspelled_macro_binding_warns(caplog):
+  with caplog.at_level(logging.WARNING):
+    gin_config.parse([TINY], ["GAMA=3", "GAMMA=2", "DEFAULT_TASK='x'"])
+  assert "macros that nothing reads (misspelled?): GAMA" in caplog.text
+  assert gin_config.unread_macros(["GAMA=3", "GAMMA=2", "DEFAULT_TASK='x'",
+                                   "decode_job.seed=1"]) == ["GAMA"]
+
+
+def test_ctrl_c_between_batches_stops_the_job(tmp_path):
+  # The settings and input of test_checkpoints_round_trip_through_the_job: its compiled loops
+  # are reused (same models, shapes and config), so this test compiles nothing new.
+  gin_config.parse([TINY], ["MAX_NEW_TOKENS=5", "BATCH_SIZE=1", f"OUTPUT_DIR='{tmp_path}'"])
+  calls = []
+
+  def ctrl_c(done, total):  # a real SIGINT, delivered between two compiled calls
+    calls.append((done, total))
+    signal.raise_signal(signal.SIGINT)
+
+  console = Console(record=True, width=200)
+  with pytest.raises(KeyboardInterrupt):
+    gin.get_configurable(main.decode_job)(["Hello world"] * 3, console=console,
+                                          on_batch=ctrl_c)
+  assert calls == [(1, 3)]  # the second batch never started
+  assert "interrupted after 1 of 3 examples" in console.export_text()
+  assert not (tmp_path / "results.jsonl").exists()

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decode.config import DecodeConfig
-from specjax.decode.inputs import (cache_length, check_count, check_inputs, check_nan,
-                                   initial_seq, prefix_lengths)
+from specjax.decode.inputs import (cache_length, check_cache_size, check_count, check_inputs,
+                                   check_nan, initial_seq, prefix_lengths)
 from specjax.decode.loop import advance, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.models import DecodingModel
@@ -65,6 +65,7 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
   inputs = check_inputs(model, inputs)
   length = prefix_lengths(model, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens, 1)
+  check_cache_size([model], inputs.shape[0], cache_len, partitioner)
   seq = initial_seq(model, inputs, cache_len)
   (params,), rows = place(partitioner, [params], [
       jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),

@@ -44,7 +44,7 @@ from jax import lax
 from specjax.decode.beam_core import (BeamResult, Beams, beam_step, beams_done, finish,
                                       init_beams, last_tokens, prepare, repeat_rows,
                                       select_rows, start_copies, gather_rows)
-from specjax.decode.inputs import check_count, check_nan
+from specjax.decode.inputs import check_cache_size, check_count, check_nan
 from specjax.models import DecodingModel
 from specjax.sharding import Partitioner, constrain, place, unpad
 
@@ -124,6 +124,7 @@ def beam_search(model: DecodingModel, params: Any, inputs: Any, *, beam_size: in
   beam_size = check_count("beam_size", beam_size)
   prep = prepare(model, inputs, prompt_lengths, max_new_tokens, alpha, extra_slots=2)
   batch = prep.seq.shape[0]
+  check_cache_size([model], batch * beam_size, prep.seq.shape[1], partitioner)
   (params,), rows = place(partitioner, [params], [
       jnp.asarray(prep.inputs), jnp.asarray(prep.seq), jnp.asarray(prep.prefix_len)])
   result, nan = unpad(partitioner, _beam_search(

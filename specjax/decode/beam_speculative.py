@@ -51,7 +51,7 @@ from jax import lax
 from specjax.decode.beam_core import (NEG_INF, BeamResult, Beams, beam_step, beams_done, finish,
                                       gather_rows, init_beams, last_tokens, prepare, repeat_rows,
                                       start_copies)
-from specjax.decode.inputs import check_count, check_nan
+from specjax.decode.inputs import check_cache_size, check_count, check_nan
 from specjax.models import DecodingModel, check_same_vocab
 
 
@@ -261,6 +261,9 @@ def speculative_beam_search(target: DecodingModel, target_params: Any, draft: De
                      f"target.is_encoder_decoder={target.is_encoder_decoder}, "
                      f"draft.is_encoder_decoder={draft.is_encoder_decoder}")
   prep = prepare(target, inputs, prompt_lengths, max_new_tokens, alpha, extra_slots=gamma + 2)
+  batch = prep.seq.shape[0]  # the score call's target rows: w roots + γ·u nodes per example
+  check_cache_size([target, draft], [batch * (beam_size + gamma * draft_beam_size),
+                                     batch * draft_beam_size], prep.seq.shape[1])
   result, nan = _speculative(target, draft, beam_size, draft_beam_size, gamma, target_params,
                              draft_params, jnp.asarray(prep.inputs), jnp.asarray(prep.seq),
                              jnp.asarray(prep.prefix_len), jnp.int32(max_new_tokens),

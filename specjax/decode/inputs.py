@@ -1,8 +1,10 @@
 """Validation and sizing of a generation's inputs, shared by every decode loop (host side)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+import os
+from typing import Any, Optional, Sequence
 
+import jax
 import numpy as np
 
 from specjax.models import DecodingModel
@@ -59,6 +61,62 @@ def cache_length(cache_len: Optional[int], prefix_max: int, max_new_tokens: int,
         f"max_new_tokens {max_new_tokens} + {extra_slots} extra slots = {need} > "
         f"cache_len {cache_len}")
   return cache_len
+
+
+MEMORY_FRACTION = 0.5
+"""The largest share of a device's memory (or of the host's, on CPU) the caches may take."""
+
+
+def cache_bytes(model: DecodingModel, batch: int, slots: int) -> int:
+  """Bytes of `model.init_cache(batch, slots)`, from its abstract shapes (nothing allocated)."""
+  shapes = jax.eval_shape(lambda: model.init_cache(batch, slots))
+  return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize
+                 for x in jax.tree.leaves(shapes)))
+
+
+def device_memory(partitioner: Any = None) -> int:
+  """Bytes the caches may be spread over: on CPU the host's physical memory; on an accelerator
+  its `memory_stats()['bytes_limit']` times the devices of the partitioner's mesh (or one)."""
+  devices = list(partitioner.mesh.devices.flat) if partitioner is not None else jax.devices()[:1]
+  stats = None
+  if devices[0].platform != "cpu":
+    try:
+      stats = devices[0].memory_stats()
+    except Exception:  # pylint: disable=broad-except  (some backends do not report)
+      stats = None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]) * len(devices)
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_cache_size(models: Sequence[DecodingModel], batch: Any, slots: int,
+                     partitioner: Any = None) -> int:
+  """Refuses, before any allocation, caches larger than MEMORY_FRACTION of `device_memory`.
+
+  The size is each model's KV cache (layers × 2 × heads × head_dim × dtype bytes per slot,
+  read from `init_cache`'s abstract shapes) × `slots` × `batch` rows, summed over `models`
+  (`batch`: one row count for all, or one per model). Returns the size in bytes; ValueError
+  giving it (GiB) and the limit.
+  """
+  rows = [int(batch)] * len(models) if np.ndim(batch) == 0 else [int(b) for b in batch]
+  size = sum(cache_bytes(m, b, slots) for m, b in zip(models, rows))
+  limit = int(MEMORY_FRACTION * device_memory(partitioner))
+  if size > limit:
+    raise ValueError(
+        f"the KV caches would take {size / 2**30:.2f} GiB ({max(rows)} rows × {slots} slots over "
+        f"{len(models)} model(s)), above the limit of {limit / 2**30:.2f} GiB "
+        f"({MEMORY_FRACTION:.0%} of the device's memory): lower max_new_tokens, the batch or "
+        "cache_len")
+  return size
+
+
+def drafter_models(drafter: Any) -> list:
+  """The models whose caches a drafter allocates (ModelDrafter, HierarchicalDrafter; n-gram
+  and prompt-lookup drafters hold none)."""
+  models = [getattr(drafter, name) for name in ("model", "medium")
+            if getattr(drafter, name, None) is not None]
+  inner = getattr(drafter, "inner", None)
+  return models + (drafter_models(inner) if inner is not None else [])
 
 
 def initial_seq(model: DecodingModel, inputs: np.ndarray, width: int) -> np.ndarray:

@@ -25,8 +25,8 @@ import numpy as np
 
 from specjax.decode.config import DecodeConfig
 from specjax.decode.gamma import next_gamma
-from specjax.decode.inputs import (cache_length, check_count, check_inputs, check_nan,
-                                   initial_seq, prefix_lengths)
+from specjax.decode.inputs import (cache_length, check_cache_size, check_count, check_inputs,
+                                   check_nan, drafter_models, initial_seq, prefix_lengths)
 from specjax.decode.loop import advance, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState, Trace
 from specjax.draft import Drafter, Proposal
@@ -171,6 +171,7 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
   length = prefix_lengths(target, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens,
                            drafter.max_gamma + 1)
+  check_cache_size([target, *drafter_models(drafter)], inputs.shape[0], cache_len, partitioner)
   seq = initial_seq(target, inputs, cache_len)
   (target_params, drafter_params), rows = place(partitioner, [target_params, drafter_params], [
       jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
