@@ -1,4 +1,4 @@
-"""Time per verification step: reference vs fused (exact) vs sigmoid (NOT exact).
+"""Time per verification step: reference vs fused vs block (exact) vs sigmoid (NOT exact).
 
   python -m experiments.bench_verify                 # V ∈ {8k, 32k, 128k}, γ ∈ {3, 5, 10}, B ∈ {1, 8}
   python -m experiments.bench_verify --vocab 8192 --gamma 5 --batch 8 --output out/bench.json
@@ -20,6 +20,16 @@ decodes of bundled examples per verifier (batch 1 and 8, γ = 4, greedy and
 temperature 1), compile apart, median of `--repeats`.
 
     python -m experiments.bench_verify --pair lm --pair translate --output_dir out/bv
+
+Block vs reference verification (`--compare block`, issue 18): on the bundled pairs at
+temperature 1, batch 1 and 8, γ ∈ {2, 4, 6}, `compare_block` reports tokens per target
+call (the robust figure: it does not depend on the machine) and whole-decode walltime,
+the two verifiers interleaved repeat by repeat (median and min–max over repeats); each
+repeat decodes the same examples with a different seed, and tokens per call pool all
+repeats. Eq. 1's prediction from the measured α sits beside the reference's figure.
+
+    python -m experiments.bench_verify --compare block --pair lm --pair translate \
+        --examples 8 --repeats 3 --output_dir docs/results/bench_verify_block
 """
 from __future__ import annotations
 
@@ -33,6 +43,7 @@ from typing import Any, Callable, Dict, List, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.verify import FusedVerifier, Verifier, describe, get_verifier
 
@@ -90,13 +101,15 @@ def device_note() -> str:
 
 
 def candidates() -> Dict[str, Verifier]:
-  """Verifiers to time: reference, fused (the backend this device uses), sigmoid (NOT exact)."""
+  """Verifiers to time: reference, fused (the backend this device uses), block, sigmoid (NOT
+  exact)."""
   out = {"reference": get_verifier("reference")}
   if jax.default_backend() == "cpu":
     out["fused"] = FusedVerifier(backend="xla")
   else:
     out["fused[pallas]"] = FusedVerifier(backend="pallas")
     out["fused[xla]"] = FusedVerifier(backend="xla")
+  out["block"] = get_verifier("block")
   out["sigmoid"] = get_verifier("sigmoid")
   return out
 
@@ -190,13 +203,98 @@ def end_to_end(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
   return rows
 
 
+def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
+                  gammas: Sequence[int] = (2, 4, 6), num_examples: int = 8,
+                  max_new_tokens: int = 48, repeats: int = 3,
+                  verifiers: Sequence[str] = ("reference", "block")) -> List[Dict[str, Any]]:
+  """Block vs reference verification at temperature 1 on the bundled pairs.
+
+  For each (pair, γ, B): the first `num_examples` examples, decoded in batches of B
+  (the last batch padded by repeating a row; padded rows are not counted), no EOS, so
+  every row makes `max_new_tokens` tokens. Each verifier is compiled once, then every
+  repeat r runs all batches with seed r for each verifier in turn (interleaved).
+
+  Returns one dict per (pair, γ, B, verifier): tokens_per_call (pooled over all repeats)
+  and its standard error (from the accepted-count histogram), alpha, eq1_tokens_per_call (Eq. 1 at the measured α and γ; token verification's
+  theory), decode_s (median over repeats of the summed batch times) with its min and max,
+  ms_per_token, and the ratios to the first verifier (tokens per call; walltime speedup).
+  """
+  from experiments import common  # pylint: disable=import-outside-toplevel
+  from specjax import analysis  # pylint: disable=import-outside-toplevel
+  from specjax.decode import speculative_decode  # pylint: disable=import-outside-toplevel
+  rows = []
+  for pair_name in pair_names:
+    pair = common.load_pair(pair_name)
+    ex = common.examples(pair, num_examples, 48)
+    for gamma in gammas:
+      drafter, dparams = common.model_drafter(pair, gamma)
+      config = common.decode_config(1.0, 48 + max_new_tokens + gamma + 1)
+      for batch in batches:
+        starts = range(0, num_examples, batch)
+        chunks = [common.pad_rows(ex.inputs[i:i + batch], batch) for i in starts]
+        real = [min(batch, num_examples - i) for i in starts]
+
+        def run(name, seed):
+          cfg = dataclasses.replace(config, verifier=get_verifier(name))
+          outs = [speculative_decode(pair.target, pair.target_params, drafter, dparams, chunk,
+                                     max_new_tokens=max_new_tokens, gamma=gamma,
+                                     rng=jax.random.PRNGKey(1000 * seed + c), config=cfg)
+                  for c, chunk in enumerate(chunks)]
+          return jax.block_until_ready(outs)
+
+        stats = {n: dict(tokens=0, calls=0, alpha_sum=0.0, alpha_count=0, times=[], hist=0,
+                         compile_s=common.timed(lambda n=n: run(n, 10_000))[1])
+                 for n in verifiers}
+        for r in range(repeats):
+          for name in verifiers:
+            outs, seconds = common.timed(lambda name=name: run(name, r))
+            st = stats[name]
+            st["times"].append(seconds)
+            for out, k in zip(outs, real):
+              st["tokens"] += int(np.asarray(out.lengths)[:k].sum())
+              st["calls"] += int(np.asarray(out.target_calls)[:k].sum())
+              st["alpha_sum"] += float(np.asarray(out.alpha_sum)[:k].sum())
+              st["alpha_count"] += int(np.asarray(out.alpha_count)[:k].sum())
+              st["hist"] = st["hist"] + np.asarray(out.accepted_hist)[:k].sum(0)
+        base = stats[verifiers[0]]
+        for name in verifiers:
+          st = stats[name]
+          alpha = st["alpha_sum"] / max(st["alpha_count"], 1)
+          tpc = st["tokens"] / max(st["calls"], 1)
+          # Standard error of the mean of n + 1 over rounds (rounds taken as independent).
+          counts = np.asarray(st["hist"], np.float64)
+          made = np.arange(1, len(counts) + 1)
+          mean = (counts * made).sum() / counts.sum()
+          se = np.sqrt((counts * (made - mean) ** 2).sum() / counts.sum() / counts.sum())
+          median = statistics.median(st["times"])
+          rows.append(dict(
+              pair=pair_name, gamma=gamma, batch=batch, verifier=describe(get_verifier(name)),
+              tokens_per_call=tpc, tokens_per_call_se=float(se), alpha=alpha,
+              eq1_tokens_per_call=float(analysis.expected_tokens(min(alpha, 1.0), gamma)),
+              tokens_per_call_vs_first=tpc / (base["tokens"] / max(base["calls"], 1)),
+              decode_s=median, decode_s_min=min(st["times"]), decode_s_max=max(st["times"]),
+              ms_per_token=1e3 * median / (num_examples * max_new_tokens),
+              speedup_vs_first=statistics.median(base["times"]) / median,
+              compile_s=st["compile_s"]))
+          print({k: common.fmt(v) for k, v in rows[-1].items()}, flush=True)
+  return rows
+
+
 def main(argv=None) -> List[Dict[str, Any]]:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--vocab", type=int, nargs="+", default=[8192, 32768, 131072])
-  parser.add_argument("--gamma", type=int, nargs="+", default=[3, 5, 10])
+  parser.add_argument("--gamma", type=int, nargs="+", default=None,
+                      help="default: 3 5 10 (per step); 2 4 6 (--compare block)")
   parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-  parser.add_argument("--repeats", type=int, default=5, help="minimum timed calls per cell")
+  parser.add_argument("--repeats", type=int, default=None,
+                      help="minimum timed calls per cell (default 5; 3 with --compare block)")
+  parser.add_argument("--compare", choices=("block",), default=None,
+                      help="block vs reference verification end to end on the bundled pairs")
+  parser.add_argument("--examples", type=int, default=8,
+                      help="--compare block: bundled examples per cell")
+  parser.add_argument("--max_new_tokens", type=int, default=48,
+                      help="--compare block: tokens generated per row")
   parser.add_argument("--output", default=None, help="write the rows as JSON here")
   parser.add_argument("--pair", action="append", choices=("lm", "translate"),
                       help="end to end on this bundled pair instead (repeatable)")
@@ -204,13 +302,35 @@ def main(argv=None) -> List[Dict[str, Any]]:
                       help="--pair writes bench_verify_e2e.{md,csv,json} here")
   args = parser.parse_args(argv)
   print(device_note())
+  if args.compare == "block":
+    from experiments import common  # pylint: disable=import-outside-toplevel
+    repeats = args.repeats or 3
+    gammas = args.gamma or [2, 4, 6]
+    pair_names = args.pair or ["lm", "translate"]
+    rows = compare_block(pair_names, batches=args.batch, gammas=gammas,
+                         num_examples=args.examples, max_new_tokens=args.max_new_tokens,
+                         repeats=repeats)
+    pairs = [common.load_pair(name) for name in pair_names]
+    md = common.header("Block vs reference verification on the bundled pairs", pairs, [
+        device_note(),
+        f"temperature 1, {args.examples} examples per cell, {args.max_new_tokens} new tokens "
+        f"per row (no EOS); γ ∈ {gammas}, batch ∈ {list(args.batch)}; {repeats} repeats, "
+        "verifiers interleaved, a new seed per repeat",
+        "tokens_per_call pools every repeat (± tokens_per_call_se); eq1_tokens_per_call is Eq. 1 at the measured α "
+        "(token verification's theory); decode_s is the median over repeats (min and max "
+        "beside it), speedup_vs_first the ratio of medians to the reference's"])
+    md += "\n" + common.markdown_table(rows)
+    out = common.Output(args.output_dir, "bench_verify_block")
+    out.tables(md, rows, pairs)
+    print(md)
+    return rows
   if args.pair:
     from experiments import common  # pylint: disable=import-outside-toplevel
-    rows = end_to_end(args.pair, repeats=args.repeats)
+    rows = end_to_end(args.pair, repeats=args.repeats or 5)
     pairs = [common.load_pair(name) for name in args.pair]
     md = common.header("End-to-end decode walltime per verifier", pairs, [
         device_note(), "greedy and temperature 1, γ = 4, 48 new tokens per row (no EOS), "
-        f"median of {args.repeats}; sigmoid is NOT exact"])
+        f"median of {args.repeats or 5}; sigmoid is NOT exact"])
     md += "\n" + common.markdown_table(rows)
     out = common.Output(args.output_dir, "bench_verify_e2e")
     out.tables(md, rows, pairs)
@@ -219,7 +339,7 @@ def main(argv=None) -> List[Dict[str, Any]]:
   print("sigmoid = " + describe(get_verifier("sigmoid")))
   names = list(candidates())
   print(format_header(names), flush=True)
-  rows = bench(args.vocab, args.gamma, args.batch, min_repeats=args.repeats)
+  rows = bench(args.vocab, args.gamma or [3, 5, 10], args.batch, min_repeats=args.repeats or 5)
   if args.output:
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as f:

@@ -21,7 +21,7 @@ from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
 from specjax.models import DecoderOnlyConfig, T5Config
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
-from specjax.verify import FusedVerifier, ReferenceVerifier, SigmoidApproxVerifierNotExact
+from specjax.verify import BlockVerifier, FusedVerifier, ReferenceVerifier, SigmoidApproxVerifierNotExact
 
 
 def _gin_dir() -> Path:
@@ -51,6 +51,7 @@ def register(obj, module: str, name: Optional[str] = None):
 for _obj, _module in ((T5Config, "specjax.models"), (DecoderOnlyConfig, "specjax.models"),
                       (Sampling, "specjax"), (DecodeConfig, "specjax.decode"),
                       (ReferenceVerifier, "specjax.verify"), (FusedVerifier, "specjax.verify"),
+                      (BlockVerifier, "specjax.verify"),
                       (SigmoidApproxVerifierNotExact, "specjax.verify"),
                       (Partitioner, "specjax.sharding"), (beam_search, "specjax.decode"),
                       (speculative_beam_search, "specjax.decode")):

@@ -124,9 +124,14 @@ def _speculative(target, drafter, config, partitioner, target_params, drafter_pa
   state, encoded = constrain(partitioner, (state, encoded))
 
   def body(state: LoopState) -> LoopState:
-    proposal, drafter_state = _draft(drafter, drafter_params, state, keys, config)
+    round_keys = keys
+    if config.verifier.fresh_round_keys:
+      # The verifier reads guesses and uniforms past what it accepts, and the next round
+      # draws at those positions again: fold in the round's start (unique per row).
+      round_keys = jax.vmap(jax.random.fold_in)(keys, state.length)
+    proposal, drafter_state = _draft(drafter, drafter_params, state, round_keys, config)
     logits, cache = _score(target, target_params, state, proposal, encoded)
-    verdict = _verify(config, keys, state, proposal, logits)
+    verdict = _verify(config, round_keys, state, proposal, logits)
     after = _commit(config, drafter, state, proposal, verdict, cache, drafter_state, prefix_len,
                     max_new_tokens)
     return constrain(partitioner, _record(config, state, after, proposal, verdict, max_gamma))

@@ -8,6 +8,9 @@ loop vmaps them):
   vocabulary (Wagner et al.'s tiled verification; a Pallas kernel on GPU/TPU,
   one XLA fusion on CPU). Exact: it draws the same tokens as ``reference`` for
   the same randomness, bit for bit.
+- ``block``: Sun et al.'s block verification (`specjax.verify.block`), which
+  verifies the drafted block jointly. Exact; accepts at least as many guesses in
+  expectation as ``reference``; lenience = 1 only.
 - ``sigmoid``: Wagner et al.'s sigmoid approximation, which replaces softmax by
   σ((z − α)/(β − α)) of the raw logits. NOT EXACT: the output is not distributed
   as the target (see `SigmoidApproxVerifierNotExact`).
@@ -38,6 +41,10 @@ class Verifier(Protocol):
   """True when the emitted tokens are distributed exactly as Algorithm 1's (at l = 1: the target's)."""
   name: str
   """The registry name (`get_verifier`)."""
+  fresh_round_keys: bool
+  """True when the step reads guesses and uniforms past the prefix it accepts (block
+  verification). Later rounds draw at those positions again, so the decode loop then folds
+  each round's start position into the row keys; position-tied keys alone would bias it."""
 
   def __call__(self, uniforms: jax.Array, correction_keys: jax.Array,
                draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array,

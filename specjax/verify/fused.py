@@ -33,6 +33,7 @@ class FusedVerifier:
 
   exact: ClassVar[bool] = True
   name: ClassVar[str] = "fused"
+  fresh_round_keys: ClassVar[bool] = False
 
   def __post_init__(self):
     if self.backend not in ("auto", "pallas", "xla"):

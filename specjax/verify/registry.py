@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from specjax.verify.base import Verifier
+from specjax.verify.block import BlockVerifier
 from specjax.verify.fused import FusedVerifier
 from specjax.verify.reference import ReferenceVerifier
 from specjax.verify.sigmoid import SigmoidApproxVerifierNotExact
@@ -9,12 +10,13 @@ from specjax.verify.sigmoid import SigmoidApproxVerifierNotExact
 VERIFIERS = {
     "reference": ReferenceVerifier,
     "fused": FusedVerifier,
+    "block": BlockVerifier,
     "sigmoid": SigmoidApproxVerifierNotExact,
 }
 
 
 def get_verifier(name: str, **kwargs) -> Verifier:
-  """The verifier registered under `name`: 'reference' | 'fused' | 'sigmoid' (NOT exact).
+  """The verifier registered under `name`: 'reference' | 'fused' | 'block' | 'sigmoid' (NOT exact).
 
   Args:
     name: the registry name.
