@@ -8,6 +8,7 @@ import pytest
 import sentencepiece as spm
 
 from specjax.data import corpora as data
+from specjax.data import load_bundled
 from specjax.data import vocab as vocab_lib
 
 DDTP_EN = """\
@@ -344,9 +345,9 @@ def test_fetch_requires_root(monkeypatch, tmp_path):
 
 
 def test_bundled_split_sizes_and_types():
-  lm = data.load_bundled("lm_ddtp_en")
-  mt = data.load_bundled("translate_en_de")
-  summ = data.load_bundled("summarize_ddtp")
+  lm = load_bundled("lm_ddtp_en")
+  mt = load_bundled("translate_en_de")
+  summ = load_bundled("summarize_ddtp")
   assert (len(lm), len(mt), len(summ)) == (1000, 1000, 500)
   assert all(isinstance(d, str) and len(d.split()) >= 10 for d in lm)
   assert all(s and t for s, t in mt + summ)
@@ -354,14 +355,14 @@ def test_bundled_split_sizes_and_types():
   size = sum(p.stat().st_size for p in data.BUNDLED_DIR.iterdir())
   assert size <= 2 * 1024 * 1024
   with pytest.raises(ValueError, match="unknown task"):
-    data.load_bundled("nope")
+    load_bundled("nope")
 
 
 def test_bundled_vocab_conventions_and_roundtrip():
   v = vocab_lib.load_vocab()
   assert (v.vocab_size, v.pad_id, v.eos_id, v.unk_id) == (8192, 0, 1, 2)
   assert 250_000 < vocab_lib.DEFAULT_MODEL.stat().st_size < 600_000
-  for src, tgt in data.load_bundled("translate_en_de")[:200]:
+  for src, tgt in load_bundled("translate_en_de")[:200]:
     for text in (src, tgt):
       ids = v.encode(text)
       assert ids and all(3 <= i < v.vocab_size for i in ids)
@@ -372,13 +373,13 @@ def test_bundled_vocab_conventions_and_roundtrip():
   with pytest.raises(ValueError, match="outside"):
     v.decode([v.vocab_size])
   # German is not split into characters: the vocabulary covers both languages.
-  de = " ".join(t for _, t in data.load_bundled("translate_en_de")[:300])
+  de = " ".join(t for _, t in load_bundled("translate_en_de")[:300])
   assert len(v.encode(de)) < 2.0 * len(de.split())
 
 
 def test_train_vocab_small(tmp_path):
-  lines = vocab_lib.balanced_sample(data.load_bundled("lm_ddtp_en")[:300],
-                                    [t for _, t in data.load_bundled("translate_en_de")])
+  lines = vocab_lib.balanced_sample(load_bundled("lm_ddtp_en")[:300],
+                                    [t for _, t in load_bundled("translate_en_de")])
   model = vocab_lib.train_vocab(lines, tmp_path, vocab_size=300, model_name="tiny")
   v = vocab_lib.Vocab(model)
   assert (v.vocab_size, v.pad_id, v.eos_id, v.unk_id) == (300, 0, 1, 2)
