@@ -13,15 +13,22 @@ Decoding", ICML 2023. See README.md for the tour. The subpackages:
 """
 __version__ = "0.1.0"
 
-from specjax.checkpoints import load_t5x, load_t5x_for_model, save_t5x
-from specjax.decode import (DecodeConfig, DecodeResult, autoregressive_decode, beam_search,
-                            speculative_beam_search, speculative_decode)
-from specjax.draft import ModelDrafter, PromptLookupDrafter
-from specjax.models import build_model
-from specjax.sampling import Sampling
-from specjax.verify import speculative_step
+# Exported lazily (PEP 562), so `from specjax.checkpoints import load_t5x` reads a checkpoint
+# without importing jax or flax.
+_EXPORTS = {
+    "DecodeConfig": "specjax.decode", "DecodeResult": "specjax.decode",
+    "autoregressive_decode": "specjax.decode", "speculative_decode": "specjax.decode",
+    "beam_search": "specjax.decode", "speculative_beam_search": "specjax.decode",
+    "ModelDrafter": "specjax.draft", "PromptLookupDrafter": "specjax.draft",
+    "build_model": "specjax.models", "Sampling": "specjax.sampling",
+    "speculative_step": "specjax.verify", "load_t5x": "specjax.checkpoints",
+    "load_t5x_for_model": "specjax.checkpoints", "save_t5x": "specjax.checkpoints",
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ = ["DecodeConfig", "DecodeResult", "Sampling", "autoregressive_decode",
-           "speculative_decode", "beam_search", "speculative_beam_search", "ModelDrafter",
-           "PromptLookupDrafter", "build_model", "load_t5x", "load_t5x_for_model", "save_t5x",
-           "speculative_step"]
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    import importlib  # pylint: disable=import-outside-toplevel
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  raise AttributeError(f"module 'specjax' has no attribute {name!r}")

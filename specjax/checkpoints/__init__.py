@@ -5,9 +5,16 @@
 writes the legacy format atomically; `load_sharded` reads straight into a
 `specjax.sharding.Partitioner`'s shardings.
 """
-from specjax.checkpoints.sharded import load_sharded, load_t5x_sharded
 from specjax.checkpoints.t5x import (LEGACY, ORBAX, VERSION, CheckpointLocation, find_checkpoint,
                                      load_t5x, load_t5x_for_model, save_t5x)
 
 __all__ = ["load_t5x", "load_t5x_for_model", "save_t5x", "find_checkpoint", "CheckpointLocation",
            "load_sharded", "load_t5x_sharded", "LEGACY", "ORBAX", "VERSION"]
+
+
+def __getattr__(name):
+  # Sharded loading needs jax (and the Partitioner); plain reading must not import it.
+  if name in ("load_sharded", "load_t5x_sharded"):
+    from specjax.checkpoints import sharded  # pylint: disable=import-outside-toplevel
+    return getattr(sharded, name)
+  raise AttributeError(f"module 'specjax.checkpoints' has no attribute {name!r}")

@@ -19,6 +19,7 @@ import tensorstore as ts
 
 from specjax.checkpoints import _io as _ckpt_io
 from specjax import checkpoints
+from specjax.checkpoints import t5x as t5x_format
 from specjax.params import flatten
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -282,13 +283,13 @@ def test_saved_layout_is_what_t5x_restores(tmp_path, params):
 
 
 def test_chunk_shape_divides_and_fits_64mib():
-  assert checkpoints._chunk_shape((8, 16), 4) == [8, 16]
-  chunk = checkpoints._chunk_shape((1024, 20480), 4)
+  assert t5x_format._chunk_shape((8, 16), 4) == [8, 16]
+  chunk = t5x_format._chunk_shape((1024, 20480), 4)
   assert chunk == [1024, 10240]
-  chunk = checkpoints._chunk_shape((32128, 4096), 2)
+  chunk = t5x_format._chunk_shape((32128, 4096), 2)
   assert np.prod(chunk) * 2 <= 64 * 2**20
   assert 32128 % chunk[0] == 0 and 4096 % chunk[1] == 0
-  assert checkpoints._chunk_shape((0, 3), 4) == [1, 3]
+  assert t5x_format._chunk_shape((0, 3), 4) == [1, 3]
 
 
 def test_save_refuses_to_overwrite_unless_asked(tmp_path, params):
