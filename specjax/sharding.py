@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import jax
 import numpy as np

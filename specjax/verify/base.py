@@ -22,10 +22,9 @@ loop vmaps them):
 """
 from __future__ import annotations
 
-from typing import ClassVar, Optional, Protocol, Tuple
+from typing import Optional, Protocol, Tuple
 
 import jax
-import jax.numpy as jnp
 
 from specjax.verify.step import check_step_args
 

@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Optional
-
-import jax
-import jax.numpy as jnp
+from typing import ClassVar
 
 from specjax.verify.base import check_row
 from specjax.verify.step import verify

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
