@@ -193,7 +193,7 @@ def test_parameters_really_split(child, family):
       assert name.endswith("scale") and spec == str(PartitionSpec()) and shard == shape, name
   data_parallel = child[family]["params"]["8x1"]
   assert all(s == str(PartitionSpec()) for s in data_parallel["specs"].values())
-  assert child[family]["cache_spec"] == str(PartitionSpec("data", None, "model"))
+  assert child[family]["cache_spec"] == str(PartitionSpec("data", "model"))  # [B, H, L, D]
 
 
 @pytest.mark.parametrize("family", ["t5", "decoder_only"])
