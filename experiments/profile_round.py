@@ -1,135 +1,207 @@
-"""Where one speculative round's time goes (bundled LM pair, batch 1, greedy).
+"""Where a speculative round's time goes, and how close it is to its cost floor.
 
-    python -m experiments.profile_round [--gamma 4] [--new_tokens 128]
+    python -m experiments.profile_round [--cache_lens 256 512] [--gammas 2 4 6]
+        [--batches 1 8] [--new_tokens 128] [--repeats 5]
 
-Times, each inside its own jitted `fori_loop` so that per-call dispatch is not
-counted (results are folded into the loop carry so XLA cannot drop them):
-the target's 1-token and (γ+1)-token decode calls, one drafter proposal of γ
-guesses, and one verification step; then the whole speculative decode, per round.
-The rest of a round (the unaccounted line) is what the loop adds around those parts.
+Bundled LM pair (`specjax.bundled`), greedy, prompts from the bundled evaluation
+split. For every cache length L and batch B it builds, each inside its own
+jitted `fori_loop` so that per-call dispatch is not counted (results are folded
+into the loop carry so XLA cannot drop them): the target's 1-token call and the
+draft's 1-token call, and per γ the target's (γ+1)-token call, one drafter
+proposal of γ guesses and one verification step; plus whole autoregressive and
+speculative generations. All of one (L, B) are compiled first and then timed in
+turn, `repeats` times (medians), so a busy spell of a shared machine hits them
+alike.
+
+Printed per (L, B): the autoregressive step (whole generation / tokens) beside
+its floor, the target's float32 weight bytes over the memory bandwidth measured
+here (a large jitted in-place pass: bytes read + written per second).
+Printed per (L, B, γ): the parts, the measured round (generation / rounds), the
+unaccounted share (what the loop adds around the parts), the in-loop
+r = (γ+1)-token call / 1-token call and c = draft step / target step, and the
+theory's speedup E[tokens] / (γ·c + r), E[tokens] = (1 - α^(γ+1)) / (1 - α)
+with the α the run measured, beside the measured AR / speculative time.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import bundled
+from experiments.common import examples, load_pair, markdown_table
+from specjax.analysis import expected_tokens
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
-from specjax.verify import verify_batch
 from specjax.draft import ModelDrafter
+from specjax.verify import verify_batch
 from specjax.sampling import Sampling
 
-CACHE_LEN = 256
-PROMPT = np.arange(2, 18, dtype=np.int32)[None]  # [1, 16]
+PROMPT_LEN = 16
+Run = Tuple[Callable[[], Any], int]  # (a compiled zero-argument call, model calls it makes)
 
 
-def _median_s(fn: Callable, *args, repeats: int = 7) -> float:
-  jax.block_until_ready(fn(*args))  # compile
-  times = []
+def memcpy_gbps(megabytes: int = 256, repeats: int = 5) -> float:
+  """Measured bandwidth in GB/s: bytes read + written per second by a jitted pass over
+  a large float32 array, updated in place (donated), so no fresh pages are faulted in."""
+  step = jax.jit(lambda a: a + 1.0, donate_argnums=0)
+  x = jax.block_until_ready(step(jnp.zeros((megabytes * 2**20 // 4,), jnp.float32)))
+  nbytes, times = x.nbytes, []
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
+    x = jax.block_until_ready(step(x))
     times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return 2 * nbytes / statistics.median(times) / 1e9
 
 
-def decode_ms(model, params, k: int, n: int = 50) -> float:
-  """ms per k-token decode call of `model` at batch 1, in a loop."""
-  cache = model.init_cache(1, CACHE_LEN)
+def _compiled(fn: Callable, *args) -> Callable[[], Any]:
+  jax.block_until_ready(fn(*args))  # compile
+  return lambda: jax.block_until_ready(fn(*args))
+
+
+def decode_loop(model, params, batch: int, cache_len: int, k: int, n: int = 40) -> Run:
+  """n k-token decode calls of `model` at `batch` rows, in a jitted loop."""
+  cache = model.init_cache(batch, cache_len)
 
   @jax.jit
   def loop(params, cache):
     def body(i, carry):
       cache, acc = carry
-      logits, cache = model.decode(params, cache, jnp.full((1, k), 5, jnp.int32),
-                                   jnp.array([20 + i % 8], jnp.int32), None)
-      return cache, acc + jnp.argmax(logits[0, -1]).astype(jnp.float32)
+      positions = 20 + (i + jnp.arange(batch, dtype=jnp.int32)) % 8  # rows apart
+      logits, cache = model.decode(params, cache, jnp.full((batch, k), 5, jnp.int32),
+                                   positions, None)
+      return cache, acc + jnp.argmax(logits[:, -1], -1).sum().astype(jnp.float32)
     return jax.lax.fori_loop(0, n, body, (cache, 0.0))[1]
-  return 1e3 * _median_s(loop, params, cache) / n
+  return _compiled(loop, params, cache), n
 
 
-def propose_ms(drafter: ModelDrafter, params, gamma: int, n: int = 30) -> float:
-  """ms per drafter proposal of `gamma` guesses (its catch-up window included)."""
-  seq = np.zeros((1, CACHE_LEN), np.int32)
-  seq[0, :PROMPT.shape[1]] = PROMPT[0]
-  length = jnp.array([PROMPT.shape[1]], jnp.int32)
-  gammas = jnp.full((1,), gamma, jnp.int32)
+def propose_loop(drafter: ModelDrafter, params, prompts: np.ndarray, cache_len: int,
+                 gamma: int, n: int = 30) -> Run:
+  """n drafter proposals of `gamma` guesses per row (catch-up window included), jitted."""
+  batch = prompts.shape[0]
+  seq = np.zeros((batch, cache_len), np.int32)
+  seq[:, :prompts.shape[1]] = prompts
+  length = jnp.full((batch,), prompts.shape[1], jnp.int32)
+  gammas = jnp.full((batch,), gamma, jnp.int32)
 
   @jax.jit
   def loop(params, seq, length):
-    state = drafter.init(params, PROMPT, seq, length, CACHE_LEN)
-    keys = jax.random.split(jax.random.PRNGKey(0), 1)
+    state = drafter.init(params, jnp.asarray(prompts), seq, length, cache_len)
+    keys = jax.random.split(jax.random.PRNGKey(0), batch)
 
     def body(i, carry):
       state, acc = carry
       proposal, state = drafter.propose(params, state, seq, length + i, gammas, keys,
                                        Sampling(temperature=0.0))
-      state = drafter.update(state, jnp.full((1,), 2, jnp.int32), gammas)
-      return state, acc + proposal.probs[0, 0, 0] + proposal.tokens[0, 0]
+      state = drafter.update(state, jnp.full((batch,), 2, jnp.int32), gammas)
+      return state, acc + proposal.probs[:, 0, 0].sum() + proposal.tokens[:, 0].sum()
     return jax.lax.fori_loop(0, n, body, (state, 0.0))[1]
-  return 1e3 * _median_s(loop, params, seq, length) / n
+  return _compiled(loop, params, seq, length), n
 
 
-def verify_ms(config: DecodeConfig, gamma: int, vocab: int, n: int = 50) -> float:
-  """ms per verification step (Algorithm 1 on γ+1 target and γ draft distributions)."""
+def verify_loop(config: DecodeConfig, batch: int, gamma: int, vocab: int, n: int = 50) -> Run:
+  """n verification steps (Algorithm 1 on γ+1 target and γ draft distributions per row)."""
   rng = np.random.default_rng(0)
-  logits = jnp.asarray(rng.normal(size=(1, gamma + 1, vocab)).astype(np.float32))
-  q = jax.nn.softmax(jnp.asarray(rng.normal(size=(1, gamma, vocab)).astype(np.float32)), -1)
-  guesses = jnp.zeros((1, gamma), jnp.int32)
-  keys = jax.random.split(jax.random.PRNGKey(0), 1)
+  logits = jnp.asarray(rng.normal(size=(batch, gamma + 1, vocab)).astype(np.float32))
+  q = jax.nn.softmax(jnp.asarray(rng.normal(size=(batch, gamma, vocab)).astype(np.float32)), -1)
+  guesses = jnp.zeros((batch, gamma), jnp.int32)
+  keys = jax.random.split(jax.random.PRNGKey(0), batch)
 
   @jax.jit
   def loop(logits, q):
     def body(i, acc):
       n_acc, _, overlap = verify_batch(config.sampling, config.verifier, config.lenience, keys,
-                                       jnp.full((1,), 10 + i, jnp.int32), guesses, q,
-                                       logits + acc, jnp.full((1,), gamma, jnp.int32))
-      return acc + 1e-6 * n_acc[0].astype(jnp.float32) + overlap[0, 0]
+                                       jnp.full((batch,), 10 + i, jnp.int32), guesses, q,
+                                       logits + acc, jnp.full((batch,), gamma, jnp.int32))
+      return acc + 1e-6 * n_acc.sum().astype(jnp.float32) + overlap[0, 0]
     return jax.lax.fori_loop(0, n, body, 0.0)
-  return 1e3 * _median_s(loop, logits, q) / n
+  return _compiled(loop, logits, q), n
+
+
+def interleaved_ms(runs: Dict[str, Run], repeats: int) -> Dict[str, float]:
+  """Median ms per call of each (compiled) run, timed in turn `repeats` times."""
+  times: Dict[str, list] = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, (fn, calls) in runs.items():
+      start = time.perf_counter()
+      fn()
+      times[name].append(1e3 * (time.perf_counter() - start) / calls)
+  return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--gamma", type=int, default=4)
+  parser.add_argument("--cache_lens", type=int, nargs="+", default=[256, 512])
+  parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 6])
+  parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
   parser.add_argument("--new_tokens", type=int, default=128)
+  parser.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args(argv)
-  gamma = args.gamma
-  target, tparams = bundled.load("lm", "target")
-  draft, dparams = bundled.load("lm", "draft")
-  drafter = ModelDrafter(draft, gamma)
-  config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=CACHE_LEN)
+  for length in args.cache_lens:
+    if length < PROMPT_LEN + args.new_tokens + max(args.gammas) + 1:
+      raise ValueError(f"cache length {length} cannot hold a {PROMPT_LEN}-token prompt, "
+                       f"{args.new_tokens} new tokens and γ = {max(args.gammas)} (+1)")
+  pair = load_pair("lm")
+  target, tparams, draft, dparams = pair.target, pair.target_params, pair.draft, pair.draft_params
+  prompts_all = examples(pair, max(args.batches), max_input_len=PROMPT_LEN).inputs
+  lengths_all = np.maximum((prompts_all != 0).sum(1), 1)
 
-  t1, tk = decode_ms(target, tparams, 1), decode_ms(target, tparams, gamma + 1)
-  d1 = decode_ms(draft, dparams, 1)
-  prop, ver = propose_ms(drafter, dparams, gamma), verify_ms(config, gamma,
-                                                             target.config.vocab_size)
-  key = jax.random.PRNGKey(0)
-  ar_s = _median_s(lambda: autoregressive_decode(
-      target, tparams, PROMPT, max_new_tokens=args.new_tokens, rng=key, config=config).tokens)
-  spec = lambda: speculative_decode(target, tparams, drafter, dparams, PROMPT,
-                                    max_new_tokens=args.new_tokens, gamma=gamma, rng=key,
-                                    config=config)
-  sp_s = _median_s(lambda: spec().tokens)
-  rounds = int(np.asarray(spec().target_calls)[0])
-  round_ms = 1e3 * sp_s / rounds
-  print(f"bundled LM pair, batch 1, greedy, γ = {gamma}, {args.new_tokens} new tokens, "
-        f"{rounds} rounds; c = {d1 / t1:.3f}, r = {tk / t1:.2f}")
-  print("| part | ms |\n|---|---|")
-  print(f"| autoregressive decode, per token | {1e3 * ar_s / args.new_tokens:.3f} |")
-  print(f"| target call, 1 token (in a loop) | {t1:.3f} |")
-  print(f"| target call, γ+1 = {gamma + 1} tokens | {tk:.3f} |")
-  print(f"| drafter proposal of γ guesses | {prop:.3f} |")
-  print(f"| verification step | {ver:.3f} |")
-  print(f"| speculative round, measured | {round_ms:.3f} |")
-  print(f"| unaccounted per round | {round_ms - tk - prop - ver:.3f} |")
+  gbps = memcpy_gbps()
+  weight_bytes = 4 * sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tparams))
+  floor_ms = 1e3 * weight_bytes / (gbps * 1e9)
+  print(f"{pair.label}; greedy, {args.new_tokens} new tokens per row; target float32 weights "
+        f"{weight_bytes / 1e6:.1f} MB, measured copy bandwidth {gbps:.1f} GB/s -> floor "
+        f"{floor_ms:.3f} ms per target step. Times are medians of {args.repeats}, the runs of "
+        "one (L, B) interleaved (on a shared machine compare repeated runs, not one table).")
+  step_rows, round_rows = [], []
+  for cache_len in args.cache_lens:
+    config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=cache_len)
+    for batch in args.batches:
+      prompts, plen = prompts_all[:batch], lengths_all[:batch]
+      key = jax.random.PRNGKey(0)
+      runs = {"t1": decode_loop(target, tparams, batch, cache_len, 1),
+              "d1": decode_loop(draft, dparams, batch, cache_len, 1),
+              "ar": (_compiled(lambda: autoregressive_decode(
+                  target, tparams, prompts, max_new_tokens=args.new_tokens, rng=key,
+                  config=config, prompt_lengths=plen).tokens), args.new_tokens)}
+      stats = {}
+      for gamma in args.gammas:
+        drafter = ModelDrafter(draft, gamma)  # max_gamma sizes the target call: γ + 1 tokens
+        spec = lambda d=drafter, g=gamma: speculative_decode(
+            target, tparams, d, dparams, prompts, max_new_tokens=args.new_tokens, gamma=g,
+            rng=key, config=config, prompt_lengths=plen)
+        result = spec()
+        rounds = int(np.asarray(result.target_calls).max())  # loop iterations
+        stats[gamma] = rounds, float(np.asarray(result.alpha).mean())
+        runs[f"tk{gamma}"] = decode_loop(target, tparams, batch, cache_len, gamma + 1)
+        runs[f"prop{gamma}"] = propose_loop(drafter, dparams, prompts, cache_len, gamma)
+        runs[f"ver{gamma}"] = verify_loop(config, batch, gamma, target.vocab_size)
+        runs[f"spec{gamma}"] = (_compiled(lambda s=spec: s().tokens), rounds)
+      ms = interleaved_ms(runs, args.repeats)
+      t1, d1, c = ms["t1"], ms["d1"], ms["d1"] / ms["t1"]
+      ar_token_ms = ms["ar"]
+      step_rows.append({"L": cache_len, "B": batch, "target 1-token call ms": t1,
+                        "draft 1-token call ms": d1, "AR step ms": ar_token_ms,
+                        "floor ms": floor_ms, "AR step / floor": ar_token_ms / floor_ms})
+      for gamma in args.gammas:
+        rounds, alpha = stats[gamma]
+        tk, prop, ver, round_ms = (ms[f"{p}{gamma}"] for p in ("tk", "prop", "ver", "spec"))
+        r, expect = tk / t1, float(expected_tokens(alpha, gamma))  # Eq. 1
+        round_rows.append({
+            "L": cache_len, "B": batch, "γ": gamma, "rounds": rounds,
+            "target γ+1 call ms": tk, "draft proposal ms": prop, "verification ms": ver,
+            "round ms": round_ms, "unaccounted %": 100 * (round_ms - tk - prop - ver) / round_ms,
+            "r": r, "c": c, "α": alpha, "E[tokens]": expect,
+            "predicted speedup": expect / (gamma * c + r),
+            "measured speedup": ar_token_ms * args.new_tokens / (round_ms * rounds)})
+  print("\nAutoregressive step (whole generation / tokens) and its weight-bytes floor\n")
+  print(markdown_table(step_rows))
+  print("\nSpeculative round: parts, measured, unaccounted; r, c and the theory's speedup\n")
+  print(markdown_table(round_rows))
 
 
 if __name__ == "__main__":

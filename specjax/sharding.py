@@ -8,7 +8,7 @@ names to mesh axes:
 
 Every parameter gets its logical axes from its T5X name (`param_logical_axes`,
 T5X's `param_axes`), every loop-state array is batch first, and KV caches and
-cross-attention inputs [B, L, H, D] are ('batch', 'length', 'heads', 'kv').
+cross-attention inputs [B, H, L, D] are ('batch', 'heads', 'length', 'kv').
 An axis whose size the mesh axis does not divide is replicated instead (logged
 at debug level), so tiny test models still run on a 1x8 mesh.
 
@@ -78,7 +78,7 @@ _PARAM_AXES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("scale", ("embed",)),
 )
 
-CACHE_AXES = ("batch", "length", "heads", "kv")  # KV caches and cross-attention [B, L, H, D]
+CACHE_AXES = ("batch", "heads", "length", "kv")  # KV caches and cross-attention [B, H, L, D]
 
 
 def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[Any]] = None) -> Mesh:

@@ -1,7 +1,6 @@
 """The experiment modules in fast mode on the bundled pairs: they run and write their files."""
 import csv
 import json
-import re
 
 import pytest
 
@@ -89,17 +88,36 @@ def test_bad_pair_name_is_named():
     common.load_pair("summarize")
 
 
+def _markdown_tables(text):
+  """Every markdown table in text, as a list of {header: cell} rows."""
+  tables, header = [], None
+  for line in text.splitlines():
+    if not line.startswith("|"):
+      header = None
+      continue
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    if header is None:
+      header = cells
+      tables.append([])
+    elif not line.startswith("|---"):
+      tables[-1].append(dict(zip(header, cells)))
+  return tables
+
+
 def test_profile_round_accounts_for_a_round(capsys):
   from experiments import profile_round  # pylint: disable=import-outside-toplevel
-  profile_round.main(["--gamma", "2", "--new_tokens", "12"])
+  profile_round.main(["--cache_lens", "256", "--gammas", "2", "--batches", "2",
+                      "--new_tokens", "12", "--repeats", "1"])
   out = capsys.readouterr().out
-  rows = dict(line.strip("|").split("|")[:2] for line in out.splitlines()
-              if line.startswith("| ") and not line.startswith("| part"))
-  parts = {k.strip(): float(v) for k, v in rows.items()}
-  assert set(parts) >= {"target call, 1 token (in a loop)", "target call, γ+1 = 3 tokens",
-                        "drafter proposal of γ guesses", "verification step",
-                        "speculative round, measured", "unaccounted per round"}
-  assert all(parts[k] > 0 for k in parts if k != "unaccounted per round")
+  steps, rounds = _markdown_tables(out)
+  assert len(steps) == len(rounds) == 1
+  step, row = steps[0], rounds[0]
+  assert (step["L"], step["B"], row["L"], row["B"], row["γ"]) == ("256", "2", "256", "2", "2")
+  for name in ("target 1-token call ms", "draft 1-token call ms", "AR step ms", "floor ms"):
+    assert float(step[name]) > 0, name
+  for name in ("target γ+1 call ms", "draft proposal ms", "verification ms", "round ms", "r",
+               "c", "E[tokens]", "predicted speedup", "measured speedup"):
+    assert float(row[name]) > 0, name
+  assert 0 <= float(row["α"]) <= 1 and 1 <= float(row["E[tokens]"]) <= 3
   # 12 tokens at γ = 2 take between ceil(12 / 3) = 4 rounds (all accepted) and 12 (none).
-  rounds = int(re.search(r"(\d+) rounds", out).group(1))
-  assert 4 <= rounds <= 12
+  assert 4 <= int(row["rounds"]) <= 12

@@ -65,3 +65,17 @@ def sample_guess(row_keys, length, i, probs, greedy: bool):
   return jax.vmap(categorical)(keys, probs)
 
 
+def draft_step(row_keys, length, i, logits, sampling: Sampling):
+  """Guess i and its standardized q from a draft's logits [B, V] -> (int32 [B], float32 [B, V]).
+
+  Greedy: the guess is the argmax of the logits and q its one-hot, which is
+  `sampling.probs` (argmax, ties to the lowest id) with one pass over the
+  vocabulary instead of two (an argmax to build q, another to read it back).
+  """
+  if sampling.greedy:
+    guess = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return guess, jax.nn.one_hot(guess, logits.shape[-1], dtype=jnp.float32)
+  probs = sampling.probs(logits)
+  return sample_guess(row_keys, length, i, probs, False), probs
+
+

@@ -8,7 +8,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Proposal, sample_guess
+from specjax.draft.base import Proposal, draft_step
 from specjax.models import DecodingModel, start_model
 from specjax.rows import take_rows
 
@@ -54,18 +54,17 @@ class ModelDrafter:
     window = take_rows(seq, begin[:, None] + jnp.arange(self.window)[None, :])
     logits, cache = self.model.decode(params, state.cache, window, begin, state.encoded)
     logits = jnp.take_along_axis(logits, lag[:, None, None], axis=1)[:, 0]  # [B, V]
-    probs0 = sampling.probs(logits)
+    guess0, probs0 = draft_step(row_keys, length, 0, logits, sampling)
     tokens = jnp.zeros((batch, self.max_gamma), jnp.int32)
     all_probs = jnp.zeros((batch, self.max_gamma, probs0.shape[-1]), jnp.float32)
-    tokens = tokens.at[:, 0].set(sample_guess(row_keys, length, 0, probs0, sampling.greedy))
+    tokens = tokens.at[:, 0].set(guess0)
     all_probs = all_probs.at[:, 0].set(probs0)
 
-    def body(i, carry):
+    def body(i, carry):  # one draft step; runs γ - 1 times per round
       tokens, all_probs, cache = carry
       prev = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)  # [B, 1]
       logits, cache = self.model.decode(params, cache, prev, length + i - 1, state.encoded)
-      probs = sampling.probs(logits[:, 0])
-      guess = sample_guess(row_keys, length, i, probs, sampling.greedy)
+      guess, probs = draft_step(row_keys, length, i, logits[:, 0], sampling)
       tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
       all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
       return tokens, all_probs, cache

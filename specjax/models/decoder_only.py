@@ -27,9 +27,9 @@ import jax.numpy as jnp
 
 from specjax.models.layers import (DTYPES, Array, Dense, EncodedInputs, Embed, KVCache,
                                    MlpBlock, MultiHeadAttention, NetworkModel,
-                                   RelativePositionBias, RMSNorm, check_positions,
-                                   check_prefix_lengths, check_tokens, mask_to_bias,
-                                   mlp_kernel_init, validate_config, write_rows)
+                                   RelativePositionBias, RMSNorm, after, cached_attention,
+                                   check_positions, check_prefix_lengths, check_tokens,
+                                   mask_to_bias, mlp_kernel_init, validate_config, write_rows)
 
 
 # ----------------------------------------------------------------------------
@@ -54,33 +54,44 @@ class DecoderLayer(nn.Module):
     self.pre_mlp_layer_norm = RMSNorm(dtype)
     self.mlp = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, dtype)
 
-  def __call__(self, x: Array, bias: Array, cache: Optional[Tuple[Array, Array]],
+  def __call__(self, x: Array, bias: Any, cache: Optional[Tuple[Array, Array]],
                starts: Optional[Array], cross: Optional[Tuple[Array, Array, Array]]
                ) -> Tuple[Array, Optional[Tuple[Array, Array]]]:
     """One layer.
 
     Args:
       x: [B, q, E] layer input.
-      bias: float32 [B|1, H, q, kv] self-attention bias including the mask.
-      cache: (keys, values) [B, max_len, H, D] to write into and attend over,
-        or None to attend over this call's own keys (teacher forcing).
+      bias: without a cache, float32 [B|1, H, q, q] (mask included) over this
+        call's own keys; with one, the pair (float32 [B, H, q, max_len] over
+        the cache as it was before this call, float32 [B|1, H, q, q] over this
+        call's keys), see `DecoderStack.decode_step`.
+      cache: (keys, values) [B, H, max_len, D] to attend over and then write
+        into, or None (teacher forcing).
       starts: int32 [B] slot of x[:, 0] when `cache` is given.
-      cross: (keys [B, L_in, H, D], values, bias float32 [B, 1, 1, L_in]) or None.
+      cross: (keys [B, H, L_in, D], values, bias float32 [B, 1, 1, L_in]) or None.
 
     Returns:
       ([B, q, E], updated cache or None).
     """
     h = self.pre_self_attention_layer_norm(x)
-    query = self.self_attention.project_q(h)
-    key, value = self.self_attention.project_kv(h)
-    if cache is not None:
-      key, value = write_rows(cache[0], key, starts), write_rows(cache[1], value, starts)
-      cache = (key, value)
-    x = x + self.self_attention.attend(query, key, value, bias)
+    att = self.self_attention
+    query = att.project_q(h)
+    key, value = att.project_kv(h)  # [B, q, H, D]
+    if cache is None:
+      x = x + att.attend(query, key, value, bias)
+    else:
+      # Attend over the OLD cache and the new keys; the write below is only
+      # carried to the next call (see the layout note in layers.py).
+      old_bias, new_bias = bias
+      new = (jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2), new_bias)
+      heads = cached_attention(query, [(cache[0], cache[1], old_bias), new], att.dtype)
+      x = x + att.output(heads)
+      key, value = after(key, heads), after(value, heads)  # read the old buffers, then write
+      cache = (write_rows(cache[0], key, starts), write_rows(cache[1], value, starts))
     if self.cross_attention:
       h = self.pre_cross_attention_layer_norm(x)
       att = self.encoder_decoder_attention
-      x = x + att.attend(att.project_q(h), cross[0], cross[1], cross[2])
+      x = x + att.attend_parts(att.project_q(h), [cross])
     return x + self.mlp(self.pre_mlp_layer_norm(x)), cache
 
 
@@ -109,19 +120,17 @@ class DecoderStack(nn.Module):
     return self.shared_embedding if self.shared_embedding is not None else self.token_embedder
 
   def cross_kv(self, encoded: Array) -> Tuple[Tuple[Array, ...], Tuple[Array, ...]]:
-    """Encoder output [B, L_in, E] -> per-layer cross-attention (keys, values)."""
-    pairs = [layer.encoder_decoder_attention.project_kv(encoded) for layer in self.layers]
+    """Encoder output [B, L_in, E] -> per-layer cross-attention (keys, values) [B, H, L_in, D]."""
+    pairs = [layer.encoder_decoder_attention.project_kv_heads(encoded) for layer in self.layers]
     return tuple(k for k, _ in pairs), tuple(v for _, v in pairs)
 
-  def _run(self, tokens, query_pos, key_pos, visible, caches, starts, encoded):
+  def _run(self, tokens, bias, caches, starts, encoded):
     """Shared body of `forward` and `decode_step`.
 
     Args:
       tokens: int32 [B, q].
-      query_pos: int32 [B|1, q] absolute positions of the queries.
-      key_pos: int32 [kv] absolute positions of the keys (cache slots).
-      visible: bool [B|1, q, kv], the self-attention mask.
-      caches: per layer (keys, values) [B, max_len, H, D], or None.
+      bias: the self-attention bias (mask included), as `DecoderLayer` takes it.
+      caches: per layer (keys, values) [B, H, max_len, D], or None.
       starts: int32 [B] slot of tokens[:, 0] when `caches` is given.
       encoded: EncodedInputs (cross-attention) or None.
 
@@ -129,7 +138,6 @@ class DecoderStack(nn.Module):
       (float32 logits [B, q, V], per-layer updated caches or Nones).
     """
     cfg = self.config
-    bias = self.relpos_bias(query_pos, key_pos, False) + mask_to_bias(visible)[:, None]
     cross_bias = None
     if self.cross_attention:
       cross_bias = mask_to_bias(encoded.mask)[:, None, None, :]  # [B, 1, 1, L_in]
@@ -166,7 +174,8 @@ class DecoderStack(nn.Module):
     visible = (pos[None, :] <= pos[:, None])[None]  # [1, L, L]
     if prefix_lengths is not None:
       visible = visible | (pos[None, None, :] < prefix_lengths[:, None, None])
-    logits, _ = self._run(tokens, pos[None], pos, visible, None, None, encoded)
+    bias = self.relpos_bias(pos[None], pos, False) + mask_to_bias(visible)[:, None]
+    logits, _ = self._run(tokens, bias, None, None, encoded)
     return logits
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
@@ -186,13 +195,20 @@ class DecoderStack(nn.Module):
     """
     k = tokens.shape[1]
     query_pos = positions[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [B, k]
+    # Over the cache before this call: every query sees the slots before the
+    # row's position (later slots are stale or about to be written).
     slots = jnp.arange(cache.max_len, dtype=jnp.int32)
-    visible = slots[None, None, :] <= query_pos[:, :, None]  # [B, k, max_len]
+    old_visible = (slots[None, :] < positions[:, None])[:, None, None, :]  # [B, 1, 1, max_len]
+    old_bias = self.relpos_bias(query_pos, slots, False) + mask_to_bias(old_visible)
+    # Over this call's own keys: causal; key j minus query i is j - i in every row.
+    new = jnp.arange(k, dtype=jnp.int32)
+    visible = (new[None, :] <= new[:, None])[None]  # [1, k, k]
     if prefix_lengths is not None:
-      visible = visible | (slots[None, None, :] < prefix_lengths[:, None, None])
+      visible = visible | (query_pos[:, None, :] < prefix_lengths[:, None, None])
+    new_bias = self.relpos_bias(new[None], new, False) + mask_to_bias(visible)[:, None]
     caches = list(zip(cache.keys, cache.values))
-    logits, new = self._run(tokens, query_pos, slots, visible, caches, positions, encoded)
-    return logits, KVCache(keys=tuple(c[0] for c in new), values=tuple(c[1] for c in new))
+    logits, out = self._run(tokens, (old_bias, new_bias), caches, positions, encoded)
+    return logits, KVCache(keys=tuple(c[0] for c in out), values=tuple(c[1] for c in out))
 
 
 # ----------------------------------------------------------------------------

@@ -6,11 +6,32 @@ T5X checkpoint's `target` tree loads with no renaming: 2-D kernels
 `rel_embedding [H, 32]`, `embedding [V, E]`.
 
 What differs from T5X is the cache. T5X's decoder cache takes one token per
-step at one shared index. Here a cache is a `KVCache` of [B, max_len, H, D]
+step at one shared index. Here a cache is a `KVCache` of [B, H, max_len, D]
 buffers per layer, and `DecoderStack.decode_step` writes k tokens of row b at
 slots `positions[b] .. positions[b] + k - 1`; query `positions[b] + i` sees the
 slots `<= positions[b] + i`, so moving a row's length back is a rollback.
 Relative position biases come from per-row absolute positions.
+
+Cache layout and attention (why [B, H, L, D], why two parts), from the
+optimized HLO of the decode loops (bundled LM pair, XLA:CPU; see the commit
+that introduced it for the counts):
+- XLA's batched matmul wants the batch axes (here B and H) major and one
+  [L, D] matrix per (b, h). [B, L, H, D] buffers made XLA copy every cache
+  buffer transposed on every call, as many cache-sized copies per step as
+  there are buffers. Head-major buffers are read as they lie.
+- A call attends over the cache as it was BEFORE the call (slots <
+  positions[b]) and over its own k new keys, with one softmax over both parts
+  (`cached_attention`). The write of the new keys (`write_rows`) is then only
+  carried to the next call and never read in the same one. When the attention
+  read the updated buffer instead, XLA at batch 1 (where the write is a
+  fusible dynamic-update-slice) fused the write into its readers and copied
+  every buffer twice per call.
+- The write is made data-dependent on the attention output (`after`), so the
+  reads of the old buffer are ordered before its in-place update; otherwise
+  XLA copies the buffer to keep the old value alive.
+These are layout and dataflow choices, no backend-specific ops: a dot with
+batch axes major and an in-place update after its last reader are what XLA's
+GPU and TPU compilers want too.
 """
 from __future__ import annotations
 
@@ -228,6 +249,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array,
                           dtype: Any) -> Array:
   """Softmax(q k^T + bias) v, logits and softmax in float32; no 1/sqrt(D).
 
+  The uncached path (teacher forcing): keys and values as projected.
+
   Args:
     query: [B, q, H, D].
     key: [B, kv, H, D].
@@ -242,6 +265,43 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array,
                       key.astype(jnp.float32)) + bias
   weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
   return jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(dtype))
+
+
+def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
+                     dtype: Any) -> Array:
+  """One softmax over the union of head-major key/value parts.
+
+  Equal to `dot_product_attention` over the parts' keys concatenated along the
+  key axis (only the order of the float sums differs), but the keys and
+  values are read where they lie; only the small [q, kv_i] logits are joined.
+  Used with one part for cross-attention and with two for cached
+  self-attention (the cache before this call's write, and the call's own new
+  keys).
+
+  Args:
+    query: [B, q, H, D].
+    parts: (keys [B, H, kv_i, D], values [B, H, kv_i, D],
+      bias float32 [B or 1, H or 1, q, kv_i]) per part; masks are NEG_INF.
+      Every query must see at least one key in some part.
+    dtype: the dtype of the weighted sums.
+
+  Returns:
+    [B, q, H, D] in `dtype`.
+  """
+  query = query.astype(jnp.float32)
+  # Keys times queries, [B, H, kv_i, q], then the small result swapped: with
+  # the keys as the left [kv, D] matrix each (b, h) is a plain matrix product
+  # (XLA:CPU copied the keys transposed for q @ K^T when q = 1 at batch 1).
+  logits = [jnp.swapaxes(jnp.einsum("bhkd,bqhd->bhkq", keys.astype(jnp.float32), query),
+                         2, 3) + bias
+            for keys, _, bias in parts]
+  sizes = [x.shape[-1] for x in logits]
+  weights = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1).astype(dtype)
+  bounds = np.cumsum([0] + sizes)
+  out = functools.reduce(operator.add, (
+      jnp.einsum("bhqk,bhkd->bhqd", weights[..., lo:hi], values.astype(dtype))
+      for (_, values, _), lo, hi in zip(parts, bounds[:-1], bounds[1:])))
+  return jnp.swapaxes(out, 1, 2)  # [B, q, H, D]: q tokens, not the cache
 
 
 class MultiHeadAttention(nn.Module):
@@ -278,14 +338,41 @@ class MultiHeadAttention(nn.Module):
     """x: [B, L, E] -> (keys, values), each [B, L, H, D]."""
     return self._heads(self.key(x)), self._heads(self.value(x))
 
+  def project_kv_heads(self, x: Array) -> Tuple[Array, Array]:
+    """x: [B, L, E] -> head-major (keys, values), each [B, H, L, D] (cache layout)."""
+    return tuple(jnp.swapaxes(y, 1, 2) for y in self.project_kv(x))
+
   def attend(self, query: Array, key: Array, value: Array, bias: Array) -> Array:
     """Queries [B, q, H, D] over keys/values [B, kv, H, D] -> [B, q, E]."""
-    x = dot_product_attention(query, key, value, bias, self.dtype)
+    return self.output(dot_product_attention(query, key, value, bias, self.dtype))
+
+  def attend_parts(self, query: Array, parts: Sequence[Tuple[Array, Array, Array]]) -> Array:
+    """Queries [B, q, H, D] over head-major parts (see `cached_attention`) -> [B, q, E]."""
+    return self.output(cached_attention(query, parts, self.dtype))
+
+  def output(self, x: Array) -> Array:
+    """Per-head attention output [B, q, H, D] -> [B, q, E] (the `out` kernel)."""
     return self.out(x.reshape(x.shape[:-2] + (-1,)))
 
   def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array) -> Array:
     """Uncached attention: [B, q, E] over [B, kv, E] with bias [B|1, H|1, q, kv]."""
     return self.attend(self.project_q(inputs_q), *self.project_kv(inputs_kv), bias)
+
+
+def after(x: Array, heads: Array) -> Array:
+  """x [B, k, H, D], made to depend on `heads` [B, q, H, D]; the value is unchanged.
+
+  Adds 0 * heads[:, :1, :, :1], so whatever computes `heads` runs before
+  whatever uses the result. `DecoderLayer` orders each cache write after the
+  attention that read the old buffer this way: XLA updates a buffer in place
+  only when its last reader is ordered before the update, and its copy
+  insertion orders by data dependence (XLA:CPU strips optimization barriers
+  before it); without this XLA copied every cache buffer twice per call. The
+  term is taken per row and head, so it stays on the device that holds those
+  heads when the mesh splits them. Equal to x whenever `heads` is finite; a
+  NaN there (the row's logits are NaN anyway) would also reach x.
+  """
+  return x + (0 * heads[:, :1, :, :1]).astype(x.dtype)
 
 
 def mask_to_bias(mask: Array) -> Array:
@@ -294,18 +381,28 @@ def mask_to_bias(mask: Array) -> Array:
 
 
 def write_rows(buffer: Array, update: Array, starts: Array) -> Array:
-  """Writes update[b] into buffer[b, starts[b]:starts[b] + k].
+  """Writes update[b] into buffer[b, :, starts[b]:starts[b] + k].
 
   Args:
-    buffer: [B, max_len, H, D].
-    update: [B, k, H, D].
+    buffer: [B, H, max_len, D], a cache buffer.
+    update: [B, k, H, D], the new keys or values as projected.
     starts: int32 [B]; the caller keeps starts[b] + k <= max_len (XLA clamps).
 
   Returns:
-    The updated buffer, same shape and dtype.
+    The updated buffer, same shape and dtype. Under jit XLA updates it in
+    place (a dynamic-update-slice at batch 1, a scatter otherwise) when its
+    readers are ordered before the write (see `after`).
   """
+  update = jnp.swapaxes(update, 1, 2).astype(buffer.dtype)  # [B, H, k, D]: k tokens only
+  if buffer.shape[0] == 1:
+    # One row: a plain dynamic-update-slice (which clamps the start, as the
+    # vmapped form does). XLA would turn the vmapped scatter into the same
+    # update, but guarded by an in-bounds test it cannot prove: three extra
+    # small ops per buffer and call, on any backend.
+    return lax.dynamic_update_slice_in_dim(buffer, update, starts[0], axis=2)
+
   def one_row(buf, upd, start):
-    return lax.dynamic_update_slice_in_dim(buf, upd.astype(buf.dtype), start, axis=0)
+    return lax.dynamic_update_slice_in_dim(buf, upd, start, axis=1)
   return jax.vmap(one_row)(buffer, update, starts)
 
 
@@ -320,8 +417,8 @@ class KVCache:
   Which slots are valid is not stored here: the decode loop tracks each row's
   length and passes it as `positions`.
   """
-  keys: Tuple[Array, ...]  # per layer: dtype [B, max_len, H, D]
-  values: Tuple[Array, ...]  # per layer: dtype [B, max_len, H, D]
+  keys: Tuple[Array, ...]  # per layer: dtype [B, H, max_len, D]
+  values: Tuple[Array, ...]  # per layer: dtype [B, H, max_len, D]
 
   @property
   def batch(self) -> int:
@@ -331,7 +428,7 @@ class KVCache:
   @property
   def max_len(self) -> int:
     """Number of slots per row."""
-    return self.keys[0].shape[1]
+    return self.keys[0].shape[2]
 
 
 def zeros_cache(batch: int, max_len: int, num_layers: int, num_heads: int,
@@ -340,7 +437,7 @@ def zeros_cache(batch: int, max_len: int, num_layers: int, num_heads: int,
   for name, value in (("batch", batch), ("max_len", max_len)):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
       raise ValueError(f"init_cache: {name} must be a positive integer, got {value!r}")
-  shape = (int(batch), int(max_len), num_heads, head_dim)
+  shape = (int(batch), num_heads, int(max_len), head_dim)
   keys = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
   values = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
   return KVCache(keys=keys, values=values)
@@ -349,8 +446,8 @@ def zeros_cache(batch: int, max_len: int, num_layers: int, num_heads: int,
 @flax.struct.dataclass
 class EncodedInputs:
   """What cross-attention needs, computed once per generation by `encode`."""
-  keys: Tuple[Array, ...]  # per decoder layer: dtype [B, L_in, H, D]
-  values: Tuple[Array, ...]  # per decoder layer: dtype [B, L_in, H, D]
+  keys: Tuple[Array, ...]  # per decoder layer: dtype [B, H, L_in, D] (head-major, as KVCache)
+  values: Tuple[Array, ...]  # per decoder layer: dtype [B, H, L_in, D]
   mask: Array  # bool [B, L_in], True at real (non-padding) input tokens
 
 
@@ -387,11 +484,11 @@ def check_cache(cache: Any, batch: int, num_layers: int, num_heads: int,
     raise ValueError(f"cache must be the KVCache from init_cache, got {type(cache).__name__}")
   if len(cache.keys) != num_layers or len(cache.values) != num_layers:
     raise ValueError(f"cache has {len(cache.keys)} layers but the model has {num_layers}")
-  want = (batch, cache.max_len, num_heads, head_dim)
+  want = (batch, num_heads, cache.max_len, head_dim)
   for buf in cache.keys + cache.values:
     if tuple(buf.shape) != want:
       raise ValueError(f"cache buffer shape {tuple(buf.shape)} does not match "
-                       f"[batch={batch}, max_len, heads={num_heads}, head_dim={head_dim}]")
+                       f"[batch={batch}, heads={num_heads}, max_len, head_dim={head_dim}]")
 
 
 def check_positions(positions: Any, batch: int, k: int, max_len: int,
@@ -508,7 +605,7 @@ class NetworkModel:
                                                self._init_inputs), what)
 
   def init_cache(self, batch: int, max_len: int) -> KVCache:
-    """Zeroed cache: per decoder layer keys and values [batch, max_len, H, D]."""
+    """Zeroed cache: per decoder layer keys and values [batch, H, max_len, D]."""
     cfg = self.config
     return zeros_cache(batch, max_len, self._num_decoder_layers, cfg.num_heads,
                        cfg.head_dim, DTYPES[cfg.dtype])

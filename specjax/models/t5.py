@@ -157,7 +157,7 @@ class T5Model(NetworkModel):
 
     Returns:
       EncodedInputs: per decoder layer cross-attention keys/values
-      [B, L_in, H, D] and the input mask bool [B, L_in].
+      [B, H, L_in, D] and the input mask bool [B, L_in].
     """
     self.check_params(params)
     inputs = check_tokens(inputs, self.vocab_size, "encoder inputs")

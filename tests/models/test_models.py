@@ -7,6 +7,7 @@ when decoded 1..8 tokens at a time, at per-row positions and after rollbacks
 """
 import math
 import os
+import re
 import types
 
 import gin
@@ -410,7 +411,7 @@ def test_cache_is_allocated_once_and_keeps_its_shape(t5, lm):
     cache = model.init_cache(3, 16)
     assert isinstance(cache, KVCache) and (cache.batch, cache.max_len) == (3, 16)
     shapes = {tuple(b.shape) for b in cache.keys + cache.values}
-    assert shapes == {(3, 16, cfg.num_heads, cfg.head_dim)}
+    assert shapes == {(3, cfg.num_heads, 16, cfg.head_dim)}  # [B, H, max_len, D]
     assert len(cache.keys) == len(cache.values) == layers
     nbytes = sum(b.nbytes for b in cache.keys + cache.values)
     assert nbytes == 2 * layers * 3 * 16 * cfg.num_heads * cfg.head_dim * 4
@@ -418,6 +419,46 @@ def test_cache_is_allocated_once_and_keeps_its_shape(t5, lm):
     _, new = model.decode(params, cache, np.ones((3, 4), np.int32), np.zeros(3, np.int32),
                           encoded)
     assert jax.tree_util.tree_map(jnp.shape, new) == jax.tree_util.tree_map(jnp.shape, cache)
+
+
+def _cache_sized_ops(text, numel):
+  """Ops of the compiled while body whose result has one cache buffer's element count."""
+  body = re.search(r"body=%([\w.\-]+)", text).group(1)
+  block = text[text.index(f"\n%{body} ("):]
+  block = block[:block.index("\n}")]
+  ops = []
+  for shape, op in re.findall(r"= \w+\[([\d,]*)\]\S* ([\w\-]+)\(", block):
+    if op not in ("parameter", "get-tuple-element", "bitcast", "tuple") and \
+        math.prod(int(d) for d in shape.split(",") if d) == numel:
+      ops.append(op)
+  return ops
+
+
+@pytest.mark.parametrize("family", ["t5", "lm"])
+@pytest.mark.parametrize("batch,k", [(1, 1), (2, 1), (2, 3)])
+def test_decode_writes_each_cache_buffer_once_and_copies_none(t5, lm, family, batch, k):
+  # The compiled decode loop touches each [B, H, L, D] buffer once per call: its
+  # in-place update. No transposed copy for the attention einsums, no copy to
+  # keep the old buffer alive across the write (the layout note in layers.py).
+  fam = t5 if family == "t5" else lm
+  model, cfg = fam.model, fam.model.config
+  encoded = (jax.tree_util.tree_map(lambda x: x[:batch], fam.encoded) if family == "t5"
+             else None)
+  cache = model.init_cache(batch, 32)
+
+  def loop(params, cache, encoded, n):
+    def body(i, carry):
+      cache, acc = carry
+      tokens = jnp.full((batch, k), 3, jnp.int32)
+      logits, cache = model.decode(params, cache, tokens, i + jnp.arange(batch), encoded)
+      return cache, acc + logits[:, -1, 0].sum()
+    return jax.lax.fori_loop(0, n, body, (cache, 0.0))
+
+  text = jax.jit(loop).lower(fam.params, cache, encoded, 4).compile().as_text()
+  layers = len(cache.keys)
+  ops = _cache_sized_ops(text, batch * cfg.num_heads * 32 * cfg.head_dim)
+  assert len(ops) == 2 * layers, (f"{len(ops)} cache-sized ops per call, want {2 * layers} "
+                                  f"(one in-place write per buffer): {ops}")
 
 
 def test_logits_are_differentiable(lm):
