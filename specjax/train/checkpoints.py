@@ -8,6 +8,7 @@ missing or was written for another optimizer.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import checkpoints
-from specjax.models.model_gin import MODEL_GIN, bindings, model_gin_text
+from specjax.models.model_gin import MODEL_GIN, model_gin_text, read_model_gin
 
 log = logging.getLogger("specjax.train")
 OPT_STATE_FILE = "optimizer_state.npz"
@@ -28,15 +29,20 @@ _CKPT_DIR = re.compile(r"checkpoint_(\d+)")
 
 
 def check_model_gin(model_dir: str, config: Any) -> None:
-  """Writes model.gin, or ValueError if the one there describes another model."""
+  """Writes model.gin, or ValueError if the one there describes another model.
+
+  The file is read with the restricted parser (`specjax.models.read_model_gin`).
+  """
   path, text = os.path.join(model_dir, MODEL_GIN), model_gin_text(config)
   if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      old = bindings(f.read())
-    diff = sorted(set(old) ^ set(bindings(text)))
-    if diff:
+    old = read_model_gin(path)
+    if old != config:
+      diff = sorted(f.name for f in dataclasses.fields(config)
+                    if type(old) is not type(config)
+                    or getattr(old, f.name) != getattr(config, f.name))
       raise ValueError(f"{path} describes a different model than this run's config "
-                       f"(differing bindings: {diff}); use another model_dir or the same config")
+                       f"({type(old).__name__} vs {type(config).__name__}, differing "
+                       f"fields: {diff}); use another model_dir or the same config")
     return
   with open(path + ".tmp", "w", encoding="utf-8") as f:
     f.write(text)
