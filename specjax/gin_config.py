@@ -3,6 +3,15 @@
 Registers specjax's configurables and resolves model gin files into configs
 under a scope, so one run can hold two models (target and draft) whose size
 files bind the same `T5Config.*` / `DecoderOnlyConfig.*` names.
+
+Trust: `--gin_file` files and `--gin.` bindings are gin, which can import
+modules and so run code, as in T5X: pass only files you trust. Model gin
+files named by TARGET_MODEL / DRAFT_MODEL (a model folder's `model.gin`, which
+may come with downloaded weights) are NOT given to gin: `read_model_file`
+parses them with the restricted parser of `specjax.models.model_gin`, which
+accepts only `T5Config.<field> = <literal>` or `DecoderOnlyConfig.<field> =
+<literal>` bindings, comments and `include`s of other such files; the values
+are then bound with `gin.bind_parameter`.
 """
 from __future__ import annotations
 
@@ -12,13 +21,13 @@ import os
 import re
 import tokenize
 from pathlib import Path
-from typing import List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import gin
 
 from specjax import bundled
 from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
-from specjax.models import DecoderOnlyConfig, T5Config
+from specjax.models import DecoderOnlyConfig, T5Config, config_from_model_file, parse_model_file
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
 from specjax.verify import BlockVerifier, FusedVerifier, ReferenceVerifier, SigmoidApproxVerifierNotExact
@@ -56,8 +65,6 @@ for _obj, _module in ((T5Config, "specjax.models"), (DecoderOnlyConfig, "specjax
                       (Partitioner, "specjax.sharding"), (beam_search, "specjax.decode"),
                       (speculative_beam_search, "specjax.decode")):
   register(_obj, _module)
-
-_MODEL_CLASSES = {"T5Config": T5Config, "DecoderOnlyConfig": DecoderOnlyConfig}
 
 
 def split_gin_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str], List[str]]:
@@ -139,15 +146,10 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str
   if models:
     gin.clear_config()
     for scope, model_file in models.items():
-      text, cls = _scoped_text(model_file, scope, all_paths)
-      if cls is None:
-        raise ValueError(f"model gin file '{model_file}' binds neither T5Config nor "
-                         "DecoderOnlyConfig")
+      cls, values = read_model_file(model_file, all_paths)
       _SCOPE_CLASS[scope] = cls
-      try:
-        gin.parse_config(text)
-      except (SyntaxError, tokenize.TokenError) as e:
-        raise ValueError(f"gin syntax error in model file '{model_file}': {e}") from e
+      for field, value in values.items():
+        gin.bind_parameter(f"{scope}/{cls}.{field}", value)
     _parse_files_and_bindings(files, bindings, all_paths)
   unread = unread_macros(bindings)
   if unread:
@@ -247,26 +249,28 @@ def model_config(scope: str):
     return gin.get_configurable(_SCOPE_CLASS[scope])()
 
 
-_BINDING = re.compile(r"^(\s*)([A-Za-z_][\w.]*)\.(\w+)\s*=")
 _INCLUDE = re.compile(r"""^\s*include\s+['"](.+)['"]\s*$""")
 
 
-def _scoped_text(path: str, scope: str, paths: Sequence[str], seen=()) -> Tuple[str, Optional[str]]:
-  """The bindings of a model gin file (includes inlined) with `scope/` prefixed."""
-  full = resolve(path, paths)
-  if full in seen:
-    raise ValueError(f"gin include cycle at {full}")
-  out, cls = [], None
-  for line in Path(full).read_text().splitlines():
-    inc = _INCLUDE.match(line)
-    if inc:
-      text, inner = _scoped_text(inc.group(1), scope, paths, (*seen, full))
-      out.append(text)
-      cls = cls or inner
-      continue
-    m = _BINDING.match(line)
-    if m and m.group(2) in _MODEL_CLASSES:
-      cls = m.group(2)
-      line = f"{m.group(1)}{scope}/{m.group(2)}.{m.group(3)} ="+ line[m.end():]
-    out.append(line)
-  return "\n".join(out), cls
+def read_model_file(path: str, paths: Sequence[str] = ()) -> Tuple[str, Dict[str, Any]]:
+  """Parses a model gin file without gin: (class name, {field: value}).
+
+  The restricted parser of `specjax.models.model_gin.parse_model_file` (only
+  literal `T5Config.*` / `DecoderOnlyConfig.*` bindings, comments, includes),
+  with the file and its includes found as `resolve` finds gin files.
+
+  Args:
+    path: the file ('bundled:PAIR/ROLE' and search paths as for `resolve`).
+    paths: gin search paths for it and its includes (default: `search_paths()`).
+  Raises:
+    ValueError: naming the file, line and what is wrong.
+    FileNotFoundError: the file or an include is not found.
+  """
+  all_paths = list(paths) or search_paths()
+  return parse_model_file(path, lambda name, _including: resolve(name, all_paths))
+
+
+def model_config_from_file(path: str, paths: Sequence[str] = ()) -> Any:
+  """The T5Config / DecoderOnlyConfig a model gin file describes (`read_model_file`)."""
+  all_paths = list(paths) or search_paths()
+  return config_from_model_file(path, lambda name, _including: resolve(name, all_paths))

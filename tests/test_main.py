@@ -1,7 +1,10 @@
 """The main job end to end: gin parsing, checkpoints, both decoders, the report."""
 import argparse
+import dataclasses
+import glob
 import json
 import logging
+import os
 import signal
 
 import gin
@@ -11,7 +14,7 @@ import pytest
 
 from rich.console import Console
 
-from specjax import gin_config, main
+from specjax import bundled, gin_config, main
 from specjax.data import load_vocab
 from specjax.checkpoints import load_t5x_for_model, save_t5x
 from specjax.main import build_model, run
@@ -213,3 +216,109 @@ def test_ctrl_c_between_batches_stops_the_job(tmp_path):
   assert calls == [(1, 3)]  # the second batch never started
   assert "interrupted after 1 of 3 examples" in console.export_text()
   assert not (tmp_path / "results.jsonl").exists()
+
+
+# ----------------------------------------------------------------------------
+# A model folder's model.gin is untrusted: read with a restricted parser (issue #16)
+
+TINY_LM = """# DecoderOnlyConfig of the checkpoints in this folder (written by specjax.train).
+DecoderOnlyConfig.vocab_size = 8192
+DecoderOnlyConfig.emb_dim = 16
+DecoderOnlyConfig.num_heads = 2
+DecoderOnlyConfig.num_layers = 1
+DecoderOnlyConfig.head_dim = 8
+DecoderOnlyConfig.mlp_dim = 32
+"""
+
+
+def _model_dir(tmp_path, text):
+  folder = tmp_path / "model"
+  folder.mkdir(exist_ok=True)
+  (folder / "model.gin").write_text(text)
+  return folder / "model.gin"
+
+
+def test_model_gin_imports_run_no_code(tmp_path, monkeypatch):
+  marker = tmp_path / "imported"
+  (tmp_path / "evil_gin_payload.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  path = _model_dir(tmp_path, "import evil_gin_payload\n" + TINY_LM)
+  with pytest.raises(ValueError, match="model.gin:1: 'import evil_gin_payload' is not "
+                     "allowed in a model gin file.*restricted parser"):
+    gin_config.parse([], [f"TARGET_MODEL='{path}'"])
+  assert not marker.exists()
+
+
+@pytest.mark.parametrize("line", [
+    "from __gin__ import dynamic_registration",
+    "import os",
+    "os.system.command = 'touch /tmp/x'",
+    "DecoderOnlyConfig.dtype = @os.system()",
+    "DecoderOnlyConfig.dtype = @DecodeConfig()",
+    "DecoderOnlyConfig.dtype = %DTYPE",
+    "target/DecoderOnlyConfig.emb_dim = 8",
+    "DecodeConfig.max_gamma = 3",
+    "specjax.models.decoder_only.DecoderOnlyConfig.emb_dim = 8",
+    "DecoderOnlyConfig.emb_dim = __import__('os').getpid()",
+    "DTYPE = 'float32'",
+])
+def test_model_gin_accepts_only_literal_model_bindings(tmp_path, line):
+  path = _model_dir(tmp_path, TINY_LM + line + "\n")
+  with pytest.raises(ValueError, match="model.gin:8: .*(not allowed in a model gin file|must "
+                     "be a literal)"):
+    gin_config.parse([], [f"TARGET_MODEL='{path}'"])
+
+
+@pytest.mark.parametrize("text, message", [
+    (TINY_LM + "DecoderOnlyConfig.no_such_field = 1\n", "has no field 'no_such_field'"),
+    (TINY_LM + "T5Config.emb_dim = 8\n", "binds T5Config in a file that binds"),
+    ("# nothing bound\n", "binds neither T5Config nor DecoderOnlyConfig"),
+    (TINY_LM + "DecoderOnlyConfig.mlp_activations = {1, 2}\n", "must be a number, string"),
+    (TINY_LM + "DecoderOnlyConfig.emb_dim = (8,\n", "must be a literal"),
+])
+def test_model_gin_errors_are_clear(tmp_path, text, message):
+  with pytest.raises(ValueError, match=message):
+    gin_config.read_model_file(str(_model_dir(tmp_path, text)))
+
+
+def test_model_gin_include_cycle_is_refused(tmp_path):
+  (tmp_path / "a.gin").write_text("include 'b.gin'\n")
+  (tmp_path / "b.gin").write_text("include 'a.gin'\n")
+  with pytest.raises(ValueError, match="include cycle"):
+    gin_config.read_model_file("a.gin", [str(tmp_path)])
+
+
+def test_model_gin_of_a_folder_drives_the_job(tmp_path):
+  text = TINY_LM + "DecoderOnlyConfig.mlp_activations = (  # gated\n    'gelu',\n    'linear')\n"
+  path = _model_dir(tmp_path, text)
+  gin_config.parse([], [f"TARGET_MODEL='{path}'", "target/DecoderOnlyConfig.num_heads = 4"])
+  config = gin_config.model_config("target")
+  assert (config.emb_dim, config.num_heads, config.mlp_activations) == (16, 4, ("gelu", "linear"))
+
+
+def _gin_model_files():
+  files = sorted(glob.glob(os.path.join(gin_config.GIN_DIR, "models", "*.gin")))
+  return files + [str(bundled.model_dir(p, r) / "model.gin") for p in bundled.PAIRS
+                  for r in bundled.ROLES if bundled.available(p, r)]
+
+
+@pytest.mark.parametrize("path", _gin_model_files(), ids=os.path.basename)
+def test_shipped_model_files_read_as_gin_reads_them(path):
+  """The restricted parser gives what gin itself gives for every shipped model file."""
+  config = gin_config.model_config_from_file(path)
+  gin.add_config_file_search_path(str(gin_config.GIN_DIR))
+  gin.parse_config_file(path)
+  assert config == gin.get_configurable(type(config).__name__)()
+  assert dataclasses.is_dataclass(config)
+
+
+def test_read_model_gin_of_a_folder_uses_the_restricted_parser(tmp_path):
+  """What distill, bundled and training read: the same parser, includes found beside the file."""
+  from specjax.models import read_model_gin  # pylint: disable=import-outside-toplevel
+  path = _model_dir(tmp_path, "include 'base.gin'\nDecoderOnlyConfig.num_heads = 4\n")
+  (path.parent / "base.gin").write_text(TINY_LM)
+  config = read_model_gin(str(path.parent))
+  assert (config.emb_dim, config.num_heads) == (16, 4)
+  path.write_text(TINY_LM + "import os\n")
+  with pytest.raises(ValueError, match="model.gin:8: 'import os' is not allowed"):
+    read_model_gin(str(path.parent))

@@ -2,13 +2,17 @@
 
 `load_t5x` reads a checkpoint's `target` tree (either format, without orbax);
 `load_t5x_for_model` checks it against a model's parameter shapes; `save_t5x`
-writes the legacy format atomically; `load_sharded` reads straight into a
-`specjax.sharding.Partitioner`'s shardings.
+writes the legacy format atomically (with `extra_files` committed in the same
+rename); `list_checkpoint_dirs`, `delete_checkpoint` and `clean_model_dir`
+manage a model folder's checkpoints and the leftovers of crashed saves;
+`load_sharded` reads straight into a `specjax.sharding.Partitioner`'s shardings.
 """
-from specjax.checkpoints.t5x import (LEGACY, ORBAX, VERSION, CheckpointLocation, find_checkpoint,
+from specjax.checkpoints.t5x import (LEGACY, ORBAX, VERSION, CheckpointLocation, clean_model_dir,
+                                     delete_checkpoint, find_checkpoint, list_checkpoint_dirs,
                                      load_t5x, load_t5x_for_model, save_t5x)
 
 __all__ = ["load_t5x", "load_t5x_for_model", "save_t5x", "find_checkpoint", "CheckpointLocation",
+           "list_checkpoint_dirs", "delete_checkpoint", "clean_model_dir",
            "load_sharded", "load_t5x_sharded", "LEGACY", "ORBAX", "VERSION"]
 
 

@@ -6,23 +6,30 @@
   (shape, dtype name, C-order bytes), its dtype taken from a fixed list.
 - Safe resolution of array folders named inside a checkpoint.
 - Concurrent tensorstore reads of zarr arrays with clear errors naming the
-  parameter, and a check that no zarr chunk file is missing (a missing chunk
-  would otherwise read back silently as zeros).
+  parameter. Every declared chunk must be stored: arrays are opened with
+  `fill_missing_data_reads=False` (zarr, zarr3, sharded, OCDBT alike), and
+  zarr v2 folders are also checked up front. Metadata is checked before any
+  chunk is touched (shape against the declared / expected one, at most
+  MAX_CHUNKS chunks), so a hostile .zarray costs nothing.
+- Symlinks: every file read must resolve inside the checkpoint folder.
 
 Public API lives in `specjax.checkpoints`; nothing here is meant for users.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import ml_dtypes
 import msgpack
 import numpy as np
 import tensorstore as ts
+
+from specjax.params import check_params_match, unflatten
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -223,6 +230,10 @@ def encode(tree: Any) -> bytes:
 # ----------------------------------------------------------------------------
 # Paths and zarr arrays
 
+MAX_CHUNKS = 2**20
+"""Most chunks one array may declare (a T5X array of 64 MiB chunks would need
+64 TiB to reach it); more is refused before any chunk is looked for."""
+
 
 def safe_join(root: str, rel: Any, name: str, where: str) -> str:
   """root/rel, refusing anything that is absolute or escapes `root`."""
@@ -238,6 +249,62 @@ def safe_join(root: str, rel: Any, name: str, where: str) -> str:
   return full
 
 
+def _within(root_real: str, real: str) -> bool:
+  return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+def check_inside(root: str, path: str, what: str, where: str) -> str:
+  """`path` once its symlinks are resolved; ValueError if that leaves `root`.
+
+  Args:
+    root: the checkpoint folder (itself may be a symlink).
+    path: a file or folder inside it that is about to be read.
+    what: how to name `path` in the message (e.g. "the array of parameter 'x'").
+  """
+  root_real, real = os.path.realpath(root), os.path.realpath(path)
+  if not _within(root_real, real):
+    raise ValueError(f"{where}: {what} ({path}) is a symlink to {real}, outside "
+                     f"the checkpoint folder {root_real}; refusing to read it")
+  return real
+
+
+def scan_files(root: str, folder: str, what: str, where: str) -> set:
+  """Relative paths ('a/b', '/'-separated) of the files under `folder`.
+
+  Every symlink met on the way must resolve inside `root` (the checkpoint
+  folder), else ValueError naming it; symlinked folders are scanned once.
+  """
+  root_real = os.path.realpath(root)
+  start = check_inside(root, folder, what, where)
+  files, seen, stack = set(), {start}, [(folder, "")]
+  while stack:
+    path, rel = stack.pop()
+    try:
+      entries = list(os.scandir(path))
+    except OSError as e:
+      raise ValueError(f"{where}: cannot list {path} ({what}): {e}") from e
+    for entry in entries:
+      sub = f"{rel}/{entry.name}" if rel else entry.name
+      if entry.is_symlink():
+        real = os.path.realpath(entry.path)
+        if not _within(root_real, real):
+          raise ValueError(f"{where}: {what} holds {entry.path}, a symlink to {real} "
+                           f"outside the checkpoint folder {root_real}; refusing to "
+                           "read it")
+        is_dir = os.path.isdir(real)
+      else:
+        is_dir = entry.is_dir(follow_symlinks=False)
+        real = None
+      if is_dir:
+        real = real or os.path.realpath(entry.path)
+        if real not in seen:
+          seen.add(real)
+          stack.append((entry.path, sub))
+      else:
+        files.add(sub)
+  return files
+
+
 @dataclasses.dataclass
 class ZarrRead:
   """One array to read with tensorstore."""
@@ -246,53 +313,30 @@ class ZarrRead:
   shape: Optional[Tuple[int, ...]] = None  # the shape the checkpoint declares
   dtype: Optional[np.dtype] = None  # the dtype the checkpoint declares
   assume_metadata: bool = False  # open without reading .zarray (it is missing)
+  expected: Optional[Tuple[int, ...]] = None  # the shape the model expects
+  allow_missing_chunks: bool = False  # missing chunks read as the fill value
 
 
-def chunk_keys(shape: Sequence[int], chunks: Sequence[int],
-               separator: str = ".") -> List[str]:
-  """The zarr v2 chunk keys a fully written array of `shape` has."""
-  if len(shape) == 0:
-    return ["0"]
-  if any(s == 0 for s in shape):
-    return []
-  grid = [-(-s // c) for s, c in zip(shape, chunks)]
-  keys = [""]
-  for n in grid:
-    keys = [f"{k}{separator}{i}" if k else str(i) for k in keys for i in range(n)]
-  return keys
+def check_names(names_shapes: Mapping[str, Optional[Tuple[int, ...]]],
+                expected: Mapping[str, Tuple[int, ...]], where: str) -> None:
+  """The names (and known shapes) of a checkpoint against the model's, before reading.
 
-
-def check_zarr_folder(folder: str, name: str, where: str,
-                      spec_meta: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
-  """Checks a zarr v2 array folder and returns its .zarray (None when absent).
-
-  Raises ValueError naming the parameter when the folder or one of its chunk
-  files is missing, or when .zarray is unreadable.
+  Args:
+    names_shapes: parameter name -> its shape, or None where it is not known
+      until its array is opened (checked then).
+    expected: parameter name -> the shape the model config expects.
   """
-  if not os.path.isdir(folder):
-    raise ValueError(f"{where}: the array of parameter '{name}' is missing "
-                     f"(no folder {folder})")
-  zarray_path = os.path.join(folder, ".zarray")
-  zarray = None
-  if os.path.isfile(zarray_path):
-    try:
-      with open(zarray_path, "rb") as f:
-        zarray = json.loads(f.read())
-    except (OSError, ValueError) as e:
-      raise ValueError(f"{where}: unreadable {zarray_path} for parameter "
-                       f"'{name}': {e}") from e
-    if not isinstance(zarray, dict):
-      raise ValueError(f"{where}: {zarray_path} is not a JSON object")
-  meta = zarray if zarray is not None else spec_meta
-  shape, chunks = meta.get("shape"), meta.get("chunks", meta.get("shape"))
-  if meta.get("fill_value") is None and int_list(shape) and int_list(chunks):
-    sep = meta.get("dimension_separator") or "."
-    missing = [k for k in chunk_keys(shape, chunks, sep)
-               if not os.path.isfile(os.path.join(folder, *k.split("/")))]
-    if missing:
-      raise ValueError(f"{where}: the array of parameter '{name}' is missing "
-                       f"chunk file(s) {missing[:4]} in {folder}")
-  return zarray
+  def placeholder(shape):  # an array of any shape that takes no memory
+    return np.broadcast_to(np.zeros((), np.int8), shape)
+  got = {n: placeholder(expected[n] if s is None and n in expected else (s or ()))
+         for n, s in names_shapes.items()}
+  check_params_match(unflatten(got), unflatten({n: placeholder(s) for n, s in expected.items()}),
+                     what=where)
+
+
+def read_spec(spec: Dict[str, Any], allow_missing_chunks: bool = False) -> Dict[str, Any]:
+  """`spec` set to fail on a missing chunk instead of reading the fill value."""
+  return dict(spec, fill_missing_data_reads=bool(allow_missing_chunks))
 
 
 def int_list(x: Any) -> bool:
@@ -300,35 +344,158 @@ def int_list(x: Any) -> bool:
       isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in x)
 
 
-def read_zarr_arrays(reads: Sequence[ZarrRead], where: str) -> List[np.ndarray]:
-  """Reads all arrays concurrently (every open, then every read, then waits)."""
+def chunk_grid(shape: Any, chunks: Any, name: str, where: str) -> List[int]:
+  """Chunks per dimension of a zarr array; ValueError for an invalid or absurd grid.
+
+  Checked from the metadata alone, before anything else is read: `chunks` must
+  be positive and of the array's rank, and the grid at most MAX_CHUNKS chunks.
+  """
+  if not int_list(shape) or not int_list(chunks) or len(chunks) != len(shape) \
+      or not all(c > 0 for c in chunks):
+    raise ValueError(f"{where}: the array of parameter '{name}' declares an invalid "
+                     f"chunk grid: shape {shape!r}, chunks {chunks!r}")
+  grid = [-(-s // c) for s, c in zip(shape, chunks)]
+  count = math.prod(grid)
+  if count > MAX_CHUNKS:
+    raise ValueError(f"{where}: the array of parameter '{name}' declares {count} chunks "
+                     f"(shape {tuple(shape)} in chunks of {tuple(chunks)}), more than "
+                     f"the {MAX_CHUNKS} allowed; refusing to read it")
+  return grid
+
+
+def iter_chunk_keys(grid: Sequence[int], separator: str = ".") -> Iterator[str]:
+  """The zarr v2 chunk keys of a fully written array with this chunk grid, lazily."""
+  if len(grid) == 0:
+    yield "0"
+    return
+  for index in itertools.product(*(range(n) for n in grid)):
+    yield separator.join(map(str, index))
+
+
+def check_zarr_folder(root: str, folder: str, name: str, where: str,
+                      spec_meta: Mapping[str, Any],
+                      shape: Optional[Sequence[int]] = None,
+                      shape_source: str = "the checkpoint declares",
+                      require_all_chunks: bool = True) -> Optional[Dict[str, Any]]:
+  """Checks a zarr v2 array folder and returns its .zarray (None when absent).
+
+  In this order, so a hostile .zarray costs nothing before it is refused: the
+  folder resolves inside `root`; .zarray's shape equals `shape` (when given);
+  its chunk grid is valid and at most MAX_CHUNKS; then the folder is listed
+  (no symlink may leave `root`) and every chunk must be there.
+
+  Raises ValueError naming the parameter.
+  """
+  what = f"the array of parameter '{name}'"
+  if not os.path.isdir(folder):
+    raise ValueError(f"{where}: {what} is missing (no folder {folder})")
+  check_inside(root, folder, what, where)
+  zarray_path = os.path.join(folder, ".zarray")
+  zarray = None
+  if os.path.lexists(zarray_path):
+    check_inside(root, zarray_path, f"the .zarray of parameter '{name}'", where)
+    try:
+      with open(zarray_path, "rb") as f:
+        zarray = json.loads(f.read(1 << 20))
+    except (OSError, ValueError) as e:
+      raise ValueError(f"{where}: unreadable {zarray_path} for parameter "
+                       f"'{name}': {e}") from e
+    if not isinstance(zarray, dict):
+      raise ValueError(f"{where}: {zarray_path} is not a JSON object")
+  meta = zarray if zarray is not None else spec_meta
+  zshape = meta.get("shape")
+  if shape is not None and zarray is not None and zshape != list(shape):
+    raise ValueError(f"{where}: shape mismatch: {what} has shape "
+                     f"{tuple(zshape) if int_list(zshape) else zshape!r} "
+                     f"but {shape_source} {tuple(shape)} ({zarray_path})")
+  if "shape" not in meta:  # nothing to check the chunks against: tensorstore says why
+    scan_files(root, folder, what, where)
+    return zarray
+  grid = chunk_grid(zshape, meta.get("chunks", zshape), name, where)
+  present = scan_files(root, folder, what, where)
+  if not require_all_chunks:
+    return zarray
+  sep = meta.get("dimension_separator") or "."
+  if sep not in (".", "/"):
+    raise ValueError(f"{where}: {what} has an invalid dimension_separator {sep!r}")
+  missing = []
+  for key in iter_chunk_keys(grid, sep):
+    if key not in present:
+      missing.append(key)
+      if len(missing) == 4:
+        break
+  if missing:
+    hint = "" if shape is not None else f" (or its .zarray declares a wrong shape {tuple(zshape)})"
+    raise ValueError(f"{where}: {what} is missing chunk file(s) {missing} in "
+                     f"{folder}{hint}")
+  return zarray
+
+
+def _ts_error(e: Exception, name: str, where: str, action: str) -> ValueError:
+  """A tensorstore failure as a ValueError naming the parameter."""
+  text = str(e)
+  if "NOT_FOUND" in text and "chunk" in text:
+    return ValueError(f"{where}: the array of parameter '{name}' is missing a chunk "
+                      f"(every chunk it declares must be stored): {text}")
+  return ValueError(f"{where}: cannot {action} the array of parameter '{name}': {text}")
+
+
+def check_store(store: Any, r: ZarrRead, where: str) -> None:
+  """An opened array against what the checkpoint declares and the model expects.
+
+  Checked before any chunk is read: shape, dtype, and the number of chunks a
+  read visits (at most MAX_CHUNKS).
+  """
+  got = tuple(store.shape)
+  for want, source in ((r.shape, "the checkpoint declares"),
+                       (r.expected, "the model config expects")):
+    if want is not None and got != tuple(want):
+      raise ValueError(f"{where}: shape mismatch: the array of parameter '{r.name}' "
+                       f"has shape {got} but {source} {tuple(want)}")
+  if r.dtype is not None and np.dtype(store.dtype.numpy_dtype) != r.dtype:
+    raise ValueError(f"{where}: the array of parameter '{r.name}' has dtype "
+                     f"{store.dtype.name} but the checkpoint declares "
+                     f"{r.dtype.name}")
+  chunk = store.chunk_layout.read_chunk.shape
+  if chunk is not None and got:
+    chunk_grid(list(got), [int(c) if c else 1 for c in chunk], r.name, where)
+
+
+def open_arrays(reads: Sequence[ZarrRead], where: str) -> List[Any]:
+  """Opens every array (metadata only), then checks each with `check_store`."""
   context = ts.Context()
   opens = []
   for r in reads:
     kwargs = {"assume_metadata": True} if r.assume_metadata else {}
-    opens.append(ts.open(r.spec, open=True, read=True, context=context, **kwargs))
+    opens.append(ts.open(read_spec(r.spec, r.allow_missing_chunks), open=True, read=True,
+                         context=context, **kwargs))
   stores = []
   for r, future in zip(reads, opens):
     try:
       store = future.result()
     except Exception as e:  # tensorstore reports every failure as ValueError etc.
-      raise ValueError(f"{where}: cannot open the array of parameter "
-                       f"'{r.name}': {e}") from e
-    if r.shape is not None and tuple(store.shape) != tuple(r.shape):
-      raise ValueError(f"{where}: the array of parameter '{r.name}' has shape "
-                       f"{tuple(store.shape)} but the checkpoint declares "
-                       f"{tuple(r.shape)}")
-    if r.dtype is not None and np.dtype(store.dtype.numpy_dtype) != r.dtype:
-      raise ValueError(f"{where}: the array of parameter '{r.name}' has dtype "
-                       f"{store.dtype.name} but the checkpoint declares "
-                       f"{r.dtype.name}")
+      raise _ts_error(e, r.name, where, "open") from e
+    check_store(store, r, where)
     stores.append(store)
+  return stores
+
+
+def read_array(store: Any, name: str, where: str, index: Any = ()) -> np.ndarray:
+  """`store[index]` read into numpy; a missing chunk is an error naming `name`."""
+  try:
+    return np.asarray((store[index] if index != () else store).read().result())
+  except Exception as e:  # tensorstore reports every failure as ValueError etc.
+    raise _ts_error(e, name, where, "read") from e
+
+
+def read_zarr_arrays(reads: Sequence[ZarrRead], where: str) -> List[np.ndarray]:
+  """Reads all arrays concurrently (every open, then every read, then waits)."""
+  stores = open_arrays(reads, where)
   pending = [store.read() for store in stores]
   out = []
   for r, future in zip(reads, pending):
     try:
       out.append(np.asarray(future.result()))
     except Exception as e:
-      raise ValueError(f"{where}: cannot read the array of parameter "
-                       f"'{r.name}': {e}") from e
+      raise _ts_error(e, r.name, where, "read") from e
   return out

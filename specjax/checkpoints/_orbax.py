@@ -106,6 +106,8 @@ def _param_name(sub: Tuple[str, ...], where: str) -> str:
 
 
 def _ocdbt_keys(item_dir: str, where: str) -> set:
+  # Every file of the database must resolve inside the item folder.
+  _io.scan_files(item_dir, item_dir, "the OCDBT database", where)
   try:
     kv = ts.KvStore.open({"driver": "ocdbt",
                           "base": {"driver": "file", "path": item_dir + "/"}}
@@ -123,6 +125,7 @@ def _aggregate_value(item_dir: str, keys: Tuple[str, ...], name: str,
     if not os.path.isfile(path):
       raise ValueError(f"{where}: parameter '{name}' is stored in the "
                        f"aggregate file {path}, which is missing")
+    _io.check_inside(item_dir, path, "the aggregate file", where)
     with open(path, "rb") as f:
       cache["tree"] = _io.decode_all(f.read(), path)
   node = cache["tree"]
@@ -136,22 +139,31 @@ def _aggregate_value(item_dir: str, keys: Tuple[str, ...], name: str,
   return np.asarray(node)
 
 
-def load_target(item_dir: str, where: str) -> Dict[str, np.ndarray]:
-  """Reads the target leaves of an Orbax item folder -> {'a/b/kernel': array}."""
+def load_target(item_dir: str, where: str,
+                expected: Optional[Dict[str, Tuple[int, ...]]] = None
+                ) -> Dict[str, np.ndarray]:
+  """Reads the target leaves of an Orbax item folder -> {'a/b/kernel': array}.
+
+  Every chunk an array declares must be stored (unless `_METADATA` says the
+  writer skipped chunks equal to the fill value), every file read must resolve
+  inside `item_dir`, and with `expected` ({name: shape} of the model) names are
+  checked before any array is opened and shapes before any chunk is read.
+  """
   item_dir = os.path.abspath(item_dir)
   meta_path = os.path.join(item_dir, "_METADATA")
+  _io.check_inside(item_dir, meta_path, "the Orbax _METADATA file", where)
   meta = _read_json(meta_path)
   entries = tree_entries(meta, meta_path)
   prefix = _target_prefix(entries, where)
   use_zarr3 = meta.get("use_zarr3") is True
+  # Orbax records whether chunks equal to the fill value were written; only an
+  # explicit False lets a missing chunk read as the fill value.
+  allow_missing = meta.get("store_array_data_equal_to_fill_value") is False
   driver = "zarr3" if use_zarr3 else "zarr"
   marker = "zarr.json" if use_zarr3 else ".zarray"
   ocdbt = os.path.isfile(os.path.join(item_dir, "manifest.ocdbt"))
-  present: Optional[set] = _ocdbt_keys(item_dir, where) if ocdbt else None
 
-  out: Dict[str, np.ndarray] = {}
-  reads: List[_io.ZarrRead] = []
-  aggregate_cache: Dict[str, Any] = {}
+  targets = []
   for keys, value_meta in entries:
     if keys[:len(prefix)] != prefix or len(keys) == len(prefix):
       continue
@@ -159,8 +171,21 @@ def load_target(item_dir: str, where: str) -> Dict[str, np.ndarray]:
     if value_meta.get("value_type") not in _ARRAY_TYPES:
       raise ValueError(f"{where}: parameter '{name}' has Orbax value type "
                        f"{value_meta.get('value_type')!r}, not an array")
+    targets.append((keys, value_meta, name))
+  if expected is not None:
+    _io.check_names({name: None for _, _, name in targets}, expected, where)
+  present: Optional[set] = _ocdbt_keys(item_dir, where) if ocdbt else None
+
+  out: Dict[str, np.ndarray] = {}
+  reads: List[_io.ZarrRead] = []
+  aggregate_cache: Dict[str, Any] = {}
+  for keys, value_meta, name in targets:
+    want = None if expected is None else tuple(expected[name])
     if value_meta.get("skip_deserialize") is True:
       out[name] = _aggregate_value(item_dir, keys, name, aggregate_cache, where)
+      if want is not None and out[name].shape != want:
+        raise ValueError(f"{where}: shape mismatch: parameter '{name}' has shape "
+                         f"{out[name].shape} but the model config expects {want}")
       continue
     stored = ".".join(keys)
     if present is not None:
@@ -172,17 +197,20 @@ def load_target(item_dir: str, where: str) -> Dict[str, np.ndarray]:
                  "path": stored + "/"}
     else:
       folder = _io.safe_join(item_dir, stored, name, where)
+      what = f"the array of parameter '{name}'"
       if use_zarr3:
         if not os.path.isfile(os.path.join(folder, marker)):
-          raise ValueError(f"{where}: the array of parameter '{name}' is "
-                           f"missing (no {os.path.join(folder, marker)})")
-      elif _io.check_zarr_folder(folder, name, where, {}) is None:
-        raise ValueError(f"{where}: the array of parameter '{name}' is "
-                         f"missing its metadata {os.path.join(folder, marker)}")
+          raise ValueError(f"{where}: {what} is missing (no {os.path.join(folder, marker)})")
+        _io.scan_files(item_dir, folder, what, where)
+      elif _io.check_zarr_folder(item_dir, folder, name, where, {}, shape=want,
+                                 shape_source="the model config expects",
+                                 require_all_chunks=not allow_missing) is None:
+        raise ValueError(f"{where}: {what} is missing its metadata "
+                         f"{os.path.join(folder, marker)}")
       kvstore = {"driver": "file", "path": folder + "/"}
     out[name] = None  # filled below, keeps the tree order of the metadata
-    reads.append(_io.ZarrRead(name=name,
-                                   spec={"driver": driver, "kvstore": kvstore}))
+    reads.append(_io.ZarrRead(name=name, spec={"driver": driver, "kvstore": kvstore},
+                              expected=want, allow_missing_chunks=allow_missing))
   for read, arr in zip(reads, _io.read_zarr_arrays(reads, where)):
     out[read.name] = arr
   return out

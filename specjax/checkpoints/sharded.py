@@ -6,13 +6,11 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import jax
 import numpy as np
-import tensorstore as ts
 
-from specjax.checkpoints import _io, _orbax
-from specjax.checkpoints.t5x import ORBAX, find_checkpoint, load_legacy_target
+from specjax.checkpoints import _io
+from specjax.checkpoints.t5x import load_flat
 from specjax.params import check_params_match, flatten, unflatten
 from specjax.sharding import Partitioner
-
 
 
 class _LazyZarr:
@@ -24,29 +22,15 @@ class _LazyZarr:
     self.dtype = np.dtype(store.dtype.numpy_dtype)
 
   def __getitem__(self, index: Any) -> np.ndarray:
-    try:
-      return np.asarray(self.store[index].read().result())
-    except Exception as e:  # tensorstore reports every failure as ValueError etc.
-      raise ValueError(f"{self.where}: cannot read the array of parameter "
-                       f"'{self.name}': {e}") from e
+    # A missing chunk fails here too (the store was opened with
+    # fill_missing_data_reads=False by `_io.open_arrays`).
+    return _io.read_array(self.store, self.name, self.where, index)
 
 
 def _open_lazy(reads: List[_io.ZarrRead], where: str) -> List[_LazyZarr]:
-  """Opens (and checks) every array without reading it."""
-  context, out = ts.Context(), []
-  for r in reads:
-    kwargs = {"assume_metadata": True} if r.assume_metadata else {}
-    try:
-      store = ts.open(r.spec, open=True, read=True, context=context, **kwargs).result()
-    except Exception as e:  # tensorstore reports every failure as ValueError etc.
-      raise ValueError(f"{where}: cannot open the array of parameter '{r.name}': {e}") from e
-    lazy = _LazyZarr(store, r.name, where)
-    if (r.shape is not None and lazy.shape != tuple(r.shape)) or (
-        r.dtype is not None and lazy.dtype != r.dtype):
-      raise ValueError(f"{where}: the array of parameter '{r.name}' is {lazy.dtype.name} "
-                       f"{lazy.shape} but the checkpoint declares {r.dtype} {r.shape}")
-    out.append(lazy)
-  return out
+  """Opens (and checks: shape, dtype, chunk count) every array without reading it."""
+  return [_LazyZarr(store, r.name, where)
+          for r, store in zip(reads, _io.open_arrays(reads, where))]
 
 
 def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = None,
@@ -70,11 +54,9 @@ def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = No
   """
   cast = _io.resolve_dtype(dtype, "load_t5x_sharded")
   where = os.fspath(path)
-  location = find_checkpoint(path)
-  if location.format == ORBAX:
-    flat = _orbax.load_target(location.path, where)
-  else:
-    flat = load_legacy_target(location.path, where, _open_lazy)
+  shapes = None if expected is None else {
+      name: tuple(np.shape(leaf)) for name, leaf in flatten(expected)}
+  flat = load_flat(path, where, shapes, read_arrays=_open_lazy)
   if expected is not None:
     check_params_match(unflatten(flat), expected, what=where)
   want = dict(flatten(shardings))
@@ -94,8 +76,6 @@ def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = No
       return seen[key]
     out[name] = jax.make_array_from_callback(tuple(arr.shape), want[name], read)
   return unflatten(out)
-
-
 
 
 def load_sharded(path: str, model: Any, partitioner: Partitioner, *, dtype: Any = None) -> Any:

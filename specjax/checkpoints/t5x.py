@@ -21,12 +21,20 @@ Orbax is not needed to read it (tensorstore's `ocdbt` driver does the work).
 
 Reading never unpickles: the msgpack extension hook understands flax's array,
 scalar and complex codes only, and array paths that are absolute or escape the
-checkpoint folder are refused. Only `target` is decoded; the optimizer state
-is skipped in the msgpack stream and none of its arrays are opened.
+checkpoint folder are refused, as are files that resolve outside it through a
+symlink. Every chunk an array declares must be stored (a missing one would
+otherwise read as the fill value); metadata (shape against the declared and the
+model's, chunk count) is checked before any chunk is read. Only `target` is
+decoded; the optimizer state is skipped in the msgpack stream and none of its
+arrays are opened.
 
-Writing (`save_t5x`) produces the legacy layout above: every target array with
-at least one dimension goes to its own zarr folder (as T5X does for every
-partitioned parameter, i.e. every model parameter), 0-d arrays go inline; the
+Writing (`save_t5x`) assembles a checkpoint in a temporary sibling folder and
+renames it into place in one step; without `overwrite` that rename fails if
+another writer put the step in place meanwhile, and a save first recovers the
+model folder from crashed saves (`specjax.checkpoints._commit`). It produces the
+legacy layout above: every target array with at least one dimension goes to
+its own zarr folder (as T5X does for every partitioned parameter, i.e. every
+model parameter), 0-d arrays go inline; the
 state is `{'step': int32}`, exactly T5X's `InferenceState.state_dict()`, so T5X
 eval/infer restore it as is. To train from it with an optimizer in T5X, restore
 with `RestoreCheckpointConfig(assignment_map=((r'state/param_states.*', None),),
@@ -39,15 +47,15 @@ import math
 import os
 import re
 import shutil
-import uuid
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorstore as ts
 
+from specjax.checkpoints import _commit
 from specjax.checkpoints import _io
 from specjax.checkpoints import _orbax
-from specjax.params import check_params_match, unflatten
+from specjax.params import check_params_match, flatten, unflatten
 
 VERSION = 3
 LEGACY = "legacy"
@@ -83,17 +91,57 @@ def _step_of(path: str) -> Optional[int]:
   return None
 
 
+def _holds_checkpoint(folder: str) -> bool:
+  return os.path.isdir(folder) and _in_folder(folder) is not None
+
+
+def list_checkpoint_dirs(model_dir: str) -> List[Tuple[int, str]]:
+  """(N, folder) of every complete checkpoint in a model folder, by ascending N.
+
+  The folder is `checkpoint_N`, or, when a save that overwrote it crashed
+  between its two renames (no `checkpoint_N` holds a checkpoint), the
+  `checkpoint_N.old-*` folder it left, which holds the previous complete one.
+  Temporary `.tmp-*` / `.del-*` folders never count.
+  """
+  if not os.path.isdir(model_dir):
+    return []
+  finals = {}
+  for entry in os.listdir(model_dir):
+    match = _STEP_DIR.fullmatch(entry)
+    if match:
+      finals[int(match.group(1))] = os.path.join(model_dir, entry)
+  olds = _commit.old_folders(model_dir)
+  out = []
+  for step in sorted(set(finals) | set(olds)):
+    for folder in [finals.get(step)] + olds.get(step, []):
+      if folder is not None and _holds_checkpoint(folder):
+        out.append((step, folder))
+        break
+  return out
+
+
 def find_checkpoint(path: str) -> CheckpointLocation:
   """Resolves a model folder, a `checkpoint_N` folder or a `checkpoint` file.
 
   In a model folder the highest N whose `checkpoint_N` holds a complete
   checkpoint wins (numerically: checkpoint_10 beats checkpoint_9); temporary
-  folders such as `checkpoint_N.tmp-...` are ignored.
+  folders such as `checkpoint_N.tmp-...` are ignored, and a crashed overwrite
+  is read from the previous checkpoint it set aside (`list_checkpoint_dirs`).
 
   Raises:
     FileNotFoundError: `path` does not exist or holds no checkpoint.
   """
   path = os.fspath(path)
+  match = _STEP_DIR.fullmatch(os.path.basename(os.path.normpath(path)))
+  if match and not (os.path.isdir(path) and _in_folder(path)):
+    # checkpoint_N named directly, but an overwrite crashed between its renames.
+    parent = os.path.dirname(os.path.normpath(path)) or "."
+    step = int(match.group(1))
+    for folder in (_commit.old_folders(parent).get(step, [])
+                   if os.path.isdir(parent) else []):
+      if _holds_checkpoint(folder):
+        found = _in_folder(folder)
+        return CheckpointLocation(found[0], found[1], step)
   if not os.path.exists(path):
     raise FileNotFoundError(f"checkpoint path does not exist: {path}")
   if os.path.isfile(path):
@@ -105,15 +153,11 @@ def find_checkpoint(path: str) -> CheckpointLocation:
   found = _in_folder(path)
   if found is not None:
     return CheckpointLocation(found[0], found[1], _step_of(found[1]))
-  steps = []
-  for entry in os.listdir(path):
-    match = _STEP_DIR.fullmatch(entry)
-    if match and os.path.isdir(os.path.join(path, entry)):
-      steps.append((int(match.group(1)), entry))
-  for step, entry in sorted(steps, reverse=True):
-    found = _in_folder(os.path.join(path, entry))
-    if found is not None:
-      return CheckpointLocation(found[0], found[1], step)
+  steps = list_checkpoint_dirs(path)
+  if steps:
+    step, folder = steps[-1]
+    found = _in_folder(folder)
+    return CheckpointLocation(found[0], found[1], step)
   raise FileNotFoundError(
       f"no T5X checkpoint in {path}: expected a 'checkpoint' msgpack file, "
       "'state/_METADATA' (Orbax) or checkpoint_N folders holding one")
@@ -139,9 +183,13 @@ def _declared_dtype(spec: Dict[str, Any], meta: Dict[str, Any], name: str,
                      f"{declared!r}") from e
 
 
-def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str,
-                 where: str) -> _io.ZarrRead:
-  """Turns a T5X tensorstore spec from the msgpack into a safe local read."""
+def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str, where: str,
+                 expected: Optional[Tuple[int, ...]] = None) -> _io.ZarrRead:
+  """Turns a T5X tensorstore spec from the msgpack into a safe local read.
+
+  The declared shape is checked against `expected` (the model's) and the
+  folder's .zarray before any chunk is looked for (`_io.check_zarr_folder`).
+  """
   if spec.get("driver") != "zarr":
     raise ValueError(f"{where}: parameter '{name}' uses tensorstore driver "
                      f"{spec.get('driver')!r}; only 'zarr' is supported")
@@ -159,8 +207,14 @@ def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str,
   if shape is not None and not _io.int_list(shape):
     raise ValueError(f"{where}: parameter '{name}' declares an invalid shape "
                      f"{shape!r}")
+  if shape is not None and expected is not None and tuple(shape) != tuple(expected):
+    raise ValueError(f"{where}: parameter '{name}' has shape {tuple(shape)} but the "
+                     f"model config expects {tuple(expected)}")
   dtype = _declared_dtype(spec, meta, name, where)
-  zarray = _io.check_zarr_folder(folder, name, where, meta)
+  checked, source = ((shape, "the checkpoint declares") if shape is not None
+                     else (expected, "the model config expects"))
+  zarray = _io.check_zarr_folder(ckpt_dir, folder, name, where, meta,
+                                 shape=checked, shape_source=source)
   open_spec: Dict[str, Any] = {"driver": "zarr",
                                "kvstore": {"driver": "file", "path": folder + "/"}}
   if zarray is None:  # rebuild the array metadata from the msgpack's spec
@@ -176,17 +230,23 @@ def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str,
                              "fill_value", "filters", "dimension_separator")
         if k in meta}
   return _io.ZarrRead(name=name, spec=open_spec,
-                           shape=None if shape is None else tuple(shape),
-                           dtype=dtype, assume_metadata=zarray is None)
+                      shape=None if shape is None else tuple(shape),
+                      dtype=dtype, assume_metadata=zarray is None,
+                      expected=expected)
 
 
 def load_legacy_target(ckpt_file: str, where: str,
-                 read_arrays: Any = _io.read_zarr_arrays) -> Dict[str, np.ndarray]:
+                       read_arrays: Callable[..., List[Any]] = _io.read_zarr_arrays,
+                       expected: Optional[Mapping[str, Tuple[int, ...]]] = None
+                       ) -> Dict[str, Any]:
   """Reads optimizer/target of a legacy checkpoint -> {'a/b/kernel': array}.
 
-  `read_arrays(reads, where)` reads the zarr arrays (`specjax.sharding` passes one
-  that only opens them, to read per shard).
+  `read_arrays(reads, where)` reads the zarr arrays (`specjax.checkpoints.sharded`
+  passes one that only opens them, to read per shard). With `expected` ({name: shape} of
+  the model) names and shapes are checked before any array is opened.
   """
+  ckpt_dir = os.path.dirname(os.path.abspath(ckpt_file))
+  _io.check_inside(ckpt_dir, ckpt_file, "the checkpoint file", where)
   with open(ckpt_file, "rb") as f:
     data = f.read()
   if data.startswith(b"model_checkpoint_path"):
@@ -198,9 +258,8 @@ def load_legacy_target(ckpt_file: str, where: str,
                      f"{version} (expected 2 or 3)")
   if not isinstance(target, dict):
     raise ValueError(f"{ckpt_file}: 'optimizer/target' is not a tree of arrays")
-  ckpt_dir = os.path.dirname(os.path.abspath(ckpt_file))
   out: Dict[str, Any] = {}
-  reads: List[_io.ZarrRead] = []
+  specs: Dict[str, Dict[str, Any]] = {}
 
   def walk(node: Dict[Any, Any], prefix: str) -> None:
     for key, value in node.items():
@@ -209,7 +268,7 @@ def load_legacy_target(ckpt_file: str, where: str,
                          f"'{prefix or 'target'}'")
       name = f"{prefix}/{key}" if prefix else key
       if _is_ts_spec(value):
-        reads.append(_legacy_read(value, ckpt_dir, name, where))
+        specs[name] = value
         out[name] = None
       elif isinstance(value, dict):
         walk(value, name)
@@ -220,6 +279,16 @@ def load_legacy_target(ckpt_file: str, where: str,
                          f"{type(value).__name__}, not an array")
 
   walk(target, "")
+  if expected is not None:
+    def declared(name):
+      shape = specs[name].get("metadata", {}).get("shape") if isinstance(
+          specs[name].get("metadata"), dict) else None
+      return tuple(shape) if _io.int_list(shape) else None
+    _io.check_names({n: (np.shape(a) if n not in specs else declared(n))
+                     for n, a in out.items()}, expected, where)
+  reads = [_legacy_read(spec, ckpt_dir, name, where,
+                        None if expected is None else tuple(expected[name]))
+           for name, spec in specs.items()]
   for read, arr in zip(reads, read_arrays(reads, where)):
     out[read.name] = arr
   if version == 2:
@@ -229,6 +298,33 @@ def load_legacy_target(ckpt_file: str, where: str,
                          "version-2 checkpoints stored bfloat16; re-save it "
                          "with a current T5X")
   return out
+
+
+def _expected_shapes(model: Any) -> Dict[str, Tuple[int, ...]]:
+  return {name: tuple(leaf.shape) for name, leaf in flatten(model.param_shapes())}
+
+
+def load_flat(path: str, where: str,
+              expected: Optional[Mapping[str, Tuple[int, ...]]] = None,
+              read_arrays: Callable[..., List[Any]] = _io.read_zarr_arrays
+              ) -> Dict[str, Any]:
+  """The target leaves of the checkpoint at `path` as {'a/b/kernel': array}.
+
+  Args:
+    path: as for `load_t5x`.
+    where: how messages name the checkpoint.
+    expected: {name: shape} the model expects; checked before arrays are read.
+    read_arrays: reads legacy zarr arrays (`specjax.checkpoints.sharded` opens them
+      lazily).
+  """
+  location = find_checkpoint(path)
+  if location.format == ORBAX:
+    flat = _orbax.load_target(location.path, where, expected)
+  else:
+    flat = load_legacy_target(location.path, where, read_arrays, expected)
+  if not flat:
+    raise ValueError(f"{where}: the checkpoint's target tree is empty")
+  return flat
 
 
 def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
@@ -246,27 +342,33 @@ def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
 
   Raises:
     FileNotFoundError: no checkpoint at `path`.
-    ValueError: a corrupt msgpack, a missing array, an unsafe array path or
-      anything else wrong inside the checkpoint (the message names it).
+    ValueError: a corrupt msgpack, a missing array or chunk, an unsafe array
+      path, a symlink out of the checkpoint folder or anything else wrong
+      inside the checkpoint (the message names it).
   """
+  return _load(path, dtype, None)
+
+
+def _load(path: str, dtype: Any, model: Any) -> Dict[str, Any]:
   cast = _io.resolve_dtype(dtype, "load_t5x")
   where = os.fspath(path)
-  location = find_checkpoint(path)
-  if location.format == ORBAX:
-    flat = _orbax.load_target(location.path, where)
-  else:
-    flat = load_legacy_target(location.path, where)
-  if not flat:
-    raise ValueError(f"{where}: the checkpoint's target tree is empty")
+  expected = None if model is None else _expected_shapes(model)
+  flat = load_flat(path, where, expected)
   if cast is not None:
     flat = {name: arr.astype(cast) if _io.is_floating(arr.dtype) else arr
             for name, arr in flat.items()}
-  return unflatten(flat)
+  params = unflatten(flat)
+  if model is not None:
+    check_params_match(params, model.param_shapes(), what=where)
+  return params
 
 
 def load_t5x_for_model(path: str, model: Any, *, dtype: Any = None
                        ) -> Dict[str, Any]:
-  """`load_t5x`, then checks names and shapes against `model.param_shapes()`.
+  """`load_t5x`, checking names and shapes against `model.param_shapes()`.
+
+  Names and shapes are checked from the checkpoint's metadata before any
+  array is read, so a checkpoint of another model costs nothing to refuse.
 
   Args:
     path: as for `load_t5x`.
@@ -278,9 +380,7 @@ def load_t5x_for_model(path: str, model: Any, *, dtype: Any = None
     ValueError: naming the first parameter that is missing, unexpected or of
       the wrong shape (besides the errors of `load_t5x`).
   """
-  params = load_t5x(path, dtype=dtype)
-  check_params_match(params, model.param_shapes(), what=os.fspath(path))
-  return params
+  return _load(path, dtype, model)
 
 
 # ----------------------------------------------------------------------------
@@ -369,12 +469,57 @@ def _write_zarr(writes: List[Tuple[Dict[str, Any], np.ndarray]]) -> None:
     future.result()
 
 
+def _write_file(path: str, payload: bytes) -> None:
+  with open(path, "xb") as f:
+    f.write(payload)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _check_extra(extra_files: Optional[Mapping[str, bytes]]) -> Dict[str, bytes]:
+  out = {}
+  for name, payload in (extra_files or {}).items():
+    if (not isinstance(name, str) or not name or name in (".", "..", "checkpoint")
+        or "/" in name or os.sep in name or "\x00" in name or name.startswith("target.")):
+      raise ValueError(f"save_t5x: invalid extra file name {name!r} (a plain file name, "
+                       "not 'checkpoint' or 'target.*')")
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+      raise ValueError(f"save_t5x: extra file {name!r} must be bytes, got "
+                       f"{type(payload).__name__}")
+    out[name] = bytes(payload)
+  return out
+
+
+def clean_model_dir(path: str) -> List[str]:
+  """Recovers a model folder from crashed saves; returns what it changed.
+
+  A `checkpoint_N.old-*` folder left by an overwrite that died between its two
+  renames goes back to `checkpoint_N`; temporary `.tmp-*` / `.old-*` / `.del-*`
+  folders of writers that are gone are deleted (same host: the PID in their
+  name no longer runs; otherwise after a day). `save_t5x` runs this first.
+  """
+  if not os.path.isdir(path):
+    return []
+  return _commit.recover(os.fspath(path), _holds_checkpoint)
+
+
+def delete_checkpoint(path: str, step: int) -> None:
+  """Removes `path/checkpoint_{step}`, renamed aside first so no half-deleted
+  folder keeps a checkpoint's name."""
+  folder = os.path.join(os.fspath(path), f"checkpoint_{int(step)}")
+  if os.path.lexists(folder):
+    _commit.discard(folder)
+
+
 def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
-             dtype: Any = "bfloat16", overwrite: bool = False) -> str:
+             dtype: Any = "bfloat16", overwrite: bool = False,
+             extra_files: Optional[Mapping[str, bytes]] = None) -> str:
   """Writes `params` as the T5X checkpoint `path/checkpoint_{step}`.
 
   The checkpoint is assembled in a temporary sibling folder and renamed into
-  place, so `checkpoint_{step}` is either absent or complete.
+  place, so `checkpoint_{step}` is either absent or complete (with its extra
+  files); see `specjax.checkpoints._commit`. Leftovers of crashed saves in
+  `path` are cleaned first (`clean_model_dir`).
 
   Args:
     params: nested dicts of arrays (numpy or jax) with T5X names.
@@ -383,14 +528,17 @@ def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
     dtype: floating-point arrays are stored in this dtype ('bfloat16' or
       'float32', say); None keeps each array's dtype.
     overwrite: replace an existing `checkpoint_{step}` instead of failing.
+    extra_files: {file name: bytes} written into the checkpoint folder and
+      committed with it (e.g. an optimizer state); T5X ignores them.
 
   Returns:
     The path of the written `checkpoint_{step}` folder.
 
   Raises:
-    FileExistsError: `checkpoint_{step}` exists and `overwrite` is False.
+    FileExistsError: `checkpoint_{step}` exists, or another writer put it in
+      place while this one was writing, and `overwrite` is False.
     ValueError: params that are not a non-empty tree of numeric arrays, an
-      invalid name, step or dtype.
+      invalid name, step, dtype or extra file.
   """
   cast = _io.resolve_dtype(dtype, "save_t5x")
   if (isinstance(step, bool) or not isinstance(step, (int, np.integer))
@@ -399,39 +547,37 @@ def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
                      f"got {step!r}")
   if not isinstance(params, Mapping) or not params:
     raise ValueError("save_t5x: params must be a non-empty nested dict of arrays")
+  extra = _check_extra(extra_files)
   step = int(step)
   path = os.fspath(path)
   os.makedirs(path, exist_ok=True)
+  clean_model_dir(path)
   final = os.path.join(path, f"checkpoint_{step}")
   if os.path.lexists(final) and not overwrite:
     raise FileExistsError(f"checkpoint already exists: {final} "
                           "(pass overwrite=True to replace it)")
-  tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+  tmp = _commit.new_name(final, "tmp")
   os.mkdir(tmp)
   try:
     writes: List[Tuple[Dict[str, Any], np.ndarray]] = []
     target = _build_target(params, "", cast, tmp, writes, {})
     _write_zarr(writes)
-    payload = _io.encode({
+    for name, payload in extra.items():
+      _write_file(os.path.join(tmp, name), payload)
+    _write_file(os.path.join(tmp, "checkpoint"), _io.encode({
         "version": VERSION,
         "optimizer": {"target": target,
-                      "state": {"step": np.asarray(step, np.int32)}}})
-    with open(os.path.join(tmp, "checkpoint"), "wb") as f:
-      f.write(payload)
-      f.flush()
-      os.fsync(f.fileno())
-    if os.path.lexists(final):
-      old = f"{final}.old-{uuid.uuid4().hex}"
-      os.rename(final, old)
-      try:
-        os.rename(tmp, final)
-      except BaseException:
-        os.rename(old, final)
-        raise
-      shutil.rmtree(old, ignore_errors=True)
-    else:
-      os.rename(tmp, final)
+                      "state": {"step": np.asarray(step, np.int32)}}}))
+    _commit.fsync_dir(tmp)
+    try:
+      _commit.commit(tmp, final, overwrite)
+    except FileExistsError as e:
+      raise FileExistsError(f"checkpoint already exists: {final} (another writer put it "
+                            "in place while this one was writing; pass overwrite=True "
+                            "to replace it)") from e
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
+  finally:
+    _commit.release(tmp)
   return final

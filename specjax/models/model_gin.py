@@ -1,21 +1,36 @@
 """model.gin: the model config beside a checkpoint, written by specjax and read back safely.
 
 A model folder holds `model.gin` with one binding per config field
-(`DecoderOnlyConfig.emb_dim = 384`). It is read by a restricted parser: only
-`T5Config.*` / `DecoderOnlyConfig.*` bindings to Python literals, nothing gin
-would execute (imports, registrations, references to other configurables).
+(`DecoderOnlyConfig.emb_dim = 384`). Such a file may come with downloaded
+weights, so it is never given to gin (which can import modules and so run
+code): `parse_model_file` reads it with a restricted parser that accepts only
+`T5Config.<field> = <literal>` / `DecoderOnlyConfig.<field> = <literal>`
+bindings, comments and `include`s of other such files. `specjax.gin_config`
+reads TARGET_MODEL / DRAFT_MODEL files with the same parser.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
+import io
 import os
-from typing import Any, List
+import re
+import tokenize
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
 
 MODEL_GIN = "model.gin"
+MODEL_CLASSES = {"T5Config": T5Config, "DecoderOnlyConfig": DecoderOnlyConfig}
+"""The configurables a model gin file may bind, by their gin name."""
+
+Resolver = Callable[[str, Optional[str]], str]
+"""(file name as written, the file that includes it or None) -> the path to open."""
+
+_BINDING = re.compile(r"^([A-Za-z_]\w*)\.([A-Za-z_]\w*)\s*=(.*)$", re.S)
+_INCLUDE = re.compile(r"""^include\s+(['"])([^'"]+)\1\s*(#.*)?$""")
+_LITERALS = (bool, int, float, str, type(None))
 
 
 def model_gin_text(config: Any) -> str:
@@ -27,37 +42,138 @@ def model_gin_text(config: Any) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _bindings(text: str) -> List[str]:
-  return [l.strip() for l in text.splitlines() if l.strip() and not l.startswith("#")]
+def _is_plain_literal(value: Any) -> bool:
+  if isinstance(value, (tuple, list)):
+    return all(_is_plain_literal(v) for v in value)
+  if isinstance(value, dict):
+    return all(isinstance(k, _LITERALS) and _is_plain_literal(v) for k, v in value.items())
+  return isinstance(value, _LITERALS)
 
 
-def bindings(text: str) -> List[str]:
-  """The non-empty, non-comment lines of a model.gin text, stripped."""
-  return [l.strip() for l in text.splitlines() if l.strip() and not l.startswith("#")]
+def _statements(text: str) -> List[Tuple[int, str]]:
+  """(first line number, text) of each statement: lines joined while brackets are open."""
+  out, lines, i = [], text.splitlines(), 0
+  while i < len(lines):
+    start, chunk = i, lines[i]
+    i += 1
+    while i < len(lines):
+      try:
+        list(tokenize.generate_tokens(io.StringIO(chunk + "\n").readline))
+        break
+      except tokenize.TokenError:  # an open bracket or string: the value goes on
+        chunk += "\n" + lines[i]
+        i += 1
+      except (SyntaxError, ValueError):  # refused below with the line shown
+        break
+    out.append((start + 1, chunk))
+  return out
+
+
+def resolve_local(name: str, including: Optional[str]) -> str:
+  """`name` as is when absolute (or top-level), else beside the file that includes it."""
+  path = name if os.path.isabs(name) or including is None else os.path.join(
+      os.path.dirname(including), name)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"model gin file '{name}' not found" + (
+        f" (included by {including})" if including else ""))
+  return path
+
+
+def parse_model_file(path: str, resolve: Resolver = resolve_local,
+                     _seen: Tuple[str, ...] = (), _including: Optional[str] = None
+                     ) -> Tuple[str, Dict[str, Any]]:
+  """Parses a model gin file without gin: (class name, {field: value}).
+
+  The restricted grammar, so a model.gin that came with downloaded weights
+  cannot run code: blank lines, comments, `include 'other.gin'` (parsed the
+  same way), and `T5Config.<field> = <literal>` or `DecoderOnlyConfig.<field> =
+  <literal>` where the literal is a Python number, string, bool, None, or a
+  tuple / list / dict of them (read with `ast.literal_eval`). Imports,
+  registrations, `@references`, `%macros`, scopes and other configurables are
+  refused. Later bindings win, as in gin.
+
+  Args:
+    path: the file.
+    resolve: finds it and its includes (`resolve_local`: beside the including
+      file; `specjax.gin_config` passes one that searches the gin paths).
+  Raises:
+    ValueError: naming the file, line and what is wrong.
+    FileNotFoundError: the file or an include is not found.
+  """
+  full = resolve(path, _including)
+  if full in _seen:
+    raise ValueError(f"gin include cycle at {full}")
+  cls, values = None, {}
+  with open(full, encoding="utf-8") as f:
+    text = f.read()
+  for lineno, stmt in _statements(text):
+    line = stmt.strip()
+    if not line or line.startswith("#"):
+      continue
+    where = f"{full}:{lineno}"
+    inc = _INCLUDE.match(line)
+    if inc:
+      inner_cls, inner = parse_model_file(inc.group(2), resolve, (*_seen, full), full)
+      if cls not in (None, inner_cls):
+        raise ValueError(f"{where}: includes a {inner_cls} file into a {cls} file")
+      cls = inner_cls
+      values.update(inner)
+      continue
+    m = _BINDING.match(line)
+    if m is None or m.group(1) not in MODEL_CLASSES:
+      raise ValueError(
+          f"{where}: {line.splitlines()[0]!r} is not allowed in a model gin file; it is read "
+          "with a restricted parser that accepts only 'T5Config.<field> = <literal>' or "
+          "'DecoderOnlyConfig.<field> = <literal>' bindings, comments and includes of such "
+          "files (no imports, registrations, scopes, macros or references; put those in a "
+          "--gin_file you trust)")
+    name, field = m.group(1), m.group(2)
+    if cls not in (None, name):
+      raise ValueError(f"{where}: binds {name} in a file that binds {cls}; a model gin "
+                       "file describes one model")
+    allowed = {f.name for f in dataclasses.fields(MODEL_CLASSES[name])}
+    if field not in allowed:
+      raise ValueError(f"{where}: {name} has no field {field!r} (fields: {sorted(allowed)})")
+    try:
+      value = ast.literal_eval(m.group(3).strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
+      raise ValueError(f"{where}: the value of {name}.{field} must be a literal (number, "
+                       f"string, bool, None, or a tuple/list/dict of them), got "
+                       f"{m.group(3).strip()!r}") from e
+    if not _is_plain_literal(value):
+      raise ValueError(f"{where}: the value of {name}.{field} must be a number, string, "
+                       f"bool, None, or a tuple/list/dict of them, got {type(value).__name__}")
+    cls = name
+    values[field] = value
+  if cls is None:
+    raise ValueError(f"model gin file '{path}' ({full}) binds neither T5Config nor "
+                     "DecoderOnlyConfig")
+  return cls, values
+
+
+def config_from_model_file(path: str, resolve: Resolver = resolve_local) -> Any:
+  """The T5Config / DecoderOnlyConfig a model gin file describes (`parse_model_file`)."""
+  cls, values = parse_model_file(path, resolve)
+  try:
+    return MODEL_CLASSES[cls](**values)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"model gin file '{path}': {e}") from e
 
 
 def read_model_gin(path: str) -> Any:
-  """The model config a `model.gin` (as `model_gin_text` writes it) describes.
+  """The model config a `model.gin` describes, read with the restricted parser.
+
+  Only `T5Config.<field> = <literal>` / `DecoderOnlyConfig.<field> = <literal>`
+  bindings, comments and includes of such files (found beside the including
+  file) are accepted: nothing is imported, registered or evaluated.
 
   Args:
     path: a model.gin file, or the folder that holds one.
   Returns:
     A DecoderOnlyConfig or T5Config.
-  Raises ValueError for a binding that is not `Config.field = python literal`.
+  Raises:
+    ValueError naming the offending line, or a field the class does not accept.
   """
   if os.path.isdir(path):
     path = os.path.join(path, MODEL_GIN)
-  classes = {"DecoderOnlyConfig": DecoderOnlyConfig, "T5Config": T5Config}
-  with open(path, encoding="utf-8") as f:
-    lines = bindings(f.read())
-  names, kwargs = set(), {}
-  for line in lines:
-    key, sep, value = line.partition("=")
-    name, _, field = key.strip().partition(".")
-    if not sep or name not in classes or not field:
-      raise ValueError(f"{path}: not a model.gin binding: {line!r}")
-    names.add(name)
-    kwargs[field] = ast.literal_eval(value.strip())
-  if len(names) != 1:
-    raise ValueError(f"{path} must bind exactly one of {sorted(classes)}, found {sorted(names)}")
-  return classes[names.pop()](**kwargs)
+  return config_from_model_file(path)

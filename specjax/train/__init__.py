@@ -4,8 +4,9 @@
 """
 from specjax.models.model_gin import MODEL_GIN, model_gin_text
 from specjax.train.batches import Batches, DataConfig, make_batches, make_features
-from specjax.train.checkpoints import (OPT_STATE_FILE, check_model_gin, list_checkpoints,
-                                       load_opt_state, restore, save_checkpoint, save_opt_state)
+from specjax.train.checkpoints import (OPT_STATE_FILE, TRAIN_STATE_FILE, check_model_gin,
+                                       list_checkpoints, load_opt_state, restore,
+                                       resume_fingerprint, save_checkpoint, save_opt_state)
 from specjax.train.distill import DistillConfig, Teacher, load_teacher
 from specjax.train.trainer import (METRICS_FILE, OptimizerConfig, TrainConfig, Trainer,
                                    TrainResult, TrainState, cross_entropy, get_trainer, main,
@@ -16,4 +17,5 @@ __all__ = ["train", "main", "Trainer", "TrainState", "TrainResult", "TrainConfig
            "Batches", "make_batches", "make_features", "get_trainer", "make_optimizer",
            "make_schedule", "cross_entropy", "summarize", "save_checkpoint", "restore",
            "list_checkpoints", "save_opt_state", "load_opt_state", "check_model_gin",
-           "OPT_STATE_FILE", "METRICS_FILE", "MODEL_GIN", "model_gin_text"]
+           "OPT_STATE_FILE", "TRAIN_STATE_FILE", "METRICS_FILE", "MODEL_GIN", "model_gin_text",
+           "resume_fingerprint"]

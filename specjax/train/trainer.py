@@ -12,25 +12,36 @@ under linear warmup and cosine / rsqrt decay. Parameters stay float32.
 
 Files in `TrainConfig.model_dir`:
   model.gin                the model config's bindings, so it travels with the weights
-                           (a resumed run with a different config is refused)
+                           (a resumed run with a different config is refused); written
+                           once the run is accepted, never replaced
   checkpoint_N/            T5X legacy checkpoints (`specjax.checkpoints.save_t5x`),
                            float32 every `checkpoint_every` steps, the last
                            `keep_checkpoints` kept; the final one in `final_dtype`
   checkpoint_N/optimizer_state.npz   the optax state of a float32 checkpoint
                            (numpy arrays, never pickled; T5X readers ignore it)
+  checkpoint_N/train_state.json      the step and the run's resume fingerprint
   metrics.jsonl            one JSON line per log point and per evaluation
+
+A checkpoint's params, optimizer state and train_state.json are committed by
+one atomic rename (`specjax.checkpoints.save_t5x` with `extra_files`): a run
+killed at any point leaves the previous checkpoint or the new one, never a part
+of one.
 
 Distillation (`specjax.distill`): with `train.distill = @DistillConfig()` the
 loss mixes the data's cross-entropy with KL(teacher ‖ student), the teacher (a
 trained model folder) evaluated in the same jitted step; `teacher_kl` is logged.
 
-Resuming: when `model_dir` holds a checkpoint, its params are loaded and the
-step count restarts from its step. The optimizer state comes from its
-`optimizer_state.npz`; without one (a bfloat16 export, a checkpoint written
-elsewhere, or a changed optimizer) the optimizer state is re-initialized and a
-warning says so. Batches depend only on (seed, step), so a run resumed from a
-float32 checkpoint continues exactly as the uninterrupted run would have.
-A T5X checkpoint copied into an empty model_dir is fine-tuned the same way.
+Resuming: when `model_dir` holds a checkpoint, the newest one with its
+optimizer state is loaded and the step count restarts from its step; lines of
+metrics.jsonl past that step are dropped. Batches depend only on (seed, step),
+so the run continues exactly as the uninterrupted run would have, bit for bit.
+A run whose data, optimizer, schedule, z-loss or teacher differ from what the
+checkpoint recorded is refused (it could not continue that run exactly) unless
+`--gin.ALLOW_CHANGED_TRAINING=True` (`TrainConfig.allow_changed_training`); a
+different model is always refused, and a refused run changes nothing in
+model_dir. Only when no checkpoint has an optimizer state (a bfloat16 export,
+or a T5X checkpoint copied into an empty model_dir to fine-tune) are the
+newest params used with a fresh optimizer state, and a warning says so.
 
 A decode run reads the trained model back with `TARGET_MODEL = 'MODEL_DIR/model.gin'`
 (or DRAFT_MODEL) and the checkpoint path.
@@ -59,8 +70,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
 from specjax import gin_config
 from specjax.models import MODEL_GIN, build_model, model_gin_text
 from specjax.train.batches import DataConfig, make_batches
-from specjax.train.checkpoints import (OPT_STATE_FILE, check_model_gin, list_checkpoints,
-                                       load_opt_state, restore, save_checkpoint, save_opt_state)
+from specjax.train.checkpoints import (OPT_STATE_FILE, TRAIN_STATE_FILE, check_model_gin,
+                                       list_checkpoints, load_opt_state, restore,
+                                       resume_fingerprint, save_checkpoint, save_opt_state)
 from specjax.train.distill import (DistillConfig, Teacher, kl_sums, load_teacher, logits_fn,
                                    mixed_loss)
 
@@ -69,7 +81,8 @@ __all__ = [
     "make_schedule", "make_optimizer", "cross_entropy", "summarize",
     "get_trainer", "make_batches", "train", "main", "save_checkpoint", "restore",
     "list_checkpoints", "save_opt_state", "load_opt_state", "model_gin_text",
-    "check_model_gin", "MODEL_GIN", "OPT_STATE_FILE", "METRICS_FILE", "DistillConfig",
+    "check_model_gin", "MODEL_GIN", "OPT_STATE_FILE", "TRAIN_STATE_FILE", "METRICS_FILE",
+    "DistillConfig", "resume_fingerprint",
 ]
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
@@ -133,8 +146,9 @@ class TrainConfig:
   keep_checkpoints: int = 2
   """Checkpoints kept in model_dir (the oldest are deleted)."""
   final_dtype: str = "float32"
-  """dtype of the final checkpoint; 'bfloat16' halves an export (resuming from it
-  restarts the optimizer state from scratch)."""
+  """dtype of the final checkpoint; 'bfloat16' halves an export, which has no
+  optimizer state: a later resume prefers an older float32 checkpoint, and only
+  from the export alone restarts the optimizer state from scratch."""
   z_loss: float = 1e-4
   """Coefficient of T5X's z-loss, z_loss * logsumexp(logits)**2; 0 turns it off."""
   log_every: int = 10
@@ -143,6 +157,9 @@ class TrainConfig:
   """Seed of the parameter initialization."""
   progress: bool = True
   """Show a rich progress bar and evaluation lines."""
+  allow_changed_training: bool = False
+  """Resume a checkpoint even though the data, optimizer, schedule, z-loss or
+  teacher changed (the run then no longer equals an uninterrupted one)."""
 
   def __post_init__(self):
     if not self.model_dir:
@@ -364,6 +381,31 @@ class TrainResult:
   """The loop config used (gin-resolved)."""
 
 
+def _truncate_metrics(model_dir: str, step: int) -> None:
+  """Drops metrics.jsonl lines past `step` (and a torn last line) before a resumed run."""
+  path = os.path.join(model_dir, METRICS_FILE)
+  if not os.path.isfile(path):
+    return
+  with open(path, "rb") as f:
+    lines = f.read().splitlines(keepends=True)
+  keep = []
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except ValueError:
+      continue
+    if (isinstance(record, dict) and isinstance(record.get("step"), int)
+        and record["step"] <= step and line.endswith(b"\n")):
+      keep.append(line)
+  if len(keep) != len(lines):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+      f.writelines(keep)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _append_metrics(model_dir: str, record: Dict[str, Any]) -> None:
   record = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}
   with open(os.path.join(model_dir, METRICS_FILE), "a", encoding="utf-8") as f:
@@ -393,16 +435,20 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
   config = config if config is not None else gin.get_configurable(TrainConfig)()
   train_batches, eval_batches = make_batches(data, model_config)
   os.makedirs(config.model_dir, exist_ok=True)
-  check_model_gin(config.model_dir, model_config)
+  check_model_gin(config.model_dir, model_config, write=False)
   teacher, teacher_params = (load_teacher(distill, model_config) if distill is not None
                              else (None, None))
   trainer = get_trainer(model_config, optimizer, config.num_steps, config.z_loss, teacher)
   trainer.teacher_params = teacher_params
   model = trainer.model
-  state = restore(config.model_dir, trainer)
+  fingerprint = resume_fingerprint(model_config, data, optimizer, config, distill)
+  state = restore(config.model_dir, trainer, fingerprint, config.allow_changed_training)
   if state is None:
     state = trainer.init_state(model.init(jax.random.PRNGKey(config.seed)))
   start = int(state.step)
+  # The run is accepted: only now is anything in model_dir written.
+  check_model_gin(config.model_dir, model_config)
+  _truncate_metrics(config.model_dir, start)
   result = TrainResult(step=start, start_step=start, params=None, history=[], evals=[],
                        tokens_per_second=float("nan"), checkpoint=None,
                        model_config=model_config, data=data, optimizer=optimizer, config=config)
@@ -455,13 +501,16 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
                    tps="-" if math.isnan(tps) else f"{tps:,.0f}")
         pending = []
       t0 = time.perf_counter()
-      if done == config.num_steps:
-        result.checkpoint = save_checkpoint(config.model_dir, state, config.final_dtype,
-                                            config.keep_checkpoints)
-      elif done % config.checkpoint_every == 0:
-        save_checkpoint(config.model_dir, state, "float32", config.keep_checkpoints)
+      # Evaluate before the checkpoint: once checkpoint_N exists, metrics.jsonl
+      # holds every line up to N (a resume from it truncates to N).
       if done == config.num_steps or (config.eval_every and done % config.eval_every == 0):
         run_eval(done)
+      if done == config.num_steps:
+        result.checkpoint = save_checkpoint(config.model_dir, state, config.final_dtype,
+                                            config.keep_checkpoints, fingerprint)
+      elif done % config.checkpoint_every == 0:
+        save_checkpoint(config.model_dir, state, "float32", config.keep_checkpoints,
+                        fingerprint)
       paused += time.perf_counter() - t0
   result.step = int(state.step)
   result.params = jax.device_get(state.params)

@@ -7,8 +7,11 @@ serializer), the Orbax ones with orbax-checkpoint.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import textwrap
+import tracemalloc
 
 import jax
 import ml_dtypes
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
+from specjax.checkpoints import _commit as _ckpt_commit
 from specjax.checkpoints import _io as _ckpt_io
 from specjax import checkpoints
 from specjax.checkpoints import t5x as t5x_format
@@ -345,7 +349,7 @@ def test_save_rejects_bad_arguments(tmp_path, params, kwargs, message):
 
 
 ORBAX_VARIANTS = {"ocdbt": (True, False), "plain": (False, False),
-                  "ocdbt_zarr3": (True, True)}
+                  "ocdbt_zarr3": (True, True), "plain_zarr3": (False, True)}
 
 
 @pytest.fixture(scope="module")
@@ -636,3 +640,334 @@ def test_load_for_model_names_the_mismatching_parameter(legacy_dir, mixed):
   with pytest.raises(ValueError, match="unexpected parameter "
                      "'token_embedder/embedding'"):
     checkpoints.load_t5x_for_model(str(legacy_dir), FakeModel(fewer))
+
+
+
+# ---------------------------------------------------------------------------
+# Every declared chunk must be stored (issue #16)
+
+WI0 = "optimizer.target." + KERNEL.replace("/", ".")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _delete_ocdbt_key(item, key):
+  kv = ts.KvStore.open({"driver": "ocdbt",
+                        "base": {"driver": "file", "path": str(item) + "/"}}).result()
+  assert key.encode() in kv.list().result()
+  kv.delete_range(ts.KvStore.KeyRange(key.encode(), key.encode() + b"\x00")).result()
+
+
+@pytest.mark.parametrize("variant, chunk", [
+    ("plain_zarr3", "c/0/0"), ("ocdbt", "0.0"), ("ocdbt_zarr3", "c/0/0"),
+    ("plain", "0.0")])
+def test_orbax_missing_chunk_is_an_error_not_zeros(orbax_dir, tmp_path, variant, chunk):
+  item = tmp_path / "checkpoint_5" / "state"
+  shutil.copytree(orbax_dir / variant / "checkpoint_5" / "state", item)
+  if variant.startswith("ocdbt"):
+    _delete_ocdbt_key(item, f"{WI0}/{chunk}")
+  else:
+    os.remove(item / WI0 / chunk)
+  with pytest.raises(ValueError, match=f"parameter '{KERNEL}' is missing (a )?chunk"):
+    checkpoints.load_t5x(str(tmp_path))
+
+
+def test_legacy_missing_chunk_with_a_fill_value_is_an_error(one_ckpt):
+  folder = os.path.join(one_ckpt, "target." + KERNEL.replace("/", "."))
+  zarray = json.loads(open(os.path.join(folder, ".zarray")).read())
+  zarray["fill_value"] = 0.0  # tensorstore would read a missing chunk as 0.0
+  with open(os.path.join(folder, ".zarray"), "w") as f:
+    json.dump(zarray, f)
+  assert np.all(checkpoints.load_t5x(one_ckpt)["encoder"]["layers_0"]["mlp"]["wi_0"]
+                ["kernel"] != 0)
+  os.remove(os.path.join(folder, "0.0"))
+  with pytest.raises(ValueError, match=f"'{KERNEL}' is missing chunk file.*0.0"):
+    checkpoints.load_t5x(one_ckpt)
+
+
+def test_sharded_load_checks_chunks_too(one_ckpt, params):
+  from specjax import sharding
+  from specjax.checkpoints import sharded
+  folder = os.path.join(one_ckpt, "target." + KERNEL.replace("/", "."))
+  zarray = json.loads(open(os.path.join(folder, ".zarray")).read())
+  zarray["fill_value"] = 0.0
+  with open(os.path.join(folder, ".zarray"), "w") as f:
+    json.dump(zarray, f)
+  os.remove(os.path.join(folder, "1.0"))
+  part = sharding.Partitioner()
+  shapes = FakeModel(params).param_shapes()
+  with pytest.raises(ValueError, match=f"'{KERNEL}' is missing chunk"):
+    sharded.load_t5x_sharded(one_ckpt, part.param_shardings(shapes), expected=shapes)
+
+
+def test_wrong_zarray_shape_is_a_shape_mismatch(one_ckpt):
+  folder = os.path.join(one_ckpt, "target." + KERNEL.replace("/", "."))
+  zarray = json.loads(open(os.path.join(folder, ".zarray")).read())
+  zarray["shape"] = [16, 16]  # the msgpack declares (8, 16)
+  with open(os.path.join(folder, ".zarray"), "w") as f:
+    json.dump(zarray, f)
+  with pytest.raises(ValueError, match=f"shape mismatch: .*'{KERNEL}' has shape "
+                     r"\(16, 16\) but the checkpoint declares \(8, 16\)"):
+    checkpoints.load_t5x(one_ckpt)
+
+
+def test_orbax_wrong_shape_is_a_shape_mismatch_for_the_model(orbax_dir, tmp_path, mixed):
+  item = tmp_path / "checkpoint_5" / "state"
+  shutil.copytree(orbax_dir / "plain" / "checkpoint_5" / "state", item)
+  zarray = json.loads((item / WI0 / ".zarray").read_text())
+  zarray["shape"] = [8, 32]
+  (item / WI0 / ".zarray").write_text(json.dumps(zarray))
+  with pytest.raises(ValueError, match=f"shape mismatch: .*'{KERNEL}' has shape "
+                     r"\(8, 32\) but the model config expects \(8, 16\)"):
+    checkpoints.load_t5x_for_model(str(tmp_path), FakeModel(mixed))
+
+
+@pytest.mark.parametrize("zshape, chunks, declared, message", [
+    # A huge .zarray shape in tiny chunks: refused by the shape check first.
+    ([4096, 1024], [1, 1], None, r"shape mismatch: .*has shape \(4096, 1024\) but the "
+     r"checkpoint declares \(8, 16\)"),
+    # The msgpack agrees, but 4M chunks is absurd: refused before the disk.
+    ([4096, 1024], [1, 1], [4096, 1024], "declares 4194304 chunks .*more than"),
+    ([8, 16], [0, 16], None, "invalid chunk grid"),
+    ([8, 16], [8], None, "invalid chunk grid"),
+])
+def test_absurd_chunk_grids_cost_nothing(one_ckpt, zshape, chunks, declared, message):
+  folder = os.path.join(one_ckpt, "target." + KERNEL.replace("/", "."))
+  zarray = json.loads(open(os.path.join(folder, ".zarray")).read())
+  zarray.update(shape=zshape, chunks=chunks)
+  with open(os.path.join(folder, ".zarray"), "w") as f:
+    json.dump(zarray, f)
+  if declared is not None:
+    def declare(spec):
+      spec["metadata"]["shape"] = declared
+      return spec
+    _edit_target(one_ckpt, KERNEL, declare)
+  tracemalloc.start()
+  try:
+    with pytest.raises(ValueError, match=f"'{KERNEL}'.*" + message if
+                       not message.startswith("shape") else message):
+      checkpoints.load_t5x(one_ckpt)
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert peak < 4 * 2**20, peak  # no list of millions of chunk names
+
+
+# ---------------------------------------------------------------------------
+# Symlinks must not lead out of the checkpoint folder (issue #16)
+
+
+def _outside_copy(src, tmp_path):
+  """A copy of `src` outside the checkpoint folder."""
+  dst = tmp_path / ("outside_" + os.path.basename(str(src)))
+  if os.path.isdir(src):
+    shutil.copytree(src, dst)
+  else:
+    shutil.copy(src, dst)
+  return dst
+
+
+@pytest.mark.parametrize("what", ["chunk", "folder", "zarray", "msgpack"])
+def test_legacy_symlinks_out_of_the_checkpoint_are_refused(tmp_path, params, what):
+  ckpt = tmp_path / "model" / "checkpoint_1"
+  write_legacy(str(ckpt), params)
+  name = "target." + KERNEL.replace("/", ".")
+  link = {"chunk": ckpt / name / "0.0", "folder": ckpt / name,
+          "zarray": ckpt / name / ".zarray", "msgpack": ckpt / "checkpoint"}[what]
+  outside = _outside_copy(link, tmp_path)  # readable: only the link's target is wrong
+  if os.path.isdir(link):
+    shutil.rmtree(link)
+  else:
+    os.remove(link)
+  os.symlink(outside, link)
+  with pytest.raises(ValueError, match="outside the checkpoint folder"):
+    checkpoints.load_t5x(str(tmp_path / "model"))
+
+
+def test_symlinks_inside_the_checkpoint_are_fine(tmp_path, params):
+  ckpt = tmp_path / "checkpoint_1"
+  write_legacy(str(ckpt), params)
+  name = "target." + KERNEL.replace("/", ".")
+  shutil.move(str(ckpt / name), str(ckpt / "moved"))
+  os.symlink("moved", ckpt / name)  # relative, stays inside
+  assert_same(checkpoints.load_t5x(str(ckpt)), params)
+  link = tmp_path / "linked_checkpoint_1"  # the checkpoint folder itself may be a link
+  os.symlink(ckpt, link)
+  assert_same(checkpoints.load_t5x(str(link)), params)
+
+
+@pytest.mark.parametrize("variant, what", [
+    ("plain", "folder"), ("plain", "chunk"), ("plain_zarr3", "chunk"),
+    ("ocdbt", "data"), ("plain", "_METADATA")])
+def test_orbax_symlinks_out_of_the_checkpoint_are_refused(orbax_dir, tmp_path, variant,
+                                                          what):
+  item = tmp_path / "checkpoint_5" / "state"
+  shutil.copytree(orbax_dir / variant / "checkpoint_5" / "state", item)
+  chunk = "c/0/0" if variant.endswith("zarr3") else "0.0"
+  if what == "data":
+    link = item / "d" / sorted(os.listdir(item / "d"))[0]
+  else:
+    link = {"folder": item / WI0, "chunk": item / WI0 / chunk,
+            "_METADATA": item / "_METADATA"}[what]
+  outside = _outside_copy(link, tmp_path)
+  if os.path.isdir(link):
+    shutil.rmtree(link)
+  else:
+    os.remove(link)
+  os.symlink(outside, link)
+  with pytest.raises(ValueError, match="outside the checkpoint folder"):
+    checkpoints.load_t5x(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------
+# Writers: no silent replacement, recovery from crashed saves (issue #16)
+
+
+def _other(params, factor):
+  out = _cast(params, np.float32)
+  out["token_embedder"]["embedding"] = factor * params["token_embedder"]["embedding"]
+  return out
+
+
+@pytest.fixture(params=["renameat2", "mkdir_fallback"])
+def commit_mode(request, monkeypatch):
+  if request.param == "mkdir_fallback":
+    monkeypatch.setattr(_ckpt_commit, "_renameat2", None)
+  else:
+    assert _ckpt_commit._renameat2 is not None  # Linux with glibc >= 2.28
+  return request.param
+
+
+def test_second_writer_of_a_step_fails_instead_of_replacing(tmp_path, params, monkeypatch,
+                                                            commit_mode):
+  first, second = _other(params, 2.0), _other(params, 3.0)
+  real_write = t5x_format._write_zarr
+  calls = []
+
+  def write_then_race(writes):
+    real_write(writes)
+    if not calls:  # while the outer save writes, another writer commits step 1
+      calls.append(1)
+      checkpoints.save_t5x(first, str(tmp_path), step=1, dtype="float32")
+  monkeypatch.setattr(t5x_format, "_write_zarr", write_then_race)
+  with pytest.raises(FileExistsError, match="checkpoint_1 .*another writer"):
+    checkpoints.save_t5x(second, str(tmp_path), step=1, dtype="float32")
+  assert_same(checkpoints.load_t5x(str(tmp_path)), first)
+  assert sorted(os.listdir(tmp_path)) == ["checkpoint_1"]
+
+
+def test_overwrite_replaces_a_checkpoint_committed_meanwhile(tmp_path, params, monkeypatch,
+                                                             commit_mode):
+  checkpoints.save_t5x(params, str(tmp_path), step=1, dtype="float32")
+  real_write = t5x_format._write_zarr
+  calls = []
+
+  def write_then_race(writes):
+    real_write(writes)
+    if not calls:
+      calls.append(1)
+      checkpoints.save_t5x(_other(params, 2.0), str(tmp_path), step=1, dtype="float32",
+                           overwrite=True)
+  monkeypatch.setattr(t5x_format, "_write_zarr", write_then_race)
+  checkpoints.save_t5x(_other(params, 3.0), str(tmp_path), step=1, dtype="float32",
+                       overwrite=True)
+  assert_same(checkpoints.load_t5x(str(tmp_path)), _other(params, 3.0))  # last one wins
+  assert sorted(os.listdir(tmp_path)) == ["checkpoint_1"]
+
+
+def test_failed_overwrite_puts_the_previous_checkpoint_back(tmp_path, params, monkeypatch):
+  checkpoints.save_t5x(params, str(tmp_path), step=1, dtype="float32")
+
+  def refuse(src, dst):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(_ckpt_commit, "rename_noreplace", refuse)
+  with pytest.raises(OSError, match="No space left"):
+    checkpoints.save_t5x(_other(params, 2.0), str(tmp_path), step=1, dtype="float32",
+                         overwrite=True)
+  monkeypatch.undo()
+  # rename_noreplace failed to put it back too: read from .old- until the next save.
+  assert_same(checkpoints.load_t5x(str(tmp_path)), _cast(params, np.float32))
+  checkpoints.save_t5x(params, str(tmp_path), step=2, dtype="float32")
+  assert sorted(os.listdir(tmp_path)) == ["checkpoint_1", "checkpoint_2"]
+  assert_same(checkpoints.load_t5x(str(tmp_path / "checkpoint_1")), _cast(params, np.float32))
+
+
+# The child saves once, then dies by SIGKILL at a chosen point of a second save.
+_CRASH_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    from specjax import checkpoints
+    from specjax.checkpoints import _commit as _ckpt_commit
+    path, point = sys.argv[1], sys.argv[2]
+    tree = lambda v: {"w": np.full((4, 3), v, np.float32), "b": np.full((3,), v, np.float32)}
+    checkpoints.save_t5x(tree(1.0), path, step=5, dtype="float32")
+    def die(*args):
+      os.kill(os.getpid(), signal.SIGKILL)
+    if point == "between_renames":  # the old folder is set aside, the new not yet in
+      _ckpt_commit.rename_noreplace = lambda *a: die()
+    elif point == "after_writing":  # the temporary folder is complete
+      _ckpt_commit.commit = lambda *a: die()
+    checkpoints.save_t5x(tree(2.0), path, step=5, dtype="float32", overwrite=True)
+""")
+
+
+def _crash(path, point):
+  result = subprocess.run([sys.executable, "-c", _CRASH_CHILD, str(path), point],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == -signal.SIGKILL, result.stderr
+
+
+def _leftovers(path):
+  return sorted(e for e in os.listdir(path) if _ckpt_commit.LEFTOVER.fullmatch(e))
+
+
+@pytest.mark.parametrize("point", ["between_renames", "after_writing"])
+def test_crashed_overwrite_is_recovered_on_load_and_save(tmp_path, point):
+  _crash(tmp_path, point)
+  kinds = sorted(e.split(".")[1].split("-")[0] for e in _leftovers(tmp_path))
+  assert kinds == (["old", "tmp"] if point == "between_renames" else ["tmp"])
+  # Load: the previous checkpoint, even with no checkpoint_5 in place.
+  loaded = checkpoints.load_t5x(str(tmp_path))
+  np.testing.assert_array_equal(loaded["w"], np.full((4, 3), 1.0, np.float32))
+  assert checkpoints.find_checkpoint(str(tmp_path)).step == 5
+  named = checkpoints.load_t5x(str(tmp_path / "checkpoint_5"))  # named directly
+  np.testing.assert_array_equal(named["w"], loaded["w"])
+  # The next save (of another step) puts it back and removes the leftovers.
+  checkpoints.save_t5x({"w": np.zeros((4, 3), np.float32)}, str(tmp_path), step=6)
+  assert sorted(os.listdir(tmp_path)) == ["checkpoint_5", "checkpoint_6"]
+  loaded = checkpoints.load_t5x(str(tmp_path / "checkpoint_5"))
+  np.testing.assert_array_equal(loaded["w"], np.full((4, 3), 1.0, np.float32))
+
+
+def test_stale_temporary_folders_are_cleaned_live_ones_kept(tmp_path, params):
+  _crash(tmp_path, "after_writing")  # a dead writer's checkpoint_5.tmp-UUID-PID-HOST
+  dead = _leftovers(tmp_path)
+  sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    live = _ckpt_commit.new_name(str(tmp_path / "checkpoint_7"), "tmp").replace(
+        f"-{os.getpid()}-", f"-{sleeper.pid}-")
+    os.mkdir(live)  # a writer that is still running
+    old_style_recent = tmp_path / ("checkpoint_8.tmp-" + "a" * 32)  # owner unknown
+    old_style_stale = tmp_path / ("checkpoint_9.tmp-" + "b" * 32)
+    os.mkdir(old_style_recent)
+    os.mkdir(old_style_stale)
+    day_ago = os.path.getmtime(old_style_stale) - 2 * _ckpt_commit.STALE_SECONDS
+    os.utime(old_style_stale, (day_ago, day_ago))
+    checkpoints.save_t5x(params, str(tmp_path), step=10)
+    left = set(os.listdir(tmp_path))
+    assert not set(dead) & left and old_style_stale.name not in left
+    assert os.path.basename(live) in left and old_style_recent.name in left
+    assert "checkpoint_5" in left and "checkpoint_10" in left
+  finally:
+    sleeper.kill()
+    sleeper.wait()
+  checkpoints.clean_model_dir(str(tmp_path))  # the sleeper is gone now
+  assert os.path.basename(live) not in os.listdir(tmp_path)
+
+
+def test_extra_files_are_committed_with_the_checkpoint(tmp_path, params):
+  out = checkpoints.save_t5x(params, str(tmp_path), step=2,
+                             extra_files={"notes.json": b'{"a": 1}'})
+  assert open(os.path.join(out, "notes.json"), "rb").read() == b'{"a": 1}'
+  for bad in ("checkpoint", "../x", "target.foo", ""):
+    with pytest.raises(ValueError, match="invalid extra file name"):
+      checkpoints.save_t5x(params, str(tmp_path), step=3, extra_files={bad: b""})

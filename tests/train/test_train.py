@@ -6,6 +6,7 @@ The two training runs go through the CLI entry point with tiny models layered
 over the shipped run files (runs/train_lm.gin, runs/train_translate.gin), so
 the gin files are exercised too. They are module fixtures shared by the tests.
 """
+import dataclasses
 import json
 import math
 import os
@@ -192,9 +193,12 @@ def test_resume_continues_exactly(lm_run):
 
 
 def test_resume_without_optimizer_state_restarts_it(lm_run, caplog):
+  # A checkpoint written elsewhere (no train_state.json, no optimizer state):
+  # its params are fine-tuned with a fresh optimizer state.
   dest = str(lm_run.tmp / "no_opt_state")
   copy_checkpoint(lm_run, 15, dest)
   os.remove(os.path.join(dest, "checkpoint_15", T.OPT_STATE_FILE))
+  os.remove(os.path.join(dest, "checkpoint_15", T.TRAIN_STATE_FILE))
   r = lm_run.result
   trainer = T.get_trainer(r.model_config, r.optimizer, STEPS, r.config.z_loss)
   with caplog.at_level("WARNING"):
@@ -234,6 +238,137 @@ def test_opt_state_roundtrip_rejects_other_optimizer(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   ada = T.make_optimizer(T.OptimizerConfig(name="adafactor"), 10)
   assert T.load_opt_state(str(tmp_path), jax.eval_shape(ada.init, params)) is None
+
+
+def read_metrics(model_dir):
+  with open(os.path.join(model_dir, T.METRICS_FILE)) as f:
+    return [json.loads(line) for line in f]
+
+
+def assert_same_params(got, want):
+  want = dict(flatten(want))
+  got = dict(flatten(got))
+  assert sorted(got) == sorted(want)
+  for name, value in want.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)  # bit-identical
+
+
+def test_crash_before_the_optimizer_state_is_written_resumes_exactly(lm_run, monkeypatch):
+  # The run dies while checkpoint_10's optimizer state is written (specjax used to
+  # have the params in place by then): checkpoint_10 must not count, the resume
+  # starts at 5 and ends where the uninterrupted run did.
+  dest = str(lm_run.tmp / "crash_opt_state")
+  real_savez, calls = np.savez, []
+
+  def savez_then_die(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+      raise KeyboardInterrupt("killed while writing the optimizer state")
+    return real_savez(*args, **kwargs)
+  monkeypatch.setattr(np, "savez", savez_then_die)
+  with pytest.raises(KeyboardInterrupt):
+    run_cli(LM_GIN, dest, str(lm_run.tmp))
+  monkeypatch.setattr(np, "savez", real_savez)
+  assert T.list_checkpoints(dest) == [5]
+  resumed = run_cli(LM_GIN, dest, str(lm_run.tmp))
+  assert resumed.start_step == 5 and resumed.step == STEPS
+  assert_same_params(resumed.params, lm_run.result.params)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: {"optimizer": dataclasses.replace(r.optimizer, learning_rate=0.2)},
+     "optimizer.learning_rate: 0.1 -> 0.2"),
+    (lambda r: {"data": dataclasses.replace(r.data, batch_size=4)}, "data.batch_size: 8 -> 4"),
+    (lambda r: {"data": dataclasses.replace(r.data, seq_len=32)}, "data.seq_len: 64 -> 32"),
+    (lambda r: {"config": dataclasses.replace(r.config, num_steps=30)},  # cosine ends there
+     "num_steps: 20 -> 30"),
+    (lambda r: {"config": dataclasses.replace(r.config, z_loss=0.0)}, "z_loss: 0.0001 -> 0.0"),
+])
+def test_resume_refuses_a_changed_training_setup(lm_run, change, message):
+  r = lm_run.result
+  dest = lm_run.tmp / f"changed_{message.split(':')[0]}"
+  copy_checkpoint(lm_run, 15, str(dest))
+  shutil.copy(os.path.join(lm_run.dir, T.METRICS_FILE), dest)
+  before = {p: (dest / p).read_bytes() for p in (T.MODEL_GIN, T.METRICS_FILE)}
+  kwargs = dict(model_config=r.model_config, data=r.data, optimizer=r.optimizer,
+                config=dataclasses.replace(r.config, model_dir=str(dest)))
+  kwargs.update(change(types.SimpleNamespace(**kwargs)))
+  with pytest.raises(ValueError, match=f"another setup.*{message}.*ALLOW_CHANGED_TRAINING"):
+    T.train(**kwargs)
+  assert {p: (dest / p).read_bytes() for p in before} == before  # nothing rewritten
+  assert sorted(os.listdir(dest)) == sorted([T.MODEL_GIN, T.METRICS_FILE, "checkpoint_15"])
+
+
+def test_changed_training_setup_resumes_when_allowed(lm_run, caplog):
+  r = lm_run.result
+  dest = str(lm_run.tmp / "changed_allowed")
+  copy_checkpoint(lm_run, 15, dest)
+  data = dataclasses.replace(r.data, seed=1)  # other batches, same compiled step
+  config = dataclasses.replace(r.config, model_dir=dest)
+  with pytest.raises(ValueError, match="data.seed: 0 -> 1"):
+    T.train(r.model_config, data, r.optimizer, config)
+  with caplog.at_level("WARNING"):
+    again = T.train(r.model_config, data, r.optimizer,
+                    dataclasses.replace(config, allow_changed_training=True))
+  assert "changed setup (allowed)" in caplog.text
+  assert again.start_step == 15 and again.step == STEPS
+  # Resuming from its own checkpoint later records the new setup: accepted as is.
+  marker = json.load(open(os.path.join(dest, "checkpoint_20", T.TRAIN_STATE_FILE)))
+  assert marker["fingerprint"]["data"]["seed"] == 1 and marker["optimizer_state"]
+  assert T.train(r.model_config, data, r.optimizer, config).step == STEPS
+
+
+def test_refused_model_change_writes_no_model_gin(lm_run):
+  r = lm_run.result
+  dest = lm_run.tmp / "no_model_gin"
+  copy_checkpoint(lm_run, 15, str(dest))
+  os.remove(dest / T.MODEL_GIN)
+  other = dataclasses.replace(r.model_config, mlp_dim=48)
+  with pytest.raises(ValueError, match="another model config.*mlp_dim"):
+    T.train(other, r.data, r.optimizer, dataclasses.replace(r.config, model_dir=str(dest)))
+  assert not (dest / T.MODEL_GIN).exists()
+
+
+def test_resume_drops_metrics_past_the_checkpoint(lm_run):
+  dest = str(lm_run.tmp / "metrics_resume")
+  copy_checkpoint(lm_run, 15, dest)
+  with open(os.path.join(lm_run.dir, T.METRICS_FILE), "rb") as f:
+    full = f.read()
+  with open(os.path.join(dest, T.METRICS_FILE), "wb") as f:
+    f.write(full + b'{"step": 21, "spl')  # and a line torn by a crash
+  resumed = run_cli(LM_GIN, dest, str(lm_run.tmp))
+  assert resumed.start_step == 15
+  records = read_metrics(dest)
+  assert [x["step"] for x in records if x["split"] == "train"] == list(range(1, STEPS + 1))
+  assert [x["step"] for x in records if x["split"] == "validation"] == [10, 20]
+
+
+def test_incomplete_newest_checkpoint_is_passed_over(lm_run, caplog):
+  dest = str(lm_run.tmp / "incomplete_newest")
+  copy_checkpoint(lm_run, 15, dest)
+  shutil.copytree(os.path.join(lm_run.dir, "checkpoint_20"), os.path.join(dest, "checkpoint_20"))
+  os.remove(os.path.join(dest, "checkpoint_20", T.OPT_STATE_FILE))  # says it has one
+  r = lm_run.result
+  trainer = T.get_trainer(r.model_config, r.optimizer, STEPS, r.config.z_loss)
+  with caplog.at_level("WARNING"):
+    state = T.restore(dest, trainer)
+  assert int(state.step) == 15 and "checkpoint_20 (no optimizer_state.npz)" in caplog.text
+  os.remove(os.path.join(dest, "checkpoint_15", T.OPT_STATE_FILE))
+  with pytest.raises(ValueError, match="no complete checkpoint to resume from"):
+    T.restore(dest, trainer)
+
+
+@pytest.mark.parametrize("name", [T.OPT_STATE_FILE, T.TRAIN_STATE_FILE])
+def test_training_files_symlinked_out_of_the_checkpoint_are_refused(lm_run, name):
+  dest = lm_run.tmp / f"symlinked_{name}"
+  copy_checkpoint(lm_run, 15, str(dest))
+  outside = lm_run.tmp / f"outside_{name}"
+  shutil.move(str(dest / "checkpoint_15" / name), str(outside))
+  os.symlink(outside, dest / "checkpoint_15" / name)
+  r = lm_run.result
+  trainer = T.get_trainer(r.model_config, r.optimizer, STEPS, r.config.z_loss)
+  with pytest.raises(ValueError, match="outside the checkpoint folder"):
+    T.restore(str(dest), trainer)
 
 
 # ----------------------------------------------------------------------------
