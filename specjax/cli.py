@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 from pathlib import Path
 from typing import List, Optional
 
@@ -35,14 +36,16 @@ def _first_comment(path: Path) -> str:
 
 def gin_listing(gin_dir: Path = GIN_DIR) -> str:
   """The bundled gin files, for --help: runs with their first comment line, then names."""
-  lines = [f"bundled gin files (in {gin_dir}; --gin_file=NAME):"]
+  lines = [f"bundled gin files (in {gin_dir}; --gin_file=NAME;",
+           "  runs/train_*.gin and runs/distill.gin are for python -m specjax.train):"]
   runs = sorted((gin_dir / "runs").glob("*.gin"))
   width = max((len(f"runs/{p.name}") for p in runs), default=0)
   for p in runs:
-    lines.append(f"  {'runs/' + p.name:<{width}}  {_first_comment(p)}")
+    about = textwrap.shorten(_first_comment(p), 96 - width, placeholder=" ...")
+    lines.append(f"  {'runs/' + p.name:<{width}}  {about}")
   for folder in ("models", "decoding"):
-    names = sorted(p.name for p in (gin_dir / folder).glob("*.gin"))
-    lines.append(f"  {folder}/: " + ", ".join(names))
+    names = ", ".join(sorted(p.name for p in (gin_dir / folder).glob("*.gin")))
+    lines += textwrap.wrap(names, 96, initial_indent=f"  {folder}/: ", subsequent_indent="    ")
   return "\n".join(lines)
 
 

@@ -4,11 +4,20 @@
   python -m specjax.main --gin_file=runs/decode.gin \\
       --gin.TARGET_CHECKPOINT="'/ckpt/t5_xxl'" --gin.TARGET_MODEL="'models/t5_1_1_xxl.gin'" \\
       --gin.DRAFT_CHECKPOINT="'/ckpt/t5_small'" --gin.DRAFT_MODEL="'models/t5_1_1_small.gin'" \\
+      --gin.VOCABULARY="'/vocabs/cc_all.32000/sentencepiece.model'" \\
       --prompt "translate English to German: The house is wonderful."
+
+Your own T5X checkpoints bring their own vocabulary: bind VOCABULARY (a SentencePiece
+model path, or T5X's `@seqio.SentencePieceVocabulary()`); inputs may also come from any
+registered seqio task (--task, or MIXTURE_OR_TASK_NAME with TASK_FEATURE_LENGTHS). See
+runs/decode.gin and the README's "Use your own T5X checkpoints".
 
 Prints the outputs, a Figure-1 trace of the first example and a summary table
 (α, tokens per target call, walltimes, speedup, greedy identity); writes the
-same as JSON lines to `output_dir`.
+same to `output_dir`: results.jsonl with T5X infer.py's fields (`inputs`,
+`prediction`, `prediction_tokens`, `score` when asked) and specjax's, and
+summary.json. As the `specjax` command (`cli`), a user's error is one line on
+stderr and exit status 2 (`--verbose` adds the traceback).
 
 Many devices: `--gin.NUM_PARTITIONS=8` splits each model over 8 devices (the
 'model' mesh axis; the rest of `jax.devices()` is the 'data' axis, see
