@@ -71,7 +71,10 @@ def task_inputs(task: str, num_examples: int, prompt_words: int = 12,
     (inputs, the task's vocabulary, or None for a bundled split).
   """
   name, _, split = task.partition(":")
-  if name in TASK_FILES and not split:
+  if name in TASK_FILES:
+    if split not in ("", "validation"):
+      raise ValueError(f"the bundled split {name!r} has only 'validation', got {split!r} (the "
+                       f"seqio task specjax_{name} reads prepared data: SPECJAX_DATA_DIR)")
     found = [e[0] if isinstance(e, (tuple, list)) else e for e in load_bundled(name)]
     if name in LM_TASKS:
       found = [_first_words(t, prompt_words) for t in found]

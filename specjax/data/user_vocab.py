@@ -93,7 +93,7 @@ def resolve_vocabulary(spec: Any):
       return load_vocab(DEFAULT_MODEL)
     path = Path(spec).expanduser()
     if not path.is_file():
-      raise FileNotFoundError(f"VOCABULARY: SentencePiece model not found: {spec}")
+      raise FileNotFoundError(f"SentencePiece model not found: {spec}")
     return load_vocab(path)
   if spec is None:
     raise ValueError("no vocabulary given: bind VOCABULARY")
