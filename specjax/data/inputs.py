@@ -90,7 +90,7 @@ def _seqio_inputs(name: str, split: str, num_examples: int, prompt_words: int,
     raise ValueError(f"task {name!r} is not a bundled split ({sorted(TASK_FILES)}); reading a "
                      f"seqio task needs seqio (pip install specjax[seqio]): {e}") from e
   if name.startswith("specjax_"):
-    from specjax.data import tasks  # pylint: disable=import-outside-toplevel,unused-import
+    from specjax.data import tasks  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   try:
     provider = seqio.get_mixture_or_task(name)
   except ValueError as e:
