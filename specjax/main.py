@@ -53,7 +53,7 @@ from specjax.draft import ModelDrafter, PromptLookupDrafter
 from specjax.models import build_model
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
-from specjax.verify import ReferenceVerifier, describe
+from specjax.verify import default_verifier, describe
 
 gin_config.register(Vocab, "specjax.data")  # VOCABULARY = @Vocab() (model_path, extra_ids)
 
@@ -202,7 +202,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                max_gamma: Optional[int] = None, max_new_tokens: int = 32,
                sampling: Sampling = Sampling(temperature=0.0), lenience: float = 1.0,
                batch_size: int = 8, max_input_len: int = 128, seed: int = 0,
-               verifier=ReferenceVerifier(),
+               verifier=None,
                output_dir: Optional[str] = "out/decode", plain: bool = False,
                partitioner: Optional[Partitioner] = None,
                vocabulary: Any = None, draft_vocabulary: Any = None,
@@ -223,6 +223,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
     batch_size: examples per decode call.
     max_input_len: input tokens kept per example (EOS included; a BOS comes on top).
     verifier: a `specjax.verify` verifier; the sigmoid one is NOT exact (flagged in output).
+      None: `specjax.verify.default_verifier` (block at T > 0 and lenience 1, else reference).
     output_dir: where `results.jsonl` and `summary.json` go (None: nowhere).
     partitioner: a `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a
       device mesh; None: one device.
@@ -267,6 +268,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   inputs, prompt_lengths = prompts.frame(target, rows, max_len=max_input_len,
                                          eos_id=vocab.eos_id, round_to=16)
   bos = int(prompts.convention(target) == "t5x")
+  if verifier is None:
+    verifier = default_verifier(sampling, lenience)
   config = DecodeConfig(sampling=sampling, eos_id=vocab.eos_id, lenience=lenience,
                         verifier=verifier,
                         cache_len=max_input_len + bos + max_new_tokens + max_gamma + 1)
