@@ -19,7 +19,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Proposal
+from specjax.draft.base import Proposal, check_sizes
 from specjax.draft.model import ModelDrafter
 from specjax.models import DecodingModel, start_model
 from specjax.rows import take_rows, update_rows
@@ -50,6 +50,7 @@ class HierarchicalDrafter:
   inner_gamma: int = 3
 
   def __post_init__(self):
+    check_sizes(self, max_gamma=1, inner_gamma=1)
     if self.inner.vocab_size != self.medium.vocab_size:
       raise ValueError(f"medium and inner draft vocabularies differ: {self.medium.vocab_size} "
                        f"vs {self.inner.vocab_size}")
