@@ -138,3 +138,17 @@ def test_a_diverged_run_stops_before_saving_nan_weights(tmp_path, monkeypatch, l
   assert T.list_checkpoints(model_dir) == [2]
   params = checkpoints.load_t5x(os.path.join(model_dir, "checkpoint_2"))
   assert all(np.isfinite(v).all() for _, v in flatten(params))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(weight="0.5"), r"weight must be a finite number in \[0, 1\], got '0.5'"),
+    (dict(weight=math.nan), r"weight must be a finite number in \[0, 1\], got nan"),
+    (dict(temperature=math.inf), "temperature must be a finite number > 0, got inf"),
+    (dict(temperature=None), "temperature must be a finite number > 0, got None"),
+    (dict(teacher=None), "teacher must be a model folder path, got None"),
+])
+def test_distill_settings(kwargs, message):
+  args = dict(teacher="/models/teacher")
+  args.update(kwargs)
+  with pytest.raises(ValueError, match="DistillConfig." + message):
+    T.DistillConfig(**args)
