@@ -142,6 +142,26 @@ def check_cache_size(models: Sequence[DecodingModel], batch: Any, slots: int,
   return size
 
 
+def param_bytes(model: Any, itemsize: int = 4) -> int:
+  """Bytes of `model`'s parameters at `itemsize` bytes each (float32: 4), from its shapes."""
+  shapes = model.param_shapes()
+  return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(shapes))) * itemsize
+
+
+def check_memory(models: Sequence[Any], cache_size: int, partitioner: Any = None) -> int:
+  """Refuses, before any weights load or initialize, parameters (float32) plus KV caches
+  (`cache_size` bytes) larger than the device's memory (`device_memory`). Returns the bytes."""
+  params = sum(param_bytes(m) for m in models)
+  limit = device_memory(partitioner)
+  if params + cache_size > limit:
+    raise ValueError(
+        f"the models' float32 parameters ({params / 2**30:.2f} GiB over {len(models)} model(s)) "
+        f"and KV caches ({cache_size / 2**30:.2f} GiB) would not fit in the device's "
+        f"{limit / 2**30:.2f} GiB: check the model gin files' sizes, or shard the models "
+        "(NUM_PARTITIONS)")
+  return params + cache_size
+
+
 def drafter_models(drafter: Any) -> list:
   """The models whose caches a drafter allocates (ModelDrafter, HierarchicalDrafter; n-gram
   and prompt-lookup drafters hold none)."""
