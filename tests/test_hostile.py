@@ -109,5 +109,6 @@ def test_the_memory_check_counts_parameters_and_caches(monkeypatch):
       return {"w": jax.ShapeDtypeStruct((1000, 1000), "float32")}
   monkeypatch.setattr(decode_inputs, "device_memory", lambda partitioner=None: 8 * 10**6)
   assert decode_inputs.check_memory([Model()], 4 * 10**6) == 8 * 10**6  # exactly full: fits
-  with pytest.raises(ValueError, match=r"\([\d.]+ GiB over 2 model\(s\)\) and KV caches \(0.00 GiB\)"):
+  with pytest.raises(ValueError, match=r"\([\d.]+ GiB over 2 model\(s\)\) and KV caches "
+                                       r"\(0.00 GiB\)"):
     decode_inputs.check_memory([Model(), Model()], 1)

@@ -60,8 +60,9 @@ class DecodeConfig:
       raise ValueError(f"trace must be True or False, got {self.trace!r}")
     if self.gamma_policy not in GAMMA_POLICIES:
       raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {self.gamma_policy!r}")
-    if (isinstance(self.cost_coefficient, (bool, str)) or not isinstance(
-        self.cost_coefficient, (int, float, np.number)) or not 0 <= self.cost_coefficient < math.inf):
+    c = self.cost_coefficient
+    if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, float, np.number)) or not (
+        0 <= c < math.inf):
       raise ValueError(f"cost_coefficient must be a finite number >= 0, got "
                        f"{self.cost_coefficient!r}")
 
