@@ -109,12 +109,19 @@ def resolve(path: str, paths: Sequence[str]) -> str:
   """
   path = bundled.resolve(path, "model")
   if os.path.isabs(path) and os.path.exists(path):
-    return path
+    return _a_file(path)
   for base in paths:
     candidate = os.path.join(base, path)
     if os.path.exists(candidate):
-      return candidate
+      return _a_file(candidate)
   raise FileNotFoundError(f"gin file '{path}' not found on search paths {list(paths)}")
+
+
+def _a_file(path: str) -> str:
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"gin file '{path}' is a folder, not a gin file (a trained model "
+                            "folder's config is its model.gin)")
+  return path
 
 
 def query_macro(name: str, default=None):

@@ -40,14 +40,15 @@ from rich.progress import Progress
 
 from specjax import bundled, gin_config, records as records_lib, report
 from specjax import cli as cli_lib
-from specjax.checkpoints import load_sharded, load_t5x_for_model
+from specjax.checkpoints import find_checkpoint, load_sharded, load_t5x_for_model
 from specjax.data import Vocab
 from specjax.data import inputs as inputs_lib
 from specjax.data.user_vocab import BUNDLED, describe as describe_vocab
 from specjax.data.user_vocab import resolve_vocabulary, vocabulary_difference
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.decode import prompts
-from specjax.decode.inputs import check_cache_size, check_count, drafter_models
+from specjax.decode.inputs import (check_cache_size, check_count, check_inputs, check_memory,
+                                   drafter_models, prefix_lengths)
 from specjax.decode.scoring import sequence_scores
 from specjax.draft import ModelDrafter, PromptLookupDrafter
 from specjax.models import build_model
@@ -138,10 +139,30 @@ def check_models(vocab: Any, models: Dict[str, Any]) -> None:
       raise ValueError(f"the {role} model's vocab_size {model.vocab_size} is smaller than the "
                        f"vocabulary's {vocab.vocab_size} ids ({describe_vocab(vocab)}): "
                        "wrong VOCABULARY or model gin file?")
+  if "draft" in models and models["draft"].vocab_size != models["target"].vocab_size:
+    raise ValueError(f"target and draft vocab_size differ ({models['target'].vocab_size} vs "
+                     f"{models['draft'].vocab_size}): speculative decoding needs one shared "
+                     "vocabulary; check the model gin files")
   conventions = {role: prompts.convention(m) for role, m in models.items()}
   if len(set(conventions.values())) > 1:
     raise ValueError(f"target and draft frame prompts differently ({conventions}): give both "
                      "the same DecoderOnlyConfig.prompt_convention")
+
+
+def check_checkpoints(checkpoints: Dict[str, Any]) -> None:
+  """Finds every checkpoint before any loads ({role: path, 'bundled:...' or None for random
+  init}): a missing draft checkpoint is named before the target's weights are read."""
+  for role, checkpoint in checkpoints.items():
+    path = bundled.resolve(checkpoint, "checkpoint")
+    if path is None:
+      continue
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+      raise ValueError(f"the {role} checkpoint must be a path (or None for random weights), "
+                       f"got {checkpoint!r}")
+    try:
+      find_checkpoint(path)
+    except FileNotFoundError as e:
+      raise FileNotFoundError(f"the {role} checkpoint: {e}") from e
 
 
 def check_settings(*, drafter: str, gamma: Any, max_gamma: Any, max_new_tokens: Any,
@@ -168,6 +189,8 @@ def prepare_output_dir(output_dir: Optional[str]) -> None:
   """Creates `output_dir` and checks a file can be written there (before any decoding)."""
   if not output_dir:
     return
+  if not isinstance(output_dir, (str, os.PathLike)):
+    raise ValueError(f"output_dir must be a folder path (or None), got {output_dir!r}")
   probe = os.path.join(output_dir, ".specjax_write_test")
   try:
     os.makedirs(output_dir, exist_ok=True)
@@ -267,14 +290,18 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
           for e in examples]
   inputs, prompt_lengths = prompts.frame(target, rows, max_len=max_input_len,
                                          eos_id=vocab.eos_id, round_to=16)
+  prefix_lengths(target, check_inputs(target, inputs), prompt_lengths)  # empty prompts, ids
   bos = int(prompts.convention(target) == "t5x")
   if verifier is None:
     verifier = default_verifier(sampling, lenience)
   config = DecodeConfig(sampling=sampling, eos_id=vocab.eos_id, lenience=lenience,
                         verifier=verifier,
                         cache_len=max_input_len + bos + max_new_tokens + max_gamma + 1)
-  check_cache_size([target, *drafter_models(the_drafter)], batch_size, config.cache_len,
-                   partitioner)
+  cache_size = check_cache_size([target, *drafter_models(the_drafter)], batch_size,
+                                config.cache_len, partitioner)
+  check_checkpoints({"target": target_checkpoint,
+                     **({"draft": draft_checkpoint} if drafter == "model" else {})})
+  check_memory(list(models.values()), cache_size, partitioner)
   target_params = load_params(target, target_checkpoint, seed, partitioner)
   draft_params = (load_params(draft, draft_checkpoint, seed + 1, partitioner)
                   if drafter == "model" else None)

@@ -31,7 +31,8 @@ def unflatten(items: Mapping[str, Any]) -> Dict[str, Any]:
 
 def check_params_match(params: Mapping[str, Any], expected: Mapping[str, Any],
                        what: str = "parameters") -> None:
-  """Raises ValueError naming the first parameter whose name or shape differs.
+  """Raises ValueError naming the first parameter whose name, shape or dtype differs
+  (dtype: an integer, bool or complex array where the model expects floating point).
 
   Args:
     params: the tree to check (arrays or anything with `.shape`).
@@ -53,6 +54,21 @@ def check_params_match(params: Mapping[str, Any], expected: Mapping[str, Any],
       raise ValueError(
           f"{what}: parameter '{name}' has shape {tuple(np.shape(got[name]))} "
           f"but the model config expects {tuple(want[name].shape)}")
+  for name in sorted(want):
+    got_dtype = _dtype(got[name])
+    if _floating(_dtype(want[name])) and not _floating(got_dtype):
+      raise ValueError(f"{what}: parameter '{name}' has dtype {got_dtype} but the model "
+                       "expects floating-point values (float32, bfloat16, ...)")
+
+
+def _dtype(x: Any) -> np.dtype:
+  dtype = getattr(x, "dtype", None)
+  return np.dtype(dtype) if dtype is not None else np.asarray(x).dtype
+
+
+def _floating(dtype: np.dtype) -> bool:
+  """float16/32/64, bfloat16 and the float8 types (numpy's kind 'f' misses the ml_dtypes)."""
+  return dtype.kind == "f" or dtype.name.startswith(("bfloat", "float"))
 
 
 def count_params(params: Mapping[str, Any]) -> int:

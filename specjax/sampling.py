@@ -28,12 +28,16 @@ class Sampling:
   """Keep the smallest set of most likely tokens whose mass reaches top_p; 1.0 turns it off."""
 
   def __post_init__(self):
-    if not self.temperature >= 0:  # also catches NaN
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-    if int(self.top_k) != self.top_k or self.top_k < 0:
-      raise ValueError(f"top_k must be an integer >= 0, got {self.top_k}")
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if not _is_number(self.temperature) or not 0 <= self.temperature < np.inf:  # NaN too
+      raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+    if 0 < self.temperature < np.finfo(np.float32).tiny:  # 0 on the device: 0 / 0 = NaN
+      raise ValueError(f"temperature {self.temperature!r} is below float32's smallest normal "
+                       f"number {np.finfo(np.float32).tiny:.3g}; use 0 for greedy decoding")
+    if (isinstance(self.top_k, (bool, np.bool_)) or not isinstance(self.top_k, (int, np.integer))
+        or self.top_k < 0):
+      raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+    if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
   @property
   def greedy(self) -> bool:
@@ -52,7 +56,9 @@ class Sampling:
     vocab = logits.shape[-1]
     if self.greedy:
       return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
-    logits = logits / self.temperature
+    # The row's maximum first: a tiny temperature then sends the other logits to -inf
+    # (a one-hot at the argmax) instead of overflowing them all to inf (NaN after softmax).
+    logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / self.temperature
     if self.top_k and self.top_k < vocab:
       # Keep exactly k tokens: lax.top_k breaks ties towards lower indices.
       _, keep = jax.lax.top_k(logits, self.top_k)  # int32 [..., k]
@@ -75,6 +81,12 @@ class Sampling:
     if self.greedy:
       return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     return categorical(key, self.probs(logits))
+
+
+def _is_number(value) -> bool:
+  """True for a real number (Python or numpy), False for bools, strings, None."""
+  return (isinstance(value, (int, float, np.integer, np.floating))
+          and not isinstance(value, (bool, np.bool_)))
 
 
 def _nucleus(probs: jax.Array, top_p: float) -> jax.Array:
@@ -138,6 +150,9 @@ def row_keys(rng: jax.Array, batch: int) -> jax.Array:
                      "(or one key per row)")
   rng = jnp.asarray(rng)
   typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+  if not typed and (rng.dtype != jnp.uint32 or rng.shape[-1:] != (2,)):
+    raise ValueError(f"rng must be a PRNG key (uint32 [2], or [B, 2] for one key per row), got "
+                     f"{rng.dtype} {tuple(rng.shape)}: pass jax.random.PRNGKey(seed)")
   if rng.ndim == (0 if typed else 1):
     return _fold_rows(rng, batch)
   if rng.ndim != (1 if typed else 2):

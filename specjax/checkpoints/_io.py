@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import math
 import os
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -65,6 +66,24 @@ def resolve_dtype(dtype: Any, what: str) -> Optional[np.dtype]:
 def is_floating(dt: np.dtype) -> bool:
   """True for float16/32/64 and bfloat16 (numpy does not count bfloat16)."""
   return dt.kind == "f" or dt == BFLOAT16
+
+
+def count_non_finite(arr: Any) -> int:
+  """NaN and ±inf entries of a floating-point array (0 for other dtypes)."""
+  arr = np.asarray(arr)
+  if not is_floating(arr.dtype):
+    return 0
+  return int(arr.size - np.count_nonzero(np.isfinite(arr)))
+
+
+def warn_non_finite(where: str, counts: Mapping[str, int], sizes: Mapping[str, int]) -> None:
+  """Logs one warning naming the parameters that hold NaN or inf ({name: count})."""
+  bad = sorted(name for name, n in counts.items() if n)
+  if bad:
+    shown = ", ".join(f"'{n}' ({counts[n]} of {sizes[n]})" for n in bad[:8])
+    more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+    logging.warning("%s: %d parameter(s) hold NaN or inf values: %s%s; the model's outputs "
+                    "will be NaN wherever they are read", where, len(bad), shown, more)
 
 
 # ----------------------------------------------------------------------------

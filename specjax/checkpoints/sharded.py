@@ -1,14 +1,13 @@
 """Loading a T5X checkpoint straight into sharded `jax.Array`s (per-shard reads for zarr)."""
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Mapping, Optional
 
 import jax
 import numpy as np
 
 from specjax.checkpoints import _io
-from specjax.checkpoints.t5x import load_flat
+from specjax.checkpoints.t5x import check_path, load_flat
 from specjax.params import check_params_match, flatten, unflatten
 from specjax.sharding import Partitioner
 
@@ -53,7 +52,7 @@ def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = No
     from `expected`, or names from `shardings`.
   """
   cast = _io.resolve_dtype(dtype, "load_t5x_sharded")
-  where = os.fspath(path)
+  where = check_path(path, "load_t5x_sharded")
   shapes = None if expected is None else {
       name: tuple(np.shape(leaf)) for name, leaf in flatten(expected)}
   flat = load_flat(path, where, shapes, read_arrays=_open_lazy)
@@ -64,17 +63,19 @@ def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = No
   if differ:
     raise ValueError(f"{where}: parameter '{differ[0]}' is " + (
         "missing from the checkpoint" if differ[0] in want else "not in the shardings tree"))
-  out = {}
+  out, bad = {}, {}
   for name, arr in flat.items():
     seen: Dict[str, np.ndarray] = {}
 
-    def read(index, arr=arr, seen=seen):
+    def read(index, arr=arr, seen=seen, name=name):
       key = repr(index)  # replicas of one slice are read once
       if key not in seen:
         x = np.asarray(arr[index])
+        bad[name] = bad.get(name, 0) + _io.count_non_finite(x)
         seen[key] = x.astype(cast) if cast is not None and _io.is_floating(x.dtype) else x
       return seen[key]
     out[name] = jax.make_array_from_callback(tuple(arr.shape), want[name], read)
+  _io.warn_non_finite(where, bad, {n: int(np.prod(a.shape)) for n, a in flat.items()})
   return unflatten(out)
 
 

@@ -349,11 +349,24 @@ def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
   return _load(path, dtype, None)
 
 
+def check_path(path: Any, what: str) -> str:
+  """os.fspath(path); ValueError naming `what` unless path is a non-empty str or PathLike."""
+  if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+    raise ValueError(f"{what}: the checkpoint path must be a non-empty str or os.PathLike, "
+                     f"got {path!r}")
+  return os.fspath(path)
+
+
 def _load(path: str, dtype: Any, model: Any) -> Dict[str, Any]:
   cast = _io.resolve_dtype(dtype, "load_t5x")
-  where = os.fspath(path)
+  where = check_path(path, "load_t5x")
+  if model is not None and not callable(getattr(model, "param_shapes", None)):
+    raise ValueError(f"load_t5x_for_model: model must be a specjax model (with param_shapes()), "
+                     f"got {type(model).__name__}")
   expected = None if model is None else _expected_shapes(model)
   flat = load_flat(path, where, expected)
+  _io.warn_non_finite(where, {n: _io.count_non_finite(a) for n, a in flat.items()},
+                      {n: int(np.size(a)) for n, a in flat.items()})
   if cast is not None:
     flat = {name: arr.astype(cast) if _io.is_floating(arr.dtype) else arr
             for name, arr in flat.items()}
@@ -549,7 +562,10 @@ def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
     raise ValueError("save_t5x: params must be a non-empty nested dict of arrays")
   extra = _check_extra(extra_files)
   step = int(step)
-  path = os.fspath(path)
+  path = check_path(path, "save_t5x")
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise FileExistsError(f"save_t5x: {path} is a file, not a model folder to write "
+                          "checkpoint_N into")
   os.makedirs(path, exist_ok=True)
   clean_model_dir(path)
   final = os.path.join(path, f"checkpoint_{step}")

@@ -31,15 +31,19 @@ class DecodeInput:
 
 
 def read_input_file(path: str) -> List[str]:
-  """The non-blank lines of a UTF-8 file (CRLF or LF); ValueError naming a bad byte."""
+  """The non-blank lines of a UTF-8 file (CRLF or LF, a BOM dropped); ValueError naming a
+  bad byte, or a file with no input at all (the job must not fall back to a default task)."""
   with open(path, "rb") as f:
     raw = f.read()
   try:
-    text = raw.decode("utf-8")
+    text = raw.decode("utf-8-sig")
   except UnicodeDecodeError as e:
     raise ValueError(f"--input_file '{path}' is not UTF-8: byte {e.start} "
                      f"({raw[e.start:e.start + 1]!r}) cannot be decoded ({e.reason})") from e
-  return [line for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
+  lines = [line for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
+  if not lines:
+    raise ValueError(f"--input_file '{path}' holds no input: it is empty or only blank lines")
+  return lines
 
 
 def import_modules(modules: Any) -> None:
@@ -104,7 +108,10 @@ def _seqio_inputs(name: str, split: str, num_examples: int, prompt_words: int,
     dataset = provider.get_dataset(sequence_length=dict(feature_lengths or {}) or None,
                                    split=split, shuffle=False, num_epochs=1)
   except (ValueError, KeyError, FileNotFoundError) as e:
-    raise ValueError(f"task {name!r}, split {split!r}: {e}") from e
+    splits = getattr(provider, "splits", None)
+    known = (f"; its splits are {sorted(splits)}" if splits and split not in splits else "")
+    raise ValueError(f"task {name!r}, split {split!r}: "
+                     f"{'no such split' if known else e}{known}") from e
   vocabulary = features[key].vocabulary
   out = []
   for ex in dataset.take(num_examples).as_numpy_iterator():

@@ -31,18 +31,27 @@ def read_split(path: Path) -> List[Example]:
   """Reads a file written by `write_split` (.txt: documents, .tsv: pairs)."""
   if not Path(path).is_file():
     raise FileNotFoundError(f"split file not found: {path}")
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = raw.count(b"\n", 0, e.start) + 1
+    raise ValueError(f"{path}:{line}: not UTF-8: byte {e.start} "
+                     f"({raw[e.start:e.start + 1]!r}) cannot be decoded ({e.reason})") from e
+  lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as text-mode reads
+  if lines[-1] == "":
+    lines.pop()
   out: List[Example] = []
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f):
-      line = line.rstrip("\n")
-      if str(path).endswith(".tsv"):
-        fields = line.split("\t")
-        if len(fields) != 2:
-          raise ValueError(f"{path}:{n + 1}: expected 'source<TAB>target', got "
-                           f"{len(fields)} fields")
-        out.append((fields[0], fields[1]))
-      else:
-        out.append((line, None))
+  for n, line in enumerate(lines):
+    if str(path).endswith(".tsv"):
+      fields = line.split("\t")
+      if len(fields) != 2:
+        raise ValueError(f"{path}:{n + 1}: expected 'source<TAB>target', got "
+                         f"{len(fields)} fields")
+      out.append((fields[0], fields[1]))
+    else:
+      out.append((line, None))
   return out
 
 

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decode.config import DecodeConfig
-from specjax.decode.inputs import (cache_length, check_cache_size, check_count, check_inputs,
-                                   check_nan, initial_seq, prefix_lengths)
-from specjax.decode.loop import advance, finish, last_tokens, start_loop
+from specjax.decode.inputs import (cache_length, check_cache_size, check_config, check_count,
+                                   check_inputs, check_nan, initial_seq, prefix_lengths)
+from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.models import DecodingModel
 from specjax.sampling import CORRECTION_STREAM, position_key, row_keys
@@ -35,7 +35,7 @@ def _autoregressive(model, config, partitioner, params, inputs, seq, length, key
     active = ~state.done
     return constrain(partitioner, state.replace(
         seq=seq, length=length, done=done, cache=cache, target_calls=state.target_calls + active,
-        nan=state.nan | (active & jnp.any(jnp.isnan(logits), axis=(1, 2)))))
+        nan=state.nan | (active & bad_logits(logits))))
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   return finish(state, prefix_len)
@@ -61,6 +61,7 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
   Returns:
     A `DecodeResult` with tokens [B, max_new_tokens].
   """
+  check_config(model, config)
   max_new_tokens = check_count("max_new_tokens", max_new_tokens)
   inputs = check_inputs(model, inputs)
   length = prefix_lengths(model, inputs, prompt_lengths)

@@ -44,7 +44,7 @@ from jax import lax
 from specjax.decode.beam_core import (BeamResult, Beams, beam_step, beams_done, finish,
                                       init_beams, last_tokens, prepare, repeat_rows,
                                       select_rows, start_copies, gather_rows)
-from specjax.decode.inputs import check_cache_size, check_count, check_nan
+from specjax.decode.inputs import check_cache_size, check_count, check_eos, check_nan
 from specjax.models import DecodingModel
 from specjax.sharding import Partitioner, constrain, place, unpad
 
@@ -121,6 +121,7 @@ def beam_search(model: DecodingModel, params: Any, inputs: Any, *, beam_size: in
   Returns:
     A `BeamResult`; `target_calls` counts the steps each row ran.
   """
+  check_eos(model, eos_id)
   beam_size = check_count("beam_size", beam_size)
   prep = prepare(model, inputs, prompt_lengths, max_new_tokens, alpha, extra_slots=2)
   batch = prep.seq.shape[0]

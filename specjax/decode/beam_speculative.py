@@ -51,7 +51,7 @@ from jax import lax
 from specjax.decode.beam_core import (NEG_INF, BeamResult, Beams, beam_step, beams_done, finish,
                                       gather_rows, init_beams, last_tokens, prepare, repeat_rows,
                                       start_copies)
-from specjax.decode.inputs import check_cache_size, check_count, check_nan
+from specjax.decode.inputs import check_cache_size, check_count, check_eos, check_nan
 from specjax.models import DecodingModel, check_same_vocab
 
 
@@ -245,6 +245,7 @@ def speculative_beam_search(target: DecodingModel, target_params: Any, draft: De
   Returns:
     A `BeamResult`; `target_calls` counts rounds, `draft_calls` the draft's calls.
   """
+  check_eos(target, eos_id)
   beam_size = check_count("beam_size", beam_size)
   draft_beam_size = check_count("draft_beam_size", draft_beam_size)
   if draft_beam_size < beam_size:

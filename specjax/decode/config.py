@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
+
+import numpy as np
 
 from specjax.sampling import Sampling
 from specjax.verify import ReferenceVerifier, Verifier, check_lenience
@@ -17,7 +20,8 @@ class DecodeConfig:
   sampling: Sampling = Sampling()
   """Standardization applied to target and draft logits alike."""
   eos_id: int = 1
-  """Generation of a row stops after it emits this token (T5 convention: 1)."""
+  """Generation of a row stops after it emits this token (T5 convention: 1); -1: never
+  (every row runs its whole budget). The loops refuse an id outside the vocabulary."""
   lenience: float = 1.0
   """l in (0, 1]; 1 is exact. At temperature 0 and l < 1 the argmax lenience of A.5 is used."""
   cache_len: Optional[int] = None
@@ -35,13 +39,33 @@ class DecodeConfig:
   'sigmoid' (SigmoidApproxVerifierNotExact) is NOT exact: its output follows the draft."""
 
   def __post_init__(self):
+    if not isinstance(self.sampling, Sampling):
+      raise ValueError(f"sampling must be a specjax Sampling, got {self.sampling!r}")
+    if not _is_int(self.eos_id) or self.eos_id < -1:
+      raise ValueError(f"eos_id must be a token id (an integer >= 0) or -1 for none, "
+                       f"got {self.eos_id!r}")
     check_lenience(self.lenience)
+    if not (callable(self.verifier) and all(hasattr(self.verifier, a) for a in
+                                            ("exact", "name", "fresh_round_keys"))):
+      raise ValueError(f"verifier must be a specjax.verify verifier such as ReferenceVerifier() "
+                       f"or get_verifier('fused'), got {self.verifier!r}")
     if self.lenience != 1.0 and not getattr(self.verifier, "lenient", True):
       raise ValueError(f"the {getattr(self.verifier, 'name', type(self.verifier).__name__)} "
                        f"verifier supports lenience = 1 only, got lenience={self.lenience}; "
                        "lenient decoding (paper A.5) is defined for Algorithm 1: use the "
                        "reference or fused verifier")
+    if self.cache_len is not None and (not _is_int(self.cache_len) or self.cache_len < 1):
+      raise ValueError(f"cache_len must be None or an integer >= 1, got {self.cache_len!r}")
+    if not isinstance(self.trace, (bool, np.bool_)):
+      raise ValueError(f"trace must be True or False, got {self.trace!r}")
     if self.gamma_policy not in GAMMA_POLICIES:
       raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {self.gamma_policy!r}")
-    if self.cost_coefficient < 0:
-      raise ValueError(f"cost_coefficient must be >= 0, got {self.cost_coefficient}")
+    c = self.cost_coefficient
+    if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, float, np.number)) or not (
+        0 <= c < math.inf):
+      raise ValueError(f"cost_coefficient must be a finite number >= 0, got "
+                       f"{self.cost_coefficient!r}")
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

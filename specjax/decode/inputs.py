@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
+from specjax.decode.config import DecodeConfig
 from specjax.models import DecodingModel
 
 
@@ -17,9 +18,30 @@ def check_count(name: str, value: Any) -> int:
   return int(value)
 
 
+def check_config(model: DecodingModel, config: Any) -> None:
+  """ValueError unless `config` is a DecodeConfig whose eos_id is in the model's vocabulary
+  (or -1: no EOS)."""
+  if not isinstance(config, DecodeConfig):
+    raise ValueError(f"config must be a DecodeConfig, got {type(config).__name__}")
+  check_eos(model, config.eos_id)
+
+
+def check_eos(model: DecodingModel, eos_id: Any) -> int:
+  """eos_id as int; ValueError unless it is a token id of the model's vocabulary or -1."""
+  if (isinstance(eos_id, (bool, np.bool_)) or not isinstance(eos_id, (int, np.integer))
+      or not -1 <= eos_id < model.vocab_size):
+    raise ValueError(f"eos_id must be a token id in [0, vocab_size={model.vocab_size}) or -1 "
+                     f"(no EOS), got {eos_id!r}")
+  return int(eos_id)
+
+
 def check_inputs(model: DecodingModel, inputs: Any) -> np.ndarray:
   """int32 [B, L] token ids; ValueError for a wrong shape, non-integer ids or ids outside V."""
-  inputs = np.asarray(inputs)
+  try:
+    inputs = np.asarray(inputs)
+  except ValueError as e:  # ragged rows
+    raise ValueError(f"inputs must be a rectangular int array [batch, length] (pad the rows "
+                     f"with 0 to one length): {e}") from e
   if inputs.ndim != 2 or inputs.shape[0] == 0 or inputs.shape[1] == 0:
     raise ValueError(f"inputs must be int [batch >= 1, length >= 1], got shape {inputs.shape}")
   if not np.issubdtype(inputs.dtype, np.integer):
@@ -46,6 +68,13 @@ def prefix_lengths(model: DecodingModel, inputs: np.ndarray,
   if np.any(lengths < 1):
     raise ValueError(f"empty prompt in rows {np.where(lengths < 1)[0].tolist()}: "
                      "a decoder-only model needs at least one prompt token")
+  if prompt_lengths is None:  # 0 is padding: it may only trail the prompt
+    inner = np.where((inputs[:, 1:] != 0) & (np.cumsum(inputs == 0, axis=1)[:, :-1] > 0))
+    if inner[0].size:
+      row, col = int(inner[0][0]), int(inner[1][0]) + 1
+      raise ValueError(f"inputs row {row} has a 0 (padding) before token {inputs[row, col]} "
+                       f"at column {col}: prompts are left-aligned and 0-padded; pass "
+                       "prompt_lengths if token 0 belongs to a prompt")
   return lengths.astype(np.int32)
 
 
@@ -53,6 +82,9 @@ def cache_length(cache_len: Optional[int], prefix_max: int, max_new_tokens: int,
                  extra_slots: int) -> int:
   """Decoder slots per row: prefix + max_new_tokens + extra, rounded up to 128 unless pinned."""
   need = prefix_max + max_new_tokens + extra_slots
+  if need + 128 > 2**31 - 1:  # positions and budgets are int32 on the device
+    raise ValueError(f"prompt + max_new_tokens = {prefix_max} + {max_new_tokens} (+ {extra_slots} "
+                     "extra slots) is beyond the int32 positions of the loops (2**31 - 128)")
   if cache_len is None:
     return int(-(-need // 128) * 128)
   if need > cache_len:
@@ -110,6 +142,26 @@ def check_cache_size(models: Sequence[DecodingModel], batch: Any, slots: int,
   return size
 
 
+def param_bytes(model: Any, itemsize: int = 4) -> int:
+  """Bytes of `model`'s parameters at `itemsize` bytes each (float32: 4), from its shapes."""
+  shapes = model.param_shapes()
+  return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(shapes))) * itemsize
+
+
+def check_memory(models: Sequence[Any], cache_size: int, partitioner: Any = None) -> int:
+  """Refuses, before any weights load or initialize, parameters (float32) plus KV caches
+  (`cache_size` bytes) larger than the device's memory (`device_memory`). Returns the bytes."""
+  params = sum(param_bytes(m) for m in models)
+  limit = device_memory(partitioner)
+  if params + cache_size > limit:
+    raise ValueError(
+        f"the models' float32 parameters ({params / 2**30:.2f} GiB over {len(models)} model(s)) "
+        f"and KV caches ({cache_size / 2**30:.2f} GiB) would not fit in the device's "
+        f"{limit / 2**30:.2f} GiB: check the model gin files' sizes, or shard the models "
+        "(NUM_PARTITIONS)")
+  return params + cache_size
+
+
 def drafter_models(drafter: Any) -> list:
   """The models whose caches a drafter allocates (ModelDrafter, HierarchicalDrafter; n-gram
   and prompt-lookup drafters hold none)."""
@@ -128,7 +180,8 @@ def initial_seq(model: DecodingModel, inputs: np.ndarray, width: int) -> np.ndar
 
 
 def check_nan(nan: Any) -> None:
-  """ValueError naming the rows whose logits held NaN (nan: bool [B])."""
+  """ValueError naming the rows whose logits held NaN, +inf or only -inf (nan: bool [B])."""
   rows = np.where(np.asarray(nan))[0]
   if rows.size:
-    raise ValueError(f"NaN logits from the target or draft model in rows {rows.tolist()}")
+    raise ValueError(f"NaN logits (or +inf, or -inf everywhere) from the target or draft model "
+                     f"in rows {rows.tolist()}")

@@ -56,6 +56,12 @@ def advance(state: LoopState, emitted, num_emitted, prefix_len, max_new_tokens, 
   return seq, length, done
 
 
+def bad_logits(logits: jax.Array) -> jax.Array:
+  """bool [B]: rows whose logits [B, k, V] hold NaN or +inf, or only -inf at some position
+  (no distribution can be read from them; the argmax would silently be token 0)."""
+  return jnp.any(~jnp.isfinite(jnp.max(logits, axis=-1)), axis=1)
+
+
 def finish(state: LoopState, prefix_len):
   """-> (DecodeResult with tokens [B, T], nan flags bool [B])."""
   width = state.seq.shape[1]

@@ -25,9 +25,10 @@ import numpy as np
 
 from specjax.decode.config import DecodeConfig
 from specjax.decode.gamma import next_gamma
-from specjax.decode.inputs import (cache_length, check_cache_size, check_count, check_inputs,
-                                   check_nan, drafter_models, initial_seq, prefix_lengths)
-from specjax.decode.loop import advance, finish, last_tokens, start_loop
+from specjax.decode.inputs import (cache_length, check_cache_size, check_config, check_count,
+                                   check_inputs, check_nan, drafter_models, initial_seq,
+                                   prefix_lengths)
+from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState, Trace
 from specjax.draft import Drafter, Proposal
 from specjax.models import DecodingModel, check_same_vocab
@@ -60,7 +61,7 @@ def _verify(config: DecodeConfig, keys, state: LoopState, proposal: Proposal, lo
   n, token, overlap = verify_batch(config.sampling, config.verifier, config.lenience, keys,
                                    state.length, proposal.tokens, proposal.probs, logits,
                                    state.gamma)
-  bad = jnp.any(jnp.isnan(logits), axis=(1, 2)) | jnp.any(jnp.isnan(proposal.probs), axis=(1, 2))
+  bad = bad_logits(logits) | jnp.any(jnp.isnan(proposal.probs), axis=(1, 2))
   return Verdict(n=n, token=token, overlap=overlap, bad=bad)
 
 
@@ -166,6 +167,7 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
   Returns:
     A `DecodeResult` with tokens [B, max_new_tokens] and per-row statistics.
   """
+  check_config(target, config)
   check_same_vocab(target, drafter.vocab_size)
   if (isinstance(gamma, (bool, np.bool_)) or not isinstance(gamma, (int, np.integer))
       or not 1 <= gamma <= drafter.max_gamma):

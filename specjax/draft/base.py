@@ -20,6 +20,7 @@ from typing import Any, Optional, Protocol, Tuple
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.sampling import DRAFT_STREAM, Sampling, categorical, position_key
 
@@ -55,6 +56,17 @@ class Drafter(Protocol):
 
   def update(self, state: Any, num_accepted: jax.Array, gamma: jax.Array) -> Any:
     """Called after verification with num_accepted int32 [B] (0..γ) and gamma int32 [B]."""
+
+
+def check_sizes(drafter: Any, **minimums: int) -> None:
+  """ValueError unless each named field of `drafter` is an integer >= its minimum (bools
+  refused), e.g. `check_sizes(self, max_gamma=1)`."""
+  for field, low in minimums.items():
+    value = getattr(drafter, field)
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+        or value < low):
+      raise ValueError(f"{type(drafter).__name__}.{field} must be an integer >= {low}, "
+                       f"got {value!r}")
 
 
 def sample_guess(row_keys, length, i, probs, greedy: bool):

@@ -19,7 +19,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Proposal
+from specjax.draft.base import Proposal, check_sizes
 from specjax.draft.model import ModelDrafter
 from specjax.models import DecodingModel, start_model
 from specjax.rows import take_rows, update_rows
@@ -50,6 +50,7 @@ class HierarchicalDrafter:
   inner_gamma: int = 3
 
   def __post_init__(self):
+    check_sizes(self, max_gamma=1, inner_gamma=1)
     if self.inner.vocab_size != self.medium.vocab_size:
       raise ValueError(f"medium and inner draft vocabularies differ: {self.medium.vocab_size} "
                        f"vs {self.inner.vocab_size}")
@@ -93,6 +94,9 @@ class HierarchicalDrafter:
       n, token, _ = verify_batch(sampling, ReferenceVerifier(), 1.0, inner_keys, tlen, guesses, q,
                                  logits, inner_gamma)
       p = sampling.probs(logits)  # M's standardized distribution at the g+1 positions
+      # NaN in the inner q breaks the inner verification: pass it on as NaN in M's q, so the
+      # decode loop reports the row instead of verifying tokens not drawn from that q.
+      p = jnp.where(jnp.any(jnp.isnan(q), axis=(1, 2))[:, None, None], jnp.nan, p)
       inner = self.inner.update(inner, n, inner_gamma)
       fed = tlen + n  # the medium fed everything it accepted, not the correction
       emitted = emitted_tokens(guesses, n, token)  # [B, g+1]

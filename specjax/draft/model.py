@@ -8,7 +8,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Proposal, draft_step
+from specjax.draft.base import Proposal, check_sizes, draft_step
 from specjax.models import DecodingModel, start_model
 from specjax.rows import take_rows
 
@@ -36,6 +36,9 @@ class ModelDrafter:
   max_gamma: int
   window: int = 2
   """Static catch-up window: lags up to window-1 (2 suffices alone; 3 inside a hierarchy)."""
+
+  def __post_init__(self):
+    check_sizes(self, max_gamma=1, window=2)
 
   @property
   def vocab_size(self) -> int:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import Proposal, sample_guess
+from specjax.draft.base import Proposal, check_sizes, sample_guess
 from specjax.rows import take_rows
 
 
@@ -44,6 +44,11 @@ class NGramDrafter:
   order: int
   vocab: int
   max_gamma: int
+
+  def __post_init__(self):
+    if self.order not in (1, 2):
+      raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {self.order!r}")
+    check_sizes(self, vocab=1, max_gamma=1)
 
   @property
   def vocab_size(self) -> int:

@@ -6,7 +6,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Proposal
+from specjax.draft.base import Proposal, check_sizes
 from specjax.draft.ngram import NoState
 from specjax.rows import take_rows
 
@@ -27,6 +27,9 @@ class PromptLookupDrafter:
   vocab: int
   max_gamma: int
   max_ngram: int = 3
+
+  def __post_init__(self):
+    check_sizes(self, vocab=1, max_gamma=1, max_ngram=1)
 
   @property
   def vocab_size(self) -> int:

@@ -79,7 +79,8 @@ def activation_fn(name: str) -> Callable[[Array], Array]:
 
 
 def validate_config(config: Any, int_fields: Sequence[str]) -> None:
-  """Raises ValueError for non-positive sizes, unknown activations or dtypes.
+  """Raises ValueError for non-positive sizes, unknown activations or dtypes, a non-bool
+  logits_via_embedding.
 
   Also turns a list of activations (as gin may give) into a tuple, so the
   frozen config stays hashable.
@@ -98,6 +99,9 @@ def validate_config(config: Any, int_fields: Sequence[str]) -> None:
     activation_fn(act)
   if config.dtype not in DTYPES:
     raise ValueError(f"{name}.dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
+  if not isinstance(config.logits_via_embedding, (bool, np.bool_)):
+    raise ValueError(f"{name}.logits_via_embedding must be True or False, got "
+                     f"{config.logits_via_embedding!r}")
 
 
 # ----------------------------------------------------------------------------

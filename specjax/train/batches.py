@@ -32,6 +32,7 @@ from specjax.data import splits as data_lib
 from specjax.data import vocab as vocab_lib
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
+from specjax.train._checks import check_int
 
 # Training task -> specjax.data task folder.
 TASKS = {"lm": "lm_ddtp_en", "translate": "translate_en_de", "summarize": "summarize_ddtp"}
@@ -80,6 +81,10 @@ def load_split(task: str, split: str, data_dir: Optional[Union[str, Path]] = Non
     examples = everything[:cut] if split == "train" else everything[cut:]
   if not examples:
     raise ValueError(f"{task}: the {split} split holds no examples")
+  texts = (e if isinstance(e, str) else " ".join(x for x in e if x) for e in examples)
+  if not any(text.strip() for text in texts):
+    raise ValueError(f"{task}: the {split} split holds {len(examples)} examples, all blank; "
+                     "nothing to train on")
   return examples
 
 
@@ -293,8 +298,8 @@ class DataConfig:
   def __post_init__(self):
     check_task(self.task)
     for name in ("batch_size", "seq_len", "inputs_length", "targets_length"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"DataConfig.{name} must be positive, got {getattr(self, name)}")
+      check_int(self, name, 1)
+    check_int(self, "seed", 0)
 
 
 def make_batches(data: DataConfig, model_config: Any) -> List[Batches]:
@@ -318,5 +323,11 @@ def make_batches(data: DataConfig, model_config: Any) -> List[Batches]:
     feats = make_features(task, examples, vocab, seq_len=data.seq_len,
                           inputs_length=data.inputs_length, targets_length=data.targets_length)
     buckets = data.length_buckets if task != "lm" and split == "train" else ()
+    rows = len(next(iter(feats.values())))
+    if split == "train" and data.batch_size > rows:
+      raise ValueError(f"DataConfig.batch_size {data.batch_size} is larger than the {rows} "
+                       f"rows of the train split" + (f" (packed rows of seq_len={data.seq_len})"
+                                                     if task == "lm" else "")
+                       + ": every batch would repeat rows; lower the batch size or add data")
     out.append(Batches(feats, data.batch_size, data.seed, buckets))
   return out

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from specjax import checkpoints
 
 from specjax.models import build_model, read_model_gin
+from specjax.train._checks import check_real
 
 
 @gin.register(module="specjax.train")
@@ -43,10 +44,10 @@ class DistillConfig:
   """τ of both softmaxes in the KL term (1 matches what speculative sampling compares)."""
 
   def __post_init__(self):
-    if not 0 <= self.weight <= 1:
-      raise ValueError(f"DistillConfig.weight must be in [0, 1], got {self.weight}")
-    if not self.temperature > 0:
-      raise ValueError(f"DistillConfig.temperature must be > 0, got {self.temperature}")
+    if not isinstance(self.teacher, (str, os.PathLike)) or not os.fspath(self.teacher):
+      raise ValueError(f"DistillConfig.teacher must be a model folder path, got {self.teacher!r}")
+    check_real(self, "weight", 0, 1, high_open=False)
+    check_real(self, "temperature", 0, low_open=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,6 +69,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
 
 from specjax import gin_config
 from specjax.models import MODEL_GIN, build_model, model_gin_text
+from specjax.train._checks import check_int, check_real
 from specjax.train.batches import DataConfig, make_batches
 from specjax.train.checkpoints import (OPT_STATE_FILE, TRAIN_STATE_FILE, check_model_gin,
                                        list_checkpoints, load_opt_state, restore,
@@ -122,12 +123,14 @@ class OptimizerConfig:
       raise ValueError(f"optimizer name must be 'adamw' or 'adafactor', got {self.name!r}")
     if self.decay not in ("cosine", "rsqrt", "constant"):
       raise ValueError(f"decay must be 'cosine', 'rsqrt' or 'constant', got {self.decay!r}")
-    if not self.learning_rate > 0 or self.warmup_steps < 0 or self.weight_decay < 0:
-      raise ValueError("learning_rate must be positive, warmup_steps and weight_decay "
-                       f"non-negative; got {self.learning_rate}, {self.warmup_steps}, "
-                       f"{self.weight_decay}")
-    if self.clip_norm is not None and not self.clip_norm > 0:
-      raise ValueError(f"clip_norm must be positive or None, got {self.clip_norm}")
+    check_real(self, "learning_rate", 0, low_open=True)
+    check_int(self, "warmup_steps", 0)
+    check_real(self, "end_learning_rate", 0)
+    check_real(self, "b1", 0, 1)
+    check_real(self, "b2", 0, 1)
+    check_real(self, "eps", 0)
+    check_real(self, "weight_decay", 0)
+    check_real(self, "clip_norm", 0, low_open=True, allow_none=True)
 
 @gin.register(module="specjax.train")
 @dataclasses.dataclass(frozen=True)
@@ -162,13 +165,14 @@ class TrainConfig:
   teacher changed (the run then no longer equals an uninterrupted one)."""
 
   def __post_init__(self):
-    if not self.model_dir:
-      raise ValueError("TrainConfig.model_dir must be a directory path")
-    if self.num_steps < 1 or self.checkpoint_every < 1 or self.log_every < 1:
-      raise ValueError("num_steps, checkpoint_every and log_every must be positive, got "
-                       f"{self.num_steps}, {self.checkpoint_every}, {self.log_every}")
-    if self.keep_checkpoints < 1 or self.eval_every < 0 or self.z_loss < 0:
-      raise ValueError("keep_checkpoints must be >= 1, eval_every and z_loss >= 0")
+    if not self.model_dir or not isinstance(self.model_dir, (str, os.PathLike)):
+      raise ValueError(f"TrainConfig.model_dir must be a directory path, got {self.model_dir!r}")
+    for field in ("num_steps", "checkpoint_every", "log_every", "keep_checkpoints"):
+      check_int(self, field, 1)
+    check_int(self, "eval_every", 0)
+    check_int(self, "eval_batches", 1, allow_none=True)  # 0 failed only after the last step
+    check_int(self, "seed", 0)
+    check_real(self, "z_loss", 0)
     if self.final_dtype not in ("float32", "bfloat16"):
       raise ValueError(f"final_dtype must be 'float32' or 'bfloat16', got {self.final_dtype!r}")
 
@@ -309,6 +313,12 @@ class Trainer:
     self.learning_rate = jax.jit(self.schedule)
     self._eval_step = jax.jit(lambda p, b, t: sums_fn(p, b, z_loss, t))
     self._opt_init = jax.jit(self.optimizer.init)
+    self._finite = jax.jit(lambda tree: jnp.all(jnp.asarray(
+        [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)])))
+
+  def params_finite(self, params: Any) -> bool:
+    """True when no parameter holds NaN or inf (one jitted pass)."""
+    return bool(self._finite(params))
 
   def _teacher_args(self) -> Any:
     if self.teacher is not None and self.teacher_params is None:
@@ -412,6 +422,16 @@ def _append_metrics(model_dir: str, record: Dict[str, Any]) -> None:
     f.write(json.dumps(record) + "\n")
 
 
+def _diverged(model_dir: str, step: int, what: str) -> None:
+  """Stops a diverged run before it writes a checkpoint (older ones stay: nothing lost)."""
+  kept = list_checkpoints(model_dir)
+  raise FloatingPointError(
+      f"training diverged at step {step}: {what}. Nothing was saved past "
+      + (f"checkpoint_{kept[-1]} (kept, with the older ones)" if kept else "the start")
+      + "; lower the learning rate or turn on gradient clipping (OptimizerConfig.clip_norm), "
+      "then resume")
+
+
 @gin.register(module="specjax.train")
 def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
           optimizer: Optional[OptimizerConfig] = None,
@@ -434,6 +454,8 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
   optimizer = optimizer if optimizer is not None else gin.get_configurable(OptimizerConfig)()
   config = config if config is not None else gin.get_configurable(TrainConfig)()
   train_batches, eval_batches = make_batches(data, model_config)
+  if os.path.exists(config.model_dir) and not os.path.isdir(config.model_dir):
+    raise ValueError(f"TrainConfig.model_dir {config.model_dir} is a file, not a folder")
   os.makedirs(config.model_dir, exist_ok=True)
   check_model_gin(config.model_dir, model_config, write=False)
   teacher, teacher_params = (load_teacher(distill, model_config) if distill is not None
@@ -497,6 +519,8 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
                       learning_rate=float(trainer.learning_rate(done - 1)))
         result.history.append(record)
         _append_metrics(config.model_dir, dict(record, split="train"))
+        if not math.isfinite(record["loss"]):
+          _diverged(config.model_dir, done, f"the training loss is {record['loss']}")
         bar.update(task_id, completed=done, loss=f"{record['loss']:.3f}",
                    tps="-" if math.isnan(tps) else f"{tps:,.0f}")
         pending = []
@@ -505,6 +529,9 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
       # holds every line up to N (a resume from it truncates to N).
       if done == config.num_steps or (config.eval_every and done % config.eval_every == 0):
         run_eval(done)
+      if ((done == config.num_steps or done % config.checkpoint_every == 0)
+          and not trainer.params_finite(state.params)):
+        _diverged(config.model_dir, done, "the parameters hold NaN or inf")
       if done == config.num_steps:
         result.checkpoint = save_checkpoint(config.model_dir, state, config.final_dtype,
                                             config.keep_checkpoints, fingerprint)

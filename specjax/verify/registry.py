@@ -1,6 +1,7 @@
 """Verifiers by name (gin and the main job select them this way)."""
 from __future__ import annotations
 
+from specjax.sampling import Sampling
 from specjax.verify.base import Verifier
 from specjax.verify.block import BlockVerifier
 from specjax.verify.fused import FusedVerifier
@@ -41,6 +42,8 @@ def default_verifier(sampling, lenience: float = 1.0) -> Verifier:
   and lenience 1 (exact, never fewer accepted guesses in expectation, measured on both
   bundled pairs in docs/results/bench_verify_block), the reference one otherwise (at
   T = 0 every exact verifier reduces to argmax matching; lenience < 1 is Algorithm 1's)."""
+  if not isinstance(sampling, Sampling):
+    raise ValueError(f"sampling must be a specjax Sampling, got {sampling!r}")
   if not sampling.greedy and lenience == 1.0:
     return BlockVerifier()
   return ReferenceVerifier()

@@ -39,8 +39,12 @@ def check_lenience(lenience) -> None:
   """Raises ValueError unless lenience is in (0, 1] (tracers pass unchecked)."""
   if lenience is None or isinstance(lenience, jax.core.Tracer):
     return
-  if not 0 < float(lenience) <= 1:
-    raise ValueError(f"lenience must be in (0, 1], got {lenience}")
+  try:  # a number, a numpy scalar or a concrete 0-d array; not a bool or a string
+    value = None if isinstance(lenience, (bool, str, bytes)) else float(lenience)
+  except (TypeError, ValueError):
+    value = None
+  if value is None or not 0 < value <= 1:
+    raise ValueError(f"lenience must be a number in (0, 1], got {lenience!r}")
 
 
 def count_accepted(accepted: jax.Array, num_guesses=None) -> Tuple[jax.Array, jax.Array]:
