@@ -1,0 +1,302 @@
+"""The cost-aware γ policy ('auto'): speculate only where it pays, per batch and per row.
+
+Cost model. A round whose largest γ is g costs `s[g]` seconds: s[0] is a plain target
+step (one token wide, no draft call, exactly an autoregressive step); for g ≥ 1 the round
+drafts g guesses and the target scores them in the compiled width of the smallest bucket
+b ≥ g (`DecodeConfig.auto_buckets`), so s[g] = s[b]. The `CostTable` holds s for
+γ = 0 and each bucket, measured once per (models, batch, cache length) by `calibrate`
+inside the compiled loop itself (verification and loop overhead included), so s[g] / s[0]
+is Thm 3.8's denominator γc + 1 with the measured r(γ+1) in place of the paper's r = 1:
+s[g] / s[0] = r(b+1) + g·c + (verification and loop overhead).
+
+Decision, each round, a pure function of the table and the decode state. Row b has a
+running α̂_b (Σ min(p, q) over its verified positions, plus one prior position at α = 1,
+so that a row with no evidence yet is given one speculative round) and room_b tokens
+left in its budget. Offering γ guesses it emits E_b(γ) = Σ_{i ≤ min(γ, room_b−1)} α̂_b^i
+tokens per round (Eq. 1, capped by its budget), so it needs about room_b / E_b(γ) more
+rounds. The batch runs until its slowest row is done, so the policy picks
+
+    g* = argmin_{g ≤ cap} s[g] · max_{b active} room_b / E_b(g)      (ties: the smaller g)
+
+which at batch 1 maximizes E(g) / s[g], Thm 3.8 with measured costs, and which can be
+g* = 0: speculation off. It is batch-aware: a wider call is paid by the whole batch, so
+rows whose α̂ would pay for speculation alone are switched to γ = 0 when the batch's
+slowest row does not gain enough to pay for the wider call.
+
+Sharing the wide call. All rows of a round run in one call of the bucket's width. Row b
+offers γ_b = min(g*, room_b − 1) guesses (0 when done): guessing past its budget buys
+nothing, and any γ_b < g* is free since the call is paid anyway. A row with γ_b = 0 in a
+wide round takes one token, drawn from p at its first position with the correction
+stream's key of that position, which is what the autoregressive loop draws: exact. When
+g* = 0 the whole round is the narrow branch: one 1-token target call, no draft call
+(`lax.switch` over the narrow round and one wide round per bucket, all in the one
+compiled loop: a decision never recompiles; the loop compiles len(buckets) + 1 round
+variants once).
+
+Reproducibility. Decisions depend only on the cost table and the decode state, never on
+timings taken during the decode. At T > 0 a row's tokens depend on its γ decisions (which
+position keys are consumed), so a seed reproduces its tokens exactly given the same cost
+table: save it (`CostTable.save`, the main job's COST_TABLE) and pass it back. Under
+'auto' a row's γ also depends on its batch (the batch's slowest row), so at T > 0 a row's
+tokens, not their distribution, depend on its batch mates; greedy output is always the
+target's argmax path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+PRIOR_ALPHA = 1.0
+"""α of the one prior position in each row's estimate (optimistic: try before judging)."""
+SCHEDULE_SLOTS = 64
+"""Static length of the forced-γ schedule buffer (calibration, tests)."""
+NO_LIMIT = np.iinfo(np.int32).max
+VERSION = 1
+
+
+def default_buckets(max_gamma: int) -> Tuple[int, ...]:
+  """1, 2, 4, ... below max_gamma, then max_gamma: (1, 2, 4, 7) for max_gamma = 7."""
+  out, g = [], 1
+  while g < max_gamma:
+    out.append(g)
+    g *= 2
+  return tuple(out) + (max_gamma,)
+
+
+def resolve_buckets(buckets: Sequence[int], max_gamma: int) -> Tuple[int, ...]:
+  """The config's buckets (default when empty) with max_gamma appended; ValueError past it."""
+  if not buckets:
+    return default_buckets(max_gamma)
+  if max(buckets) > max_gamma:
+    raise ValueError(f"auto_buckets {tuple(buckets)} go past the drafter's max_gamma={max_gamma}")
+  return tuple(sorted(set(buckets) | {max_gamma}))
+
+
+# ------------------------------------------------------------------------- cost table
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTable:
+  """Seconds per round of each compiled round variant, for one (models, batch, cache length).
+
+  `seconds[0]` is the narrow round (γ = 0: one 1-token target call); `seconds[i]` for
+  i ≥ 1 the round of bucket `buckets[i-1]` with that many guesses.
+  """
+
+  batch: int
+  cache_len: int
+  max_gamma: int
+  buckets: Tuple[int, ...]
+  seconds: Tuple[float, ...]
+  """float seconds per round, aligned with (0,) + buckets."""
+  models: str = ""
+  """What was measured (target and drafter), checked when a saved table is reused."""
+  samples: Tuple[int, ...] = ()
+  """Rounds timed per entry (medians)."""
+  calibration_s: float = 0.0
+  """Seconds the timed calibration rounds took (compile and prefill excluded)."""
+  platform: str = ""
+
+  def __post_init__(self):
+    object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
+    object.__setattr__(self, "seconds", tuple(float(s) for s in self.seconds))
+    object.__setattr__(self, "samples", tuple(int(s) for s in self.samples))
+    if len(self.seconds) != len(self.buckets) + 1:
+      raise ValueError(f"cost table: {len(self.seconds)} costs for γ = 0 and buckets "
+                       f"{self.buckets} (need {len(self.buckets) + 1})")
+    if not all(np.isfinite(s) and s > 0 for s in self.seconds):
+      raise ValueError(f"cost table: every cost must be a positive number of seconds, got "
+                       f"{self.seconds}")
+    if not self.buckets or self.buckets[-1] != self.max_gamma or list(self.buckets) != sorted(
+        set(self.buckets)) or self.buckets[0] < 1:
+      raise ValueError(f"cost table: buckets must increase from >= 1 to max_gamma="
+                       f"{self.max_gamma}, got {self.buckets}")
+
+  def per_gamma(self) -> np.ndarray:
+    """float32 [max_gamma + 1]: s[g], the cost of a round whose largest γ is g."""
+    out = np.empty(self.max_gamma + 1, np.float32)
+    out[0] = self.seconds[0]
+    for g in range(1, self.max_gamma + 1):
+      out[g] = self.seconds[1 + next(i for i, b in enumerate(self.buckets) if b >= g)]
+    return out
+
+  def relative(self) -> Dict[int, float]:
+    """{γ: s[γ] / s[0]} for γ = 0 and each bucket (Thm 3.8's γc + 1, measured)."""
+    return {g: s / self.seconds[0] for g, s in zip((0,) + self.buckets, self.seconds)}
+
+  def summary(self) -> Dict[str, object]:
+    """Flat, printable: ms per round and relative cost of each variant."""
+    rel = self.relative()
+    return {
+        "cost_table": f"batch {self.batch}, cache {self.cache_len}, {self.platform}",
+        "round_ms": ", ".join(f"γ={g}: {1e3 * s:.3g}" for g, s in
+                              zip((0,) + self.buckets, self.seconds)),
+        "round_cost_vs_ar": ", ".join(f"γ={g}: {r:.2f}" for g, r in rel.items()),
+        "calibration_s": self.calibration_s,
+    }
+
+  def check(self, *, batch: int, cache_len: int, max_gamma: int, buckets: Sequence[int],
+            models: str) -> None:
+    """ValueError naming the first way this table does not fit the decode it is given to."""
+    for name, have, want in (("batch size", self.batch, batch),
+                             ("cache length", self.cache_len, cache_len),
+                             ("max_gamma", self.max_gamma, max_gamma),
+                             ("buckets", self.buckets, tuple(buckets)),
+                             ("models", self.models, models)):
+      if have != want:
+        raise ValueError(f"the cost table was calibrated for {name} {have!r}, but this decode "
+                         f"has {want!r}: calibrate again (or pass a table made for it)")
+
+  def to_json(self) -> Dict[str, object]:
+    return {"version": VERSION, **dataclasses.asdict(self)}
+
+  def save(self, path: str) -> None:
+    """Writes the table as JSON (atomically: a temporary file, then a rename)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(self.to_json(), f, indent=1)
+    os.replace(tmp, path)
+
+  @staticmethod
+  def load(path: str) -> "CostTable":
+    """Reads a table written by `save`; ValueError naming what is wrong with the file."""
+    try:
+      with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise ValueError(f"cost table '{path}' cannot be read: {e}") from e
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+      raise ValueError(f"cost table '{path}' is not a specjax cost table (version {VERSION})")
+    fields = {f.name for f in dataclasses.fields(CostTable)}
+    unknown = set(data) - fields - {"version"}
+    if unknown:
+      raise ValueError(f"cost table '{path}' has unknown fields {sorted(unknown)}")
+    try:
+      return CostTable(**{k: (tuple(v) if isinstance(v, list) else v)
+                          for k, v in data.items() if k != "version"})
+    except TypeError as e:
+      raise ValueError(f"cost table '{path}' is incomplete: {e}") from e
+
+
+# ---------------------------------------------------------------------------- the policy
+
+
+def choose_gamma(costs: jax.Array, alpha_sum: jax.Array, alpha_count: jax.Array,
+                 active: jax.Array, room: jax.Array, cap: jax.Array) -> jax.Array:
+  """Each row's γ for the next round (see the module docstring).
+
+  costs: float32 [G+1] (`CostTable.per_gamma`); alpha_sum float32 [B], alpha_count int32 [B]
+  (the running α estimate); active bool [B]; room int32 [B] (tokens left in the row's
+  budget); cap int32 [] (the largest γ allowed) -> int32 [B] in [0, G].
+  """
+  max_gamma = costs.shape[0] - 1
+  alpha = jnp.clip((alpha_sum + PRIOR_ALPHA) / (alpha_count + 1.0), 0.0, 1.0)  # [B]
+  gammas = jnp.arange(max_gamma + 1)
+  tokens = jnp.cumsum(alpha[:, None] ** gammas[None, :], axis=1)  # [B, G+1]: E(α, γ), Eq. 1
+  offered = jnp.minimum(gammas[None, :], jnp.maximum(room - 1, 0)[:, None])  # [B, G+1]
+  rounds = room[:, None] / jnp.take_along_axis(tokens, offered, axis=1)  # [B, G+1]
+  slowest = jnp.max(jnp.where(active[:, None], rounds, 0.0), axis=0)  # [G+1]
+  remaining = jnp.where(gammas <= cap, costs * slowest, jnp.inf)
+  best = jnp.argmin(remaining).astype(jnp.int32)
+  return jnp.where(active, jnp.minimum(best, jnp.maximum(room - 1, 0)), 0).astype(jnp.int32)
+
+
+def forced_gamma(gamma: jax.Array, active: jax.Array, room: jax.Array) -> jax.Array:
+  """A scheduled batch γ [] applied per row as the policy would: int32 [B]."""
+  return jnp.where(active, jnp.minimum(gamma, jnp.maximum(room - 1, 0)), 0).astype(jnp.int32)
+
+
+def branch_index(gamma: jax.Array, buckets: Tuple[int, ...]) -> jax.Array:
+  """The round variant for the rows' γ [B]: 0 narrow, i ≥ 1 bucket i-1 (the smallest ≥ max γ)."""
+  most = jnp.max(gamma)
+  return jnp.where(most > 0, 1 + jnp.searchsorted(jnp.asarray(buckets), most, side="left"),
+                   0).astype(jnp.int32)
+
+
+@flax.struct.dataclass
+class AutoControl:
+  """The data the 'auto' loop reads besides its state (changing it never recompiles)."""
+
+  costs: jax.Array  # float32 [G+1]: s[g] per largest γ (`CostTable.per_gamma`)
+  cap: jax.Array  # int32 []: the largest γ the policy may pick
+  schedule: jax.Array  # int32 [SCHEDULE_SLOTS]: forced batch γ of round r (-1: the policy)
+  max_rounds: jax.Array  # int32 []: stop after this many rounds (calibration)
+  calibrate: jax.Array  # bool []: time each round, and roll every round back
+
+  @staticmethod
+  def make(costs, cap: int, schedule: Sequence[int] = (), max_rounds: int = NO_LIMIT,
+           calibrate: bool = False) -> "AutoControl":
+    if len(schedule) > SCHEDULE_SLOTS:
+      raise ValueError(f"a schedule holds at most {SCHEDULE_SLOTS} rounds, got {len(schedule)}")
+    slots = np.full(SCHEDULE_SLOTS, -1, np.int32)
+    slots[:len(schedule)] = schedule
+    return AutoControl(costs=jnp.asarray(costs, jnp.float32), cap=jnp.int32(cap),
+                       schedule=jnp.asarray(slots), max_rounds=jnp.int32(max_rounds),
+                       calibrate=jnp.bool_(calibrate))
+
+
+# --------------------------------------------------------------------------- calibration
+
+_STAMPS: List[Tuple[int, float]] = []
+
+
+def _stamp(branch, _):
+  _STAMPS.append((int(branch), time.perf_counter()))
+  return np.int32(0)
+
+
+def timestamp(calibrate: jax.Array, branch: jax.Array, state):
+  """Records (branch, time) on the host once the round's state is computed (calibration only).
+
+  The stamp reads one element of every state leaf, so it waits for the whole round, and
+  returns 0 for the caller to add to the next round's input, so the next round waits for it.
+  """
+  dep = sum(jnp.asarray(x).reshape(-1)[0].astype(jnp.float32) for x in jax.tree.leaves(state))
+  return jax.lax.cond(calibrate, lambda b, d: io_callback(
+      _stamp, jax.ShapeDtypeStruct((), jnp.int32), b, d, ordered=False),
+                      lambda b, d: jnp.int32(0), branch, dep)
+
+
+def calibration_schedule(buckets: Sequence[int], cycles: int) -> List[int]:
+  """A warm-up round, then `cycles` × (γ = 0, each bucket) interleaved."""
+  return [0] + [g for _ in range(cycles) for g in (0, *buckets)]
+
+
+def calibrate(run: Callable[[AutoControl], None], *, batch: int, cache_len: int, max_gamma: int,
+              buckets: Tuple[int, ...], models: str, cycles: int = 4) -> CostTable:
+  """Times every round variant inside the compiled loop and returns the `CostTable`.
+
+  run(control) executes the loop once with that control (blocking). The calibration
+  run follows a schedule of interleaved variants (so a busy spell hits all alike) with
+  every round rolled back (rows never finish; the loop stops after the schedule), and
+  takes the median of each variant's round times. Each round is timed from the end of
+  the previous one, so the prefill is never counted.
+  """
+  schedule = calibration_schedule(buckets, cycles)
+  choices = (0,) + tuple(buckets)
+  _STAMPS.clear()
+  run(AutoControl.make(np.ones(max_gamma + 1, np.float32), max_gamma, schedule,
+                       max_rounds=len(schedule), calibrate=True))
+  stamps = list(_STAMPS)
+  _STAMPS.clear()
+  times: Dict[int, List[float]] = {i: [] for i in range(len(choices))}
+  for (_, before), (branch, after) in zip(stamps, stamps[1:]):
+    times[branch].append(after - before)
+  missing = [choices[i] for i, t in times.items() if not t]
+  if missing:
+    raise RuntimeError(f"calibration timed no round of γ = {missing} ({len(stamps)} stamps)")
+  return CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma, buckets=buckets,
+                   seconds=tuple(statistics.median(times[i]) for i in range(len(choices))),
+                   models=models, samples=tuple(len(times[i]) for i in range(len(choices))),
+                   calibration_s=stamps[-1][1] - stamps[0][1] if stamps else 0.0,
+                   platform=jax.devices()[0].platform)
