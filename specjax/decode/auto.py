@@ -54,7 +54,6 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import io_callback
 
 PRIOR_ALPHA = 1.0
 """α of the one prior position in each row's estimate (optimistic: try before judging)."""
@@ -102,9 +101,9 @@ class CostTable:
   models: str = ""
   """What was measured (target and drafter), checked when a saved table is reused."""
   samples: Tuple[int, ...] = ()
-  """Rounds timed per entry (medians)."""
+  """Rounds timed per entry."""
   calibration_s: float = 0.0
-  """Seconds the timed calibration rounds took (compile and prefill excluded)."""
+  """Seconds the timed calibration runs took (the loop's compile excluded)."""
   platform: str = ""
 
   def __post_init__(self):
@@ -223,6 +222,20 @@ def branch_index(gamma: jax.Array, buckets: Tuple[int, ...]) -> jax.Array:
                    0).astype(jnp.int32)
 
 
+def switch_in_place(index: jax.Array, branches: Sequence[Callable], operand):
+  """branches[index](operand), each branch a while loop of 0 or 1 trips.
+
+  Same result as `lax.switch`, but XLA updates a while loop's carry in place, where a
+  conditional's branches copy every buffer they update (the KV caches: measured in the
+  compiled HLO, one copy per cache array per branch). Every branch maps the operand's
+  structure to itself.
+  """
+  for i, branch in enumerate(branches):
+    operand = jax.lax.while_loop(lambda c: c[0], lambda c, f=branch: (jnp.bool_(False), f(c[1])),
+                                 (index == i, operand))[1]
+  return operand
+
+
 @flax.struct.dataclass
 class AutoControl:
   """The data the 'auto' loop reads besides its state (changing it never recompiles)."""
@@ -231,72 +244,57 @@ class AutoControl:
   cap: jax.Array  # int32 []: the largest γ the policy may pick
   schedule: jax.Array  # int32 [SCHEDULE_SLOTS]: forced batch γ of round r (-1: the policy)
   max_rounds: jax.Array  # int32 []: stop after this many rounds (calibration)
-  calibrate: jax.Array  # bool []: time each round, and roll every round back
+  rollback: jax.Array  # bool []: undo every round's commit (calibration: rows never move)
 
   @staticmethod
   def make(costs, cap: int, schedule: Sequence[int] = (), max_rounds: int = NO_LIMIT,
-           calibrate: bool = False) -> "AutoControl":
+           rollback: bool = False) -> "AutoControl":
     if len(schedule) > SCHEDULE_SLOTS:
       raise ValueError(f"a schedule holds at most {SCHEDULE_SLOTS} rounds, got {len(schedule)}")
     slots = np.full(SCHEDULE_SLOTS, -1, np.int32)
     slots[:len(schedule)] = schedule
     return AutoControl(costs=jnp.asarray(costs, jnp.float32), cap=jnp.int32(cap),
                        schedule=jnp.asarray(slots), max_rounds=jnp.int32(max_rounds),
-                       calibrate=jnp.bool_(calibrate))
+                       rollback=jnp.bool_(rollback))
 
 
 # --------------------------------------------------------------------------- calibration
 
-_STAMPS: List[Tuple[int, float]] = []
 
-
-def _stamp(branch, _):
-  _STAMPS.append((int(branch), time.perf_counter()))
-  return np.int32(0)
-
-
-def timestamp(calibrate: jax.Array, branch: jax.Array, state):
-  """Records (branch, time) on the host once the round's state is computed (calibration only).
-
-  The stamp reads one element of every state leaf, so it waits for the whole round, and
-  returns 0 for the caller to add to the next round's input, so the next round waits for it.
-  """
-  dep = sum(jnp.asarray(x).reshape(-1)[0].astype(jnp.float32) for x in jax.tree.leaves(state))
-  return jax.lax.cond(calibrate, lambda b, d: io_callback(
-      _stamp, jax.ShapeDtypeStruct((), jnp.int32), b, d, ordered=False),
-                      lambda b, d: jnp.int32(0), branch, dep)
-
-
-def calibration_schedule(buckets: Sequence[int], cycles: int) -> List[int]:
-  """A warm-up round, then `cycles` × (γ = 0, each bucket) interleaved."""
-  return [0] + [g for _ in range(cycles) for g in (0, *buckets)]
-
-
-def calibrate(run: Callable[[AutoControl], None], *, batch: int, cache_len: int, max_gamma: int,
-              buckets: Tuple[int, ...], models: str, cycles: int = 4) -> CostTable:
+def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: int,
+              max_gamma: int, buckets: Tuple[int, ...], models: str, rounds: int = 6,
+              repeats: int = 3) -> CostTable:
   """Times every round variant inside the compiled loop and returns the `CostTable`.
 
-  run(control) executes the loop once with that control (blocking). The calibration
-  run follows a schedule of interleaved variants (so a busy spell hits all alike) with
-  every round rolled back (rows never finish; the loop stops after the schedule), and
-  takes the median of each variant's round times. Each round is timed from the end of
-  the previous one, so the prefill is never counted.
+  run(control) executes the loop once with that control (blocking). Each timed run
+  forces one variant for `rounds` rounds, every round rolled back (rows never finish
+  and never move, so every round does the same work), and a run of 0 rounds gives the
+  fixed part (prefill, transfers), so a variant's round costs (t − t₀) / rounds. The
+  runs are interleaved (t₀, γ = 0, each bucket, repeated `repeats` times: a busy spell
+  hits all variants alike) and each cost is the median over repeats.
   """
-  schedule = calibration_schedule(buckets, cycles)
+  if not 1 <= rounds <= SCHEDULE_SLOTS:
+    raise ValueError(f"calibration rounds must be in [1, {SCHEDULE_SLOTS}], got {rounds}")
   choices = (0,) + tuple(buckets)
-  _STAMPS.clear()
-  run(AutoControl.make(np.ones(max_gamma + 1, np.float32), max_gamma, schedule,
-                       max_rounds=len(schedule), calibrate=True))
-  stamps = list(_STAMPS)
-  _STAMPS.clear()
-  times: Dict[int, List[float]] = {i: [] for i in range(len(choices))}
-  for (_, before), (branch, after) in zip(stamps, stamps[1:]):
-    times[branch].append(after - before)
-  missing = [choices[i] for i, t in times.items() if not t]
-  if missing:
-    raise RuntimeError(f"calibration timed no round of γ = {missing} ({len(stamps)} stamps)")
+  ones = np.ones(max_gamma + 1, np.float32)
+
+  def timed(gamma: int, count: int) -> float:
+    control = AutoControl.make(ones, max_gamma, [gamma] * count, max_rounds=count,
+                               rollback=True)
+    start = time.perf_counter()
+    run(control)
+    return time.perf_counter() - start
+
+  timed(0, 1)  # compiles the loop, if this is its first use
+  costs: Dict[int, List[float]] = {g: [] for g in choices}
+  start = time.perf_counter()
+  for _ in range(repeats):
+    base = timed(0, 0)
+    for g in choices:
+      costs[g].append((timed(g, rounds) - base) / rounds)
+  spent = time.perf_counter() - start
+  # A cost at or below 0 is noise swamping a tiny round: floor it at a microsecond.
+  seconds = tuple(max(statistics.median(costs[g]), 1e-6) for g in choices)
   return CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma, buckets=buckets,
-                   seconds=tuple(statistics.median(times[i]) for i in range(len(choices))),
-                   models=models, samples=tuple(len(times[i]) for i in range(len(choices))),
-                   calibration_s=stamps[-1][1] - stamps[0][1] if stamps else 0.0,
-                   platform=jax.devices()[0].platform)
+                   seconds=seconds, models=models, samples=(repeats * rounds,) * len(choices),
+                   calibration_s=spent, platform=jax.devices()[0].platform)

@@ -169,15 +169,22 @@ def _speculative(target, drafter, config, partitioner, target_params, drafter_pa
       round_keys = jax.vmap(jax.random.fold_in)(keys, state.length)
     proposal, drafter_state = _draft(drafter, drafter_params, state, round_keys, config)
 
-    def score_and_verify(guesses: int):
-      logits, cache = _score(target, target_params, state, proposal, encoded, guesses)
+    def score_and_verify(guesses: int, carry):
+      # The cache comes in through the carry (not the closure), so it is updated in place.
+      logits, cache = _score(target, target_params, state.replace(cache=carry[1]), proposal,
+                             encoded, guesses)
       return _verify(config, round_keys, state, proposal, logits), cache
 
     if len(buckets) == 1:
-      verdict, cache = score_and_verify(buckets[0])
+      verdict, cache = score_and_verify(buckets[0], (None, state.cache))
     else:  # only the target call and verification depend on the width
-      verdict, cache = jax.lax.switch(auto.branch_index(state.gamma, buckets) - 1,
-                                      [functools.partial(score_and_verify, b) for b in buckets])
+      batch = state.length.shape[0]
+      blank = Verdict(n=jnp.zeros((batch,), jnp.int32), token=jnp.zeros((batch,), jnp.int32),
+                      overlap=jnp.zeros((batch, max_gamma), jnp.float32),
+                      bad=jnp.zeros((batch,), jnp.bool_))
+      verdict, cache = auto.switch_in_place(
+          auto.branch_index(state.gamma, buckets) - 1,
+          [functools.partial(score_and_verify, b) for b in buckets], (blank, state.cache))
     after = _commit(config, drafter, state, proposal, verdict, cache, drafter_state, prefix_len,
                     max_new_tokens)
     return constrain(partitioner, _record(config, state, after, proposal, verdict, max_gamma))
@@ -208,11 +215,11 @@ def _auto_round(narrow, wide, buckets, control: auto.AutoControl, prefix_len, ma
                     auto.choose_gamma(control.costs, state.alpha_sum, state.alpha_count, active,
                                       room, control.cap))
   branch = auto.branch_index(gamma, buckets)
-  after = jax.lax.cond(branch > 0, wide, narrow, state.replace(gamma=gamma))
-  # Calibration times each round and rolls it back: rows never finish, lengths never move.
-  tick = auto.timestamp(control.calibrate, branch, after)
-  return after.replace(length=jnp.where(control.calibrate, state.length, after.length) + tick,
-                       done=jnp.where(control.calibrate, state.done, after.done))
+  after = auto.switch_in_place(jnp.minimum(branch, 1), [narrow, wide], state.replace(gamma=gamma))
+  # Calibration rolls every round back (rows never move or finish: each round is the same
+  # work); stale cache slots past a row's length are never read, as after a rejection.
+  return after.replace(length=jnp.where(control.rollback, state.length, after.length),
+                       done=jnp.where(control.rollback, state.done, after.done))
 
 
 def speculative_decode(target: DecodingModel, target_params: Any, drafter: Drafter,
@@ -274,22 +281,23 @@ def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
                     drafter_params: Any, inputs, *, max_new_tokens: int,
                     config: DecodeConfig = DecodeConfig(gamma_policy="auto"), prompt_lengths=None,
                     partitioner: Optional[Partitioner] = None, rng: Optional[jax.Array] = None,
-                    cycles: int = 4) -> auto.CostTable:
+                    rounds: int = 6, repeats: int = 3) -> auto.CostTable:
   """Measures the 'auto' policy's `CostTable` for these models, batch and cache length.
 
-  Runs the compiled speculative loop (the same executable the decode uses: no extra
-  compile) once on `inputs`, forcing `cycles` × (γ = 0, each bucket) rounds in turn,
-  each rolled back, and takes each variant's median round time (`auto.calibrate`).
-  The timed rounds take cycles × (buckets + 1) + 1 rounds: milliseconds on an
-  accelerator, longer on a loaded CPU at large batch (reported as `calibration_s`).
-  Arguments as for `speculative_decode`; config must use gamma_policy='auto'.
+  Runs the compiled speculative loop on `inputs` (the same executable the decode uses:
+  no extra compile), each run forcing one round variant (γ = 0 or a bucket) for
+  `rounds` rolled-back rounds, beside runs of 0 rounds for the fixed part
+  (`auto.calibrate`). That is repeats × (1 + (buckets + 1) × (rounds + 1)) round-sized
+  pieces of work: milliseconds on an accelerator, up to seconds on a loaded CPU at
+  large batch (reported as `calibration_s`). Arguments as for `speculative_decode`;
+  config must use gamma_policy='auto'.
   """
   if config.gamma_policy != "auto":
     raise ValueError(f"calibrate_costs needs gamma_policy='auto', got {config.gamma_policy!r}")
   rng = jax.random.PRNGKey(0) if rng is None else rng
   call = _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tokens,
                   config, prompt_lengths, partitioner, rng)
-  return _calibrate(call, cycles)
+  return _calibrate(call, rounds, repeats)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,12 +345,13 @@ def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tok
                max_new_tokens=max_new_tokens, run=run)
 
 
-def _calibrate(call: _Call, cycles: int = 4) -> auto.CostTable:
+def _calibrate(call: _Call, rounds: int = 6, repeats: int = 3) -> auto.CostTable:
   # Rounds are rolled back, so the budget only has to let every bucket's γ be offered.
   budget = max(call.max_new_tokens, call.max_gamma + 1)
   table = auto.calibrate(lambda control: jax.block_until_ready(call.run(budget, 1, control)),
                          batch=call.batch, cache_len=call.cache_len, max_gamma=call.max_gamma,
-                         buckets=call.buckets, models=call.models, cycles=cycles)
+                         buckets=call.buckets, models=call.models, rounds=rounds,
+                         repeats=repeats)
   _CALIBRATED[call.key] = table
   return table
 
