@@ -84,6 +84,19 @@ def resolve_buckets(buckets: Sequence[int], max_gamma: int) -> Tuple[int, ...]:
 # ------------------------------------------------------------------------- cost table
 
 
+def describe(obj) -> str:
+  """A stable description of a model or drafter: dataclass fields and model configs, never
+  an object address (it names what a saved cost table was measured on)."""
+  if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    fields = ", ".join(f"{f.name}={describe(getattr(obj, f.name))}"
+                       for f in dataclasses.fields(obj))
+    return f"{type(obj).__name__}({fields})"
+  config = getattr(obj, "config", None)
+  if config is not None:
+    return f"{type(obj).__name__}({describe(config)})"
+  return repr(obj)
+
+
 @dataclasses.dataclass(frozen=True)
 class CostTable:
   """Seconds per round of each compiled round variant, for one (models, batch, cache length).

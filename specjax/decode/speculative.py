@@ -340,7 +340,8 @@ def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tok
         jnp.int32(budget), jnp.int32(gamma), control), batch)
 
   return _Call(key=(target, drafter, config, partitioner, inputs.shape, cache_len),
-               models=f"target {target!r}; drafter {drafter!r}", batch=batch,
+               models=f"target {auto.describe(target)}; drafter {auto.describe(drafter)}",
+               batch=batch,
                cache_len=cache_len, max_gamma=drafter.max_gamma, buckets=buckets,
                max_new_tokens=max_new_tokens, run=run)
 

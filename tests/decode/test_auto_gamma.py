@@ -70,7 +70,8 @@ def _table(seconds, batch, max_gamma=2, cache_len=16, drafter=None):
   drafter = drafter or ModelDrafter(TableModel(V), max_gamma=max_gamma)
   return auto.CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma,
                         buckets=auto.default_buckets(max_gamma), seconds=seconds,
-                        models=f"target {TableModel(V)!r}; drafter {drafter!r}")
+                        models=f"target {auto.describe(TableModel(V))}; "
+                               f"drafter {auto.describe(drafter)}")
 
 
 def _joint_tv(tokens, law):
