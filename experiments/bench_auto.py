@@ -28,7 +28,7 @@ import numpy as np
 from experiments import common
 from specjax.decode import autoregressive_decode, calibrate_costs, speculative_decode
 
-FAST = dict(batches=(1,), temperatures=(0.0,), gammas=(1, 2), max_new_tokens=8, repeats=1,
+FAST = dict(batches=(1,), temperatures=(0.0,), gammas=(1,), max_new_tokens=8, repeats=1,
             max_input_len=16)
 BAR = 0.95
 
