@@ -27,11 +27,11 @@ Sharing the wide call. All rows of a round run in one call of the bucket's width
 offers γ_b = min(g*, room_b − 1) guesses (0 when done): guessing past its budget buys
 nothing, and any γ_b < g* is free since the call is paid anyway. A row with γ_b = 0 in a
 wide round takes one token, drawn from p at its first position with the correction
-stream's key of that position, which is what the autoregressive loop draws: exact. When
-g* = 0 the whole round is the narrow branch: one 1-token target call, no draft call
-(`lax.switch` over the narrow round and one wide round per bucket, all in the one
-compiled loop: a decision never recompiles; the loop compiles len(buckets) + 1 round
-variants once).
+stream's key of that position (Algorithm 1 with no guess offered; with the reference
+verifier it is the autoregressive loop's own draw): exact. When g* = 0 the whole round is
+the narrow branch: one 1-token target call, no draft call. The narrow round and the
+target call of each bucket's width are compiled once into the one loop
+(`switch_in_place`): a decision never recompiles.
 
 Reproducibility. Decisions depend only on the cost table and the decode state, never on
 timings taken during the decode. At T > 0 a row's tokens depend on its γ decisions (which
@@ -48,7 +48,7 @@ import json
 import os
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import flax
 import jax

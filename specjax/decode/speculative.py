@@ -15,9 +15,9 @@ does not recompile.
 
 Under the 'auto' γ policy (`specjax.decode.auto`) each round first picks every row's
 γ in [0, max_gamma], then runs one of len(buckets) + 1 compiled round variants
-(`lax.switch`): the narrow round (all γ = 0: one 1-token target call, no draft call,
-an autoregressive step) or the round above at the width of the smallest bucket ≥ the
-batch's largest γ.
+(`auto.switch_in_place`): the narrow round (all γ = 0: one 1-token target call, no
+draft call, an autoregressive step) or the round above with its target call at the
+width of the smallest bucket ≥ the batch's largest γ.
 """
 from __future__ import annotations
 
@@ -287,8 +287,8 @@ def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
   Runs the compiled speculative loop on `inputs` (the same executable the decode uses:
   no extra compile), each run forcing one round variant (γ = 0 or a bucket) for
   `rounds` rolled-back rounds, beside runs of 0 rounds for the fixed part
-  (`auto.calibrate`). That is repeats × (1 + (buckets + 1) × (rounds + 1)) round-sized
-  pieces of work: milliseconds on an accelerator, up to seconds on a loaded CPU at
+  (`auto.calibrate`): repeats × (1 + len(buckets) + 1) runs holding repeats × (len(buckets)
+  + 1) × rounds rounds, milliseconds on an accelerator, up to seconds on a loaded CPU at
   large batch (reported as `calibration_s`). Arguments as for `speculative_decode`;
   config must use gamma_policy='auto'.
   """
@@ -341,8 +341,7 @@ def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tok
 
   return _Call(key=(target, drafter, config, partitioner, inputs.shape, cache_len),
                models=f"target {auto.describe(target)}; drafter {auto.describe(drafter)}",
-               batch=batch,
-               cache_len=cache_len, max_gamma=drafter.max_gamma, buckets=buckets,
+               batch=batch, cache_len=cache_len, max_gamma=drafter.max_gamma, buckets=buckets,
                max_new_tokens=max_new_tokens, run=run)
 
 
