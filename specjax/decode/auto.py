@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import statistics
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -284,7 +283,8 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   and never move, so every round does the same work), and a run of 0 rounds gives the
   fixed part (prefill, transfers), so a variant's round costs (t − t₀) / rounds. The
   runs are interleaved (t₀, γ = 0, each bucket, repeated `repeats` times: a busy spell
-  hits all variants alike) and each cost is the median over repeats.
+  hits all variants alike) and t, t₀ are each variant's fastest run: on a shared machine
+  noise only ever adds time, and medians of 3 on a busy 2-core CPU reordered buckets.
   """
   if not 1 <= rounds <= SCHEDULE_SLOTS:
     raise ValueError(f"calibration rounds must be in [1, {SCHEDULE_SLOTS}], got {rounds}")
@@ -299,15 +299,15 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
     return time.perf_counter() - start
 
   timed(0, 1)  # compiles the loop, if this is its first use
-  costs: Dict[int, List[float]] = {g: [] for g in choices}
+  runs: Dict[int, List[float]] = {g: [] for g in (-1,) + choices}  # -1: the 0-round runs
   start = time.perf_counter()
   for _ in range(repeats):
-    base = timed(0, 0)
+    runs[-1].append(timed(0, 0))
     for g in choices:
-      costs[g].append((timed(g, rounds) - base) / rounds)
+      runs[g].append(timed(g, rounds))
   spent = time.perf_counter() - start
   # A cost at or below 0 is noise swamping a tiny round: floor it at a microsecond.
-  seconds = tuple(max(statistics.median(costs[g]), 1e-6) for g in choices)
+  seconds = tuple(max((min(runs[g]) - min(runs[-1])) / rounds, 1e-6) for g in choices)
   return CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma, buckets=buckets,
                    seconds=seconds, models=models, samples=(repeats * rounds,) * len(choices),
                    calibration_s=spent, platform=jax.devices()[0].platform)
