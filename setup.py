@@ -39,5 +39,5 @@ setup(
                         "ipykernel>=6.29"],
         "hf": ["torch==2.13.0", "transformers>=5"],
     },
-    entry_points={"console_scripts": ["specjax=specjax.main:run"]},
+    entry_points={"console_scripts": ["specjax=specjax.main:cli"]},
 )

@@ -15,6 +15,7 @@ are then bound with `gin.bind_parameter`.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -158,7 +159,8 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str
 
 
 CODE_MACROS = frozenset({*MODEL_MACROS.values(), "DEFAULT_TASK", "TARGET_CHECKPOINT",
-                         "DRAFT_CHECKPOINT", "PAIR_TASK"})
+                         "DRAFT_CHECKPOINT", "PAIR_TASK", "MIXTURE_OR_TASK_NAME",
+                         "MIXTURE_OR_TASK_MODULE", "TASK_FEATURE_LENGTHS"})
 """Macros read by code (`query_macro`) rather than by other bindings."""
 
 _MACRO_BINDING = re.compile(r"^\s*([A-Za-z_]\w*)\s*=")
@@ -193,13 +195,32 @@ def _parse_files_and_bindings(files: Sequence[str], bindings: Sequence[str],
                               paths: Sequence[str]) -> None:
   """gin's parse; a syntax error becomes a ValueError naming the file (or binding) and line."""
   try:
-    gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+    with _quiet_path_probes():
+      gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
   except SyntaxError as e:
     where = f"'{e.filename}', line {e.lineno}" if e.filename else "a --gin binding"
     raise ValueError(f"gin syntax error in {where}: {e.msg}\n  {(e.text or '').rstrip()}") from e
   except tokenize.TokenError as e:
     raise ValueError(f"gin syntax error in {_token_error_site(files, bindings, paths)}: "
                      f"{e.args[0] if e.args else 'unbalanced brackets or quotes'}") from e
+
+
+class _PathProbeFilter(logging.Filter):
+  """Drops gin's 'Path not found' errors: gin logs one for every search path an include is
+  not under (its Python-package reader) before it finds the file on the next one."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.levelno == logging.ERROR and record.msg == "Path not found: %s")
+
+
+@contextlib.contextmanager
+def _quiet_path_probes():
+  probe_filter = _PathProbeFilter()
+  logging.getLogger().addFilter(probe_filter)
+  try:
+    yield
+  finally:
+    logging.getLogger().removeFilter(probe_filter)
 
 
 def _unbalanced(text: str) -> Optional[str]:

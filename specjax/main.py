@@ -4,11 +4,20 @@
   python -m specjax.main --gin_file=runs/decode.gin \\
       --gin.TARGET_CHECKPOINT="'/ckpt/t5_xxl'" --gin.TARGET_MODEL="'models/t5_1_1_xxl.gin'" \\
       --gin.DRAFT_CHECKPOINT="'/ckpt/t5_small'" --gin.DRAFT_MODEL="'models/t5_1_1_small.gin'" \\
+      --gin.VOCABULARY="'/vocabs/cc_all.32000/sentencepiece.model'" \\
       --prompt "translate English to German: The house is wonderful."
+
+Your own T5X checkpoints bring their own vocabulary: bind VOCABULARY (a SentencePiece
+model path, or T5X's `@seqio.SentencePieceVocabulary()`); inputs may also come from any
+registered seqio task (--task, or MIXTURE_OR_TASK_NAME with TASK_FEATURE_LENGTHS). See
+runs/decode.gin and the README's "Use your own T5X checkpoints".
 
 Prints the outputs, a Figure-1 trace of the first example and a summary table
 (α, tokens per target call, walltimes, speedup, greedy identity); writes the
-same as JSON lines to `output_dir`.
+same to `output_dir`: results.jsonl with T5X infer.py's fields (`inputs`,
+`prediction`, `prediction_tokens`, `score` when asked) and specjax's, and
+summary.json. As the `specjax` command (`cli`), a user's error is one line on
+stderr and exit status 2 (`--verbose` adds the traceback).
 
 Many devices: `--gin.NUM_PARTITIONS=8` splits each model over 8 devices (the
 'model' mesh axis; the rest of `jax.devices()` is the 'data' axis, see
@@ -17,13 +26,11 @@ every host and run this same command on each (jax.devices() then spans all).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+import traceback
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 import jax
@@ -31,17 +38,25 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
-from specjax import bundled, gin_config, report
+from specjax import bundled, gin_config, records as records_lib, report
+from specjax import cli as cli_lib
 from specjax.checkpoints import load_sharded, load_t5x_for_model
-from specjax.decode import (CostTable, DecodeConfig, autoregressive_decode, calibrate_costs,
-                            speculative_decode)
+from specjax.data import Vocab
+from specjax.data import inputs as inputs_lib
+from specjax.data.user_vocab import BUNDLED, describe as describe_vocab
+from specjax.data.user_vocab import resolve_vocabulary, vocabulary_difference
+from specjax.decode import (GAMMA_POLICIES, CostTable, DecodeConfig, autoregressive_decode,
+                            calibrate_costs, speculative_decode)
+from specjax.decode import prompts
 from specjax.decode.inputs import check_cache_size, check_count, drafter_models
+from specjax.decode.scoring import sequence_scores
 from specjax.draft import ModelDrafter, PromptLookupDrafter
 from specjax.models import build_model
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
-from specjax.verify import ReferenceVerifier, describe
-from specjax.data import load_vocab
+from specjax.verify import default_verifier, describe
+
+gin_config.register(Vocab, "specjax.data")  # VOCABULARY = @Vocab() (model_path, extra_ids)
 
 
 def load_model(checkpoint: Optional[str], scope: str, seed: int,
@@ -72,23 +87,62 @@ def encode_inputs(vocab, texts: Sequence[str], encoder_decoder: bool, max_len: i
   """Texts -> int32 [B, L] (0-padded). Encoder inputs end with EOS; LM prompts do not.
 
   A text longer than `max_len` tokens is cut to its first max_len - 1 tokens + EOS (T5) or
-  first max_len tokens (LM), with a logged warning naming the example.
+  first max_len tokens (LM), with a logged warning naming the example. (The bundled
+  pairs' framing; `specjax.decode.prompts.frame` frames for any model's convention.)
   """
-  rows = []
-  keep = max_len - 1 if encoder_decoder else max_len
-  for index, text in enumerate(texts):
-    ids = vocab.encode(text)
-    if len(ids) > keep:
-      logging.warning("input %d has %d tokens, more than max_input_len=%d: keeping its first %d "
-                      "tokens%s and dropping the last %d", index, len(ids), max_len, keep,
-                      " + EOS" if encoder_decoder else "", len(ids) - keep)
-      ids = ids[:keep]
-    rows.append(ids + [vocab.eos_id] if encoder_decoder else ids)
-  width = max(len(r) for r in rows)
-  out = np.zeros((len(rows), width), np.int32)
+  rows = [vocab.encode(t) + ([vocab.eos_id] if encoder_decoder else []) for t in texts]
+  rows = prompts.cut(rows, max_len, vocab.eos_id)
+  out = np.zeros((len(rows), max(len(r) for r in rows)), np.int32)
   for i, r in enumerate(rows):
     out[i, :len(r)] = r
   return out
+
+
+def _is_bundled(checkpoint: Any) -> bool:
+  return isinstance(checkpoint, str) and checkpoint.startswith(bundled.PREFIX)
+
+
+def job_vocabulary(vocabulary: Any, draft_vocabulary: Any, task_vocabulary: Any,
+                   checkpoints: Sequence[Any]):
+  """The run's vocabulary: VOCABULARY, else the task's, else the bundled one for the bundled
+  pairs (all `checkpoints` 'bundled:...'); ValueError when none applies or two differ."""
+  if vocabulary is not None:
+    vocab = resolve_vocabulary(vocabulary)
+  elif task_vocabulary is not None:
+    vocab = resolve_vocabulary(task_vocabulary)
+  elif checkpoints and all(_is_bundled(c) for c in checkpoints):
+    vocab = resolve_vocabulary(BUNDLED)
+  else:
+    raise ValueError(
+        "no vocabulary: bind VOCABULARY to the checkpoints' own (a SentencePiece model path, "
+        "e.g. --gin.VOCABULARY=\"'/path/sentencepiece.model'\", or @seqio.SentencePieceVocabulary() "
+        f"as in T5X's gin); the bundled vocabulary ({BUNDLED!r}) is the default only for the "
+        "bundled pairs")
+  for what, other in (("the task's vocabulary", task_vocabulary),
+                      ("DRAFT_VOCABULARY", draft_vocabulary)):
+    if other is None or other is vocabulary:
+      continue
+    other = resolve_vocabulary(other)
+    difference = vocabulary_difference(vocab, other)
+    if difference:
+      raise ValueError(f"vocabulary mismatch: {what} ({describe_vocab(other)}) differs from "
+                       f"the run's ({describe_vocab(vocab)}): {difference}; target, draft and "
+                       "inputs must share one vocabulary")
+  return vocab
+
+
+def check_models(vocab: Any, models: Dict[str, Any]) -> None:
+  """ValueError unless every model's logits cover the vocabulary (a larger vocab_size is fine,
+  as T5's 32128 for 32100 ids) and all frame prompts alike."""
+  for role, model in models.items():
+    if model.vocab_size < vocab.vocab_size:
+      raise ValueError(f"the {role} model's vocab_size {model.vocab_size} is smaller than the "
+                       f"vocabulary's {vocab.vocab_size} ids ({describe_vocab(vocab)}): "
+                       "wrong VOCABULARY or model gin file?")
+  conventions = {role: prompts.convention(m) for role, m in models.items()}
+  if len(set(conventions.values())) > 1:
+    raise ValueError(f"target and draft frame prompts differently ({conventions}): give both "
+                     "the same DecoderOnlyConfig.prompt_convention")
 
 
 def check_settings(*, drafter: str, gamma: Any, max_gamma: Any, max_new_tokens: Any,
@@ -146,22 +200,36 @@ def _timed(fn):
   return out, time.perf_counter() - start
 
 
+def _feature_lengths(task_feature_lengths: Any) -> Dict[str, int]:
+  """TASK_FEATURE_LENGTHS checked: a dict of feature name -> length >= 1 (None: {})."""
+  if task_feature_lengths is None:
+    return {}
+  if not isinstance(task_feature_lengths, Mapping):
+    raise ValueError("TASK_FEATURE_LENGTHS must be a dict such as {'inputs': 64, 'targets': 32}, "
+                     f"got {task_feature_lengths!r}")
+  return {k: check_count(f"TASK_FEATURE_LENGTHS['{k}']", v)
+          for k, v in task_feature_lengths.items()}
+
+
 @gin.register(module="specjax.main")
-def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
+def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                draft_checkpoint: Optional[str] = None, drafter: str = "model", gamma: int = 4,
                max_gamma: Optional[int] = None, max_new_tokens: int = 32,
                sampling: Sampling = Sampling(temperature=0.0), lenience: float = 1.0,
                batch_size: int = 8, max_input_len: int = 128, seed: int = 0,
-               verifier=ReferenceVerifier(), gamma_policy: str = "auto",
-               cost_table: Optional[str] = None,
+               verifier=None, gamma_policy: str = "auto", cost_table: Optional[str] = None,
                output_dir: Optional[str] = "out/decode", plain: bool = False,
                partitioner: Optional[Partitioner] = None,
+               vocabulary: Any = None, draft_vocabulary: Any = None,
+               task_vocabulary: Any = None, task_feature_lengths: Optional[Mapping] = None,
+               write_scores: bool = False,
                console: Optional[Console] = None,
                on_batch: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
   """Runs autoregressive and speculative decoding on `texts`; prints and writes a report.
 
   Args:
-    texts: the inputs (source sentences for T5, prompts for a decoder-only LM).
+    texts: the inputs: strings (source sentences for T5, prompts for a decoder-only LM) or
+      `specjax.data.DecodeInput`s (a seqio task's examples, with its token ids).
     target_checkpoint / draft_checkpoint: T5X checkpoints (None: random init, smoke runs only).
     drafter: 'model' (the draft checkpoint) or 'prompt_lookup'.
     gamma: guesses per round ('auto': the largest γ it may pick); max_gamma: the static
@@ -175,34 +243,61 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
     max_new_tokens: generation budget per example.
     sampling: standardization for both models; lenience: l in (0, 1] (1 = exact).
     batch_size: examples per decode call.
+    max_input_len: input tokens kept per example (EOS included; a BOS comes on top).
     verifier: a `specjax.verify` verifier; the sigmoid one is NOT exact (flagged in output).
+      None: `specjax.verify.default_verifier` (block at T > 0 and lenience 1, else reference).
     output_dir: where `results.jsonl` and `summary.json` go (None: nowhere).
     partitioner: a `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a
       device mesh; None: one device.
+    vocabulary: VOCABULARY: a SentencePiece model path, 'bundled:specjax_8k', a `Vocab` or a
+      seqio.Vocabulary. None: the task's vocabulary, or the bundled one when both
+      checkpoints are bundled pairs; otherwise an error.
+    draft_vocabulary: DRAFT_VOCABULARY, checked to be the same vocabulary (None: shared).
+    task_vocabulary: the vocabulary of the seqio task the inputs came from (checked too).
+    task_feature_lengths: TASK_FEATURE_LENGTHS: 'inputs' sets max_input_len and 'targets'
+      max_new_tokens (T5X's lengths), when given.
+    write_scores: WRITE_SCORES: add each prediction's log-likelihood under the target.
     on_batch: called as on_batch(examples_done, examples_total) after each batch (a progress
       hook). Ctrl-C (KeyboardInterrupt) between batches stops the job with a message.
-  Every setting, the output folder and the caches' size are checked before any model loads.
+  Every setting, the vocabulary, the output folder and the caches' size are checked before
+  any weights load.
   Returns:
     The summary dict.
   """
   console = console or Console()
+  lengths = _feature_lengths(task_feature_lengths)
+  max_input_len = lengths.get("inputs", max_input_len)
+  max_new_tokens = lengths.get("targets", max_new_tokens)
   max_gamma = check_settings(drafter=drafter, gamma=gamma, max_gamma=max_gamma,
                              max_new_tokens=max_new_tokens, batch_size=batch_size,
                              max_input_len=max_input_len, seed=seed)
-  if not texts:
+  examples = inputs_lib.as_inputs(texts)
+  if not examples:
     raise ValueError("no inputs to decode")
   prepare_output_dir(output_dir)
-  vocab = load_vocab()
-  config = DecodeConfig(sampling=sampling, eos_id=vocab.eos_id, lenience=lenience,
-                        verifier=verifier, gamma_policy=gamma_policy,
-                        cache_len=max_input_len + max_new_tokens + max_gamma + 1)
+  if gamma_policy not in GAMMA_POLICIES:
+    raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {gamma_policy!r}")
   costs = _cost_table_file(cost_table, gamma_policy)
   target = build_model(gin_config.model_config("target"))
+  models = {"target": target}
   if drafter == "model":
-    draft = build_model(gin_config.model_config("draft"))
+    draft = models["draft"] = build_model(gin_config.model_config("draft"))
     the_drafter = ModelDrafter(draft, max_gamma=max_gamma)
   else:
     the_drafter = PromptLookupDrafter(vocab=target.vocab_size, max_gamma=max_gamma)
+  vocab = job_vocabulary(vocabulary, draft_vocabulary, task_vocabulary,
+                         [target_checkpoint] + ([draft_checkpoint] if drafter == "model" else []))
+  check_models(vocab, models)
+  rows = [list(e.ids) if e.ids is not None else prompts.text_ids(vocab, e.text, target)
+          for e in examples]
+  inputs, prompt_lengths = prompts.frame(target, rows, max_len=max_input_len,
+                                         eos_id=vocab.eos_id, round_to=16)
+  bos = int(prompts.convention(target) == "t5x")
+  if verifier is None:
+    verifier = default_verifier(sampling, lenience)
+  config = DecodeConfig(sampling=sampling, eos_id=vocab.eos_id, lenience=lenience,
+                        verifier=verifier, gamma_policy=gamma_policy,
+                        cache_len=max_input_len + bos + max_new_tokens + max_gamma + 1)
   check_cache_size([target, *drafter_models(the_drafter)], batch_size, config.cache_len,
                    partitioner)
   target_params = load_params(target, target_checkpoint, seed, partitioner)
@@ -211,7 +306,6 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
   if not verifier.exact:
     console.print(f"[bold red]WARNING:[/bold red] {describe(verifier)}: speculative outputs are "
                   "NOT distributed as the target's")
-  inputs = encode_inputs(vocab, texts, target.is_encoder_decoder, max_input_len)
   rng = jax.random.PRNGKey(seed)
   records: List[Dict[str, Any]] = []
   totals = dict(ar_s=0.0, spec_s=0.0, ar_compile_s=0.0, spec_compile_s=0.0, identical=True)
@@ -220,29 +314,32 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
   first_trace = None
   try:
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
-      task = progress.add_task("decoding", total=len(texts))
-      for start in range(0, len(texts), batch_size):
+      task = progress.add_task("decoding", total=len(examples))
+      for start in range(0, len(examples), batch_size):
         batch = inputs[start:start + batch_size]
+        lens = None if prompt_lengths is None else prompt_lengths[start:start + batch_size]
         pad = batch_size - len(batch)  # keep one shape: no recompiles on the last batch
-        batch = np.concatenate([batch, np.repeat(batch[-1:], pad, 0)]) if pad else batch
+        if pad:
+          batch = np.concatenate([batch, np.repeat(batch[-1:], pad, 0)])
+          lens = None if lens is None else np.concatenate([lens, np.repeat(lens[-1:], pad)])
         keys = jax.random.split(jax.random.fold_in(rng, start), batch_size)
         ar = lambda: autoregressive_decode(target, target_params, batch,
                                            max_new_tokens=max_new_tokens, rng=keys, config=config,
-                                           partitioner=partitioner)
+                                           prompt_lengths=lens, partitioner=partitioner)
         spec_config = DecodeConfig(**{**config.__dict__, "trace": True})
         calibrate_s = 0.0
         if gamma_policy == "auto" and costs is None:  # once; its compile counts as the loop's
           calibrate_s = time.perf_counter()
           costs = calibrate_costs(target, target_params, the_drafter, draft_params, batch,
                                   max_new_tokens=max_new_tokens, config=spec_config, rng=keys,
-                                  partitioner=partitioner)
+                                  prompt_lengths=lens, partitioner=partitioner)
           calibrate_s = time.perf_counter() - calibrate_s
           if cost_table:
             costs.save(cost_table)
         spec = lambda: speculative_decode(target, target_params, the_drafter, draft_params, batch,
                                           max_new_tokens=max_new_tokens, gamma=gamma, rng=keys,
-                                          config=spec_config, partitioner=partitioner,
-                                          costs=costs)
+                                          config=spec_config, prompt_lengths=lens,
+                                          partitioner=partitioner, costs=costs)
         if start == 0:  # compile (and warm up) apart from the timed runs
           totals["ar_compile_s"] = _timed(ar)[1]
           totals["spec_compile_s"] = calibrate_s + _timed(spec)[1]
@@ -252,6 +349,8 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
         totals["spec_s"] += spec_s
         if first_trace is None:
           first_trace = report.trace_rounds(spec_out, 0)
+        scores = (sequence_scores(target, target_params, batch, lens, spec_out.tokens,
+                                  spec_out.lengths) if write_scores else None)
         for i in range(len(batch) - pad):
           n_ar, n_sp = int(ar_out.lengths[i]), int(spec_out.lengths[i])
           ar_ids = np.asarray(ar_out.tokens[i, :n_ar]).tolist()
@@ -262,26 +361,28 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
           stats["alpha_sum"] += float(spec_out.alpha_sum[i])
           stats["alpha_count"] += int(spec_out.alpha_count[i])
           gamma_rounds += np.asarray(spec_out.gamma_hist[i])
-          records.append({"input": texts[start + i], "autoregressive": vocab.decode(ar_ids),
-                          "speculative": vocab.decode(sp_ids), "target_calls": int(
-                              spec_out.target_calls[i]), "tokens": n_sp,
-                          "alpha": float(spec_out.alpha[i])})
+          width = int(lens[i]) if lens is not None else int(np.count_nonzero(batch[i]))
+          records.append(records_lib.record(
+              examples[start + i], batch[i, :width], ar_ids, sp_ids, vocab,
+              target_calls=int(spec_out.target_calls[i]), alpha=float(spec_out.alpha[i]),
+              score=None if scores is None else scores[i]))
         progress.advance(task, len(batch) - pad)
         if on_batch is not None:
-          on_batch(len(records), len(texts))
+          on_batch(len(records), len(examples))
   except KeyboardInterrupt:
-    console.print(f"interrupted after {len(records)} of {len(texts)} examples: nothing written")
+    console.print(f"interrupted after {len(records)} of {len(examples)} examples: nothing written")
     raise
 
-  for record in records:
-    console.print(f"[bold]>[/bold] {record['input']}", markup=True, highlight=False)
-    console.print(f"  {record['speculative']}", markup=False, highlight=False)
+  for rec in records:
+    console.print(f"[bold]>[/bold] {rec['input']}", markup=True, highlight=False)
+    console.print(f"  {rec['speculative']}", markup=False, highlight=False)
   console.print("\nFigure-1 trace of the first example (green accepted, red rejected, "
                 "blue correction; one line per target call):")
   piece = lambda t: vocab.decode([t]) if t != vocab.eos_id else "</s>"
   report.print_trace(console, first_trace, lambda t: piece(t) + " ", plain)
   summary = {
-      "examples": len(texts), "gamma": gamma, "gamma_policy": gamma_policy, "drafter": drafter,
+      "examples": len(examples), "gamma": gamma, "gamma_policy": gamma_policy,
+      "drafter": drafter,
       "verifier": describe(verifier),
       "temperature": sampling.temperature, "lenience": lenience,
       "alpha": stats["alpha_sum"] / max(stats["alpha_count"], 1),
@@ -296,80 +397,79 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
   }
   console.print(report.summary_table(summary))
   if output_dir:
-    os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, "results.jsonl"), "w", encoding="utf-8") as f:
-      for record in records:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    with open(os.path.join(output_dir, "summary.json"), "w", encoding="utf-8") as f:
-      json.dump(summary, f, indent=1)
+    records_lib.write(output_dir, records, summary)
     console.print(f"wrote {output_dir}/results.jsonl and summary.json")
   return summary
 
 
-def read_texts(args) -> List[str]:
-  """Inputs from --prompt (repeatable), --input_file (one per line) or --task NAME[:split].
+def read_inputs(args, feature_lengths: Optional[Mapping[str, int]] = None
+                ) -> Tuple[List[inputs_lib.DecodeInput], Any]:
+  """Inputs from --prompt (repeatable), --input_file (one per line) and --task NAME[:split].
 
-  --task takes a bundled split name ('translate_en_de', 'summarize_ddtp', 'lm_ddtp_en')
-  or a registered seqio task ('specjax_translate_en_de:validation'; needs the seqio extra).
-  Language-modelling documents are cut to their first `--prompt_words` words.
+  --task takes a bundled split ('translate_en_de', 'summarize_ddtp', 'lm_ddtp_en') or any
+  registered seqio task or mixture ('specjax_translate_en_de:validation', or your own);
+  language-modelling documents are cut to their first `--prompt_words` words.
+  Returns (inputs, the task's vocabulary or None).
   """
-  texts = list(args.prompt or [])
+  found = [inputs_lib.DecodeInput(p) for p in (args.prompt or [])]
   if args.input_file:
-    with open(args.input_file, "rb") as f:
-      raw = f.read()
-    try:
-      text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-      raise ValueError(f"--input_file '{args.input_file}' is not UTF-8: byte {e.start} "
-                       f"({raw[e.start:e.start + 1]!r}) cannot be decoded ({e.reason})") from e
-    texts += [line for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
+    found += [inputs_lib.DecodeInput(t) for t in inputs_lib.read_input_file(args.input_file)]
+  task_vocabulary = None
   if args.task:
-    name, _, split = args.task.partition(":")
-    if name.startswith("specjax_"):
-      from specjax.data import tasks  # pylint: disable=import-outside-toplevel
-      dataset = tasks.get_task(name).get_dataset(split=split or "validation", shuffle=False)
-      key = "inputs_pretokenized" if "inputs" in tasks.output_features(name) else \
-          "targets_pretokenized"
-      found = [ex[key].decode("utf-8") for ex in dataset.take(args.num_examples).as_numpy_iterator()]
-    else:
-      from specjax.data import load_bundled  # pylint: disable=import-outside-toplevel
-      found = [e[0] if isinstance(e, (tuple, list)) else e
-               for e in load_bundled(name)[: args.num_examples]]
-    if name.endswith("lm_ddtp_en"):
-      found = [" ".join(t.split()[: args.prompt_words]) for t in found]
-    texts += found
-  return texts
+    task_found, task_vocabulary = inputs_lib.task_inputs(
+        args.task, getattr(args, "num_examples", 16), getattr(args, "prompt_words", 12),
+        feature_lengths)
+    found += task_found
+  return found, task_vocabulary
+
+
+def read_texts(args) -> List[str]:
+  """The texts of `read_inputs`."""
+  return [i.text for i in read_inputs(args)[0]]
 
 
 DEFAULT_GIN = "runs/default.gin"
 
 
 def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-  """Command-line entry point (`python -m specjax.main`)."""
+  """The main job from command-line arguments; errors propagate (see `cli` for the command)."""
   argv = sys.argv[1:] if argv is None else list(argv)
   gin_files, bindings, paths, rest = gin_config.split_gin_args(argv)
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--prompt", action="append", help="an input text (repeatable)")
-  parser.add_argument("--input_file", help="a text file, one input per line")
-  parser.add_argument("--task", help="a bundled task split, e.g. translate_en_de")
-  parser.add_argument("--num_examples", type=int, default=16)
-  parser.add_argument("--prompt_words", type=int, default=12,
-                      help="words of each language-modelling document used as its prompt")
-  parser.add_argument("--plain", action="store_true", help="no colours in the trace")
+  parser = cli_lib.build_parser(__doc__)
   args = parser.parse_args(rest)
-  for name in ("num_examples", "prompt_words"):
-    if getattr(args, name) < 1:
-      parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+  cli_lib.check_counts(parser, args, ["num_examples", "prompt_words"])
   gin_config.parse(gin_files or [DEFAULT_GIN], bindings, paths)
-  texts = read_texts(args)
-  if not texts and gin_config.query_macro("DEFAULT_TASK"):
-    args.task = gin_config.query_macro("DEFAULT_TASK")
-    texts = read_texts(args)
-  if not texts:
-    raise SystemExit("no inputs: give --prompt, --input_file or --task")
-  return gin.get_configurable(decode_job)(texts, plain=args.plain)
+  inputs_lib.import_modules(gin_config.query_macro("MIXTURE_OR_TASK_MODULE"))
+  lengths = gin_config.query_macro("TASK_FEATURE_LENGTHS")
+  examples, task_vocabulary = read_inputs(args, lengths)
+  default_task = (gin_config.query_macro("MIXTURE_OR_TASK_NAME")
+                  or gin_config.query_macro("DEFAULT_TASK"))
+  if not examples and default_task:
+    args.task = default_task
+    examples, task_vocabulary = read_inputs(args, lengths)
+  if not examples:
+    raise ValueError("no inputs: give --prompt, --input_file or --task (or bind "
+                     "MIXTURE_OR_TASK_NAME)")
+  return gin.get_configurable(decode_job)(examples, plain=args.plain,
+                                          task_vocabulary=task_vocabulary)
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+  """The `specjax` command: `run`, with a user's error as one line on stderr and exit status
+  2 (`--verbose`: the traceback too); Ctrl-C exits with 130."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    run(argv)
+  except KeyboardInterrupt:
+    print("specjax: interrupted", file=sys.stderr)
+    return 130
+  except cli_lib.USAGE_ERRORS as e:
+    if "--verbose" in argv:
+      traceback.print_exc()
+    print(f"specjax: error: {cli_lib.one_line(e)}", file=sys.stderr)
+    return cli_lib.EXIT_USAGE
+  return 0
 
 
 if __name__ == "__main__":
-  run()
+  sys.exit(cli())

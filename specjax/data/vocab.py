@@ -24,14 +24,26 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
 
 class Vocab:
-  """A SentencePiece model with T5's special ids; no TensorFlow needed."""
+  """A SentencePiece model with T5's special ids; no TensorFlow needed.
 
-  def __init__(self, model_path: Union[str, Path]):
+  `extra_ids` appends sentinel pieces `<extra_id_N>` after the model's pieces, as
+  seqio.SentencePieceVocabulary does (the last id is `<extra_id_0>`): T5 1.1's
+  `cc_all.32000` model with extra_ids=100 has 32100 ids.
+  """
+
+  def __init__(self, model_path: Union[str, Path], extra_ids: int = 0):
     path = Path(model_path)
     if not path.is_file():
       raise FileNotFoundError(f"SentencePiece model not found: {path}")
+    if isinstance(extra_ids, bool) or not isinstance(extra_ids, int) or extra_ids < 0:
+      raise ValueError(f"extra_ids must be an integer >= 0, got {extra_ids!r}")
     self.model_path = path
-    self._sp = spm.SentencePieceProcessor(model_file=str(path))
+    self.extra_ids = extra_ids
+    try:
+      self._sp = spm.SentencePieceProcessor(
+          model_proto=_with_extra_ids(path.read_bytes(), extra_ids))
+    except (RuntimeError, OSError) as e:
+      raise ValueError(f"{path} is not a SentencePiece model: {e}") from e
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID):
       raise ValueError(f"{path}: expected T5 ids pad=0 eos=1 unk=2, got "
@@ -39,7 +51,7 @@ class Vocab:
 
   @property
   def vocab_size(self) -> int:
-    """Number of pieces, special ids included."""
+    """Number of ids: pieces, special ids and extra ids included."""
     return self._sp.get_piece_size()
 
   @property
@@ -54,6 +66,10 @@ class Vocab:
   def unk_id(self) -> int:
     return UNK_ID
 
+  def pieces(self) -> List[str]:
+    """The piece of every id, in id order (what two vocabularies are compared by)."""
+    return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+
   def encode(self, text: str) -> List[int]:
     """Token ids of `text`, without EOS."""
     if not isinstance(text, str):
@@ -61,16 +77,33 @@ class Vocab:
     return self._sp.encode(text)
 
   def decode(self, ids: Sequence[int]) -> str:
-    """Text of `ids` (int list or 1-D int array); stops at the first EOS, skips pads."""
+    """Text of `ids` (int list or 1-D int array); stops at the first EOS, skips pads.
+
+    Ids past the vocabulary decode as UNK (seqio's rule: a model's vocab_size may exceed
+    its vocabulary's, as T5's 32128 does 32100); negative ids are refused.
+    """
     out = []
     for i in (int(i) for i in ids):
       if i == EOS_ID:
         break
-      if not 0 <= i < self.vocab_size:
+      if i < 0:
         raise ValueError(f"token id {i} outside the vocabulary [0, {self.vocab_size})")
       if i != PAD_ID:
-        out.append(i)
+        out.append(i if i < self.vocab_size else UNK_ID)
     return self._sp.decode(out)
+
+
+def _with_extra_ids(proto: bytes, extra_ids: int) -> bytes:
+  """The serialized model with `extra_ids` user-defined pieces `▁<extra_id_N>` appended,
+  N from extra_ids - 1 down to 0 (seqio's order). Needs protobuf only when extra_ids > 0."""
+  if not extra_ids:
+    return proto
+  from sentencepiece import sentencepiece_model_pb2 as model_pb2  # pylint: disable=import-outside-toplevel
+  model = model_pb2.ModelProto.FromString(proto)
+  for n in reversed(range(extra_ids)):
+    model.pieces.add(piece=f"\u2581<extra_id_{n}>", score=0.0,
+                     type=model_pb2.ModelProto.SentencePiece.USER_DEFINED)
+  return model.SerializeToString()
 
 
 @functools.lru_cache(maxsize=8)

@@ -43,6 +43,11 @@ class DecodeConfig:
 
   def __post_init__(self):
     check_lenience(self.lenience)
+    if self.lenience != 1.0 and not getattr(self.verifier, "lenient", True):
+      raise ValueError(f"the {getattr(self.verifier, 'name', type(self.verifier).__name__)} "
+                       f"verifier supports lenience = 1 only, got lenience={self.lenience}; "
+                       "lenient decoding (paper A.5) is defined for Algorithm 1: use the "
+                       "reference or fused verifier")
     if self.gamma_policy not in GAMMA_POLICIES:
       raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {self.gamma_policy!r}")
     if self.cost_coefficient < 0:

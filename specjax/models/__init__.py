@@ -1,5 +1,5 @@
 """T5X-compatible networks with a multi-token KV cache, and the protocol the loops see."""
-from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
+from specjax.models.decoder_only import PROMPT_CONVENTIONS, DecoderOnlyConfig, DecoderOnlyModel
 from specjax.models.layers import EncodedInputs, KVCache
 from specjax.models.model_gin import (MODEL_GIN, config_from_model_file, model_gin_text,
                                       parse_model_file, read_model_gin)
@@ -8,9 +8,9 @@ from specjax.models.start import prefill, start_model
 from specjax.models.t5 import T5Config, T5Model
 
 __all__ = ["DecodingModel", "check_same_vocab", "T5Config", "T5Model",
-           "DecoderOnlyConfig", "DecoderOnlyModel", "KVCache", "EncodedInputs", "build_model",
-           "start_model", "prefill", "MODEL_GIN", "model_gin_text", "read_model_gin",
-           "parse_model_file", "config_from_model_file"]
+           "DecoderOnlyConfig", "DecoderOnlyModel", "PROMPT_CONVENTIONS", "KVCache",
+           "EncodedInputs", "build_model", "start_model", "prefill", "MODEL_GIN", "model_gin_text",
+           "read_model_gin", "parse_model_file", "config_from_model_file"]
 
 
 def build_model(config):
@@ -18,6 +18,6 @@ def build_model(config):
   if isinstance(config, T5Config):
     return T5Model(config)
   if isinstance(config, DecoderOnlyConfig):
-    return DecoderOnlyModel(config)
+    return DecoderOnlyModel(config)  # prefix LM as config.inputs_bidirectional_attention
   raise ValueError(f"model config must be a T5Config or DecoderOnlyConfig, got "
                    f"{type(config).__name__}")

@@ -75,11 +75,12 @@ class DecoderLayer(nn.Module):
     """
     h = self.pre_self_attention_layer_norm(x)
     att = self.self_attention
-    query = att.project_q(h)
-    key, value = att.project_kv(h)  # [B, q, H, D]
     if cache is None:
+      query = att.project_q(h)
+      key, value = att.project_kv(h)  # [B, q, H, D]
       x = x + att.attend(query, key, value, bias)
     else:
+      query, key, value = att.project_qkv(h)  # the decode step, in the loops: one dot
       # Attend over the OLD cache and the new keys; the write below is only
       # carried to the next call (see the layout note in layers.py).
       old_bias, new_bias = bias
@@ -92,7 +93,7 @@ class DecoderLayer(nn.Module):
       h = self.pre_cross_attention_layer_norm(x)
       att = self.encoder_decoder_attention
       x = x + att.attend_parts(att.project_q(h), [cross])
-    return x + self.mlp(self.pre_mlp_layer_norm(x)), cache
+    return x + self.mlp(self.pre_mlp_layer_norm(x), joined=cache is not None), cache
 
 
 class DecoderStack(nn.Module):
@@ -214,6 +215,13 @@ class DecoderStack(nn.Module):
 # ----------------------------------------------------------------------------
 # The decoder-only model.
 # ----------------------------------------------------------------------------
+PROMPT_CONVENTIONS = {
+    "t5x": "BOS 0, then the inputs (text prompts end with EOS), as T5X's DecoderOnlyModel",
+    "lm": "the prompt's tokens from position 0, no BOS (specjax.train, the bundled LM)",
+}
+"""DecoderOnlyConfig.prompt_convention values and what each means."""
+
+
 @dataclasses.dataclass(frozen=True)
 class DecoderOnlyConfig:
   """Sizes of a T5X decoder-only network (field names of T5X's TransformerConfig)."""
@@ -236,10 +244,26 @@ class DecoderOnlyConfig:
   """True: logits = y @ embedding.T / sqrt(E) (no logits_dense kernel)."""
   dtype: str = "float32"
   """Activation, compute and cache dtype; parameters stay float32."""
+  prompt_convention: str = "lm"
+  """How a prompt becomes the decoder sequence (see PROMPT_CONVENTIONS):
+  't5x': T5X's DecoderOnlyModel (seqio's DecoderFeatureConverter): BOS 0, then the
+  example's `inputs` (a text prompt is tokenized with EOS, as seqio's default `inputs`
+  feature adds it); the models/decoder_only_*.gin files set it for T5X checkpoints.
+  'lm': the prompt's tokens from position 0, no BOS, no EOS: the convention of
+  `specjax.train` and the bundled LM pair."""
+  inputs_bidirectional_attention: bool = False
+  """T5X's DecoderOnlyModel flag of the same name: the prompt (BOS and `inputs`) attends
+  to itself bidirectionally (a prefix LM); later tokens are causal."""
 
   def __post_init__(self):
     validate_config(self, ("vocab_size", "emb_dim", "num_heads", "num_layers",
                            "head_dim", "mlp_dim"))
+    if self.prompt_convention not in PROMPT_CONVENTIONS:
+      raise ValueError(f"DecoderOnlyConfig.prompt_convention must be one of "
+                       f"{sorted(PROMPT_CONVENTIONS)}, got {self.prompt_convention!r}")
+    if not isinstance(self.inputs_bidirectional_attention, bool):
+      raise ValueError("DecoderOnlyConfig.inputs_bidirectional_attention must be True or "
+                       f"False, got {self.inputs_bidirectional_attention!r}")
 
 
 class DecoderOnlyNetwork(nn.Module):
@@ -262,19 +286,21 @@ class DecoderOnlyNetwork(nn.Module):
 class DecoderOnlyModel(NetworkModel):
   """Decoder-only LM behind the `DecodingModel` protocol.
 
-  Causal by default. With `prefix_lm=True` (T5X's prefix LM), a call that
-  passes `prefix_lengths` lets each row's first `prefix_lengths[b]` slots
-  attend to each other bidirectionally: pass it on the prefill call with the
-  prompts' true lengths; later calls are causal (their queries lie past the
-  prefix and see all of it anyway).
+  Causal by default. With `prefix_lm=True` (T5X's prefix LM; by default the
+  config's `inputs_bidirectional_attention`), a call that passes
+  `prefix_lengths` lets each row's first `prefix_lengths[b]` slots attend to
+  each other bidirectionally: pass it on the prefill call with the prompts'
+  true lengths; later calls are causal (their queries lie past the prefix and
+  see all of it anyway).
   """
   is_encoder_decoder = False
 
-  def __init__(self, config: DecoderOnlyConfig, prefix_lm: bool = False):
+  def __init__(self, config: DecoderOnlyConfig, prefix_lm: Optional[bool] = None):
     if not isinstance(config, DecoderOnlyConfig):
       raise ValueError(f"DecoderOnlyModel needs a DecoderOnlyConfig, got {type(config).__name__}")
     super().__init__(config, config.num_layers)
-    self.prefix_lm = bool(prefix_lm)
+    self.prefix_lm = bool(config.inputs_bidirectional_attention if prefix_lm is None
+                          else prefix_lm)
     self._net = DecoderOnlyNetwork(config)
 
   def encode(self, params: Any, inputs: Any) -> None:

@@ -33,12 +33,18 @@ _INCLUDE = re.compile(r"""^include\s+(['"])([^'"]+)\1\s*(#.*)?$""")
 _LITERALS = (bool, int, float, str, type(None))
 
 
+WRITTEN_WHEN_SET = frozenset({"prompt_convention", "inputs_bidirectional_attention"})
+"""Fields added after model.gin files were first written: written only when they differ
+from their default, so the model.gin of an older folder still matches its config."""
+
+
 def model_gin_text(config: Any) -> str:
   """gin bindings that rebuild `config` (e.g. `DecoderOnlyConfig.emb_dim = 384`)."""
   name = type(config).__name__
   lines = [f"# {name} of the checkpoints in this folder (written by specjax)."]
   lines += [f"{name}.{f.name} = {getattr(config, f.name)!r}"
-            for f in dataclasses.fields(config)]
+            for f in dataclasses.fields(config)
+            if f.name not in WRITTEN_WHEN_SET or getattr(config, f.name) != f.default]
   return "\n".join(lines) + "\n"
 
 

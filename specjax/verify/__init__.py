@@ -12,12 +12,12 @@ from specjax.verify.block import BlockVerifier
 from specjax.verify.batch import emitted_tokens, verify_batch
 from specjax.verify.fused import FusedVerifier
 from specjax.verify.reference import ReferenceVerifier
-from specjax.verify.registry import VERIFIERS, describe, get_verifier
+from specjax.verify.registry import VERIFIERS, default_verifier, describe, get_verifier
 from specjax.verify.sigmoid import SigmoidApproxVerifierNotExact
 from specjax.verify.step import (argmax_lenient_step, at_guesses, check_lenience, check_step_args,
                                  count_accepted, speculative_step, verify)
 
 __all__ = ["Verifier", "ReferenceVerifier", "FusedVerifier", "BlockVerifier", "SigmoidApproxVerifierNotExact",
-           "VERIFIERS", "get_verifier", "describe", "verify_batch", "emitted_tokens",
+           "VERIFIERS", "get_verifier", "default_verifier", "describe", "verify_batch", "emitted_tokens",
            "speculative_step", "verify", "argmax_lenient_step", "check_lenience",
            "check_step_args", "count_accepted", "at_guesses", "check_row"]

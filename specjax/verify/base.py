@@ -45,6 +45,11 @@ class Verifier(Protocol):
   verification). Later rounds draw at those positions again, so the decode loop then folds
   each round's start position into the row keys; position-tied keys alone would bias it."""
 
+  lenient: bool
+  """True when the step accepts lenience l < 1 (paper A.5). A verifier without it is
+  refused with l < 1 by `DecodeConfig`, at every temperature (at T = 0 the loop's argmax
+  lenience would otherwise bypass the verifier silently)."""
+
   def __call__(self, uniforms: jax.Array, correction_keys: jax.Array,
                draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array,
                target_logits: jax.Array, draft_logits: Optional[jax.Array], *,

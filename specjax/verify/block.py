@@ -147,6 +147,7 @@ class BlockVerifier:
   exact: ClassVar[bool] = True
   name: ClassVar[str] = "block"
   fresh_round_keys: ClassVar[bool] = True
+  lenient: ClassVar[bool] = False
   """τ depends on the guesses and uniforms past it, so no later round may reuse them."""
 
   def __call__(self, uniforms, correction_keys, draft_tokens, draft_probs, target_probs,

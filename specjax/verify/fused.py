@@ -34,6 +34,7 @@ class FusedVerifier:
   exact: ClassVar[bool] = True
   name: ClassVar[str] = "fused"
   fresh_round_keys: ClassVar[bool] = False
+  lenient: ClassVar[bool] = True
 
   def __post_init__(self):
     if self.backend not in ("auto", "pallas", "xla"):

@@ -15,6 +15,7 @@ class ReferenceVerifier:
   exact: ClassVar[bool] = True
   name: ClassVar[str] = "reference"
   fresh_round_keys: ClassVar[bool] = False
+  lenient: ClassVar[bool] = True
 
   def __call__(self, uniforms, correction_keys, draft_tokens, draft_probs, target_probs,
                target_logits=None, draft_logits=None, *, lenience=1.0, num_guesses=None):

@@ -37,6 +37,7 @@ class SigmoidApproxVerifierNotExact:
   exact: ClassVar[bool] = False
   name: ClassVar[str] = "sigmoid"
   fresh_round_keys: ClassVar[bool] = False
+  lenient: ClassVar[bool] = True
 
   def __post_init__(self):
     if not float(self.beta) > float(self.alpha):  # also catches NaN

@@ -370,8 +370,11 @@ def test_bundled_vocab_conventions_and_roundtrip():
   ids = v.encode("Datei öffnen")
   assert v.decode(ids + [v.eos_id] + ids) == "Datei öffnen"
   assert v.decode([v.pad_id] + ids + [v.pad_id]) == "Datei öffnen"
+  # Ids past the vocabulary (a model's vocab_size may be larger) read as UNK, as in seqio.
+  assert v.decode(ids + [v.vocab_size, v.vocab_size + 100]) == v.decode(ids + [v.unk_id] * 2)
+  assert "⁇" in v.decode([v.vocab_size])
   with pytest.raises(ValueError, match="outside"):
-    v.decode([v.vocab_size])
+    v.decode([-1])
   # German is not split into characters: the vocabulary covers both languages.
   de = " ".join(t for _, t in load_bundled("translate_en_de")[:300])
   assert len(v.encode(de)) < 2.0 * len(de.split())

@@ -755,4 +755,6 @@ def test_decoder_only_gin_files(gin_factories, size):
   assert cfg == DecoderOnlyConfig(vocab_size=32128, emb_dim=emb, num_heads=heads,
                                   num_layers=layers, head_dim=head_dim, mlp_dim=mlp,
                                   mlp_activations=("gelu", "linear"),
-                                  logits_via_embedding=True, dtype="float32")
+                                  logits_via_embedding=True, dtype="float32",
+                                  prompt_convention="t5x",  # T5X's DecoderOnlyModel: BOS
+                                  inputs_bidirectional_attention=False)

@@ -517,6 +517,11 @@ def test_lenience_other_than_one_is_refused(tables):
                        np.array([[2, 3]], np.int32), max_new_tokens=4, gamma=2,
                        rng=jax.random.PRNGKey(0),
                        config=DecodeConfig(lenience=0.5, cache_len=16, verifier=BlockVerifier()))
+  # At T = 0 the loop's argmax lenience would bypass the verifier: refused up front too.
+  for temperature in (0.0, 1.0):
+    with pytest.raises(ValueError, match="block verifier supports lenience = 1 only"):
+      DecodeConfig(sampling=Sampling(temperature=temperature), lenience=0.5,
+                   verifier=BlockVerifier())
 
 
 def _probe(verifier=None):
@@ -538,3 +543,11 @@ def test_registry_and_gin_file():
   finally:
     gin.clear_config()
 
+
+
+def test_default_verifier_is_block_at_positive_temperature_only():
+  from specjax.verify import ReferenceVerifier, default_verifier  # pylint: disable=import-outside-toplevel
+  assert isinstance(default_verifier(Sampling(temperature=1.0)), BlockVerifier)
+  assert isinstance(default_verifier(Sampling(temperature=0.7, top_k=5)), BlockVerifier)
+  assert isinstance(default_verifier(Sampling(temperature=0.0)), ReferenceVerifier)
+  assert isinstance(default_verifier(Sampling(temperature=1.0), lenience=0.5), ReferenceVerifier)

@@ -1,0 +1,140 @@
+"""What the main job decodes: prompts, lines of a file, or examples of a task.
+
+A `DecodeInput` is a text and, for a seqio task, the token ids its preprocessors made (its
+vocabulary, its EOS). `task_inputs` reads a bundled split ('translate_en_de') or any
+registered seqio task or mixture ('specjax_translate_en_de:validation', or a user's own,
+registered by importing its module: `import_modules`), the way T5X's infer.py reads
+MIXTURE_OR_TASK_NAME with TASK_FEATURE_LENGTHS.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
+
+from specjax.data.splits import TASK_FILES, load_bundled
+
+LM_TASKS = ("lm_ddtp_en", "specjax_lm_ddtp_en")
+"""Tasks whose documents are cut to their first words to serve as prompts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeInput:
+  """One example to decode."""
+
+  text: str
+  """The input text (printed, and written as `inputs_pretokenized`)."""
+  ids: Optional[Tuple[int, ...]] = None
+  """Token ids from a seqio task's preprocessors (its EOS included); None: encode `text`."""
+  pretokenized: Tuple[Tuple[str, str], ...] = ()
+  """The task's `*_pretokenized` features, as T5X's infer.py writes them under `inputs`."""
+
+
+def read_input_file(path: str) -> List[str]:
+  """The non-blank lines of a UTF-8 file (CRLF or LF); ValueError naming a bad byte."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"--input_file '{path}' is not UTF-8: byte {e.start} "
+                     f"({raw[e.start:e.start + 1]!r}) cannot be decoded ({e.reason})") from e
+  return [line for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
+
+
+def import_modules(modules: Any) -> None:
+  """Imports MIXTURE_OR_TASK_MODULE (a module name or a list), which registers tasks."""
+  for name in [modules] if isinstance(modules, str) else list(modules or ()):
+    try:
+      importlib.import_module(name)
+    except ImportError as e:
+      raise ValueError(f"MIXTURE_OR_TASK_MODULE: cannot import {name!r}: {e}") from e
+
+
+def _first_words(text: str, words: int) -> str:
+  return " ".join(text.split()[:words])
+
+
+def task_inputs(task: str, num_examples: int, prompt_words: int = 12,
+                feature_lengths: Optional[Mapping[str, int]] = None
+                ) -> Tuple[List[DecodeInput], Any]:
+  """The first `num_examples` inputs of `task` ('NAME' or 'NAME:SPLIT', default validation).
+
+  Args:
+    task: a bundled split name ('translate_en_de', 'summarize_ddtp', 'lm_ddtp_en') or a
+      registered seqio task or mixture.
+    num_examples: how many.
+    prompt_words: a language-modelling document (a task with `targets` only) is cut to its
+      first `prompt_words` words, which become the prompt.
+    feature_lengths: TASK_FEATURE_LENGTHS, passed to seqio (which trims the features).
+  Returns:
+    (inputs, the task's vocabulary, or None for a bundled split).
+  """
+  name, _, split = task.partition(":")
+  if name in TASK_FILES:
+    if split not in ("", "validation"):
+      raise ValueError(f"the bundled split {name!r} has only 'validation', got {split!r} (the "
+                       f"seqio task specjax_{name} reads prepared data: SPECJAX_DATA_DIR)")
+    found = [e[0] if isinstance(e, (tuple, list)) else e for e in load_bundled(name)]
+    if name in LM_TASKS:
+      found = [_first_words(t, prompt_words) for t in found]
+    return [DecodeInput(t) for t in found[:num_examples]], None
+  return _seqio_inputs(name, split or "validation", num_examples, prompt_words, feature_lengths)
+
+
+def _seqio_inputs(name: str, split: str, num_examples: int, prompt_words: int,
+                  feature_lengths: Optional[Mapping[str, int]]) -> Tuple[List[DecodeInput], Any]:
+  try:
+    import seqio  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ValueError(f"task {name!r} is not a bundled split ({sorted(TASK_FILES)}); reading a "
+                     f"seqio task needs seqio (pip install specjax[seqio]): {e}") from e
+  if name.startswith("specjax_"):
+    from specjax.data import tasks  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  try:
+    provider = seqio.get_mixture_or_task(name)
+  except ValueError as e:
+    raise ValueError(f"unknown task {name!r}: neither a bundled split ({sorted(TASK_FILES)}) "
+                     "nor a registered seqio task or mixture (register yours by importing "
+                     "its module: MIXTURE_OR_TASK_MODULE or an `import` in your gin file)"
+                     ) from e
+  features = provider.output_features
+  key = "inputs" if "inputs" in features else "targets"
+  try:
+    dataset = provider.get_dataset(sequence_length=dict(feature_lengths or {}) or None,
+                                   split=split, shuffle=False, num_epochs=1)
+  except (ValueError, KeyError, FileNotFoundError) as e:
+    raise ValueError(f"task {name!r}, split {split!r}: {e}") from e
+  vocabulary = features[key].vocabulary
+  out = []
+  for ex in dataset.take(num_examples).as_numpy_iterator():
+    pretokenized = tuple((k, _text(v)) for k, v in sorted(ex.items())
+                         if k.endswith("_pretokenized"))
+    ids = tuple(int(i) for i in ex[key])
+    text = dict(pretokenized).get(f"{key}_pretokenized")
+    if text is None:
+      text = vocabulary.decode(list(ids))
+    if key == "targets":  # a language-modelling task: its documents' first words prompt
+      out.append(DecodeInput(_first_words(text, prompt_words),
+                             pretokenized=(("inputs_pretokenized",
+                                            _first_words(text, prompt_words)),)))
+    else:
+      out.append(DecodeInput(text, ids, pretokenized))
+  return out, vocabulary
+
+
+def _text(value: Any) -> str:
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def as_inputs(items: Sequence[Any]) -> List[DecodeInput]:
+  """Strings (or DecodeInputs) -> DecodeInputs."""
+  out = []
+  for item in items:
+    if isinstance(item, DecodeInput):
+      out.append(item)
+    elif isinstance(item, str):
+      out.append(DecodeInput(item))
+    else:
+      raise ValueError(f"an input must be a str, got {type(item).__name__}")
+  return out
