@@ -29,9 +29,9 @@ nothing, and any γ_b < g* is free since the call is paid anyway. A row with γ_
 wide round takes one token, drawn from p at its first position with the correction
 stream's key of that position (Algorithm 1 with no guess offered; with the reference
 verifier it is the autoregressive loop's own draw): exact. When g* = 0 the whole round is
-the narrow branch: one 1-token target call, no draft call. The narrow round and the
-target call of each bucket's width are compiled once into the one loop
-(`switch_in_place`): a decision never recompiles.
+the narrow branch: one 1-token target call, no draft call. The narrow round and a round
+of each bucket's width are compiled once into the one loop (`run_phases`): a decision
+never recompiles.
 
 Reproducibility. Decisions depend only on the cost table and the decode state, never on
 timings taken during the decode. At T > 0 a row's tokens depend on its γ decisions (which
@@ -234,18 +234,22 @@ def branch_index(gamma: jax.Array, buckets: Tuple[int, ...]) -> jax.Array:
                    0).astype(jnp.int32)
 
 
-def switch_in_place(index: jax.Array, branches: Sequence[Callable], operand):
-  """branches[index](operand), each branch a while loop of 0 or 1 trips.
+def run_phases(variants: Sequence[Callable], decide: Callable, running: Callable, state):
+  """Runs rounds while they are wanted, each variant in its own inner `while_loop`.
 
-  Same result as `lax.switch`, but XLA updates a while loop's carry in place, where a
-  conditional's branches copy every buffer they update (the KV caches: measured in the
-  compiled HLO, one copy per cache array per branch). Every branch maps the operand's
-  structure to itself.
+  variants[v](state, gamma) plays one round; decide(state) -> (gamma int32 [B], v int32 [])
+  picks the next round; running(state) says whether the decode goes on. Inner loop v runs
+  rounds while the decision stays v, so one call of this (the outer loop's body) makes at
+  least one round. Each variant sits directly in a loop body, not in a `lax.cond` /
+  `lax.switch` branch nor a 0/1-trip loop: measured in the compiled HLO, conditionals copy
+  every KV-cache array per branch, and in both the decode step's loop-invariant work (its
+  concatenated kernels) is redone every round, where a loop body has it hoisted out.
   """
-  for i, branch in enumerate(branches):
-    operand = jax.lax.while_loop(lambda c: c[0], lambda c, f=branch: (jnp.bool_(False), f(c[1])),
-                                 (index == i, operand))[1]
-  return operand
+  for index, variant in enumerate(variants):
+    state = jax.lax.while_loop(
+        lambda s, i=index: running(s) & (decide(s)[1] == i),
+        lambda s, f=variant: f(s, decide(s)[0]), state)
+  return state
 
 
 @flax.struct.dataclass

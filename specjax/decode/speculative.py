@@ -15,9 +15,9 @@ does not recompile.
 
 Under the 'auto' γ policy (`specjax.decode.auto`) each round first picks every row's
 γ in [0, max_gamma], then runs one of len(buckets) + 1 compiled round variants
-(`auto.switch_in_place`): the narrow round (all γ = 0: one 1-token target call, no
-draft call, an autoregressive step) or the round above with its target call at the
-width of the smallest bucket ≥ the batch's largest γ.
+(`auto.run_phases`): the narrow round (all γ = 0: one 1-token target call, no draft
+call, an autoregressive step) or the round above with its target call at the width of
+the smallest bucket ≥ the batch's largest γ.
 """
 from __future__ import annotations
 
@@ -160,53 +160,41 @@ def _speculative(target, drafter, config, partitioner, target_params, drafter_pa
       trace=_empty_trace(batch, seq.shape[1], max_gamma) if config.trace else None)
   state, encoded = constrain(partitioner, (state, encoded))
 
-  def wide(buckets: Tuple[int, ...], state: LoopState) -> LoopState:
-    """A round; its target call has width b + 1 for b the smallest bucket ≥ the rows' γ."""
+  def wide(guesses: int, state: LoopState) -> LoopState:
+    """A round whose target call scores the last token and `guesses` guesses."""
     round_keys = keys
     if config.verifier.fresh_round_keys:
       # The verifier reads guesses and uniforms past what it accepts, and the next round
       # draws at those positions again: fold in the round's start (unique per row).
       round_keys = jax.vmap(jax.random.fold_in)(keys, state.length)
     proposal, drafter_state = _draft(drafter, drafter_params, state, round_keys, config)
-
-    def score_and_verify(guesses: int, carry):
-      # The cache comes in through the carry (not the closure), so it is updated in place.
-      logits, cache = _score(target, target_params, state.replace(cache=carry[1]), proposal,
-                             encoded, guesses)
-      return _verify(config, round_keys, state, proposal, logits), cache
-
-    if len(buckets) == 1:
-      verdict, cache = score_and_verify(buckets[0], (None, state.cache))
-    else:  # only the target call and verification depend on the width
-      batch = state.length.shape[0]
-      blank = Verdict(n=jnp.zeros((batch,), jnp.int32), token=jnp.zeros((batch,), jnp.int32),
-                      overlap=jnp.zeros((batch, max_gamma), jnp.float32),
-                      bad=jnp.zeros((batch,), jnp.bool_))
-      verdict, cache = auto.switch_in_place(
-          auto.branch_index(state.gamma, buckets) - 1,
-          [functools.partial(score_and_verify, b) for b in buckets], (blank, state.cache))
+    logits, cache = _score(target, target_params, state, proposal, encoded, guesses)
+    verdict = _verify(config, round_keys, state, proposal, logits)
     after = _commit(config, drafter, state, proposal, verdict, cache, drafter_state, prefix_len,
                     max_new_tokens)
     return constrain(partitioner, _record(config, state, after, proposal, verdict, max_gamma))
 
-  body = functools.partial(wide, (max_gamma,))
+  body = functools.partial(wide, max_gamma)
   cond = lambda s: jnp.any(~s.done)
   if config.gamma_policy == "auto":
     buckets = auto.resolve_buckets(config.auto_buckets, max_gamma)
     narrow = lambda s: constrain(partitioner, _narrow(config, target, target_params, encoded, keys,
                                                       s, prefix_len, max_gamma=max_gamma,
                                                       max_new_tokens=max_new_tokens))
-    body = functools.partial(_auto_round, narrow, functools.partial(wide, buckets), buckets,
-                             control, prefix_len, max_new_tokens)
     cond = lambda s: jnp.any(~s.done) & (jnp.max(s.target_calls) < control.max_rounds)
+    decide = functools.partial(_auto_decision, control, buckets, prefix_len, max_new_tokens)
+    variants = [narrow] + [functools.partial(wide, b) for b in buckets]
+    body = functools.partial(auto.run_phases, [functools.partial(_auto_round, control, v)
+                                               for v in variants], decide, cond)
   state = jax.lax.while_loop(cond, body, state)
   result, nan = finish(state, prefix_len)
   return result.replace(gamma_hist=state.gamma_hist), nan
 
 
-def _auto_round(narrow, wide, buckets, control: auto.AutoControl, prefix_len, max_new_tokens,
-                state: LoopState) -> LoopState:
-  """One 'auto' round: every row's γ (the policy, or the control's schedule), then the variant."""
+def _auto_decision(control: auto.AutoControl, buckets, prefix_len, max_new_tokens,
+                   state: LoopState):
+  """Every row's γ for the next round (the policy, or the control's schedule) and its
+  variant (0 narrow, i ≥ 1 bucket i-1) -> (int32 [B], int32 [])."""
   active, room = ~state.done, prefix_len + max_new_tokens - state.length
   rounds = jnp.max(state.target_calls)
   forced = control.schedule[jnp.minimum(rounds, auto.SCHEDULE_SLOTS - 1)]
@@ -214,10 +202,14 @@ def _auto_round(narrow, wide, buckets, control: auto.AutoControl, prefix_len, ma
   gamma = jnp.where(forced >= 0, auto.forced_gamma(forced, active, room),
                     auto.choose_gamma(control.costs, state.alpha_sum, state.alpha_count, active,
                                       room, control.cap))
-  branch = auto.branch_index(gamma, buckets)
-  after = auto.switch_in_place(jnp.minimum(branch, 1), [narrow, wide], state.replace(gamma=gamma))
-  # Calibration rolls every round back (rows never move or finish: each round is the same
-  # work); stale cache slots past a row's length are never read, as after a rejection.
+  return gamma, auto.branch_index(gamma, buckets)
+
+
+def _auto_round(control: auto.AutoControl, variant, state: LoopState, gamma) -> LoopState:
+  """One round of `variant` with the rows' γ; calibration rolls it back (rows never move or
+  finish: every round is the same work; stale cache slots past a row's length are never
+  read, as after a rejection)."""
+  after = variant(state.replace(gamma=gamma))
   return after.replace(length=jnp.where(control.rollback, state.length, after.length),
                        done=jnp.where(control.rollback, state.done, after.done))
 
@@ -271,7 +263,7 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
   control = None
   if auto_policy:
     costs = _costs_for(call, costs)
-    control = auto.AutoControl.make(costs.per_gamma(), gamma)
+    control = _decode_control(costs, int(gamma))
   result, nan = call.run(call.max_new_tokens, gamma, control)
   check_nan(nan)
   return result.replace(tokens=result.tokens[:, :call.max_new_tokens], cost_table=costs)
@@ -315,6 +307,12 @@ class _Call:
 
 
 _CALIBRATED: Dict[Tuple, auto.CostTable] = {}
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_control(costs: auto.CostTable, cap: int) -> auto.AutoControl:
+  """The policy's control for a decode (device arrays made once per table and cap)."""
+  return auto.AutoControl.make(costs.per_gamma(), cap)
 
 
 def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tokens, config,

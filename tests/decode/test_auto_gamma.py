@@ -25,7 +25,7 @@ V = 4
 NO_EOS = -1
 AUTO = DecodeConfig(eos_id=NO_EOS, cache_len=16, gamma_policy="auto")
 GREEDY_AUTO = DecodeConfig(sampling=Sampling(temperature=0.0), cache_len=64, gamma_policy="auto",
-                           trace=True)
+                           trace=True, auto_buckets=(1,))  # buckets (1, 3): fewer to compile
 # Power as in test_decoding.py: 3 tokens over V = 4 (64 outcomes), 400,000 rows, the TV of
 # a correct sampler ≈ 0.004 < 0.01; a γ = 0 row drawing from the draft or the residual
 # instead of p moves the joint by more than 0.05 (the draft's own law is that far away).
@@ -66,10 +66,10 @@ def tables():
   return random_table(1, V), random_table(2, V, sharpness=1.0)
 
 
-def _table(seconds, batch, max_gamma=2, cache_len=16, drafter=None):
+def _table(seconds, batch, max_gamma=2, cache_len=16, drafter=None, buckets=None):
   drafter = drafter or ModelDrafter(TableModel(V), max_gamma=max_gamma)
   return auto.CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma,
-                        buckets=auto.default_buckets(max_gamma), seconds=seconds,
+                        buckets=buckets or auto.default_buckets(max_gamma), seconds=seconds,
                         models=f"target {auto.describe(TableModel(V))}; "
                                f"drafter {auto.describe(drafter)}")
 
@@ -234,18 +234,18 @@ def test_greedy_auto_equals_autoregressive_and_compiles_once(tables):
   drafter = ModelDrafter(TableModel(V), max_gamma=3)
   before = decoding._speculative._cache_size()
   gammas = []
-  for seconds in ((1.0, 1.1, 1.2, 1.3), (1.0, 1.4, 1.6, 1.8), (1.0, 9.0, 9.0, 9.0)):
+  for seconds in ((1.0, 1.1, 1.3), (1.0, 1.4, 1.8), (1.0, 9.0, 9.0)):
     result = speculative_decode(TableModel(V), target_table, drafter, draft_table, prompts,
                                 max_new_tokens=20, rng=jax.random.PRNGKey(0), config=GREEDY_AUTO,
                                 prompt_lengths=lengths,
-                                costs=_table(seconds, 16, 3, 64, drafter))
+                                costs=_table(seconds, 16, 3, 64, drafter, (1, 3)))
     np.testing.assert_array_equal(result.tokens, reference.tokens)
     np.testing.assert_array_equal(result.lengths, reference.lengths)
     assert np.asarray(result.gamma_hist).sum() == np.asarray(result.target_calls).sum()
     rounds = np.asarray(result.trace.gamma)[:, :int(np.max(result.target_calls))]
     gammas.append(rounds)
   every = np.concatenate(gammas, axis=1)
-  assert set(np.unique(every)) == {0, 1, 2, 3}  # narrow rounds and every bucket ran
+  assert {0, 1, 3} <= set(np.unique(every))  # narrow rounds and every bucket ran
   mixed = [len(set(col) - {0}) > 0 and 0 in col for col in every.T]
   assert any(mixed)  # rows with γ = 0 inside a wide round
   assert decoding._speculative._cache_size() == before + 1  # tables are data
