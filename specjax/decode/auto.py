@@ -279,16 +279,18 @@ class AutoControl:
 
 def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: int,
               max_gamma: int, buckets: Tuple[int, ...], models: str, rounds: int = 6,
-              repeats: int = 3) -> CostTable:
+              repeats: int = 5) -> CostTable:
   """Times every round variant inside the compiled loop and returns the `CostTable`.
 
   run(control) executes the loop once with that control (blocking). Each timed run
-  forces one variant for `rounds` rounds, every round rolled back (rows never finish
-  and never move, so every round does the same work), and a run of 0 rounds gives the
-  fixed part (prefill, transfers), so a variant's round costs (t − t₀) / rounds. The
-  runs are interleaved (t₀, γ = 0, each bucket, repeated `repeats` times: a busy spell
-  hits all variants alike) and t, t₀ are each variant's fastest run: on a shared machine
-  noise only ever adds time, and medians of 3 on a busy 2-core CPU reordered buckets.
+  forces one variant for R rolled-back rounds (rows never finish and never move, so
+  every round does the same work) and a run of 0 rounds gives the fixed part (prefill,
+  transfers), so a variant's round costs (t − t₀) / R. R is at least `rounds`, and more
+  when the fixed part is long next to a γ = 0 round, so that rounds, not the fixed part's
+  noise, make up the difference. The runs are interleaved (t₀, γ = 0, each bucket,
+  `repeats` times: a busy spell hits neighbours alike), and each cost is the median of
+  its paired differences. A round with guesses does all a γ = 0 round does and more, so
+  no bucket is costed below the γ = 0 round (noise can suggest it on a busy machine).
   """
   if not 1 <= rounds <= SCHEDULE_SLOTS:
     raise ValueError(f"calibration rounds must be in [1, {SCHEDULE_SLOTS}], got {rounds}")
@@ -303,15 +305,18 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
     return time.perf_counter() - start
 
   timed(0, 1)  # compiles the loop, if this is its first use
-  runs: Dict[int, List[float]] = {g: [] for g in (-1,) + choices}  # -1: the 0-round runs
   start = time.perf_counter()
+  fixed = min(timed(0, 0), timed(0, 0))
+  step = (timed(0, rounds) - fixed) / rounds
+  count = int(min(SCHEDULE_SLOTS, max(rounds, np.ceil(fixed / max(step, 1e-9)))))
+  costs: Dict[int, List[float]] = {g: [] for g in choices}
   for _ in range(repeats):
-    runs[-1].append(timed(0, 0))
+    base = timed(0, 0)
     for g in choices:
-      runs[g].append(timed(g, rounds))
+      costs[g].append((timed(g, count) - base) / count)
   spent = time.perf_counter() - start
-  # A cost at or below 0 is noise swamping a tiny round: floor it at a microsecond.
-  seconds = tuple(max((min(runs[g]) - min(runs[-1])) / rounds, 1e-6) for g in choices)
+  narrow = max(float(np.median(costs[0])), 1e-6)
+  seconds = (narrow,) + tuple(max(float(np.median(costs[g])), narrow) for g in buckets)
   return CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma, buckets=buckets,
-                   seconds=seconds, models=models, samples=(repeats * rounds,) * len(choices),
+                   seconds=seconds, models=models, samples=(repeats * count,) * len(choices),
                    calibration_s=spent, platform=jax.devices()[0].platform)
