@@ -279,15 +279,15 @@ class AutoControl:
 
 def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: int,
               max_gamma: int, buckets: Tuple[int, ...], models: str, rounds: int = 6,
-              repeats: int = 5) -> CostTable:
+              repeats: int = 3) -> CostTable:
   """Times every round variant inside the compiled loop and returns the `CostTable`.
 
   run(control) executes the loop once with that control (blocking). Each timed run
   forces one variant for R rolled-back rounds (rows never finish and never move, so
   every round does the same work) and a run of 0 rounds gives the fixed part (prefill,
-  transfers), so a variant's round costs (t − t₀) / R. R is at least `rounds`, and more
-  when the fixed part is long next to a γ = 0 round, so that rounds, not the fixed part's
-  noise, make up the difference. The runs are interleaved (t₀, γ = 0, each bucket,
+  transfers), so a variant's round costs (t − t₀) / R. R is at least `rounds`, and up to
+  4 × `rounds` when the fixed part is long next to a γ = 0 round, so that rounds, not the
+  fixed part's noise, make up the difference. The runs are interleaved (t₀, γ = 0, each bucket,
   `repeats` times: a busy spell hits neighbours alike), and each cost is the median of
   its paired differences. A round with guesses does all a γ = 0 round does and more, so
   no bucket is costed below the γ = 0 round (noise can suggest it on a busy machine).
@@ -308,7 +308,7 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   start = time.perf_counter()
   fixed = min(timed(0, 0), timed(0, 0))
   step = (timed(0, rounds) - fixed) / rounds
-  count = int(min(SCHEDULE_SLOTS, max(rounds, np.ceil(fixed / max(step, 1e-9)))))
+  count = int(min(SCHEDULE_SLOTS, 4 * rounds, max(rounds, np.ceil(fixed / max(step, 1e-9)))))
   costs: Dict[int, List[float]] = {g: [] for g in choices}
   for _ in range(repeats):
     base = timed(0, 0)

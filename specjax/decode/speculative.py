@@ -273,7 +273,7 @@ def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
                     drafter_params: Any, inputs, *, max_new_tokens: int,
                     config: DecodeConfig = DecodeConfig(gamma_policy="auto"), prompt_lengths=None,
                     partitioner: Optional[Partitioner] = None, rng: Optional[jax.Array] = None,
-                    rounds: int = 6, repeats: int = 5) -> auto.CostTable:
+                    rounds: int = 6, repeats: int = 3) -> auto.CostTable:
   """Measures the 'auto' policy's `CostTable` for these models, batch and cache length.
 
   Runs the compiled speculative loop on `inputs` (the same executable the decode uses:
@@ -343,7 +343,7 @@ def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tok
                max_new_tokens=max_new_tokens, run=run)
 
 
-def _calibrate(call: _Call, rounds: int = 6, repeats: int = 5) -> auto.CostTable:
+def _calibrate(call: _Call, rounds: int = 6, repeats: int = 3) -> auto.CostTable:
   # Rounds are rolled back, so the budget only has to let every bucket's γ be offered.
   budget = max(call.max_new_tokens, call.max_gamma + 1)
   table = auto.calibrate(lambda control: jax.block_until_ready(call.run(budget, 1, control)),
