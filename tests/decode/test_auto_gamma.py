@@ -256,11 +256,12 @@ def test_greedy_auto_equals_autoregressive_and_compiles_once(tables):
 
 @pytest.fixture(scope="module")
 def networks():
-  """Tiny random-init decoder-only and T5 networks (vocabulary 32), params made once."""
+  """Tiny random-init networks (vocabulary 32), params made once: a 2-layer decoder-only
+  (layer 2's keys depend on every earlier slot) and a 1-layer T5 (the encoder path)."""
   lm = DecoderOnlyModel(DecoderOnlyConfig(vocab_size=32, emb_dim=16, num_heads=2, num_layers=2,
                                           head_dim=8, mlp_dim=32))
   t5 = T5Model(T5Config(vocab_size=32, emb_dim=16, num_heads=2, num_encoder_layers=1,
-                        num_decoder_layers=2, head_dim=8, mlp_dim=32))
+                        num_decoder_layers=1, head_dim=8, mlp_dim=32))
   return {"lm": (lm, jax.jit(lm.init)(jax.random.PRNGKey(0))),
           "t5": (t5, jax.jit(t5.init)(jax.random.PRNGKey(1)))}
 
