@@ -19,6 +19,7 @@ _EXPORTS = {
     "DecodeConfig": "specjax.decode", "DecodeResult": "specjax.decode",
     "autoregressive_decode": "specjax.decode", "speculative_decode": "specjax.decode",
     "beam_search": "specjax.decode", "speculative_beam_search": "specjax.decode",
+    "CostTable": "specjax.decode", "calibrate_costs": "specjax.decode",
     "ModelDrafter": "specjax.draft", "PromptLookupDrafter": "specjax.draft",
     "build_model": "specjax.models", "Sampling": "specjax.sampling",
     "speculative_step": "specjax.verify", "load_t5x": "specjax.checkpoints",

@@ -45,7 +45,8 @@ from specjax.data import Vocab
 from specjax.data import inputs as inputs_lib
 from specjax.data.user_vocab import BUNDLED, describe as describe_vocab
 from specjax.data.user_vocab import resolve_vocabulary, vocabulary_difference
-from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.decode import (GAMMA_POLICIES, CostTable, DecodeConfig, autoregressive_decode,
+                            calibrate_costs, speculative_decode)
 from specjax.decode import prompts
 from specjax.decode.inputs import (check_cache_size, check_count, check_inputs, check_memory,
                                    drafter_models, prefix_lengths)
@@ -201,6 +202,20 @@ def prepare_output_dir(output_dir: Optional[str]) -> None:
     raise ValueError(f"output_dir '{output_dir}' is not writable: {e}") from e
 
 
+def _cost_table_file(path: Optional[str], gamma_policy: str) -> Optional[CostTable]:
+  """The saved table at `path` if it exists (checked before any model loads), else None."""
+  if not path:
+    return None
+  if gamma_policy != "auto":
+    raise ValueError(f"cost_table is for gamma_policy='auto', not {gamma_policy!r}")
+  if os.path.exists(path):
+    return CostTable.load(path)
+  folder = os.path.dirname(path) or "."
+  if not os.path.isdir(folder):
+    raise ValueError(f"cost_table '{path}': folder '{folder}' does not exist")
+  return None
+
+
 def _timed(fn):
   start = time.perf_counter()
   out = fn()
@@ -225,7 +240,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                max_gamma: Optional[int] = None, max_new_tokens: int = 32,
                sampling: Sampling = Sampling(temperature=0.0), lenience: float = 1.0,
                batch_size: int = 8, max_input_len: int = 128, seed: int = 0,
-               verifier=None,
+               verifier=None, gamma_policy: str = "auto", cost_table: Optional[str] = None,
                output_dir: Optional[str] = "out/decode", plain: bool = False,
                partitioner: Optional[Partitioner] = None,
                vocabulary: Any = None, draft_vocabulary: Any = None,
@@ -240,7 +255,14 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       `specjax.data.DecodeInput`s (a seqio task's examples, with its token ids).
     target_checkpoint / draft_checkpoint: T5X checkpoints (None: random init, smoke runs only).
     drafter: 'model' (the draft checkpoint) or 'prompt_lookup'.
-    gamma: guesses per round; max_gamma: the static buffer (default gamma).
+    gamma: guesses per round ('auto': the largest γ it may pick); max_gamma: the static
+      buffer (default gamma).
+    gamma_policy: 'auto' (default: per round and row, γ in [0, gamma] from measured costs;
+      γ = 0 is a plain target step, so speculation switches off where it does not pay),
+      'constant', 'heuristic' or 'optimal' (`DecodeConfig.gamma_policy`).
+    cost_table: 'auto' only: a JSON cost table (`specjax.decode.auto.CostTable`). If the
+      file exists it is used as is (same table + same seed = same tokens); otherwise the
+      table is calibrated on the first batch and written there. None: calibrate, keep.
     max_new_tokens: generation budget per example.
     sampling: standardization for both models; lenience: l in (0, 1] (1 = exact).
     batch_size: examples per decode call.
@@ -276,6 +298,9 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   if not examples:
     raise ValueError("no inputs to decode")
   prepare_output_dir(output_dir)
+  if gamma_policy not in GAMMA_POLICIES:
+    raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {gamma_policy!r}")
+  costs = _cost_table_file(cost_table, gamma_policy)
   target = build_model(gin_config.model_config("target"))
   models = {"target": target}
   if drafter == "model":
@@ -295,7 +320,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   if verifier is None:
     verifier = default_verifier(sampling, lenience)
   config = DecodeConfig(sampling=sampling, eos_id=vocab.eos_id, lenience=lenience,
-                        verifier=verifier,
+                        verifier=verifier, gamma_policy=gamma_policy,
                         cache_len=max_input_len + bos + max_new_tokens + max_gamma + 1)
   cache_size = check_cache_size([target, *drafter_models(the_drafter)], batch_size,
                                 config.cache_len, partitioner)
@@ -312,6 +337,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   records: List[Dict[str, Any]] = []
   totals = dict(ar_s=0.0, spec_s=0.0, ar_compile_s=0.0, spec_compile_s=0.0, identical=True)
   stats = dict(tokens=0, calls=0, alpha_sum=0.0, alpha_count=0)
+  gamma_rounds = np.zeros(max_gamma + 1, np.int64)
   first_trace = None
   try:
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
@@ -328,13 +354,22 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                                            max_new_tokens=max_new_tokens, rng=keys, config=config,
                                            prompt_lengths=lens, partitioner=partitioner)
         spec_config = DecodeConfig(**{**config.__dict__, "trace": True})
+        calibrate_s = 0.0
+        if gamma_policy == "auto" and costs is None:  # once; its compile counts as the loop's
+          calibrate_s = time.perf_counter()
+          costs = calibrate_costs(target, target_params, the_drafter, draft_params, batch,
+                                  max_new_tokens=max_new_tokens, config=spec_config, rng=keys,
+                                  prompt_lengths=lens, partitioner=partitioner)
+          calibrate_s = time.perf_counter() - calibrate_s
+          if cost_table:
+            costs.save(cost_table)
         spec = lambda: speculative_decode(target, target_params, the_drafter, draft_params, batch,
                                           max_new_tokens=max_new_tokens, gamma=gamma, rng=keys,
                                           config=spec_config, prompt_lengths=lens,
-                                          partitioner=partitioner)
+                                          partitioner=partitioner, costs=costs)
         if start == 0:  # compile (and warm up) apart from the timed runs
           totals["ar_compile_s"] = _timed(ar)[1]
-          totals["spec_compile_s"] = _timed(spec)[1]
+          totals["spec_compile_s"] = calibrate_s + _timed(spec)[1]
         ar_out, ar_s = _timed(ar)
         spec_out, spec_s = _timed(spec)
         totals["ar_s"] += ar_s
@@ -352,6 +387,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
           stats["calls"] += int(spec_out.target_calls[i])
           stats["alpha_sum"] += float(spec_out.alpha_sum[i])
           stats["alpha_count"] += int(spec_out.alpha_count[i])
+          gamma_rounds += np.asarray(spec_out.gamma_hist[i])
           width = int(lens[i]) if lens is not None else int(np.count_nonzero(batch[i]))
           records.append(records_lib.record(
               examples[start + i], batch[i, :width], ar_ids, sp_ids, vocab,
@@ -372,7 +408,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   piece = lambda t: vocab.decode([t]) if t != vocab.eos_id else "</s>"
   report.print_trace(console, first_trace, lambda t: piece(t) + " ", plain)
   summary = {
-      "examples": len(examples), "gamma": gamma, "drafter": drafter,
+      "examples": len(examples), "gamma": gamma, "gamma_policy": gamma_policy,
+      "drafter": drafter,
       "verifier": describe(verifier),
       "temperature": sampling.temperature, "lenience": lenience,
       "alpha": stats["alpha_sum"] / max(stats["alpha_count"], 1),
@@ -382,6 +419,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       "compile_ar_s": totals["ar_compile_s"], "compile_spec_s": totals["spec_compile_s"],
       "greedy_identical": (totals["identical"] if sampling.greedy and lenience == 1.0
                            and verifier.exact else "n/a (sampling or not exact)"),
+      "rounds_by_gamma": ", ".join(f"{g}: {int(n)}" for g, n in enumerate(gamma_rounds) if n),
+      **(costs.summary() if costs is not None else {}),
   }
   console.print(report.summary_table(summary))
   if output_dir:

@@ -7,10 +7,11 @@ from specjax.decode.autoregressive import autoregressive_decode
 from specjax.decode.beam import beam_search
 from specjax.decode.beam_core import NEG_INF, BeamResult
 from specjax.decode.beam_speculative import speculative_beam_search
+from specjax.decode.auto import CostTable
 from specjax.decode.config import GAMMA_POLICIES, DecodeConfig
-from specjax.decode.speculative import speculative_decode
+from specjax.decode.speculative import calibrate_costs, speculative_decode
 from specjax.decode.state import DecodeResult, LoopState, Trace
 
 __all__ = ["DecodeConfig", "DecodeResult", "Trace", "LoopState", "GAMMA_POLICIES",
            "autoregressive_decode", "speculative_decode", "beam_search",
-           "speculative_beam_search", "BeamResult", "NEG_INF"]
+           "speculative_beam_search", "BeamResult", "NEG_INF", "CostTable", "calibrate_costs"]

@@ -13,8 +13,19 @@ from specjax.decode.inputs import (cache_length, check_cache_size, check_config,
 from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.models import DecodingModel
-from specjax.sampling import CORRECTION_STREAM, position_key, row_keys
+from specjax.sampling import CORRECTION_STREAM, Sampling, position_key, row_keys
 from specjax.sharding import Partitioner, constrain, place, unpad
+
+
+def next_tokens(sampling: Sampling, keys: jax.Array, length: jax.Array,
+                logits: jax.Array) -> jax.Array:
+  """The token each row draws at position `length` from logits [B, V] -> int32 [B].
+
+  Key: the row's (position, correction stream) key, shared by every loop that takes a
+  plain target step (here, and the speculative loop's γ = 0 rounds).
+  """
+  step_keys = jax.vmap(position_key, in_axes=(0, 0, None))(keys, length, CORRECTION_STREAM)
+  return jax.vmap(sampling.sample)(step_keys, logits)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "config", "partitioner"))
@@ -27,9 +38,7 @@ def _autoregressive(model, config, partitioner, params, inputs, seq, length, key
   def body(state: LoopState) -> LoopState:
     logits, cache = model.decode(params, state.cache, last_tokens(state), state.length - 1,
                                  encoded)
-    step_keys = jax.vmap(position_key, in_axes=(0, 0, None))(keys, state.length,
-                                                             CORRECTION_STREAM)
-    token = jax.vmap(config.sampling.sample)(step_keys, logits[:, 0])
+    token = next_tokens(config.sampling, keys, state.length, logits[:, 0])
     seq, length, done = advance(state, token[:, None], jnp.ones_like(state.length), prefix_len,
                                 max_new_tokens, config.eos_id)
     active = ~state.done

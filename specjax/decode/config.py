@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
 from specjax.sampling import Sampling
 from specjax.verify import ReferenceVerifier, Verifier, check_lenience
 
-GAMMA_POLICIES = ("constant", "heuristic", "optimal")
+GAMMA_POLICIES = ("constant", "heuristic", "optimal", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,9 +31,16 @@ class DecodeConfig:
   gamma_policy: str = "constant"
   """How each row's γ evolves: 'constant'; 'heuristic' (+2 after a round that accepted all,
   −1 otherwise, within [1, max_gamma]); 'optimal' (the γ maximizing Thm 3.8 for the row's
-  running α estimate and `cost_coefficient`). γ is data: policies never recompile per γ."""
+  running α estimate and `cost_coefficient`); 'auto' (`specjax.decode.auto`: each round the
+  γ in [0, max_gamma] that minimizes the batch's expected remaining walltime under a measured
+  cost table, where γ = 0 is a plain target step with no draft call, so speculation switches
+  off where it does not pay). γ is data: policies never recompile per γ."""
   cost_coefficient: float = 0.0
   """c, the draft/target cost ratio the 'optimal' policy plugs into Thm 3.8."""
+  auto_buckets: Tuple[int, ...] = ()
+  """'auto' only: the γ values whose target call gets its own compiled width γ+1 (a round's
+  width is the smallest bucket ≥ the batch's largest γ); () means `auto.default_buckets`
+  (1, 2, 4, ... and max_gamma). Each bucket is one more branch in the one compiled loop."""
   verifier: Verifier = ReferenceVerifier()
   """The accept/reject step (`specjax.verify`): 'reference' and 'fused' are exact;
   'sigmoid' (SigmoidApproxVerifierNotExact) is NOT exact: its output follows the draft."""
@@ -65,6 +72,11 @@ class DecodeConfig:
         0 <= c < math.inf):
       raise ValueError(f"cost_coefficient must be a finite number >= 0, got "
                        f"{self.cost_coefficient!r}")
+    buckets = tuple(self.auto_buckets)
+    if (any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets)
+        or list(buckets) != sorted(set(buckets))):
+      raise ValueError(f"auto_buckets must be increasing integers >= 1, got {self.auto_buckets!r}")
+    object.__setattr__(self, "auto_buckets", buckets)
 
 
 def _is_int(value) -> bool:

@@ -12,7 +12,8 @@ def next_gamma(config: DecodeConfig, gamma: jax.Array, n: jax.Array, alpha: jax.
   """Each row's γ for its next round under `config.gamma_policy`.
 
   gamma, n: int32 [B] (this round's γ and accepted count); alpha: float32 [B] (the
-  row's running α estimate) -> int32 [B] in [1, max_gamma].
+  row's running α estimate) -> int32 [B] in [1, max_gamma]. Under 'auto' γ passes
+  through: that policy decides at the start of each round (`auto.choose_gamma`).
   """
   if config.gamma_policy == "heuristic":
     return jnp.clip(jnp.where(n >= gamma, gamma + 2, gamma - 1), 1, max_gamma)

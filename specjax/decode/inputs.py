@@ -1,6 +1,7 @@
 """Validation and sizing of a generation's inputs, shared by every decode loop (host side)."""
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Optional, Sequence
 
@@ -100,10 +101,24 @@ MEMORY_FRACTION = 0.5
 
 
 def cache_bytes(model: DecodingModel, batch: int, slots: int) -> int:
-  """Bytes of `model.init_cache(batch, slots)`, from its abstract shapes (nothing allocated)."""
+  """Bytes of `model.init_cache(batch, slots)`, from its abstract shapes (nothing allocated).
+
+  Remembered per (model, batch, slots) for hashable models: tracing `init_cache` costs
+  milliseconds, paid before every decode call otherwise."""
+  try:
+    hash(model)
+  except TypeError:
+    return _cache_bytes(model, batch, slots)
+  return _remembered_cache_bytes(model, batch, slots)
+
+
+def _cache_bytes(model: DecodingModel, batch: int, slots: int) -> int:
   shapes = jax.eval_shape(lambda: model.init_cache(batch, slots))
   return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize
                  for x in jax.tree.leaves(shapes)))
+
+
+_remembered_cache_bytes = functools.lru_cache(maxsize=256)(_cache_bytes)
 
 
 def device_memory(partitioner: Any = None) -> int:

@@ -12,17 +12,26 @@ own EOS or budget, and draw randomness from keys tied to (row, absolute
 position, stream), so a row's output does not depend on its batch.
 `max_new_tokens` and γ ≤ `drafter.max_gamma` are traced data: changing them
 does not recompile.
+
+Under the 'auto' γ policy (`specjax.decode.auto`) each round first picks every row's
+γ in [0, max_gamma], then runs one of len(buckets) + 1 compiled round variants
+(`auto.run_phases`): the narrow round (all γ = 0: one 1-token target call, no draft
+call, an autoregressive step) or the round above with its target call at the width of
+the smallest bucket ≥ the batch's largest γ.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.decode import auto
+from specjax.decode.autoregressive import next_tokens
 from specjax.decode.config import DecodeConfig
 from specjax.decode.gamma import next_gamma
 from specjax.decode.inputs import (cache_length, check_cache_size, check_config, check_count,
@@ -52,17 +61,21 @@ def _draft(drafter, drafter_params, state: LoopState, keys, config: DecodeConfig
                          state.gamma, keys, config.sampling)
 
 
-def _score(target, target_params, state: LoopState, proposal: Proposal, encoded):
-  tokens = jnp.concatenate([last_tokens(state), proposal.tokens], axis=1)  # [B, G+1]
+def _score(target, target_params, state: LoopState, proposal: Proposal, encoded, guesses: int):
+  """The target's logits [B, guesses+1, V] at the last token and the first `guesses` guesses."""
+  tokens = jnp.concatenate([last_tokens(state), proposal.tokens[:, :guesses]], axis=1)
   return target.decode(target_params, state.cache, tokens, state.length - 1, encoded)
 
 
 def _verify(config: DecodeConfig, keys, state: LoopState, proposal: Proposal, logits) -> Verdict:
+  guesses = logits.shape[1] - 1  # the round's width - 1 (≤ max_gamma; every row's γ ≤ it)
+  probs = proposal.probs[:, :guesses]
   n, token, overlap = verify_batch(config.sampling, config.verifier, config.lenience, keys,
-                                   state.length, proposal.tokens, proposal.probs, logits,
+                                   state.length, proposal.tokens[:, :guesses], probs, logits,
                                    state.gamma)
-  bad = bad_logits(logits) | jnp.any(jnp.isnan(proposal.probs), axis=(1, 2))
-  return Verdict(n=n, token=token, overlap=overlap, bad=bad)
+  bad = bad_logits(logits) | jnp.any(jnp.isnan(probs), axis=(1, 2))
+  pad = proposal.tokens.shape[1] - guesses
+  return Verdict(n=n, token=token, overlap=jnp.pad(overlap, ((0, 0), (0, pad))), bad=bad)
 
 
 def _commit(config: DecodeConfig, drafter, state: LoopState, proposal: Proposal, verdict: Verdict,
@@ -94,6 +107,8 @@ def _record(config: DecodeConfig, before: LoopState, after: LoopState, proposal:
         gamma=trace.gamma.at[rows, r].set(keep(gamma, trace.gamma[rows, r])))
   return after.replace(
       trace=trace,
+      gamma_hist=before.gamma_hist + (jax.nn.one_hot(gamma, max_gamma + 1, dtype=jnp.int32)
+                                      * active[:, None]),
       target_calls=before.target_calls + active,
       draft_calls=before.draft_calls + jnp.where(active, proposal.calls, 0),
       accepted_hist=before.accepted_hist + (jax.nn.one_hot(n, max_gamma + 1, dtype=jnp.int32)
@@ -101,6 +116,27 @@ def _record(config: DecodeConfig, before: LoopState, after: LoopState, proposal:
       alpha_sum=alpha_sum, alpha_count=alpha_count,
       gamma=next_gamma(config, gamma, n, alpha_sum / jnp.maximum(alpha_count, 1), max_gamma),
       nan=before.nan | (active & verdict.bad))
+
+
+def _narrow(config: DecodeConfig, target, target_params, encoded, keys, state: LoopState,
+            prefix_len, max_new_tokens, max_gamma: int) -> LoopState:
+  """A round in which every row has γ = 0: one 1-token target call and no draft call.
+
+  The token is drawn exactly as the autoregressive loop draws it (same key), and the
+  drafter's state is left as it is: its next `propose` catches up the tokens it missed.
+  """
+  logits, cache = target.decode(target_params, state.cache, last_tokens(state), state.length - 1,
+                                encoded)
+  token = next_tokens(config.sampling, keys, state.length, logits[:, 0])
+  seq, length, done = advance(state, token[:, None], jnp.ones_like(state.length), prefix_len,
+                              max_new_tokens, config.eos_id)
+  batch, zeros = token.shape[0], jnp.zeros_like(token)
+  nothing = Proposal(tokens=jnp.zeros((batch, max_gamma), jnp.int32),
+                     probs=jnp.zeros((batch, max_gamma, 0), jnp.float32), calls=zeros)
+  verdict = Verdict(n=zeros, token=token, overlap=jnp.zeros((batch, max_gamma), jnp.float32),
+                    bad=bad_logits(logits))
+  after = state.replace(seq=seq, length=length, done=done, cache=cache)
+  return _record(config, state, after, nothing, verdict, max_gamma)
 
 
 def _empty_trace(batch: int, rounds: int, max_gamma: int) -> Trace:
@@ -112,7 +148,7 @@ def _empty_trace(batch: int, rounds: int, max_gamma: int) -> Trace:
 
 @functools.partial(jax.jit, static_argnames=("target", "drafter", "config", "partitioner"))
 def _speculative(target, drafter, config, partitioner, target_params, drafter_params, inputs, seq,
-                 length, keys, max_new_tokens, gamma):
+                 length, keys, max_new_tokens, gamma, control: Optional[auto.AutoControl] = None):
   prefix_len = length
   max_gamma = drafter.max_gamma
   batch = seq.shape[0]
@@ -121,31 +157,70 @@ def _speculative(target, drafter, config, partitioner, target_params, drafter_pa
   state = state.replace(
       drafter_state=drafter.init(drafter_params, inputs, seq, length, seq.shape[1]),
       gamma=jnp.full((batch,), gamma, jnp.int32),
+      gamma_hist=jnp.zeros((batch, max_gamma + 1), jnp.int32),
       trace=_empty_trace(batch, seq.shape[1], max_gamma) if config.trace else None)
   state, encoded = constrain(partitioner, (state, encoded))
 
-  def body(state: LoopState) -> LoopState:
+  def wide(guesses: int, state: LoopState) -> LoopState:
+    """A round whose target call scores the last token and `guesses` guesses."""
     round_keys = keys
     if config.verifier.fresh_round_keys:
       # The verifier reads guesses and uniforms past what it accepts, and the next round
       # draws at those positions again: fold in the round's start (unique per row).
       round_keys = jax.vmap(jax.random.fold_in)(keys, state.length)
     proposal, drafter_state = _draft(drafter, drafter_params, state, round_keys, config)
-    logits, cache = _score(target, target_params, state, proposal, encoded)
+    logits, cache = _score(target, target_params, state, proposal, encoded, guesses)
     verdict = _verify(config, round_keys, state, proposal, logits)
     after = _commit(config, drafter, state, proposal, verdict, cache, drafter_state, prefix_len,
                     max_new_tokens)
     return constrain(partitioner, _record(config, state, after, proposal, verdict, max_gamma))
 
-  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
-  return finish(state, prefix_len)
+  body = functools.partial(wide, max_gamma)
+  cond = lambda s: jnp.any(~s.done)
+  if config.gamma_policy == "auto":
+    buckets = auto.resolve_buckets(config.auto_buckets, max_gamma)
+    narrow = lambda s: constrain(partitioner, _narrow(config, target, target_params, encoded, keys,
+                                                      s, prefix_len, max_gamma=max_gamma,
+                                                      max_new_tokens=max_new_tokens))
+    cond = lambda s: jnp.any(~s.done) & (jnp.max(s.target_calls) < control.max_rounds)
+    decide = functools.partial(_auto_decision, control, buckets, prefix_len, max_new_tokens)
+    variants = [narrow] + [functools.partial(wide, b) for b in buckets]
+    body = functools.partial(auto.run_phases, [functools.partial(_auto_round, control, v)
+                                               for v in variants], decide, cond)
+  state = jax.lax.while_loop(cond, body, state)
+  result, nan = finish(state, prefix_len)
+  return result.replace(gamma_hist=state.gamma_hist), nan
+
+
+def _auto_decision(control: auto.AutoControl, buckets, prefix_len, max_new_tokens,
+                   state: LoopState):
+  """Every row's γ for the next round (the policy, or the control's schedule) and its
+  variant (0 narrow, i ≥ 1 bucket i-1) -> (int32 [B], int32 [])."""
+  active, room = ~state.done, prefix_len + max_new_tokens - state.length
+  rounds = jnp.max(state.target_calls)
+  forced = control.schedule[jnp.minimum(rounds, auto.SCHEDULE_SLOTS - 1)]
+  forced = jnp.where(rounds < auto.SCHEDULE_SLOTS, forced, -1)
+  gamma = jnp.where(forced >= 0, auto.forced_gamma(forced, active, room),
+                    auto.choose_gamma(control.costs, state.alpha_sum, state.alpha_count, active,
+                                      room, control.cap))
+  return gamma, auto.branch_index(gamma, buckets)
+
+
+def _auto_round(control: auto.AutoControl, variant, state: LoopState, gamma) -> LoopState:
+  """One round of `variant` with the rows' γ; calibration rolls it back (rows never move or
+  finish: every round is the same work; stale cache slots past a row's length are never
+  read, as after a rejection)."""
+  after = variant(state.replace(gamma=gamma))
+  return after.replace(length=jnp.where(control.rollback, state.length, after.length),
+                       done=jnp.where(control.rollback, state.done, after.done))
 
 
 def speculative_decode(target: DecodingModel, target_params: Any, drafter: Drafter,
-                       drafter_params: Any, inputs, *, max_new_tokens: int, gamma: int,
-                       rng: jax.Array, config: DecodeConfig = DecodeConfig(),
-                       prompt_lengths=None,
-                       partitioner: Optional[Partitioner] = None) -> DecodeResult:
+                       drafter_params: Any, inputs, *, max_new_tokens: int,
+                       gamma: Optional[int] = None, rng: jax.Array,
+                       config: DecodeConfig = DecodeConfig(), prompt_lengths=None,
+                       partitioner: Optional[Partitioner] = None,
+                       costs: Optional[auto.CostTable] = None) -> DecodeResult:
   """Speculative decoding (Algorithm 1 in a loop), exact for the target's distribution.
 
   Each round the drafter proposes γ guesses with their standardized q, the target
@@ -159,20 +234,93 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
     drafter_params: the drafter's parameters (model params or n-gram tables; None if unused).
     inputs: int32 [B, L]: encoder inputs (T5) or left-aligned prompts (decoder-only), 0-padded.
     max_new_tokens: generation budget per row (data).
-    gamma: guesses per round, 1 ≤ γ ≤ drafter.max_gamma (data: no recompile).
+    gamma: guesses per round, 1 ≤ γ ≤ drafter.max_gamma (data: no recompile); the first
+      round's γ for 'heuristic' / 'optimal'; for 'auto' the largest γ the policy may pick
+      (default max_gamma).
     rng: one PRNG key, or one key per row [B].
     config: static settings.
     prompt_lengths: optional int [B] for decoder-only prompts.
     partitioner: as for `autoregressive_decode` (drafter params are placed too).
+    costs: 'auto' only: the `auto.CostTable` to decide with. None: calibrated on these
+      inputs on the first call for these models, batch size and cache length, then reused
+      for the rest of the process (`calibrate_costs`). Decisions are a pure function of
+      the table and the decode state, so the same table and seed reproduce the tokens.
   Returns:
-    A `DecodeResult` with tokens [B, max_new_tokens] and per-row statistics.
+    A `DecodeResult` with tokens [B, max_new_tokens], per-row statistics and, under
+    'auto', the cost table it used.
   """
   check_config(target, config)
   check_same_vocab(target, drafter.vocab_size)
+  auto_policy = config.gamma_policy == "auto"
+  if gamma is None and not auto_policy:
+    raise ValueError(f"gamma is required for gamma_policy={config.gamma_policy!r}")
+  gamma = drafter.max_gamma if gamma is None else gamma
   if (isinstance(gamma, (bool, np.bool_)) or not isinstance(gamma, (int, np.integer))
       or not 1 <= gamma <= drafter.max_gamma):
     raise ValueError(f"gamma must be an integer in [1, max_gamma={drafter.max_gamma}], "
                      f"got {gamma!r}")
+  if costs is not None and not auto_policy:
+    raise ValueError(f"a cost table is for gamma_policy='auto', not {config.gamma_policy!r}")
+  call = _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tokens,
+                  config, prompt_lengths, partitioner, rng)
+  control = None
+  if auto_policy:
+    costs = _costs_for(call, costs)
+    control = _decode_control(costs, int(gamma))
+  result, nan = call.run(call.max_new_tokens, gamma, control)
+  check_nan(nan)
+  return result.replace(tokens=result.tokens[:, :call.max_new_tokens], cost_table=costs)
+
+
+def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
+                    drafter_params: Any, inputs, *, max_new_tokens: int,
+                    config: DecodeConfig = DecodeConfig(gamma_policy="auto"), prompt_lengths=None,
+                    partitioner: Optional[Partitioner] = None, rng: Optional[jax.Array] = None,
+                    rounds: int = 6, repeats: int = 3) -> auto.CostTable:
+  """Measures the 'auto' policy's `CostTable` for these models, batch and cache length.
+
+  Runs the compiled speculative loop on `inputs` (the same executable the decode uses:
+  no extra compile), each run forcing one round variant (γ = 0 or a bucket) for R ≥
+  `rounds` rolled-back rounds, beside runs of 0 rounds for the fixed part
+  (`auto.calibrate`): about repeats × (len(buckets) + 2) runs holding repeats ×
+  (len(buckets) + 1) × R rounds, milliseconds on an accelerator, seconds on a loaded CPU
+  at large batch (reported as `calibration_s`). Arguments as for `speculative_decode`;
+  config must use gamma_policy='auto'.
+  """
+  if config.gamma_policy != "auto":
+    raise ValueError(f"calibrate_costs needs gamma_policy='auto', got {config.gamma_policy!r}")
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  call = _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tokens,
+                  config, prompt_lengths, partitioner, rng)
+  return _calibrate(call, rounds, repeats)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """A checked, placed speculative decode, ready to run with data arguments."""
+
+  key: Tuple  # what a cost table is valid for (hashable)
+  models: str
+  batch: int
+  cache_len: int
+  max_gamma: int
+  buckets: Tuple[int, ...]
+  max_new_tokens: int
+  run: Callable  # (max_new_tokens, gamma, control) -> (DecodeResult, nan)
+
+
+_CALIBRATED: Dict[Tuple, auto.CostTable] = {}
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_control(costs: auto.CostTable, cap: int) -> auto.AutoControl:
+  """The policy's control for a decode (device arrays made once per table and cap)."""
+  return auto.AutoControl.make(costs.per_gamma(), cap)
+
+
+def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tokens, config,
+             prompt_lengths, partitioner, rng) -> _Call:
+  check_same_vocab(target, drafter.vocab_size)
   max_new_tokens = check_count("max_new_tokens", max_new_tokens)
   inputs = check_inputs(target, inputs)
   length = prefix_lengths(target, inputs, prompt_lengths)
@@ -183,8 +331,36 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
   (target_params, drafter_params), rows = place(partitioner, [target_params, drafter_params], [
       jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
       row_keys(rng, inputs.shape[0])])
-  result, nan = unpad(partitioner, _speculative(
-      target, drafter, config, partitioner, target_params, drafter_params, *rows,
-      jnp.int32(max_new_tokens), jnp.int32(gamma)), inputs.shape[0])
-  check_nan(nan)
-  return result.replace(tokens=result.tokens[:, :max_new_tokens])
+  batch = inputs.shape[0]
+  buckets = (auto.resolve_buckets(config.auto_buckets, drafter.max_gamma)
+             if config.gamma_policy == "auto" else ())
+
+  def run(budget: int, gamma: int, control):
+    return unpad(partitioner, _speculative(
+        target, drafter, config, partitioner, target_params, drafter_params, *rows,
+        jnp.int32(budget), jnp.int32(gamma), control), batch)
+
+  return _Call(key=(target, drafter, config, partitioner, inputs.shape, cache_len),
+               models=f"target {auto.describe(target)}; drafter {auto.describe(drafter)}",
+               batch=batch, cache_len=cache_len, max_gamma=drafter.max_gamma, buckets=buckets,
+               max_new_tokens=max_new_tokens, run=run)
+
+
+def _calibrate(call: _Call, rounds: int = 6, repeats: int = 3) -> auto.CostTable:
+  # Rounds are rolled back, so the budget only has to let every bucket's γ be offered.
+  budget = max(call.max_new_tokens, call.max_gamma + 1)
+  table = auto.calibrate(lambda control: jax.block_until_ready(call.run(budget, 1, control)),
+                         batch=call.batch, cache_len=call.cache_len, max_gamma=call.max_gamma,
+                         buckets=call.buckets, models=call.models, rounds=rounds,
+                         repeats=repeats)
+  _CALIBRATED[call.key] = table
+  return table
+
+
+def _costs_for(call: _Call, costs: Optional[auto.CostTable]) -> auto.CostTable:
+  """The given table (checked against the call), else this process's calibration of it."""
+  if costs is not None:
+    costs.check(batch=call.batch, cache_len=call.cache_len, max_gamma=call.max_gamma,
+                buckets=call.buckets, models=call.models)
+    return costs
+  return _CALIBRATED.get(call.key) or _calibrate(call)

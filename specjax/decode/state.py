@@ -30,6 +30,10 @@ class DecodeResult:
   alpha_sum: jax.Array  # float32 [B]: Σ_x min(p, q) summed over verified positions
   alpha_count: jax.Array  # int32 [B]: verified positions in alpha_sum
   trace: Optional[Trace] = None  # per-round record when DecodeConfig.trace
+  gamma_hist: Optional[jax.Array] = None  # int32 [B, max_gamma + 1]: rounds the row offered γ
+  # guesses in (speculative loop; γ = 0: a plain target step, or one token from a wide call)
+  cost_table: Any = flax.struct.field(pytree_node=False, default=None)
+  """The `specjax.decode.auto.CostTable` the 'auto' γ policy decided with (None otherwise)."""
 
   @property
   def alpha(self) -> jax.Array:
@@ -59,3 +63,4 @@ class LoopState:
   nan: jax.Array  # bool [B]: NaN seen in this row's logits
   gamma: Optional[jax.Array] = None  # int32 [B]: each row's γ for the next round
   trace: Optional[Trace] = None  # filled when DecodeConfig.trace
+  gamma_hist: Optional[jax.Array] = None  # int32 [B, G + 1]: rounds by the row's γ

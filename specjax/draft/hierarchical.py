@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.draft.base import Proposal, check_sizes
-from specjax.draft.model import ModelDrafter
+from specjax.draft.model import ModelDrafter, catch_up_cache
 from specjax.models import DecodingModel, start_model
 from specjax.rows import take_rows, update_rows
 from specjax.verify import ReferenceVerifier, emitted_tokens, verify_batch
@@ -114,8 +114,12 @@ class HierarchicalDrafter:
       return (tseq, tlen + step, made + step, out, probs, cache, fed, inner, calls)
 
     vocab = self.medium.vocab_size
+    # Rounds this drafter did not see (γ = 0 rounds) leave the medium further behind than
+    # the one-token lag its calls absorb: feed it the missed tokens first.
+    cache, fed = catch_up_cache(self.medium, params["medium"], state.cache, state.encoded, seq,
+                                length, state.fed, 2, self.inner.catch_up)
     carry = (seq, length, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, big), jnp.int32),
-             jnp.zeros((batch, big, vocab), jnp.float32), state.cache, state.fed, state.inner,
+             jnp.zeros((batch, big, vocab), jnp.float32), cache, fed, state.inner,
              jnp.zeros((batch,), jnp.int32))
     carry = jax.lax.while_loop(lambda c: jnp.any(c[2] < gamma), round_, carry)
     _, _, _, out, probs, cache, fed, inner, calls = carry

@@ -30,12 +30,17 @@ class ModelDrafter:
   catch-up window [x_{L-1-lag} .. x_{L-1}] with lag = L-1-fed: after a rejection
   lag is 0 (stale slots are overwritten), after a round that accepted all γ it is
   1 (x_γ was drafted but never fed), so no extra full draft pass is needed.
+  Rounds the drafter did not see (γ = 0 rounds of the 'auto' policy: a plain target
+  step, no draft call) leave a longer lag; `propose` first feeds the missed tokens
+  in chunks of `catch_up` (`catch_up_cache`), so any lag is caught up exactly.
   """
 
   model: DecodingModel
   max_gamma: int
   window: int = 2
   """Static catch-up window: lags up to window-1 (2 suffices alone; 3 inside a hierarchy)."""
+  catch_up: int = 8
+  """Static chunk width that feeds longer lags (after rounds without a draft call)."""
 
   def __post_init__(self):
     check_sizes(self, max_gamma=1, window=2)
@@ -50,6 +55,9 @@ class ModelDrafter:
 
   def propose(self, params, state, seq, length, gamma, row_keys, sampling):
     batch = seq.shape[0]
+    cache, fed = catch_up_cache(self.model, params, state.cache, state.encoded, seq, length,
+                                state.fed, self.window, self.catch_up)
+    state = state.replace(cache=cache, fed=fed)
     lag = jnp.clip(length - 1 - state.fed, 0, self.window - 1)
     # First call: the catch-up window x_{L-1-lag} .. x_{L-1} (+ junk slots that
     # later calls overwrite); the distribution of x_1 is read at index lag.
@@ -85,3 +93,30 @@ class ModelDrafter:
   def truncate(self, state, valid):
     """Only slots 0..valid-1 still hold committed tokens (valid int32 [B])."""
     return state.replace(fed=jnp.minimum(state.fed, valid))
+
+
+def catch_up_cache(model: DecodingModel, params, cache, encoded, seq, length, fed, window: int,
+                   chunk: int):
+  """Feeds the committed tokens a model's cache missed until every row lags < `window`.
+
+  seq: int32 [B, T]; length, fed: int32 [B] (slots 0..fed-1 hold committed tokens).
+  While some row lags by window or more (lag = length-1-fed), every row is fed the
+  `chunk` tokens from its slot min(fed, length-1, T-chunk): committed slots are only
+  ever rewritten with the same tokens, and junk written past a row's length is
+  overwritten by later calls before any query reads it (keys past a row's position are
+  masked). Returns (cache, fed int32 [B]); no call at all when no row lags that far.
+  """
+  chunk = min(chunk, seq.shape[1])
+  offsets = jnp.arange(chunk)[None, :]
+
+  def behind(carry):
+    return jnp.any(length - 1 - carry[1] >= window)
+
+  def feed(carry):
+    cache, fed = carry
+    start = jnp.minimum(jnp.minimum(fed, length - 1), seq.shape[1] - chunk)
+    _, cache = model.decode(params, cache, take_rows(seq, start[:, None] + offsets), start,
+                            encoded)
+    return cache, jnp.minimum(start + chunk, length)
+
+  return jax.lax.while_loop(behind, feed, (cache, fed))

@@ -1,0 +1,145 @@
+"""Benchmark: the cost-aware 'auto' γ policy against autoregressive and every fixed γ.
+
+  python -m experiments.bench_auto [--pair lm --pair translate] [--fast]
+      [--gin_file=experiments/bench_auto.gin] [--gin.bench_auto.run.batches=(1,)]
+
+For each pair, batch size B (the first B bundled examples) and temperature T, one cell
+times, on the same inputs and with EOS ignored (every decoder emits the same number of
+tokens): autoregressive decoding; speculative decoding with each fixed γ in `gammas`,
+each with its own drafter of max_gamma = γ (a target call exactly γ+1 wide, as a user
+would run a fixed γ); and the 'auto' policy (max_gamma = max(gammas), its default
+buckets), whose cost table is calibrated first on the cell's inputs
+(`specjax.decode.calibrate_costs`; reported, not counted in its walltime, like every
+decoder's compile). Runs are interleaved (every decoder once per repeat), the median of
+`repeats`. Per cell: auto / AR and auto / best of {AR, fixed γ} as speed ratios (≥ 1 is
+faster), the issue's bar (both ≥ 0.95), the rounds auto ran at each γ (0 = plain target
+steps) and its measured round costs relative to a γ = 0 round.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Dict, List, Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from experiments import common
+from specjax.decode import autoregressive_decode, calibrate_costs, speculative_decode
+
+FAST = dict(batches=(1,), temperatures=(0.0,), gammas=(1,), max_new_tokens=8, repeats=1,
+            max_input_len=16)
+BAR = 0.95
+
+
+def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[int],
+          max_new_tokens: int, repeats: int, max_input_len: int) -> Dict:
+  ex = common.examples(pair, batch, max_input_len)
+  inputs = ex.inputs
+  max_gamma = max(gammas)
+  base = common.decode_config(temperature, max_input_len + max_new_tokens + max_gamma + 1)
+  auto_config = dataclasses.replace(base, gamma_policy="auto")
+  key = jax.random.PRNGKey(0)
+  drafter, dparams = common.model_drafter(pair, max_gamma)
+  runs = {"autoregressive": lambda: autoregressive_decode(
+      pair.target, pair.target_params, inputs, max_new_tokens=max_new_tokens, rng=key,
+      config=base)}
+  for g in gammas:
+    fixed, fparams = common.model_drafter(pair, g)
+    runs[f"γ={g}"] = (lambda fixed=fixed, fparams=fparams, g=g: speculative_decode(
+        pair.target, pair.target_params, fixed, fparams, inputs, max_new_tokens=max_new_tokens,
+        gamma=g, rng=key, config=base))
+  # Calibration compiles the auto loop (the decode reuses that executable), then times it.
+  (costs, calibrate_s) = common.timed(lambda: calibrate_costs(
+      pair.target, pair.target_params, drafter, dparams, inputs,
+      max_new_tokens=max_new_tokens, config=auto_config, rng=key))
+  runs["auto"] = lambda: speculative_decode(
+      pair.target, pair.target_params, drafter, dparams, inputs, max_new_tokens=max_new_tokens,
+      rng=key, config=auto_config, costs=costs)
+  first = {name: common.timed(fn) for name, fn in runs.items()}  # compile + first run
+  times: Dict[str, List[float]] = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, fn in runs.items():
+      times[name].append(common.timed(fn)[1])
+  steady = {name: statistics.median(t) for name, t in times.items()}
+  fixed_names = [f"γ={g}" for g in gammas]
+  best = min(["autoregressive"] + fixed_names, key=steady.get)
+  out = first["auto"][0]
+  rounds = np.asarray(out.gamma_hist).sum(0)
+  return {
+      "steady": steady, "spread": {n: (min(t), max(t)) for n, t in times.items()},
+      "compile": {n: s for n, (_, s) in first.items()}, "best": best, "costs": costs,
+      "calibrate_call_s": calibrate_s, "alpha": {n: float(np.mean(first[n][0].alpha))
+                                                 for n in fixed_names},
+      "auto_rounds": {g: int(n) for g, n in enumerate(rounds) if n},
+      "auto_tokens_per_call": float(np.sum(out.lengths) / max(int(np.sum(out.target_calls)), 1)),
+  }
+
+
+@gin.configurable(module="bench_auto")
+def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
+        temperatures: Sequence[float] = (0.0, 1.0), gammas: Sequence[int] = tuple(range(1, 8)),
+        max_new_tokens: int = 64, repeats: int = 5, max_input_len: int = 32) -> List[Dict]:
+  """Writes bench_auto.{md,csv,json}; returns one summary row per (pair, batch, T).
+
+  Args:
+    cli: pairs and output folder.
+    batches: batch sizes; temperatures: 0 (greedy) and/or sampling temperatures.
+    gammas: the fixed γ compared (auto's max_gamma is their maximum).
+    max_new_tokens: tokens per row (EOS ignored); repeats: interleaved timed runs (median).
+    max_input_len: encoder input / prompt width.
+  """
+  rows, timings = [], []
+  for pair in cli.pairs:
+    for batch in batches:
+      for temperature in temperatures:
+        cell = _cell(pair, batch, temperature, gammas, max_new_tokens, repeats, max_input_len)
+        steady = cell["steady"]
+        auto_s, ar_s, best_s = steady["auto"], steady["autoregressive"], steady[cell["best"]]
+        rel = cell["costs"].relative()
+        rows.append({
+            "pair": pair.name, "batch": batch, "T": temperature,
+            "ar_s": ar_s, "best": cell["best"], "best_s": best_s, "auto_s": auto_s,
+            "auto_vs_ar": ar_s / auto_s, "auto_vs_best": best_s / auto_s,
+            "meets_bar": ar_s / auto_s >= BAR and best_s / auto_s >= BAR,
+            "auto_rounds_by_gamma": " ".join(f"{g}:{n}" for g, n in cell["auto_rounds"].items()),
+            "auto_tokens_per_call": cell["auto_tokens_per_call"],
+            "round_cost_vs_gamma0": " ".join(f"{g}:{r:.2f}" for g, r in rel.items() if g),
+            "calibration_s": cell["costs"].calibration_s,
+            "compile_auto_s": cell["calibrate_call_s"] - cell["costs"].calibration_s,
+        })
+        for name, seconds in steady.items():
+          low, high = cell["spread"][name]
+          timings.append({"pair": pair.name, "batch": batch, "T": temperature, "decoder": name,
+                          "steady_s": seconds, "min_s": low, "max_s": high,
+                          "vs_ar": ar_s / seconds, "compile_s": cell["compile"][name],
+                          "alpha": cell["alpha"].get(name, "")})
+        print(common.markdown_table(rows[-1:]), flush=True)
+  out = common.Output(cli.output_dir, "bench_auto")
+  md = common.header("Benchmark: the 'auto' γ policy vs autoregressive and every fixed γ",
+                     cli.pairs, [
+      f"{max_new_tokens} new tokens per row (EOS ignored), inputs of width {max_input_len}, "
+      f"median of {repeats} interleaved runs; fixed γ ∈ {tuple(gammas)} each with max_gamma = "
+      f"γ; auto with max_gamma = {max(gammas)}, its cost table calibrated on the cell's inputs "
+      "first (calibration_s; compile_auto_s is the loop's compile, excluded like every "
+      "decoder's)",
+      f"auto_vs_ar = AR time / auto time, auto_vs_best = best time / auto time (≥ 1: auto "
+      f"faster); meets_bar: both ≥ {BAR}"])
+  md += "\n" + common.markdown_table(rows) + "\n\nEvery decoder:\n\n" + common.markdown_table(
+      timings)
+  out.markdown(md)
+  out.csv(rows)
+  out.csv(timings, "bench_auto_timings.csv")
+  out.json({"pairs": {p.name: p.source for p in cli.pairs}, "rows": rows, "timings": timings})
+  print(md)
+  return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+  cli = common.parse_cli(argv, __doc__, "bench_auto")
+  return run(cli, **(FAST if cli.fast else {}))
+
+
+if __name__ == "__main__":
+  main()

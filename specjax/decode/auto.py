@@ -1,0 +1,322 @@
+"""The cost-aware γ policy ('auto'): speculate only where it pays, per batch and per row.
+
+Cost model. A round whose largest γ is g costs `s[g]` seconds: s[0] is a plain target
+step (one token wide, no draft call, exactly an autoregressive step); for g ≥ 1 the round
+drafts g guesses and the target scores them in the compiled width of the smallest bucket
+b ≥ g (`DecodeConfig.auto_buckets`), so s[g] = s[b]. The `CostTable` holds s for
+γ = 0 and each bucket, measured once per (models, batch, cache length) by `calibrate`
+inside the compiled loop itself (verification and loop overhead included), so s[g] / s[0]
+is Thm 3.8's denominator γc + 1 with the measured r(γ+1) in place of the paper's r = 1:
+s[g] / s[0] = r(b+1) + g·c + (verification and loop overhead).
+
+Decision, each round, a pure function of the table and the decode state. Row b has a
+running α̂_b (Σ min(p, q) over its verified positions, plus one prior position at α = 1,
+so that a row with no evidence yet is given one speculative round) and room_b tokens
+left in its budget. Offering γ guesses it emits E_b(γ) = Σ_{i ≤ min(γ, room_b−1)} α̂_b^i
+tokens per round (Eq. 1, capped by its budget), so it needs about room_b / E_b(γ) more
+rounds. The batch runs until its slowest row is done, so the policy picks
+
+    g* = argmin_{g ≤ cap} s[g] · max_{b active} room_b / E_b(g)      (ties: the smaller g)
+
+which at batch 1 maximizes E(g) / s[g], Thm 3.8 with measured costs, and which can be
+g* = 0: speculation off. It is batch-aware: a wider call is paid by the whole batch, so
+rows whose α̂ would pay for speculation alone are switched to γ = 0 when the batch's
+slowest row does not gain enough to pay for the wider call.
+
+Sharing the wide call. All rows of a round run in one call of the bucket's width. Row b
+offers γ_b = min(g*, room_b − 1) guesses (0 when done): guessing past its budget buys
+nothing, and any γ_b < g* is free since the call is paid anyway. A row with γ_b = 0 in a
+wide round takes one token, drawn from p at its first position with the correction
+stream's key of that position (Algorithm 1 with no guess offered; with the reference
+verifier it is the autoregressive loop's own draw): exact. When g* = 0 the whole round is
+the narrow branch: one 1-token target call, no draft call. The narrow round and a round
+of each bucket's width are compiled once into the one loop (`run_phases`): a decision
+never recompiles.
+
+Reproducibility. Decisions depend only on the cost table and the decode state, never on
+timings taken during the decode. At T > 0 a row's tokens depend on its γ decisions (which
+position keys are consumed), so a seed reproduces its tokens exactly given the same cost
+table: save it (`CostTable.save`, the main job's COST_TABLE) and pass it back. Under
+'auto' a row's γ also depends on its batch (the batch's slowest row), so at T > 0 a row's
+tokens, not their distribution, depend on its batch mates; greedy output is always the
+target's argmax path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PRIOR_ALPHA = 1.0
+"""α of the one prior position in each row's estimate (optimistic: try before judging)."""
+SCHEDULE_SLOTS = 64
+"""Static length of the forced-γ schedule buffer (calibration, tests)."""
+NO_LIMIT = np.iinfo(np.int32).max
+VERSION = 1
+
+
+def default_buckets(max_gamma: int) -> Tuple[int, ...]:
+  """1, 2, 4, ... below max_gamma, then max_gamma: (1, 2, 4, 7) for max_gamma = 7."""
+  out, g = [], 1
+  while g < max_gamma:
+    out.append(g)
+    g *= 2
+  return tuple(out) + (max_gamma,)
+
+
+def resolve_buckets(buckets: Sequence[int], max_gamma: int) -> Tuple[int, ...]:
+  """The config's buckets (default when empty) with max_gamma appended; ValueError past it."""
+  if not buckets:
+    return default_buckets(max_gamma)
+  if max(buckets) > max_gamma:
+    raise ValueError(f"auto_buckets {tuple(buckets)} go past the drafter's max_gamma={max_gamma}")
+  return tuple(sorted(set(buckets) | {max_gamma}))
+
+
+# ------------------------------------------------------------------------- cost table
+
+
+def describe(obj) -> str:
+  """A stable description of a model or drafter: dataclass fields and model configs, never
+  an object address (it names what a saved cost table was measured on)."""
+  if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    fields = ", ".join(f"{f.name}={describe(getattr(obj, f.name))}"
+                       for f in dataclasses.fields(obj))
+    return f"{type(obj).__name__}({fields})"
+  config = getattr(obj, "config", None)
+  if config is not None:
+    return f"{type(obj).__name__}({describe(config)})"
+  return repr(obj)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTable:
+  """Seconds per round of each compiled round variant, for one (models, batch, cache length).
+
+  `seconds[0]` is the narrow round (γ = 0: one 1-token target call); `seconds[i]` for
+  i ≥ 1 the round of bucket `buckets[i-1]` with that many guesses.
+  """
+
+  batch: int
+  cache_len: int
+  max_gamma: int
+  buckets: Tuple[int, ...]
+  seconds: Tuple[float, ...]
+  """float seconds per round, aligned with (0,) + buckets."""
+  models: str = ""
+  """What was measured (target and drafter), checked when a saved table is reused."""
+  samples: Tuple[int, ...] = ()
+  """Rounds timed per entry."""
+  calibration_s: float = 0.0
+  """Seconds the timed calibration runs took (the loop's compile excluded)."""
+  platform: str = ""
+
+  def __post_init__(self):
+    object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
+    object.__setattr__(self, "seconds", tuple(float(s) for s in self.seconds))
+    object.__setattr__(self, "samples", tuple(int(s) for s in self.samples))
+    if len(self.seconds) != len(self.buckets) + 1:
+      raise ValueError(f"cost table: {len(self.seconds)} costs for γ = 0 and buckets "
+                       f"{self.buckets} (need {len(self.buckets) + 1})")
+    if not all(np.isfinite(s) and s > 0 for s in self.seconds):
+      raise ValueError(f"cost table: every cost must be a positive number of seconds, got "
+                       f"{self.seconds}")
+    if not self.buckets or self.buckets[-1] != self.max_gamma or list(self.buckets) != sorted(
+        set(self.buckets)) or self.buckets[0] < 1:
+      raise ValueError(f"cost table: buckets must increase from >= 1 to max_gamma="
+                       f"{self.max_gamma}, got {self.buckets}")
+
+  def per_gamma(self) -> np.ndarray:
+    """float32 [max_gamma + 1]: s[g], the cost of a round whose largest γ is g."""
+    out = np.empty(self.max_gamma + 1, np.float32)
+    out[0] = self.seconds[0]
+    for g in range(1, self.max_gamma + 1):
+      out[g] = self.seconds[1 + next(i for i, b in enumerate(self.buckets) if b >= g)]
+    return out
+
+  def relative(self) -> Dict[int, float]:
+    """{γ: s[γ] / s[0]} for γ = 0 and each bucket (Thm 3.8's γc + 1, measured)."""
+    return {g: s / self.seconds[0] for g, s in zip((0,) + self.buckets, self.seconds)}
+
+  def summary(self) -> Dict[str, object]:
+    """Flat, printable: ms per round and relative cost of each variant."""
+    rel = self.relative()
+    return {
+        "cost_table": f"batch {self.batch}, cache {self.cache_len}, {self.platform}",
+        "round_ms": ", ".join(f"γ={g}: {1e3 * s:.3g}" for g, s in
+                              zip((0,) + self.buckets, self.seconds)),
+        "round_cost_vs_ar": ", ".join(f"γ={g}: {r:.2f}" for g, r in rel.items()),
+        "calibration_s": self.calibration_s,
+    }
+
+  def check(self, *, batch: int, cache_len: int, max_gamma: int, buckets: Sequence[int],
+            models: str) -> None:
+    """ValueError naming the first way this table does not fit the decode it is given to."""
+    for name, have, want in (("batch size", self.batch, batch),
+                             ("cache length", self.cache_len, cache_len),
+                             ("max_gamma", self.max_gamma, max_gamma),
+                             ("buckets", self.buckets, tuple(buckets)),
+                             ("models", self.models, models)):
+      if have != want:
+        raise ValueError(f"the cost table was calibrated for {name} {have!r}, but this decode "
+                         f"has {want!r}: calibrate again (or pass a table made for it)")
+
+  def to_json(self) -> Dict[str, object]:
+    return {"version": VERSION, **dataclasses.asdict(self)}
+
+  def save(self, path: str) -> None:
+    """Writes the table as JSON (atomically: a temporary file, then a rename)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(self.to_json(), f, indent=1)
+    os.replace(tmp, path)
+
+  @staticmethod
+  def load(path: str) -> "CostTable":
+    """Reads a table written by `save`; ValueError naming what is wrong with the file."""
+    try:
+      with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise ValueError(f"cost table '{path}' cannot be read: {e}") from e
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+      raise ValueError(f"cost table '{path}' is not a specjax cost table (version {VERSION})")
+    fields = {f.name for f in dataclasses.fields(CostTable)}
+    unknown = set(data) - fields - {"version"}
+    if unknown:
+      raise ValueError(f"cost table '{path}' has unknown fields {sorted(unknown)}")
+    try:
+      return CostTable(**{k: (tuple(v) if isinstance(v, list) else v)
+                          for k, v in data.items() if k != "version"})
+    except TypeError as e:
+      raise ValueError(f"cost table '{path}' is incomplete: {e}") from e
+
+
+# ---------------------------------------------------------------------------- the policy
+
+
+def choose_gamma(costs: jax.Array, alpha_sum: jax.Array, alpha_count: jax.Array,
+                 active: jax.Array, room: jax.Array, cap: jax.Array) -> jax.Array:
+  """Each row's γ for the next round (see the module docstring).
+
+  costs: float32 [G+1] (`CostTable.per_gamma`); alpha_sum float32 [B], alpha_count int32 [B]
+  (the running α estimate); active bool [B]; room int32 [B] (tokens left in the row's
+  budget); cap int32 [] (the largest γ allowed) -> int32 [B] in [0, G].
+  """
+  max_gamma = costs.shape[0] - 1
+  alpha = jnp.clip((alpha_sum + PRIOR_ALPHA) / (alpha_count + 1.0), 0.0, 1.0)  # [B]
+  gammas = jnp.arange(max_gamma + 1)
+  tokens = jnp.cumsum(alpha[:, None] ** gammas[None, :], axis=1)  # [B, G+1]: E(α, γ), Eq. 1
+  offered = jnp.minimum(gammas[None, :], jnp.maximum(room - 1, 0)[:, None])  # [B, G+1]
+  rounds = room[:, None] / jnp.take_along_axis(tokens, offered, axis=1)  # [B, G+1]
+  slowest = jnp.max(jnp.where(active[:, None], rounds, 0.0), axis=0)  # [G+1]
+  remaining = jnp.where(gammas <= cap, costs * slowest, jnp.inf)
+  best = jnp.argmin(remaining).astype(jnp.int32)
+  return jnp.where(active, jnp.minimum(best, jnp.maximum(room - 1, 0)), 0).astype(jnp.int32)
+
+
+def forced_gamma(gamma: jax.Array, active: jax.Array, room: jax.Array) -> jax.Array:
+  """A scheduled batch γ [] applied per row as the policy would: int32 [B]."""
+  return jnp.where(active, jnp.minimum(gamma, jnp.maximum(room - 1, 0)), 0).astype(jnp.int32)
+
+
+def branch_index(gamma: jax.Array, buckets: Tuple[int, ...]) -> jax.Array:
+  """The round variant for the rows' γ [B]: 0 narrow, i ≥ 1 bucket i-1 (the smallest ≥ max γ)."""
+  most = jnp.max(gamma)
+  return jnp.where(most > 0, 1 + jnp.searchsorted(jnp.asarray(buckets), most, side="left"),
+                   0).astype(jnp.int32)
+
+
+def run_phases(variants: Sequence[Callable], decide: Callable, running: Callable, state):
+  """Runs rounds while they are wanted, each variant in its own inner `while_loop`.
+
+  variants[v](state, gamma) plays one round; decide(state) -> (gamma int32 [B], v int32 [])
+  picks the next round; running(state) says whether the decode goes on. Inner loop v runs
+  rounds while the decision stays v, so one call of this (the outer loop's body) makes at
+  least one round. Each variant sits directly in a loop body, not in a `lax.cond` /
+  `lax.switch` branch nor a 0/1-trip loop: measured in the compiled HLO, conditionals copy
+  every KV-cache array per branch, and in both the decode step's loop-invariant work (its
+  concatenated kernels) is redone every round, where a loop body has it hoisted out.
+  """
+  for index, variant in enumerate(variants):
+    state = jax.lax.while_loop(
+        lambda s, i=index: running(s) & (decide(s)[1] == i),
+        lambda s, f=variant: f(s, decide(s)[0]), state)
+  return state
+
+
+@flax.struct.dataclass
+class AutoControl:
+  """The data the 'auto' loop reads besides its state (changing it never recompiles)."""
+
+  costs: jax.Array  # float32 [G+1]: s[g] per largest γ (`CostTable.per_gamma`)
+  cap: jax.Array  # int32 []: the largest γ the policy may pick
+  schedule: jax.Array  # int32 [SCHEDULE_SLOTS]: forced batch γ of round r (-1: the policy)
+  max_rounds: jax.Array  # int32 []: stop after this many rounds (calibration)
+  rollback: jax.Array  # bool []: undo every round's commit (calibration: rows never move)
+
+  @staticmethod
+  def make(costs, cap: int, schedule: Sequence[int] = (), max_rounds: int = NO_LIMIT,
+           rollback: bool = False) -> "AutoControl":
+    if len(schedule) > SCHEDULE_SLOTS:
+      raise ValueError(f"a schedule holds at most {SCHEDULE_SLOTS} rounds, got {len(schedule)}")
+    slots = np.full(SCHEDULE_SLOTS, -1, np.int32)
+    slots[:len(schedule)] = schedule
+    return AutoControl(costs=jnp.asarray(costs, jnp.float32), cap=jnp.int32(cap),
+                       schedule=jnp.asarray(slots), max_rounds=jnp.int32(max_rounds),
+                       rollback=jnp.bool_(rollback))
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: int,
+              max_gamma: int, buckets: Tuple[int, ...], models: str, rounds: int = 6,
+              repeats: int = 3) -> CostTable:
+  """Times every round variant inside the compiled loop and returns the `CostTable`.
+
+  run(control) executes the loop once with that control (blocking). Each timed run
+  forces one variant for R rolled-back rounds (rows never finish and never move, so
+  every round does the same work) and a run of 0 rounds gives the fixed part (prefill,
+  transfers), so a variant's round costs (t − t₀) / R. R is at least `rounds`, and up to
+  4 × `rounds` when the fixed part is long next to a γ = 0 round, so that rounds, not the
+  fixed part's noise, make up the difference. The runs are interleaved (t₀, γ = 0, each bucket,
+  `repeats` times: a busy spell hits neighbours alike), and each cost is the median of
+  its paired differences. A round with guesses does all a γ = 0 round does and more, so
+  no bucket is costed below the γ = 0 round (noise can suggest it on a busy machine).
+  """
+  if not 1 <= rounds <= SCHEDULE_SLOTS:
+    raise ValueError(f"calibration rounds must be in [1, {SCHEDULE_SLOTS}], got {rounds}")
+  choices = (0,) + tuple(buckets)
+  ones = np.ones(max_gamma + 1, np.float32)
+
+  def timed(gamma: int, count: int) -> float:
+    control = AutoControl.make(ones, max_gamma, [gamma] * count, max_rounds=count,
+                               rollback=True)
+    start = time.perf_counter()
+    run(control)
+    return time.perf_counter() - start
+
+  timed(0, 1)  # compiles the loop, if this is its first use
+  start = time.perf_counter()
+  fixed = min(timed(0, 0), timed(0, 0))
+  step = (timed(0, rounds) - fixed) / rounds
+  count = int(min(SCHEDULE_SLOTS, 4 * rounds, max(rounds, np.ceil(fixed / max(step, 1e-9)))))
+  costs: Dict[int, List[float]] = {g: [] for g in choices}
+  for _ in range(repeats):
+    base = timed(0, 0)
+    for g in choices:
+      costs[g].append((timed(g, count) - base) / count)
+  spent = time.perf_counter() - start
+  narrow = max(float(np.median(costs[0])), 1e-6)
+  seconds = (narrow,) + tuple(max(float(np.median(costs[g])), narrow) for g in buckets)
+  return CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma, buckets=buckets,
+                   seconds=seconds, models=models, samples=(repeats * count,) * len(choices),
+                   calibration_s=spent, platform=jax.devices()[0].platform)
