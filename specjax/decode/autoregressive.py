@@ -1,8 +1,9 @@
 """The baseline loop: one token per target call, one `lax.while_loop` under `jax.jit`."""
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -17,25 +18,43 @@ from specjax.sampling import CORRECTION_STREAM, position_key, row_keys
 from specjax.sharding import Partitioner, constrain, place, unpad
 
 
-@functools.partial(jax.jit, static_argnames=("model", "config", "partitioner"))
-def _autoregressive(model, config, partitioner, params, inputs, seq, length, keys,
-                    max_new_tokens):
-  prefix_len = length
-  state, encoded = constrain(partitioner, start_loop(model, params, inputs, seq, length,
-                                                     seq.shape[1], 1))
+@dataclasses.dataclass(frozen=True)
+class AutoregressiveLoop:
+  """The baseline's start and round (static, hashable), shared by the padded-batch loop and the
+  streaming decode (`specjax.decode.stream`). `params` is the model's parameters."""
 
-  def body(state: LoopState) -> LoopState:
-    logits, cache = model.decode(params, state.cache, last_tokens(state), state.length - 1,
-                                 encoded)
+  target: DecodingModel
+  config: DecodeConfig
+
+  def start(self, params, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
+    """inputs [B, L], seq [B, T], length [B] -> (LoopState, encoded) after encode / prefill."""
+    del gamma  # one token per call
+    return start_loop(self.target, params, inputs, seq, length, seq.shape[1], 1)
+
+  def round(self, params, state: LoopState, keys, encoded, prefix_len,
+            max_new_tokens) -> LoopState:
+    """One target call per row: keys [B] row keys, prefix_len int32 [B]."""
+    logits, cache = self.target.decode(params, state.cache, last_tokens(state), state.length - 1,
+                                       encoded)
     step_keys = jax.vmap(position_key, in_axes=(0, 0, None))(keys, state.length,
                                                              CORRECTION_STREAM)
-    token = jax.vmap(config.sampling.sample)(step_keys, logits[:, 0])
+    token = jax.vmap(self.config.sampling.sample)(step_keys, logits[:, 0])
     seq, length, done = advance(state, token[:, None], jnp.ones_like(state.length), prefix_len,
-                                max_new_tokens, config.eos_id)
+                                max_new_tokens, self.config.eos_id)
     active = ~state.done
-    return constrain(partitioner, state.replace(
+    return state.replace(
         seq=seq, length=length, done=done, cache=cache, target_calls=state.target_calls + active,
-        nan=state.nan | (active & jnp.any(jnp.isnan(logits), axis=(1, 2)))))
+        nan=state.nan | (active & jnp.any(jnp.isnan(logits), axis=(1, 2))))
+
+
+@functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
+def _autoregressive(loop, partitioner, params, inputs, seq, length, keys, max_new_tokens):
+  prefix_len = length
+  state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length, None))
+
+  def body(state: LoopState) -> LoopState:
+    return constrain(partitioner, loop.round(params, state, keys, encoded, prefix_len,
+                                             max_new_tokens))
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   return finish(state, prefix_len)
@@ -70,7 +89,8 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
   (params,), rows = place(partitioner, [params], [
       jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
       row_keys(rng, inputs.shape[0])])
-  result, nan = unpad(partitioner, _autoregressive(model, config, partitioner, params, *rows,
+  result, nan = unpad(partitioner, _autoregressive(AutoregressiveLoop(model, config),
+                                                   partitioner, params, *rows,
                                                    jnp.int32(max_new_tokens)), inputs.shape[0])
   check_nan(nan)
   return result.replace(tokens=result.tokens[:, :max_new_tokens])

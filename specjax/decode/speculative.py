@@ -15,8 +15,9 @@ does not recompile.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import flax
 import jax
@@ -109,32 +110,54 @@ def _empty_trace(batch: int, rounds: int, max_gamma: int) -> Trace:
                gamma=jnp.zeros((batch, rounds), jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("target", "drafter", "config", "partitioner"))
-def _speculative(target, drafter, config, partitioner, target_params, drafter_params, inputs, seq,
-                 length, keys, max_new_tokens, gamma):
-  prefix_len = length
-  max_gamma = drafter.max_gamma
-  batch = seq.shape[0]
-  state, encoded = start_loop(target, target_params, inputs, seq, length, seq.shape[1],
-                              max_gamma + 1)
-  state = state.replace(
-      drafter_state=drafter.init(drafter_params, inputs, seq, length, seq.shape[1]),
-      gamma=jnp.full((batch,), gamma, jnp.int32),
-      trace=_empty_trace(batch, seq.shape[1], max_gamma) if config.trace else None)
-  state, encoded = constrain(partitioner, (state, encoded))
+@dataclasses.dataclass(frozen=True)
+class SpeculativeLoop:
+  """Algorithm 1's start and round (static, hashable), shared by the padded-batch loop and the
+  streaming decode (`specjax.decode.stream`). `params` is (target_params, drafter_params)."""
 
-  def body(state: LoopState) -> LoopState:
+  target: DecodingModel
+  drafter: Drafter
+  config: DecodeConfig
+
+  def start(self, params, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
+    """inputs [B, L], seq [B, T], length [B], gamma int32 [] -> (LoopState, encoded): the
+    target encoded / prefilled, the drafter started, every row at γ."""
+    target_params, drafter_params = params
+    max_gamma = self.drafter.max_gamma
+    batch, width = seq.shape
+    state, encoded = start_loop(self.target, target_params, inputs, seq, length, width,
+                                max_gamma + 1)
+    return state.replace(
+        drafter_state=self.drafter.init(drafter_params, inputs, seq, length, width),
+        gamma=jnp.full((batch,), gamma, jnp.int32),
+        trace=_empty_trace(batch, width, max_gamma) if self.config.trace else None), encoded
+
+  def round(self, params, state: LoopState, keys, encoded, prefix_len,
+            max_new_tokens) -> LoopState:
+    """draft -> score -> verify -> commit -> record; keys [B] row keys, prefix_len int32 [B]."""
+    target_params, drafter_params = params
+    config, drafter = self.config, self.drafter
     round_keys = keys
     if config.verifier.fresh_round_keys:
       # The verifier reads guesses and uniforms past what it accepts, and the next round
       # draws at those positions again: fold in the round's start (unique per row).
       round_keys = jax.vmap(jax.random.fold_in)(keys, state.length)
     proposal, drafter_state = _draft(drafter, drafter_params, state, round_keys, config)
-    logits, cache = _score(target, target_params, state, proposal, encoded)
+    logits, cache = _score(self.target, target_params, state, proposal, encoded)
     verdict = _verify(config, round_keys, state, proposal, logits)
     after = _commit(config, drafter, state, proposal, verdict, cache, drafter_state, prefix_len,
                     max_new_tokens)
-    return constrain(partitioner, _record(config, state, after, proposal, verdict, max_gamma))
+    return _record(config, state, after, proposal, verdict, drafter.max_gamma)
+
+
+@functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
+def _speculative(loop, partitioner, params, inputs, seq, length, keys, max_new_tokens, gamma):
+  prefix_len = length
+  state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length, gamma))
+
+  def body(state: LoopState) -> LoopState:
+    return constrain(partitioner, loop.round(params, state, keys, encoded, prefix_len,
+                                             max_new_tokens))
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   return finish(state, prefix_len)
@@ -182,7 +205,7 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
       jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
       row_keys(rng, inputs.shape[0])])
   result, nan = unpad(partitioner, _speculative(
-      target, drafter, config, partitioner, target_params, drafter_params, *rows,
-      jnp.int32(max_new_tokens), jnp.int32(gamma)), inputs.shape[0])
+      SpeculativeLoop(target, drafter, config), partitioner, (target_params, drafter_params),
+      *rows, jnp.int32(max_new_tokens), jnp.int32(gamma)), inputs.shape[0])
   check_nan(nan)
   return result.replace(tokens=result.tokens[:, :max_new_tokens])
