@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import flax
 import jax
@@ -30,6 +30,7 @@ from specjax.decode.inputs import (cache_length, check_cache_size, check_count, 
                                    check_nan, drafter_models, initial_seq, prefix_lengths)
 from specjax.decode.loop import advance, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState, Trace
+from specjax.decode.stream import check_slots, decode_streaming
 from specjax.draft import Drafter, Proposal
 from specjax.models import DecodingModel, check_same_vocab
 from specjax.sampling import row_keys
@@ -167,7 +168,10 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
                        drafter_params: Any, inputs, *, max_new_tokens: int, gamma: int,
                        rng: jax.Array, config: DecodeConfig = DecodeConfig(),
                        prompt_lengths=None,
-                       partitioner: Optional[Partitioner] = None) -> DecodeResult:
+                       partitioner: Optional[Partitioner] = None,
+                       slots: Optional[int] = None, refill_rows: int = 1,
+                       on_progress: Optional[Callable[[int, int], None]] = None
+                       ) -> DecodeResult:
   """Speculative decoding (Algorithm 1 in a loop), exact for the target's distribution.
 
   Each round the drafter proposes γ guesses with their standardized q, the target
@@ -186,8 +190,14 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
     config: static settings.
     prompt_lengths: optional int [B] for decoder-only prompts.
     partitioner: as for `autoregressive_decode` (drafter params are placed too).
+    slots: stream the B inputs through this many slots (in-flight batching,
+      `specjax.decode.stream`): a finished row takes the next input, its encoder / prefill and
+      drafter state start for that slot. None: one padded batch.
+    refill_rows: streaming: inputs started per refill pass (1 ≤ R ≤ slots).
+    on_progress: streaming: called as on_progress(done, B) after every `slots` finished inputs.
   Returns:
-    A `DecodeResult` with tokens [B, max_new_tokens] and per-row statistics.
+    A `DecodeResult` with tokens [B, max_new_tokens] and per-row statistics, in input order
+    (streaming: with `rounds` and `slots`, see `DecodeResult.slot_utilization`).
   """
   check_same_vocab(target, drafter.vocab_size)
   if (isinstance(gamma, (bool, np.bool_)) or not isinstance(gamma, (int, np.integer))
@@ -199,13 +209,25 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
   length = prefix_lengths(target, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens,
                            drafter.max_gamma + 1)
+  loop = SpeculativeLoop(target, drafter, config)
+  if slots is not None:
+    slots = check_slots(slots, refill_rows, partitioner)
+    check_cache_size([target, *drafter_models(drafter)], slots + refill_rows, cache_len,
+                     partitioner)
+    if partitioner is not None:
+      target_params = partitioner.shard_params(target_params)
+      drafter_params = partitioner.shard_params(drafter_params)
+    return decode_streaming(loop, (target_params, drafter_params), inputs, length, rng,
+                            slots=slots, width=cache_len, max_new_tokens=max_new_tokens,
+                            gamma=gamma, refill_rows=refill_rows, partitioner=partitioner,
+                            on_progress=on_progress)
   check_cache_size([target, *drafter_models(drafter)], inputs.shape[0], cache_len, partitioner)
   seq = initial_seq(target, inputs, cache_len)
   (target_params, drafter_params), rows = place(partitioner, [target_params, drafter_params], [
       jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
       row_keys(rng, inputs.shape[0])])
   result, nan = unpad(partitioner, _speculative(
-      SpeculativeLoop(target, drafter, config), partitioner, (target_params, drafter_params),
+      loop, partitioner, (target_params, drafter_params),
       *rows, jnp.int32(max_new_tokens), jnp.int32(gamma)), inputs.shape[0])
   check_nan(nan)
   return result.replace(tokens=result.tokens[:, :max_new_tokens])
