@@ -151,13 +151,16 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
     gamma: guesses per round; max_gamma: the static buffer (default gamma).
     max_new_tokens: generation budget per example.
     sampling: standardization for both models; lenience: l in (0, 1] (1 = exact).
-    batch_size: examples per decode call.
+    batch_size: decode slots: the examples stream through this many rows (in-flight
+      batching: a finished example's slot takes the next input).
     verifier: a `specjax.verify` verifier; the sigmoid one is NOT exact (flagged in output).
     output_dir: where `results.jsonl` and `summary.json` go (None: nowhere).
     partitioner: a `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a
       device mesh; None: one device.
-    on_batch: called as on_batch(examples_done, examples_total) after each batch (a progress
-      hook). Ctrl-C (KeyboardInterrupt) between batches stops the job with a message.
+    on_batch: called as on_batch(examples_done, examples_total) after every batch_size
+      examples finish the speculative decode (which runs after the autoregressive one): a
+      progress hook. Ctrl-C (KeyboardInterrupt) between two such chunks stops the job with a
+      message.
   Every setting, the output folder and the caches' size are checked before any model loads.
   Returns:
     The summary dict.
@@ -188,54 +191,47 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
     console.print(f"[bold red]WARNING:[/bold red] {describe(verifier)}: speculative outputs are "
                   "NOT distributed as the target's")
   inputs = encode_inputs(vocab, texts, target.is_encoder_decoder, max_input_len)
-  rng = jax.random.PRNGKey(seed)
-  records: List[Dict[str, Any]] = []
-  totals = dict(ar_s=0.0, spec_s=0.0, ar_compile_s=0.0, spec_compile_s=0.0, identical=True)
-  stats = dict(tokens=0, calls=0, alpha_sum=0.0, alpha_count=0)
-  first_trace = None
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(texts))  # one key per example
+  spec_config = DecodeConfig(**{**config.__dict__, "trace": True})
+  # In-flight batching: batch_size slots; a finished example's slot takes the next input.
+  stream = dict(rng=keys, partitioner=partitioner, slots=batch_size)
+  ar = lambda budget, **kw: autoregressive_decode(target, target_params, inputs,
+                                                  max_new_tokens=budget, config=config,
+                                                  **stream, **kw)
+  spec = lambda budget, **kw: speculative_decode(target, target_params, the_drafter, draft_params,
+                                                 inputs, max_new_tokens=budget, gamma=gamma,
+                                                 config=spec_config, **stream, **kw)
+  done = [0]
   try:
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
-      task = progress.add_task("decoding", total=len(texts))
-      for start in range(0, len(texts), batch_size):
-        batch = inputs[start:start + batch_size]
-        pad = batch_size - len(batch)  # keep one shape: no recompiles on the last batch
-        batch = np.concatenate([batch, np.repeat(batch[-1:], pad, 0)]) if pad else batch
-        keys = jax.random.split(jax.random.fold_in(rng, start), batch_size)
-        ar = lambda: autoregressive_decode(target, target_params, batch,
-                                           max_new_tokens=max_new_tokens, rng=keys, config=config,
-                                           partitioner=partitioner)
-        spec_config = DecodeConfig(**{**config.__dict__, "trace": True})
-        spec = lambda: speculative_decode(target, target_params, the_drafter, draft_params, batch,
-                                          max_new_tokens=max_new_tokens, gamma=gamma, rng=keys,
-                                          config=spec_config, partitioner=partitioner)
-        if start == 0:  # compile (and warm up) apart from the timed runs
-          totals["ar_compile_s"] = _timed(ar)[1]
-          totals["spec_compile_s"] = _timed(spec)[1]
-        ar_out, ar_s = _timed(ar)
-        spec_out, spec_s = _timed(spec)
-        totals["ar_s"] += ar_s
-        totals["spec_s"] += spec_s
-        if first_trace is None:
-          first_trace = report.trace_rounds(spec_out, 0)
-        for i in range(len(batch) - pad):
-          n_ar, n_sp = int(ar_out.lengths[i]), int(spec_out.lengths[i])
-          ar_ids = np.asarray(ar_out.tokens[i, :n_ar]).tolist()
-          sp_ids = np.asarray(spec_out.tokens[i, :n_sp]).tolist()
-          totals["identical"] &= ar_ids == sp_ids
-          stats["tokens"] += n_sp
-          stats["calls"] += int(spec_out.target_calls[i])
-          stats["alpha_sum"] += float(spec_out.alpha_sum[i])
-          stats["alpha_count"] += int(spec_out.alpha_count[i])
-          records.append({"input": texts[start + i], "autoregressive": vocab.decode(ar_ids),
-                          "speculative": vocab.decode(sp_ids), "target_calls": int(
-                              spec_out.target_calls[i]), "tokens": n_sp,
-                          "alpha": float(spec_out.alpha[i])})
-        progress.advance(task, len(batch) - pad)
+      task = progress.add_task("decoding", total=2 * len(texts))
+
+      def spec_progress(finished, total):  # after every batch_size finished examples
+        done[0] = finished
+        progress.update(task, completed=total + finished)
         if on_batch is not None:
-          on_batch(len(records), len(texts))
+          on_batch(finished, total)
+
+      # Compile (and warm up: one token per input) apart from the timed runs; the budget is
+      # data, so the timed runs reuse the compiled loops.
+      compile_s = {"ar": _timed(lambda: ar(1))[1], "spec": _timed(lambda: spec(1))[1]}
+      ar_out, ar_s = _timed(lambda: ar(max_new_tokens, on_progress=lambda d, t: progress.update(
+          task, completed=d)))
+      spec_out, spec_s = _timed(lambda: spec(max_new_tokens, on_progress=spec_progress))
   except KeyboardInterrupt:
-    console.print(f"interrupted after {len(records)} of {len(texts)} examples: nothing written")
+    console.print(f"interrupted after {done[0]} of {len(texts)} examples: nothing written")
     raise
+  records: List[Dict[str, Any]] = []
+  identical = True
+  for i, text in enumerate(texts):
+    ar_ids = np.asarray(ar_out.tokens[i, :int(ar_out.lengths[i])]).tolist()
+    sp_ids = np.asarray(spec_out.tokens[i, :int(spec_out.lengths[i])]).tolist()
+    identical &= ar_ids == sp_ids
+    records.append({"input": text, "autoregressive": vocab.decode(ar_ids),
+                    "speculative": vocab.decode(sp_ids),
+                    "target_calls": int(spec_out.target_calls[i]), "tokens": len(sp_ids),
+                    "alpha": float(spec_out.alpha[i])})
+  first_trace = report.trace_rounds(spec_out, 0)
 
   for record in records:
     console.print(f"[bold]>[/bold] {record['input']}", markup=True, highlight=False)
@@ -248,13 +244,15 @@ def decode_job(texts: Sequence[str], *, target_checkpoint: Optional[str] = None,
       "examples": len(texts), "gamma": gamma, "drafter": drafter,
       "verifier": describe(verifier),
       "temperature": sampling.temperature, "lenience": lenience,
-      "alpha": stats["alpha_sum"] / max(stats["alpha_count"], 1),
-      "tokens_per_target_call": stats["tokens"] / max(stats["calls"], 1),
-      "autoregressive_s": totals["ar_s"], "speculative_s": totals["spec_s"],
-      "speedup": totals["ar_s"] / max(totals["spec_s"], 1e-9),
-      "compile_ar_s": totals["ar_compile_s"], "compile_spec_s": totals["spec_compile_s"],
-      "greedy_identical": (totals["identical"] if sampling.greedy and lenience == 1.0
+      "alpha": float(np.sum(spec_out.alpha_sum) / max(int(np.sum(spec_out.alpha_count)), 1)),
+      "tokens_per_target_call": float(np.sum(spec_out.lengths)
+                                      / max(int(np.sum(spec_out.target_calls)), 1)),
+      "autoregressive_s": ar_s, "speculative_s": spec_s,
+      "speedup": ar_s / max(spec_s, 1e-9),
+      "compile_ar_s": compile_s["ar"], "compile_spec_s": compile_s["spec"],
+      "greedy_identical": (identical if sampling.greedy and lenience == 1.0
                            and verifier.exact else "n/a (sampling or not exact)"),
+      "slot_utilization": spec_out.slot_utilization,
   }
   console.print(report.summary_table(summary))
   if output_dir:

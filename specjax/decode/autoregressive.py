@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +13,7 @@ from specjax.decode.inputs import (cache_length, check_cache_size, check_count, 
                                    check_nan, initial_seq, prefix_lengths)
 from specjax.decode.loop import advance, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState
-from specjax.decode.stream import check_slots, decode_streaming
+from specjax.decode.stream import Streaming, as_streaming, decode_streaming
 from specjax.models import DecodingModel
 from specjax.sampling import CORRECTION_STREAM, position_key, row_keys
 from specjax.sharding import Partitioner, constrain, place, unpad
@@ -65,7 +65,7 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
                           rng: jax.Array, config: DecodeConfig = DecodeConfig(),
                           prompt_lengths=None,
                           partitioner: Optional[Partitioner] = None,
-                          slots: Optional[int] = None, refill_rows: int = 1,
+                          slots: Union[int, Streaming, None] = None,
                           on_progress: Optional[Callable[[int, int], None]] = None
                           ) -> DecodeResult:
   """The baseline: one token per target call (T5X `temperature_sample` semantics).
@@ -83,24 +83,25 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
       in their shardings, the batch padded to and split over the 'data' axis).
     slots: stream the B inputs through this many slots (in-flight batching,
       `specjax.decode.stream`): a finished row takes the next input. None: one padded batch.
-    refill_rows: streaming: inputs started per refill pass (1 ≤ R ≤ slots).
+      A `specjax.decode.Streaming` sets refill rows and the tail shrink too.
     on_progress: streaming: called as on_progress(done, B) after every `slots` finished inputs.
   Returns:
     A `DecodeResult` with tokens [B, max_new_tokens], in input order (streaming: with
-    `rounds` and `slots`, see `DecodeResult.slot_utilization`).
+    `rounds` and `slot_rounds`, see `DecodeResult.slot_utilization`).
   """
   max_new_tokens = check_count("max_new_tokens", max_new_tokens)
   inputs = check_inputs(model, inputs)
   length = prefix_lengths(model, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens, 1)
   if slots is not None:
-    slots = check_slots(slots, refill_rows, partitioner)
-    check_cache_size([model], slots + refill_rows, cache_len, partitioner)
+    streaming = as_streaming(slots)
+    slot_rows = streaming.sizes(partitioner)[0] + streaming.refill_rows
+    check_cache_size([model], slot_rows, cache_len, partitioner)
     if partitioner is not None:
       params = partitioner.shard_params(params)
     return decode_streaming(AutoregressiveLoop(model, config), params, inputs, length, rng,
-                            slots=slots, width=cache_len, max_new_tokens=max_new_tokens,
-                            refill_rows=refill_rows, partitioner=partitioner,
+                            streaming=streaming, width=cache_len, max_new_tokens=max_new_tokens,
+                            partitioner=partitioner,
                             on_progress=on_progress)
   check_cache_size([model], inputs.shape[0], cache_len, partitioner)
   seq = initial_seq(model, inputs, cache_len)

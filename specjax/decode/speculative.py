@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, Union
 
 import flax
 import jax
@@ -30,7 +30,7 @@ from specjax.decode.inputs import (cache_length, check_cache_size, check_count, 
                                    check_nan, drafter_models, initial_seq, prefix_lengths)
 from specjax.decode.loop import advance, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState, Trace
-from specjax.decode.stream import check_slots, decode_streaming
+from specjax.decode.stream import Streaming, as_streaming, decode_streaming
 from specjax.draft import Drafter, Proposal
 from specjax.models import DecodingModel, check_same_vocab
 from specjax.sampling import row_keys
@@ -169,7 +169,7 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
                        rng: jax.Array, config: DecodeConfig = DecodeConfig(),
                        prompt_lengths=None,
                        partitioner: Optional[Partitioner] = None,
-                       slots: Optional[int] = None, refill_rows: int = 1,
+                       slots: Union[int, Streaming, None] = None,
                        on_progress: Optional[Callable[[int, int], None]] = None
                        ) -> DecodeResult:
   """Speculative decoding (Algorithm 1 in a loop), exact for the target's distribution.
@@ -193,11 +193,11 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
     slots: stream the B inputs through this many slots (in-flight batching,
       `specjax.decode.stream`): a finished row takes the next input, its encoder / prefill and
       drafter state start for that slot. None: one padded batch.
-    refill_rows: streaming: inputs started per refill pass (1 ≤ R ≤ slots).
+      A `specjax.decode.Streaming` sets refill rows and the tail shrink too.
     on_progress: streaming: called as on_progress(done, B) after every `slots` finished inputs.
   Returns:
     A `DecodeResult` with tokens [B, max_new_tokens] and per-row statistics, in input order
-    (streaming: with `rounds` and `slots`, see `DecodeResult.slot_utilization`).
+    (streaming: with `rounds` and `slot_rounds`, see `DecodeResult.slot_utilization`).
   """
   check_same_vocab(target, drafter.vocab_size)
   if (isinstance(gamma, (bool, np.bool_)) or not isinstance(gamma, (int, np.integer))
@@ -211,15 +211,15 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
                            drafter.max_gamma + 1)
   loop = SpeculativeLoop(target, drafter, config)
   if slots is not None:
-    slots = check_slots(slots, refill_rows, partitioner)
-    check_cache_size([target, *drafter_models(drafter)], slots + refill_rows, cache_len,
-                     partitioner)
+    streaming = as_streaming(slots)
+    slot_rows = streaming.sizes(partitioner)[0] + streaming.refill_rows
+    check_cache_size([target, *drafter_models(drafter)], slot_rows, cache_len, partitioner)
     if partitioner is not None:
       target_params = partitioner.shard_params(target_params)
       drafter_params = partitioner.shard_params(drafter_params)
     return decode_streaming(loop, (target_params, drafter_params), inputs, length, rng,
-                            slots=slots, width=cache_len, max_new_tokens=max_new_tokens,
-                            gamma=gamma, refill_rows=refill_rows, partitioner=partitioner,
+                            streaming=streaming, width=cache_len, max_new_tokens=max_new_tokens,
+                            gamma=gamma, partitioner=partitioner,
                             on_progress=on_progress)
   check_cache_size([target, *drafter_models(drafter)], inputs.shape[0], cache_len, partitioner)
   seq = initial_seq(target, inputs, cache_len)

@@ -30,8 +30,8 @@ class DecodeResult:
   alpha_sum: jax.Array  # float32 [B]: Σ_x min(p, q) summed over verified positions
   alpha_count: jax.Array  # int32 [B]: verified positions in alpha_sum
   trace: Optional[Trace] = None  # per-round record when DecodeConfig.trace
-  rounds: Optional[jax.Array] = None  # int32 []: rounds a streaming decode ran over its slots
-  slots: int = flax.struct.field(pytree_node=False, default=0)  # rows per round (streaming)
+  rounds: Optional[jax.Array] = None  # int32 []: rounds a streaming decode ran
+  slot_rounds: Optional[jax.Array] = None  # int32 []: Σ over those rounds of the slots each ran
 
   @property
   def alpha(self) -> jax.Array:
@@ -45,15 +45,15 @@ class DecodeResult:
 
   @property
   def slot_utilization(self) -> float:
-    """Useful rounds / rounds run: Σ target calls over the rows / (slots × rounds the loop ran).
+    """Useful rounds / rounds run, counted in row-rounds: Σ target calls / `slot_rounds`.
 
-    A streaming decode (`slots=`) ran `rounds` rounds over `slots` rows; one padded batch
-    ran as many rounds as its slowest row, over all B rows.
+    A streaming decode (`slots=`) ran `slot_rounds` row-rounds; one padded batch ran as many
+    rounds as its slowest row, over all B rows.
     """
     useful = float(jnp.sum(self.target_calls))
-    if self.rounds is None:
+    if self.slot_rounds is None:
       return useful / max(self.target_calls.shape[0] * int(jnp.max(self.target_calls)), 1)
-    return useful / max(self.slots * int(self.rounds), 1)
+    return useful / max(int(self.slot_rounds), 1)
 
 
 @flax.struct.dataclass

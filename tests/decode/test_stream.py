@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.decode import DecodeConfig, Streaming, autoregressive_decode, speculative_decode
 from specjax.decode import stream as stream_module
 from specjax.draft import BigramDrafter, HierarchicalDrafter, ModelDrafter, PromptLookupDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
@@ -114,15 +114,23 @@ def test_other_drafters_each_example_equals_its_batch1_decode(tables, drafter_na
   _assert_each_equals_batch1(decode(slice(None), slots=SLOTS), decode, N)
 
 
-def test_autoregressive_refilling_several_rows_per_pass_and_fewer_inputs_than_slots(tables):
+def test_autoregressive_refill_of_several_rows_fewer_inputs_than_slots_and_tail_shrink(tables):
   prompts, lengths = _prompts(N, WIDTH, V, seed=2)
   keys = jax.random.split(jax.random.PRNGKey(7), N)
   config = DecodeConfig(sampling=SAMPLED, eos_id=1, cache_len=40)
   decode = lambda rows, **stream: autoregressive_decode(
       TableModel(V), tables["target"], prompts[rows], max_new_tokens=12, rng=keys[rows],
       config=config, prompt_lengths=lengths[rows], **stream)
-  _assert_each_equals_batch1(decode(slice(None), slots=SLOTS, refill_rows=SLOTS), decode, N)
-  _assert_each_equals_batch1(decode(slice(0, 2), slots=SLOTS, refill_rows=SLOTS), decode, 2)
+  several = Streaming(SLOTS, refill_rows=SLOTS)
+  _assert_each_equals_batch1(decode(slice(None), slots=several), decode, N)
+  _assert_each_equals_batch1(decode(slice(0, 2), slots=several), decode, 2)
+  shrinking = Streaming(4, min_slots=1)  # 4 slots, then 2, then 1 as the queue runs dry
+  assert shrinking.sizes() == (4, 2, 1)
+  result = decode(slice(None), slots=shrinking)
+  _assert_each_equals_batch1(result, decode, N)
+  calls = np.asarray(result.target_calls).tolist()
+  assert (int(result.rounds), int(result.slot_rounds)) == _schedule(calls, (4, 2, 1))
+  assert int(result.slot_rounds) < 4 * _schedule(calls, (4,))[0], "the tail should shrink"
 
 
 # ---------------------------------------------------------------- real networks
@@ -198,8 +206,8 @@ def test_joint_of_first_three_tokens_is_exact_through_the_stream(tables):
   result = speculative_decode(TableModel(V), tables["target"],
                               ModelDrafter(TableModel(V), max_gamma=2), tables["draft"], prompts,
                               max_new_tokens=STEPS, gamma=2, rng=jax.random.PRNGKey(0),
-                              config=config, prompt_lengths=lengths, slots=4096,
-                              refill_rows=4096)
+                              config=config, prompt_lengths=lengths,
+                              slots=Streaming(4096, refill_rows=4096))
   tokens = np.asarray(result.tokens)
   for prefix, rows in (([2, 3], order), ([3], ~order)):
     assert _joint_tv(tokens[rows], exact_joint(np.asarray(tables["target"]), SAMPLED, prefix,
@@ -237,37 +245,51 @@ def test_progress_chunks_report_every_slots_examples_and_change_nothing(streamed
   assert all(b - a >= SLOTS for a, b in zip([0] + done[:-2], done[:-1])), calls
 
 
-def _scheduled_rounds(target_calls, slots):
-  """Rounds of the slot schedule, simulated: before each round every free slot (lowest
-  first) takes the next example; an example leaves after its `target_calls` rounds."""
-  queue, left, rounds = list(target_calls), [0] * slots, 0
+def _schedule(target_calls, sizes):
+  """(rounds, row-rounds) of the slot schedule, simulated: before each round every free slot
+  (lowest first) takes the next example, which leaves after its `target_calls` rounds; once the
+  queue is empty and at most sizes[1] slots are busy, the busy ones move to sizes[1] slots."""
+  queue, left, sizes = list(target_calls), [0] * sizes[0], list(sizes)
+  rounds = slot_rounds = 0
   while queue or any(left):
-    for b in range(slots):
-      if not left[b] and queue:
+    busy = [k for k in left if k]
+    if not queue and len(sizes) > 1 and len(busy) <= sizes[1]:
+      sizes.pop(0)
+      left = busy + [0] * (sizes[0] - len(busy))
+      continue
+    for b, k in enumerate(left):
+      if not k and queue:
         left[b] = queue.pop(0)
-    rounds += 1
+    rounds, slot_rounds = rounds + 1, slot_rounds + len(left)
     left = [max(k - 1, 0) for k in left]
-  return rounds
+  return rounds, slot_rounds
 
 
 def test_slot_utilization_is_useful_over_run_rounds_of_the_schedule(streamed):
   _, result = streamed
   calls = np.asarray(result.target_calls)
-  assert int(result.rounds) == _scheduled_rounds(calls.tolist(), SLOTS)
+  assert (int(result.rounds), int(result.slot_rounds)) == _schedule(calls.tolist(), (SLOTS,))
+  assert int(result.slot_rounds) == SLOTS * int(result.rounds)
   assert result.slot_utilization == pytest.approx(calls.sum() / (SLOTS * int(result.rounds)))
-  assert result.slots == SLOTS
   # One padded batch runs as many rounds as its slowest row, over all its rows.
-  padded = result.replace(rounds=None, slots=0)
+  padded = result.replace(rounds=None, slot_rounds=None)
   assert padded.slot_utilization == pytest.approx(calls.sum() / (N * calls.max()))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(slots=0), "slots must be an integer >= 1"),
-    (dict(slots=2, refill_rows=3), r"refill_rows must be in \[1, slots=2\]"),
-    (dict(slots=2, refill_rows=0), "refill_rows must be an integer >= 1"),
-])
-def test_bad_stream_settings(tables, kwargs, message):
-  with pytest.raises(ValueError, match=message):
+@pytest.mark.parametrize("slots", [0, True, 2.0])
+def test_bad_slot_count(tables, slots):
+  with pytest.raises(ValueError, match="slots must be an integer >= 1"):
     autoregressive_decode(TableModel(V), tables["target"], np.array([[2, 3]], np.int32),
                           max_new_tokens=3, rng=jax.random.PRNGKey(0),
-                          config=DecodeConfig(cache_len=16), **kwargs)
+                          config=DecodeConfig(cache_len=16), slots=slots)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(refill_rows=3), r"refill_rows must be in \[1, slots=2\]"),
+    (dict(refill_rows=0), "refill_rows must be an integer >= 1"),
+    (dict(min_slots=3), r"min_slots must be in \[1, slots=2\]"),
+    (dict(min_slots=0), "min_slots must be an integer >= 1"),
+])
+def test_bad_streaming_settings(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    Streaming(2, **kwargs)
