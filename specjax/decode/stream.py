@@ -190,7 +190,15 @@ def _run(loop, rows, partitioner, params, inputs, length, keys, total, stream: S
 
   stream = jax.lax.while_loop(more, body, stream)
   ended = stream.slots.loop.done & (stream.slots.example >= 0)
-  return _flush(stream, jnp.where(ended, jnp.arange(batch), batch))
+  # Out as in (`_placed`): the next chunk's call hits the same compiled loop.
+  return constrain(partitioner, _flush(stream, jnp.where(ended, jnp.arange(batch), batch)))
+
+
+def _placed(stream: Stream, partitioner: Optional[Partitioner]) -> Stream:
+  """The stream in the shardings `_run` returns it in (nothing to do without a partitioner)."""
+  if partitioner is None:
+    return stream
+  return jax.device_put(stream, partitioner.state_shardings(stream))
 
 
 def _shrink(stream: Stream, size: int) -> Stream:
@@ -252,7 +260,8 @@ def stream_decode(loop, params: Any, inputs: jax.Array, length: jax.Array, keys:
   pad = lambda x: jnp.concatenate([x, jnp.repeat(x[:1], bucket - total, axis=0)])
   inputs, length, keys = pad(inputs), pad(length), pad(keys)
   sizes = list(streaming.sizes(partitioner))
-  stream = _empty(loop, sizes[0], width, params, inputs, length, keys, jnp.int32(gamma))
+  stream = _placed(_empty(loop, sizes[0], width, params, inputs, length, keys, jnp.int32(gamma)),
+                   partitioner)
   done = 0
   while True:
     shrink_at = sizes[1] if len(sizes) > 1 else 0
@@ -268,7 +277,7 @@ def stream_decode(loop, params: Any, inputs: jax.Array, length: jax.Array, keys:
     busy = int(jnp.sum(~stream.slots.loop.done))
     if shrink_at and int(stream.next) >= total and busy <= shrink_at:
       sizes.pop(0)
-      stream = _shrink(stream, sizes[0])
+      stream = _placed(_shrink(stream, sizes[0]), partitioner)
   out = jax.tree.map(lambda x: x[:total], stream.out)
   return out.replace(rounds=stream.rounds, slot_rounds=stream.slot_rounds), stream.nan[:total]
 

@@ -9,6 +9,7 @@
   of tests/decode/test_decoding.py) for two interleaved prompts of different lengths, so
   slots are refilled with prompts of another length than their previous example's.
 - One compile per static config; progress chunks change nothing; slot utilization.
+(Streaming on a device mesh: tests/test_sharding.py.)
 """
 import collections
 
@@ -293,3 +294,4 @@ def test_bad_slot_count(tables, slots):
 def test_bad_streaming_settings(kwargs, message):
   with pytest.raises(ValueError, match=message):
     Streaming(2, **kwargs)
+
