@@ -1,10 +1,11 @@
 """Streaming decode (in-flight batching, `specjax.decode.stream`): B slots over N inputs.
 
 - Each example's tokens and statistics equal its batch-1 decode with the same key, greedy
-  and seeded sampling, both model families (table models and tiny real networks), every
-  drafter kind (model, n-gram, prompt lookup, hierarchical), the block verifier (which
-  folds each round's start into the keys), adaptive γ and the trace; N not a multiple of B,
-  N < B, mixed prompt lengths, rows ending at EOS, refills of 1 and of B rows per pass.
+  and seeded sampling, both model families (table models; tiny T5 and decoder-only networks),
+  the drafter kinds with state (model, hierarchical) and without (bigram), the block verifier
+  (which folds each round's start into the keys), adaptive γ and the trace, autoregressive
+  too; N not a multiple of B, N < B, mixed prompt lengths, rows ending at EOS, refills of 1
+  and of B rows per pass, the tail shrink.
 - Exactness through the stream: the joint law of the first three tokens (the sequence test
   of tests/decode/test_decoding.py) for two interleaved prompts of different lengths, so
   slots are refilled with prompts of another length than their previous example's.
@@ -19,7 +20,7 @@ import pytest
 
 from specjax.decode import DecodeConfig, Streaming, autoregressive_decode, speculative_decode
 from specjax.decode import stream as stream_module
-from specjax.draft import BigramDrafter, HierarchicalDrafter, ModelDrafter, PromptLookupDrafter
+from specjax.draft import BigramDrafter, HierarchicalDrafter, ModelDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
 from specjax.models.t5 import T5Config, T5Model
 from specjax.sampling import Sampling
