@@ -257,8 +257,10 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
   md = common.header("Benchmark: autoregressive vs speculative (greedy)", cli.pairs, [
       f"{max_new_tokens} new tokens per row, median of {repeats} interleaved runs; "
       "compile_s = compile + first run (HF: first run)", *notes])
-  md += "\n" + common.markdown_table(rows, ["pair", "batch", "decoder", "compile_s", "steady_s",
-                                            "ms_per_token", "vs_ar", "alpha", "same_as_specjax"])
+  if rows:
+    md += "\n" + common.markdown_table(rows, ["pair", "batch", "decoder", "compile_s", "steady_s",
+                                              "ms_per_token", "vs_ar", "alpha",
+                                              "same_as_specjax"])
   if streamed:
     md += (f"\n\n## Streaming: {stream_inputs} inputs through {slots} slots vs padded batches of "
            f"{slots}\n\nvs_stream_ar: the time of streaming autoregressive (of the same kind: "
