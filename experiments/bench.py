@@ -3,6 +3,12 @@
   python -m experiments.bench [--pair lm --pair translate] [--fast]
       [--gin_file=experiments/bench.gin]
 
+Streaming (in-flight batching, `slots=`): `stream_inputs` bundled inputs through `slots`
+slots, with real EOS and with EOS ignored (every row runs the full budget), against today's
+padded batches of the same size (each runs until its slowest row is done): walltime, the
+ratio to streaming autoregressive (median and range of the per-repeat ratios, interleaved),
+and slot utilization = useful rounds / rounds run.
+
 For each pair and batch size: compile (+ first run) time apart from steady-state
 time, the median of `repeats` interleaved runs, greedy. Peer, in the same run and
 on the SAME translation weights: HuggingFace transformers assisted generation
@@ -13,6 +19,7 @@ logits first). HF assisted generation takes batch 1 only, so its batch-8 cells a
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Dict, List, Optional, Sequence
@@ -22,10 +29,11 @@ import jax
 import numpy as np
 
 from experiments import common
-from specjax.decode import autoregressive_decode, speculative_decode
+from specjax.decode import DecodeResult, Streaming, autoregressive_decode, speculative_decode
 from specjax.data import load_vocab
 
-FAST = dict(batches=(1,), max_new_tokens=6, repeats=1, gamma=2)
+FAST = dict(batches=(1,), max_new_tokens=6, repeats=1, gamma=2, stream_inputs=3, slots=1,
+            stream_modes=("forced",), min_slots=None)  # padded: the batch-1 loops above
 PEER_MISSING = ("WARNING: HF PEER SKIPPED: torch/transformers are not installed "
                 "(pip install torch==2.13.0 transformers)")
 
@@ -93,10 +101,100 @@ def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: 
   return result
 
 
+def _padded_batches(decode, inputs: np.ndarray, keys, batch: int) -> DecodeResult:
+  """`decode(rows, keys)` over consecutive batches of `batch` rows (the last padded by
+  repeating its last row: one compiled shape), joined; `rounds` = Σ the batches' slowest row
+  (each batch runs until its slowest row is done), over `batch` rows each."""
+  outs, rounds = [], 0
+  for start in range(0, len(inputs), batch):
+    rows, row_keys = inputs[start:start + batch], keys[start:start + batch]
+    pad = batch - len(rows)
+    if pad:
+      rows = np.concatenate([rows, np.repeat(rows[-1:], pad, 0)])
+      row_keys = jax.numpy.concatenate([row_keys, jax.numpy.repeat(row_keys[-1:], pad, 0)])
+    out = decode(rows, row_keys)
+    rounds += int(np.max(out.target_calls))
+    outs.append(jax.tree.map(lambda x: x[:batch - pad], out))
+  joined = jax.tree.map(lambda *x: jax.numpy.concatenate(x), *outs)
+  return joined.replace(rounds=jax.numpy.int32(rounds),
+                        slot_rounds=jax.numpy.int32(rounds * batch))
+
+
+def stream_rows(pair: common.Pair, *, inputs: int, slots: int, max_new_tokens: int, gamma: int,
+                repeats: int, max_input_len: int, modes: Sequence[str] = ("eos", "forced"),
+                min_slots: Optional[int] = 1) -> List[Dict]:
+  """Padded batches vs streaming, autoregressive and speculative, with real EOS ('eos') and
+  with EOS ignored ('forced': every row runs max_new_tokens); streaming with B slots
+  throughout and, unless min_slots is None, with the tail shrink down to min_slots."""
+  ex = common.examples(pair, inputs, max_input_len)
+  keys = jax.random.split(jax.random.PRNGKey(0), inputs)
+  drafter, dparams = common.model_drafter(pair, gamma)
+  streams = {"stream": Streaming(slots)}
+  if min_slots is not None and len(Streaming(slots, min_slots=min_slots).sizes()) > 1:
+    streams[f"stream+shrink to {min_slots}"] = Streaming(slots, min_slots=min_slots)
+  rows = []
+  for mode in modes:
+    if mode not in ("eos", "forced"):
+      raise ValueError(f"stream modes are 'eos' and 'forced', got {mode!r}")
+    eos_id = load_vocab().eos_id if mode == "eos" else -1
+    config = common.decode_config(0.0, max_input_len + max_new_tokens + gamma + 1, eos_id=eos_id)
+    ar = lambda x, k, **kw: autoregressive_decode(pair.target, pair.target_params, x,
+                                                  max_new_tokens=max_new_tokens, rng=k,
+                                                  config=config, **kw)
+    spec = lambda x, k, **kw: speculative_decode(pair.target, pair.target_params, drafter, dparams,
+                                                 x, max_new_tokens=max_new_tokens, gamma=gamma,
+                                                 rng=k, config=config, **kw)
+    runs = {"padded autoregressive": lambda: _padded_batches(ar, ex.inputs, keys, slots),
+            f"padded speculative γ={gamma}": lambda: _padded_batches(spec, ex.inputs, keys, slots)}
+    for kind, streaming in streams.items():
+      runs[f"{kind} autoregressive"] = functools.partial(ar, ex.inputs, keys, slots=streaming)
+      runs[f"{kind} speculative γ={gamma}"] = functools.partial(spec, ex.inputs, keys,
+                                                                slots=streaming)
+    compile_s, times, outs = _interleaved(runs, repeats)
+    for name, out in outs.items():
+      kind = (name.split(" autoregressive")[0].split(" speculative")[0]
+              if name.startswith("stream") else "stream")
+      ratios = [b / t for b, t in zip(times[f"{kind} autoregressive"], times[name])]
+      tokens = int(np.sum(out.lengths))
+      rows.append({
+          "pair": pair.name, "mode": mode, "inputs": inputs, "slots": slots, "decoder": name,
+          "compile_s": compile_s[name], "steady_s": statistics.median(times[name]),
+          "ms_per_token": 1e3 * statistics.median(times[name]) / tokens,
+          "vs_stream_ar": statistics.median(ratios),
+          "vs_stream_ar_range": f"{min(ratios):.2f}–{max(ratios):.2f}",
+          "slot_utilization": out.slot_utilization, "tokens": tokens,
+          "tokens_per_call": tokens / max(int(np.sum(out.target_calls)), 1),
+          "alpha": (float(np.sum(out.alpha_sum) / max(np.sum(out.alpha_count), 1))
+                    if "speculative" in name else None),
+          "same_tokens": bool(np.array_equal(out.tokens, outs["padded autoregressive"].tokens))})
+  return rows
+
+
+def _interleaved(runs: Dict, repeats: int):
+  """(compile + first run seconds, all timed seconds, first outputs) per run, interleaved."""
+  compile_s, outs = {}, {}
+  for name, fn in runs.items():
+    outs[name], compile_s[name] = common.timed(fn)
+  times = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, fn in runs.items():
+      times[name].append(common.timed(fn)[1])
+  return compile_s, times, outs
+
+
+STREAM_COLUMNS = ["pair", "mode", "inputs", "slots", "decoder", "compile_s", "steady_s",
+                  "ms_per_token", "vs_stream_ar", "vs_stream_ar_range", "slot_utilization",
+                  "tokens", "tokens_per_call", "alpha", "same_tokens"]
+
+
 @gin.configurable(module="bench")
 def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
-        gamma: int = 4, repeats: int = 5, max_input_len: int = 48, peer: bool = True) -> List[Dict]:
-  """Writes bench.{md,csv,json}; returns the rows (one per pair, batch and decoder).
+        gamma: int = 4, repeats: int = 5, max_input_len: int = 48, peer: bool = True,
+        stream_inputs: int = 64, slots: int = 8,
+        stream_modes: Sequence[str] = ("eos", "forced"),
+        min_slots: Optional[int] = 1) -> List[Dict]:
+  """Writes bench.{md,csv,json}; returns the rows (one per pair, batch and decoder, then the
+  streaming rows: one per pair, EOS mode and decoder).
 
   Args:
     cli: pairs and output folder.
@@ -104,8 +202,11 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
     max_new_tokens: tokens per row (EOS ignored so every decoder does the same work).
     gamma: guesses per round; repeats: timed runs (median, interleaved, ≥ 5 for results).
     peer: run the HF assisted-generation peer on the translation pair.
+    stream_inputs, slots: the streaming comparison: N bundled inputs through B slots (and in
+      padded batches of B); 0 inputs: skipped. stream_modes: 'eos' (real EOS) and/or 'forced'.
+    min_slots: also stream with the tail shrink (B, B/2, ... ≥ min_slots slots); None: not.
   """
-  rows, notes = [], []
+  rows, notes, streamed = [], [], []
   for pair in cli.pairs:
     key = jax.random.PRNGKey(0)
     config = common.decode_config(0.0, max_input_len + max_new_tokens + gamma + 1)
@@ -147,15 +248,31 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
                        "ms_per_token": 1e3 * hf[name]["steady_s"] / max_new_tokens,
                        "vs_ar": base / hf[name]["steady_s"],
                        "same_as_specjax": hf[name]["same_as_specjax"]})
+    if stream_inputs:
+      streamed += stream_rows(pair, inputs=stream_inputs, slots=slots,
+                              max_new_tokens=max_new_tokens, gamma=gamma, repeats=repeats,
+                              max_input_len=max_input_len, modes=stream_modes,
+                              min_slots=min_slots)
   out = common.Output(cli.output_dir, "bench")
   md = common.header("Benchmark: autoregressive vs speculative (greedy)", cli.pairs, [
       f"{max_new_tokens} new tokens per row, median of {repeats} interleaved runs; "
       "compile_s = compile + first run (HF: first run)", *notes])
-  md += "\n" + common.markdown_table(rows, ["pair", "batch", "decoder", "compile_s", "steady_s",
-                                            "ms_per_token", "vs_ar", "alpha", "same_as_specjax"])
-  out.tables(md, rows, cli.pairs, notes=notes)
+  if rows:
+    md += "\n" + common.markdown_table(rows, ["pair", "batch", "decoder", "compile_s", "steady_s",
+                                              "ms_per_token", "vs_ar", "alpha",
+                                              "same_as_specjax"])
+  if streamed:
+    md += (f"\n\n## Streaming: {stream_inputs} inputs through {slots} slots vs padded batches of "
+           f"{slots}\n\nvs_stream_ar: the time of streaming autoregressive (of the same kind: "
+           "B slots throughout, or with the tail shrink; padded rows: B slots) / this time, median "
+           "and range of the per-repeat ratios; slot_utilization: useful row-rounds / row-rounds "
+           "run (padded: each batch runs as long as its slowest row); ms_per_token over the "
+           "tokens generated (with EOS: up to each row's EOS); same_tokens: equal to padded "
+           "autoregressive.\n\n"
+           + common.markdown_table(streamed, STREAM_COLUMNS))
+  out.tables(md, rows + streamed, cli.pairs, notes=notes)
   print(md)
-  return rows
+  return rows + streamed
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:

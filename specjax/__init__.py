@@ -3,7 +3,8 @@
 Leviathan, Kalman & Matias, "Fast Inference from Transformers via Speculative
 Decoding", ICML 2023. See README.md for the tour. The subpackages:
 
-  specjax.decode       the loops (autoregressive, speculative, beam, speculative beam)
+  specjax.decode       the loops (autoregressive, speculative, beam, speculative beam; streaming
+                       over B slots with `slots=`)
   specjax.draft        drafters (model, n-gram, prompt lookup, hierarchical)
   specjax.verify       verifiers (reference, fused, sigmoid NOT exact) and Algorithm 1's step
   specjax.models       T5 1.1 and decoder-only networks, KV cache, the model protocol

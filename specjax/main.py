@@ -46,7 +46,7 @@ from specjax.data import inputs as inputs_lib
 from specjax.data.user_vocab import BUNDLED, describe as describe_vocab
 from specjax.data.user_vocab import resolve_vocabulary, vocabulary_difference
 from specjax.decode import (GAMMA_POLICIES, CostTable, DecodeConfig, autoregressive_decode,
-                            calibrate_costs, speculative_decode)
+                            speculative_decode)
 from specjax.decode import prompts
 from specjax.decode.inputs import (check_cache_size, check_count, check_inputs, check_memory,
                                    drafter_models, prefix_lengths)
@@ -265,7 +265,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       table is calibrated on the first batch and written there. None: calibrate, keep.
     max_new_tokens: generation budget per example.
     sampling: standardization for both models; lenience: l in (0, 1] (1 = exact).
-    batch_size: examples per decode call.
+    batch_size: decode slots: the examples stream through this many rows (in-flight
+      batching: a finished example's slot takes the next input).
     max_input_len: input tokens kept per example (EOS included; a BOS comes on top).
     verifier: a `specjax.verify` verifier; the sigmoid one is NOT exact (flagged in output).
       None: `specjax.verify.default_verifier` (block at T > 0 and lenience 1, else reference).
@@ -280,8 +281,10 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
     task_feature_lengths: TASK_FEATURE_LENGTHS: 'inputs' sets max_input_len and 'targets'
       max_new_tokens (T5X's lengths), when given.
     write_scores: WRITE_SCORES: add each prediction's log-likelihood under the target.
-    on_batch: called as on_batch(examples_done, examples_total) after each batch (a progress
-      hook). Ctrl-C (KeyboardInterrupt) between batches stops the job with a message.
+    on_batch: called as on_batch(examples_done, examples_total) after every batch_size
+      examples finish the speculative decode (which runs after the autoregressive one): a
+      progress hook. Ctrl-C (KeyboardInterrupt) between two such chunks stops the job with a
+      message.
   Every setting, the vocabulary, the output folder and the caches' size are checked before
   any weights load.
   Returns:
@@ -333,72 +336,58 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   if not verifier.exact:
     console.print(f"[bold red]WARNING:[/bold red] {describe(verifier)}: speculative outputs are "
                   "NOT distributed as the target's")
-  rng = jax.random.PRNGKey(seed)
-  records: List[Dict[str, Any]] = []
-  totals = dict(ar_s=0.0, spec_s=0.0, ar_compile_s=0.0, spec_compile_s=0.0, identical=True)
-  stats = dict(tokens=0, calls=0, alpha_sum=0.0, alpha_count=0)
-  gamma_rounds = np.zeros(max_gamma + 1, np.int64)
-  first_trace = None
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(examples))  # one key per example
+  spec_config = DecodeConfig(**{**config.__dict__, "trace": True})
+  # In-flight batching: batch_size slots; a finished example's slot takes the next input.
+  stream = dict(rng=keys, partitioner=partitioner, slots=batch_size,
+                prompt_lengths=prompt_lengths)
+  ar = lambda budget, **kw: autoregressive_decode(target, target_params, inputs,
+                                                  max_new_tokens=budget, config=config,
+                                                  **stream, **kw)
+  spec = lambda budget, **kw: speculative_decode(target, target_params, the_drafter, draft_params,
+                                                 inputs, max_new_tokens=budget, gamma=gamma,
+                                                 config=spec_config, costs=costs, **stream, **kw)
+  done = [0]
   try:
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
-      task = progress.add_task("decoding", total=len(examples))
-      for start in range(0, len(examples), batch_size):
-        batch = inputs[start:start + batch_size]
-        lens = None if prompt_lengths is None else prompt_lengths[start:start + batch_size]
-        pad = batch_size - len(batch)  # keep one shape: no recompiles on the last batch
-        if pad:
-          batch = np.concatenate([batch, np.repeat(batch[-1:], pad, 0)])
-          lens = None if lens is None else np.concatenate([lens, np.repeat(lens[-1:], pad)])
-        keys = jax.random.split(jax.random.fold_in(rng, start), batch_size)
-        ar = lambda: autoregressive_decode(target, target_params, batch,
-                                           max_new_tokens=max_new_tokens, rng=keys, config=config,
-                                           prompt_lengths=lens, partitioner=partitioner)
-        spec_config = DecodeConfig(**{**config.__dict__, "trace": True})
-        calibrate_s = 0.0
-        if gamma_policy == "auto" and costs is None:  # once; its compile counts as the loop's
-          calibrate_s = time.perf_counter()
-          costs = calibrate_costs(target, target_params, the_drafter, draft_params, batch,
-                                  max_new_tokens=max_new_tokens, config=spec_config, rng=keys,
-                                  prompt_lengths=lens, partitioner=partitioner)
-          calibrate_s = time.perf_counter() - calibrate_s
-          if cost_table:
-            costs.save(cost_table)
-        spec = lambda: speculative_decode(target, target_params, the_drafter, draft_params, batch,
-                                          max_new_tokens=max_new_tokens, gamma=gamma, rng=keys,
-                                          config=spec_config, prompt_lengths=lens,
-                                          partitioner=partitioner, costs=costs)
-        if start == 0:  # compile (and warm up) apart from the timed runs
-          totals["ar_compile_s"] = _timed(ar)[1]
-          totals["spec_compile_s"] = calibrate_s + _timed(spec)[1]
-        ar_out, ar_s = _timed(ar)
-        spec_out, spec_s = _timed(spec)
-        totals["ar_s"] += ar_s
-        totals["spec_s"] += spec_s
-        if first_trace is None:
-          first_trace = report.trace_rounds(spec_out, 0)
-        scores = (sequence_scores(target, target_params, batch, lens, spec_out.tokens,
-                                  spec_out.lengths) if write_scores else None)
-        for i in range(len(batch) - pad):
-          n_ar, n_sp = int(ar_out.lengths[i]), int(spec_out.lengths[i])
-          ar_ids = np.asarray(ar_out.tokens[i, :n_ar]).tolist()
-          sp_ids = np.asarray(spec_out.tokens[i, :n_sp]).tolist()
-          totals["identical"] &= ar_ids == sp_ids
-          stats["tokens"] += n_sp
-          stats["calls"] += int(spec_out.target_calls[i])
-          stats["alpha_sum"] += float(spec_out.alpha_sum[i])
-          stats["alpha_count"] += int(spec_out.alpha_count[i])
-          gamma_rounds += np.asarray(spec_out.gamma_hist[i])
-          width = int(lens[i]) if lens is not None else int(np.count_nonzero(batch[i]))
-          records.append(records_lib.record(
-              examples[start + i], batch[i, :width], ar_ids, sp_ids, vocab,
-              target_calls=int(spec_out.target_calls[i]), alpha=float(spec_out.alpha[i]),
-              score=None if scores is None else scores[i]))
-        progress.advance(task, len(batch) - pad)
+      task = progress.add_task("decoding", total=2 * len(examples))
+
+      def spec_progress(finished, total):  # after every batch_size finished examples
+        done[0] = finished
+        progress.update(task, completed=total + finished)
         if on_batch is not None:
-          on_batch(len(records), len(examples))
+          on_batch(finished, total)
+
+      # Compile (and warm up: one token per input; 'auto' calibrates its cost table here) apart
+      # from the timed runs; the budget is data, so the timed runs reuse the compiled loops.
+      compile_s = {"ar": _timed(lambda: ar(1))[1]}
+      warm, compile_s["spec"] = _timed(lambda: spec(1))
+      if gamma_policy == "auto" and costs is None:
+        costs = warm.cost_table
+        if cost_table:
+          costs.save(cost_table)
+      ar_out, ar_s = _timed(lambda: ar(max_new_tokens, on_progress=lambda d, t: progress.update(
+          task, completed=d)))
+      spec_out, spec_s = _timed(lambda: spec(max_new_tokens, on_progress=spec_progress))
   except KeyboardInterrupt:
-    console.print(f"interrupted after {len(records)} of {len(examples)} examples: nothing written")
+    console.print(f"interrupted after {done[0]} of {len(examples)} examples: nothing written")
     raise
+  scores = (sequence_scores(target, target_params, inputs, prompt_lengths, spec_out.tokens,
+                            spec_out.lengths) if write_scores else None)
+  records: List[Dict[str, Any]] = []
+  identical = True
+  for i, example in enumerate(examples):
+    ar_ids = np.asarray(ar_out.tokens[i, :int(ar_out.lengths[i])]).tolist()
+    sp_ids = np.asarray(spec_out.tokens[i, :int(spec_out.lengths[i])]).tolist()
+    identical &= ar_ids == sp_ids
+    width = (int(prompt_lengths[i]) if prompt_lengths is not None
+             else int(np.count_nonzero(inputs[i])))
+    records.append(records_lib.record(
+        example, inputs[i, :width], ar_ids, sp_ids, vocab,
+        target_calls=int(spec_out.target_calls[i]), alpha=float(spec_out.alpha[i]),
+        score=None if scores is None else scores[i]))
+  first_trace = report.trace_rounds(spec_out, 0)
+  gamma_rounds = np.asarray(spec_out.gamma_hist).sum(0)
 
   for rec in records:
     console.print(f"[bold]>[/bold] {rec['input']}", markup=True, highlight=False)
@@ -412,12 +401,15 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       "drafter": drafter,
       "verifier": describe(verifier),
       "temperature": sampling.temperature, "lenience": lenience,
-      "alpha": stats["alpha_sum"] / max(stats["alpha_count"], 1),
-      "tokens_per_target_call": stats["tokens"] / max(stats["calls"], 1),
-      "autoregressive_s": totals["ar_s"], "speculative_s": totals["spec_s"],
-      "speedup": totals["ar_s"] / max(totals["spec_s"], 1e-9),
-      "compile_ar_s": totals["ar_compile_s"], "compile_spec_s": totals["spec_compile_s"],
-      "greedy_identical": (totals["identical"] if sampling.greedy and lenience == 1.0
+      "alpha": float(np.sum(spec_out.alpha_sum) / max(int(np.sum(spec_out.alpha_count)), 1)),
+      "tokens_per_target_call": float(np.sum(spec_out.lengths)
+                                      / max(int(np.sum(spec_out.target_calls)), 1)),
+      "autoregressive_s": ar_s, "speculative_s": spec_s,
+      "speedup": ar_s / max(spec_s, 1e-9),
+      "compile_ar_s": compile_s["ar"], "compile_spec_s": compile_s["spec"],
+      "slot_utilization": spec_out.slot_utilization,
+      "slot_utilization_ar": ar_out.slot_utilization,
+      "greedy_identical": (identical if sampling.greedy and lenience == 1.0
                            and verifier.exact else "n/a (sampling or not exact)"),
       "rounds_by_gamma": ", ".join(f"{g}: {int(n)}" for g, n in enumerate(gamma_rounds) if n),
       **(costs.summary() if costs is not None else {}),

@@ -81,6 +81,10 @@ def test_bench_with_hf_peer(tmp_path):
   md = (tmp_path / "bench.md").read_text()
   diff = float(md.split("max |logits_HF − logits_specjax| = ")[1].split()[0])
   assert diff < 1e-4
+  streamed = {r["decoder"]: r for r in rows if r.get("mode") == "forced"}
+  assert set(streamed) == {"padded autoregressive", "padded speculative γ=2",
+                           "stream autoregressive", "stream speculative γ=2"}
+  assert all(r["same_tokens"] and 0 < r["slot_utilization"] <= 1 for r in streamed.values())
 
 
 def test_bad_pair_name_is_named():

@@ -25,7 +25,8 @@ MESHES = {"8x1": 1, "1x8": 8, "4x2": 2}  # name -> num_partitions on 8 devices
 # speculative run (greedy: equal to its autoregressive output, tests/test_decoding_models.py).
 # Every mesh is covered; each family runs model-parallel; compiles are kept few (2-core CI).
 RUNS = {"t5": (("8x1", "spec"), ("4x2", "spec")),
-        "decoder_only": (("1x8", "spec"), ("4x2", "spec"), ("4x2", "ar"))}
+        "decoder_only": (("1x8", "spec"), ("4x2", "spec"), ("4x2", "ar"), ("4x2", "stream"))}
+STREAM_SLOTS = 6  # "stream": the batch streamed through 6 slots, rounded up to 8 on 'data' 4
 V = 64
 BATCH = 12  # not a multiple of 8: the data axis needs padding
 NEW = 10
@@ -77,6 +78,7 @@ def _child() -> dict:
   from specjax import checkpoints
   from specjax.checkpoints import save_t5x
   from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+  from specjax.decode import stream as stream_module
   from specjax.draft import ModelDrafter
   from specjax.sampling import Sampling
   from specjax.testing import TableModel, exact_joint, random_table
@@ -95,9 +97,16 @@ def _child() -> dict:
                                         partitioner=p)
     ar = lambda p: autoregressive_decode(target, tparams, inputs, max_new_tokens=NEW, rng=key,
                                          config=greedy, partitioner=p)
+    # Streaming (in chunks: progress after every 8 finished rows) through 8 slots.
+    stream = lambda p: speculative_decode(target, tparams, drafter, dparams, inputs,
+                                          max_new_tokens=NEW, gamma=3, rng=key, config=greedy,
+                                          partitioner=p, slots=STREAM_SLOTS,
+                                          on_progress=lambda done, total: None)
     runs = {"single/spec": spec(None)}
+    compiled = stream_module._run._cache_size()
     for mesh, loop in RUNS[family]:
-      runs[f"{mesh}/{loop}"] = (spec if loop == "spec" else ar)(parts[mesh])
+      runs[f"{mesh}/{loop}"] = {"spec": spec, "ar": ar, "stream": stream}[loop](parts[mesh])
+    out[f"{family}_stream_compiles"] = stream_module._run._cache_size() - compiled
     out[family] = {k: {"tokens": np.asarray(r.tokens).tolist(),
                        "lengths": np.asarray(r.lengths).tolist(),
                        "target_calls": np.asarray(r.target_calls).tolist()}
@@ -171,8 +180,10 @@ def test_greedy_identical_to_single_device(child, family):
     assert runs[name]["tokens"] == single["tokens"], name
     assert runs[name]["lengths"] == single["lengths"], name
     assert len(runs[name]["tokens"]) == BATCH  # the padding rows are dropped
-    if name.endswith("/spec"):
+    if name.endswith(("/spec", "/stream")):
       assert runs[name]["target_calls"] == single["target_calls"], name
+  # One compile per streamed family, chunks included (their state keeps its shardings).
+  assert child[f"{family}_stream_compiles"] == sum(loop == "stream" for _, loop in RUNS[family])
   assert {mesh for runs in RUNS.values() for mesh, _ in runs} == set(MESHES)
 
 

@@ -1,8 +1,9 @@
 """The baseline loop: one token per target call, one `lax.while_loop` under `jax.jit`."""
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ from specjax.decode.inputs import (cache_length, check_cache_size, check_config,
                                    check_inputs, check_nan, initial_seq, prefix_lengths)
 from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState
+from specjax.decode.stream import Streaming, as_streaming, decode_streaming
 from specjax.models import DecodingModel
 from specjax.sampling import CORRECTION_STREAM, Sampling, position_key, row_keys
 from specjax.sharding import Partitioner, constrain, place, unpad
@@ -28,23 +30,52 @@ def next_tokens(sampling: Sampling, keys: jax.Array, length: jax.Array,
   return jax.vmap(sampling.sample)(step_keys, logits)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "config", "partitioner"))
-def _autoregressive(model, config, partitioner, params, inputs, seq, length, keys,
-                    max_new_tokens):
+@dataclasses.dataclass(frozen=True)
+class AutoregressiveLoop:
+  """The baseline's start and round (static, hashable), shared by the padded-batch loop and the
+  streaming decode (`specjax.decode.stream`). `params` is the model's parameters."""
+
+  target: DecodingModel
+  config: DecodeConfig
+
+  def start(self, params, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
+    """inputs [B, L], seq [B, T], length [B] -> (LoopState, encoded) after encode / prefill."""
+    del gamma  # one token per call
+    return start_loop(self.target, params, inputs, seq, length, seq.shape[1], 1)
+
+  def round(self, params, state: LoopState, keys, encoded, prefix_len,
+            max_new_tokens) -> LoopState:
+    """One target call per row: keys [B] row keys, prefix_len int32 [B]."""
+    logits, cache = self.target.decode(params, state.cache, last_tokens(state), state.length - 1,
+                                       encoded)
+    token = next_tokens(self.config.sampling, keys, state.length, logits[:, 0])
+    seq, length, done = advance(state, token[:, None], jnp.ones_like(state.length), prefix_len,
+                                max_new_tokens, self.config.eos_id)
+    active = ~state.done
+    return state.replace(
+        seq=seq, length=length, done=done, cache=cache, target_calls=state.target_calls + active,
+        nan=state.nan | (active & bad_logits(logits)))
+
+  def going(self, params, state: LoopState) -> jax.Array:
+    """bool []: whether the decode goes on (a row is busy)."""
+    del params
+    return jnp.any(~state.done)
+
+  def rounds(self, params, state: LoopState, keys, encoded, prefix_len, max_new_tokens,
+             running: Callable = lambda s: True, place: Callable = lambda s: s) -> LoopState:
+    """One round (the interface of `SpeculativeLoop.rounds`; `running` is not needed)."""
+    del running
+    return place(self.round(params, state, keys, encoded, prefix_len, max_new_tokens))
+
+
+@functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
+def _autoregressive(loop, partitioner, params, inputs, seq, length, keys, max_new_tokens):
   prefix_len = length
-  state, encoded = constrain(partitioner, start_loop(model, params, inputs, seq, length,
-                                                     seq.shape[1], 1))
+  state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length, None))
 
   def body(state: LoopState) -> LoopState:
-    logits, cache = model.decode(params, state.cache, last_tokens(state), state.length - 1,
-                                 encoded)
-    token = next_tokens(config.sampling, keys, state.length, logits[:, 0])
-    seq, length, done = advance(state, token[:, None], jnp.ones_like(state.length), prefix_len,
-                                max_new_tokens, config.eos_id)
-    active = ~state.done
-    return constrain(partitioner, state.replace(
-        seq=seq, length=length, done=done, cache=cache, target_calls=state.target_calls + active,
-        nan=state.nan | (active & bad_logits(logits))))
+    return constrain(partitioner, loop.round(params, state, keys, encoded, prefix_len,
+                                             max_new_tokens))
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   return finish(state, prefix_len)
@@ -53,7 +84,10 @@ def _autoregressive(model, config, partitioner, params, inputs, seq, length, key
 def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_tokens: int,
                           rng: jax.Array, config: DecodeConfig = DecodeConfig(),
                           prompt_lengths=None,
-                          partitioner: Optional[Partitioner] = None) -> DecodeResult:
+                          partitioner: Optional[Partitioner] = None,
+                          slots: Union[int, Streaming, None] = None,
+                          on_progress: Optional[Callable[[int, int], None]] = None
+                          ) -> DecodeResult:
   """The baseline: one token per target call (T5X `temperature_sample` semantics).
 
   Args:
@@ -67,20 +101,36 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
     prompt_lengths: optional int [B] for decoder-only prompts (default: non-zero count).
     partitioner: a `specjax.sharding.Partitioner` to run on its mesh (params placed
       in their shardings, the batch padded to and split over the 'data' axis).
+    slots: stream the B inputs through this many slots (in-flight batching,
+      `specjax.decode.stream`): a finished row takes the next input. None: one padded batch.
+      A `specjax.decode.Streaming` sets refill rows and the tail shrink too.
+    on_progress: streaming: called as on_progress(done, B) after every `slots` finished inputs.
   Returns:
-    A `DecodeResult` with tokens [B, max_new_tokens].
+    A `DecodeResult` with tokens [B, max_new_tokens], in input order (streaming: with
+    `rounds` and `slot_rounds`, see `DecodeResult.slot_utilization`).
   """
   check_config(model, config)
   max_new_tokens = check_count("max_new_tokens", max_new_tokens)
   inputs = check_inputs(model, inputs)
   length = prefix_lengths(model, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens, 1)
+  if slots is not None:
+    streaming = as_streaming(slots)
+    slot_rows = streaming.sizes(partitioner)[0] + streaming.refill_rows
+    check_cache_size([model], slot_rows, cache_len, partitioner)
+    if partitioner is not None:
+      params = partitioner.shard_params(params)
+    return decode_streaming(AutoregressiveLoop(model, config), params, inputs, length, rng,
+                            streaming=streaming, width=cache_len, max_new_tokens=max_new_tokens,
+                            partitioner=partitioner,
+                            on_progress=on_progress)
   check_cache_size([model], inputs.shape[0], cache_len, partitioner)
   seq = initial_seq(model, inputs, cache_len)
   (params,), rows = place(partitioner, [params], [
       jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
       row_keys(rng, inputs.shape[0])])
-  result, nan = unpad(partitioner, _autoregressive(model, config, partitioner, params, *rows,
+  result, nan = unpad(partitioner, _autoregressive(AutoregressiveLoop(model, config),
+                                                   partitioner, params, *rows,
                                                    jnp.int32(max_new_tokens)), inputs.shape[0])
   check_nan(nan)
   return result.replace(tokens=result.tokens[:, :max_new_tokens])

@@ -71,4 +71,4 @@ def finish(state: LoopState, prefix_len):
   return DecodeResult(tokens=tokens, lengths=generated, target_calls=state.target_calls,
                       draft_calls=state.draft_calls, accepted_hist=state.accepted_hist,
                       alpha_sum=state.alpha_sum, alpha_count=state.alpha_count,
-                      trace=state.trace), state.nan
+                      trace=state.trace, gamma_hist=state.gamma_hist), state.nan

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import flax
 import jax
@@ -39,6 +39,7 @@ from specjax.decode.inputs import (cache_length, check_cache_size, check_config,
                                    prefix_lengths)
 from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState, Trace
+from specjax.decode.stream import Streaming, as_streaming, decode_streaming
 from specjax.draft import Drafter, Proposal
 from specjax.models import DecodingModel, check_same_vocab
 from specjax.sampling import row_keys
@@ -146,50 +147,88 @@ def _empty_trace(batch: int, rounds: int, max_gamma: int) -> Trace:
                gamma=jnp.zeros((batch, rounds), jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("target", "drafter", "config", "partitioner"))
-def _speculative(target, drafter, config, partitioner, target_params, drafter_params, inputs, seq,
-                 length, keys, max_new_tokens, gamma, control: Optional[auto.AutoControl] = None):
-  prefix_len = length
-  max_gamma = drafter.max_gamma
-  batch = seq.shape[0]
-  state, encoded = start_loop(target, target_params, inputs, seq, length, seq.shape[1],
-                              max_gamma + 1)
-  state = state.replace(
-      drafter_state=drafter.init(drafter_params, inputs, seq, length, seq.shape[1]),
-      gamma=jnp.full((batch,), gamma, jnp.int32),
-      gamma_hist=jnp.zeros((batch, max_gamma + 1), jnp.int32),
-      trace=_empty_trace(batch, seq.shape[1], max_gamma) if config.trace else None)
-  state, encoded = constrain(partitioner, (state, encoded))
+@dataclasses.dataclass(frozen=True)
+class SpeculativeLoop:
+  """Algorithm 1's start and rounds (static, hashable), shared by the padded-batch loop and
+  the streaming decode (`specjax.decode.stream`).
 
-  def wide(guesses: int, state: LoopState) -> LoopState:
-    """A round whose target call scores the last token and `guesses` guesses."""
+  `params` is (target_params, drafter_params, control): control is the 'auto' policy's
+  `auto.AutoControl` (data), None under the other policies.
+  """
+
+  target: DecodingModel
+  drafter: Drafter
+  config: DecodeConfig
+
+  def start(self, params, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
+    """inputs [B, L], seq [B, T], length [B], gamma int32 [] -> (LoopState, encoded): the
+    target encoded / prefilled, the drafter started, every row at γ."""
+    target_params, drafter_params, _ = params
+    max_gamma = self.drafter.max_gamma
+    batch, width = seq.shape
+    state, encoded = start_loop(self.target, target_params, inputs, seq, length, width,
+                                max_gamma + 1)
+    return state.replace(
+        drafter_state=self.drafter.init(drafter_params, inputs, seq, length, width),
+        gamma=jnp.full((batch,), gamma, jnp.int32),
+        gamma_hist=jnp.zeros((batch, max_gamma + 1), jnp.int32),
+        trace=_empty_trace(batch, width, max_gamma) if self.config.trace else None), encoded
+
+  def wide(self, guesses: int, params, state: LoopState, keys, encoded, prefix_len,
+           max_new_tokens) -> LoopState:
+    """draft -> score -> verify -> commit -> record, the target call scoring the last token
+    and `guesses` guesses; keys [B] row keys, prefix_len int32 [B]."""
+    target_params, drafter_params, _ = params
+    config, drafter = self.config, self.drafter
     round_keys = keys
     if config.verifier.fresh_round_keys:
       # The verifier reads guesses and uniforms past what it accepts, and the next round
       # draws at those positions again: fold in the round's start (unique per row).
       round_keys = jax.vmap(jax.random.fold_in)(keys, state.length)
     proposal, drafter_state = _draft(drafter, drafter_params, state, round_keys, config)
-    logits, cache = _score(target, target_params, state, proposal, encoded, guesses)
+    logits, cache = _score(self.target, target_params, state, proposal, encoded, guesses)
     verdict = _verify(config, round_keys, state, proposal, logits)
     after = _commit(config, drafter, state, proposal, verdict, cache, drafter_state, prefix_len,
                     max_new_tokens)
-    return constrain(partitioner, _record(config, state, after, proposal, verdict, max_gamma))
+    return _record(config, state, after, proposal, verdict, drafter.max_gamma)
 
-  body = functools.partial(wide, max_gamma)
-  cond = lambda s: jnp.any(~s.done)
-  if config.gamma_policy == "auto":
-    buckets = auto.resolve_buckets(config.auto_buckets, max_gamma)
-    narrow = lambda s: constrain(partitioner, _narrow(config, target, target_params, encoded, keys,
-                                                      s, prefix_len, max_gamma=max_gamma,
-                                                      max_new_tokens=max_new_tokens))
-    cond = lambda s: jnp.any(~s.done) & (jnp.max(s.target_calls) < control.max_rounds)
+  def going(self, params, state: LoopState) -> jax.Array:
+    """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
+    busy = jnp.any(~state.done)
+    if self.config.gamma_policy != "auto":
+      return busy
+    return busy & (jnp.max(state.target_calls) < params[2].max_rounds)
+
+  def rounds(self, params, state: LoopState, keys, encoded, prefix_len, max_new_tokens,
+             running: Callable = lambda s: True, place: Callable = lambda s: s) -> LoopState:
+    """At least one round. Fixed γ policies: exactly one. 'auto': one `auto.run_phases` pass,
+    rounds of each variant while `running(state)` and `going` hold (the streaming decode stops
+    it when a slot is free). `place` constrains each round's state (sharding)."""
+    args = (params, keys, encoded, prefix_len, max_new_tokens)
+    max_gamma = self.drafter.max_gamma
+    if self.config.gamma_policy != "auto":
+      return place(self.wide(max_gamma, params, state, *args[1:]))
+    control = params[2]
+    buckets = auto.resolve_buckets(self.config.auto_buckets, max_gamma)
+    target_params = params[0]
+    narrow = lambda s: _narrow(self.config, self.target, target_params, encoded, keys, s,
+                               prefix_len, max_gamma=max_gamma, max_new_tokens=max_new_tokens)
+    variants = [narrow] + [lambda s, b=b: self.wide(b, params, s, *args[1:]) for b in buckets]
     decide = functools.partial(_auto_decision, control, buckets, prefix_len, max_new_tokens)
-    variants = [narrow] + [functools.partial(wide, b) for b in buckets]
-    body = functools.partial(auto.run_phases, [functools.partial(_auto_round, control, v)
-                                               for v in variants], decide, cond)
-  state = jax.lax.while_loop(cond, body, state)
-  result, nan = finish(state, prefix_len)
-  return result.replace(gamma_hist=state.gamma_hist), nan
+    cond = lambda s: self.going(params, s) & running(s)
+    return auto.run_phases([functools.partial(_auto_round, control, lambda s, v=v: place(v(s)))
+                            for v in variants], decide, cond, state)
+
+
+@functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
+def _speculative(loop, partitioner, params, inputs, seq, length, keys, max_new_tokens, gamma):
+  prefix_len = length
+  state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length, gamma))
+  place = functools.partial(constrain, partitioner)
+  body = lambda s: loop.rounds(params, s, keys, encoded, prefix_len, max_new_tokens,
+                               place=place)
+  state = jax.lax.while_loop(functools.partial(loop.going, params), body, state)
+  return finish(state, prefix_len)
 
 
 def _auto_decision(control: auto.AutoControl, buckets, prefix_len, max_new_tokens,
@@ -220,7 +259,10 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
                        gamma: Optional[int] = None, rng: jax.Array,
                        config: DecodeConfig = DecodeConfig(), prompt_lengths=None,
                        partitioner: Optional[Partitioner] = None,
-                       costs: Optional[auto.CostTable] = None) -> DecodeResult:
+                       costs: Optional[auto.CostTable] = None,
+                       slots: Union[int, Streaming, None] = None,
+                       on_progress: Optional[Callable[[int, int], None]] = None
+                       ) -> DecodeResult:
   """Speculative decoding (Algorithm 1 in a loop), exact for the target's distribution.
 
   Each round the drafter proposes γ guesses with their standardized q, the target
@@ -245,9 +287,16 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
       inputs on the first call for these models, batch size and cache length, then reused
       for the rest of the process (`calibrate_costs`). Decisions are a pure function of
       the table and the decode state, so the same table and seed reproduce the tokens.
+      Streaming: calibrated at batch `slots` on the first `slots` inputs.
+    slots: stream the B inputs through this many slots (in-flight batching,
+      `specjax.decode.stream`): a finished row takes the next input, its encoder / prefill and
+      drafter state start for that slot. None: one padded batch.
+      A `specjax.decode.Streaming` sets refill rows and the tail shrink too.
+    on_progress: streaming: called as on_progress(done, B) after every `slots` finished inputs.
   Returns:
-    A `DecodeResult` with tokens [B, max_new_tokens], per-row statistics and, under
-    'auto', the cost table it used.
+    A `DecodeResult` with tokens [B, max_new_tokens], per-row statistics, in input order
+    (streaming: with `rounds` and `slot_rounds`, see `DecodeResult.slot_utilization`) and,
+    under 'auto', the cost table it used.
   """
   check_config(target, config)
   check_same_vocab(target, drafter.vocab_size)
@@ -261,6 +310,10 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
                      f"got {gamma!r}")
   if costs is not None and not auto_policy:
     raise ValueError(f"a cost table is for gamma_policy='auto', not {config.gamma_policy!r}")
+  if slots is not None:
+    return _stream(target, target_params, drafter, drafter_params, inputs, max_new_tokens,
+                   int(gamma), rng, config, prompt_lengths, partitioner, costs,
+                   as_streaming(slots), on_progress)
   call = _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tokens,
                   config, prompt_lengths, partitioner, rng)
   control = None
@@ -270,6 +323,38 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
   result, nan = call.run(call.max_new_tokens, gamma, control)
   check_nan(nan)
   return result.replace(tokens=result.tokens[:, :call.max_new_tokens], cost_table=costs)
+
+
+def _stream(target, target_params, drafter, drafter_params, inputs, max_new_tokens, gamma, rng,
+            config, prompt_lengths, partitioner, costs, streaming: Streaming,
+            on_progress) -> DecodeResult:
+  """`speculative_decode` with `slots`: checked, the cost table found ('auto'), streamed."""
+  max_new_tokens = check_count("max_new_tokens", max_new_tokens)
+  inputs = check_inputs(target, inputs)
+  length = prefix_lengths(target, inputs, prompt_lengths)
+  cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens,
+                           drafter.max_gamma + 1)
+  # The cache length is fixed here, so the calibration's padded batch sees the stream's.
+  config = dataclasses.replace(config, cache_len=cache_len)
+  slot_rows = streaming.sizes(partitioner)[0] + streaming.refill_rows
+  check_cache_size([target, *drafter_models(drafter)], slot_rows, cache_len, partitioner)
+  control = None
+  if config.gamma_policy == "auto":
+    some = np.arange(streaming.sizes(partitioner)[0]) % inputs.shape[0]
+    call = _prepare(target, target_params, drafter, drafter_params, inputs[some],
+                    max_new_tokens, config,
+                    None if target.is_encoder_decoder else length[some], partitioner,
+                    jax.random.PRNGKey(0))
+    costs = _costs_for(call, costs)
+    control = _decode_control(costs, gamma)
+  if partitioner is not None:
+    target_params = partitioner.shard_params(target_params)
+    drafter_params = partitioner.shard_params(drafter_params)
+  result = decode_streaming(SpeculativeLoop(target, drafter, config),
+                            (target_params, drafter_params, control), inputs, length, rng,
+                            streaming=streaming, width=cache_len, max_new_tokens=max_new_tokens,
+                            gamma=gamma, partitioner=partitioner, on_progress=on_progress)
+  return result.replace(cost_table=costs)
 
 
 def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
@@ -335,10 +420,12 @@ def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tok
   buckets = (auto.resolve_buckets(config.auto_buckets, drafter.max_gamma)
              if config.gamma_policy == "auto" else ())
 
+  loop = SpeculativeLoop(target, drafter, config)
+
   def run(budget: int, gamma: int, control):
     return unpad(partitioner, _speculative(
-        target, drafter, config, partitioner, target_params, drafter_params, *rows,
-        jnp.int32(budget), jnp.int32(gamma), control), batch)
+        loop, partitioner, (target_params, drafter_params, control), *rows, jnp.int32(budget),
+        jnp.int32(gamma)), batch)
 
   return _Call(key=(target, drafter, config, partitioner, inputs.shape, cache_len),
                models=f"target {auto.describe(target)}; drafter {auto.describe(drafter)}",

@@ -34,6 +34,8 @@ class DecodeResult:
   # guesses in (speculative loop; γ = 0: a plain target step, or one token from a wide call)
   cost_table: Any = flax.struct.field(pytree_node=False, default=None)
   """The `specjax.decode.auto.CostTable` the 'auto' γ policy decided with (None otherwise)."""
+  rounds: Optional[jax.Array] = None  # int32 []: rounds a streaming decode ran
+  slot_rounds: Optional[jax.Array] = None  # int32 []: Σ over those rounds of the slots each ran
 
   @property
   def alpha(self) -> jax.Array:
@@ -44,6 +46,18 @@ class DecodeResult:
   def tokens_per_call(self) -> jax.Array:
     """float32 [B]: generated tokens per target call."""
     return self.lengths / jnp.maximum(self.target_calls, 1)
+
+  @property
+  def slot_utilization(self) -> float:
+    """Useful rounds / rounds run, counted in row-rounds: Σ target calls / `slot_rounds`.
+
+    A streaming decode (`slots=`) ran `slot_rounds` row-rounds; one padded batch ran as many
+    rounds as its slowest row, over all B rows.
+    """
+    useful = float(jnp.sum(self.target_calls))
+    if self.slot_rounds is None:
+      return useful / max(self.target_calls.shape[0] * int(jnp.max(self.target_calls)), 1)
+    return useful / max(int(self.slot_rounds), 1)
 
 
 @flax.struct.dataclass
