@@ -9,6 +9,9 @@
 - Exactness through the stream: the joint law of the first three tokens (the sequence test
   of tests/decode/test_decoding.py) for two interleaved prompts of different lengths, so
   slots are refilled with prompts of another length than their previous example's.
+- The 'auto' γ policy through the stream (an injected cost table): greedy tokens equal the
+  autoregressive ones, each example's tokens its batch-1 decode's, γ = 0 and γ > 0 rounds
+  both taken, and the round count matches the slot schedule.
 - One compile per static config; progress chunks change nothing; slot utilization.
 (Streaming on a device mesh: tests/test_sharding.py.)
 """
@@ -19,6 +22,7 @@ import numpy as np
 import pytest
 
 from specjax.decode import DecodeConfig, Streaming, autoregressive_decode, speculative_decode
+from specjax.decode import auto
 from specjax.decode import stream as stream_module
 from specjax.draft import BigramDrafter, HierarchicalDrafter, ModelDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
@@ -276,6 +280,35 @@ def test_slot_utilization_is_useful_over_run_rounds_of_the_schedule(streamed):
   # One padded batch runs as many rounds as its slowest row, over all its rows.
   padded = result.replace(rounds=None, slot_rounds=None)
   assert padded.slot_utilization == pytest.approx(calls.sum() / (N * calls.max()))
+
+
+def test_auto_gamma_policy_through_the_stream(tables):
+  """Greedy with the 'auto' policy and a cost table that makes a draft step cost about a
+  target call: rows with a high running α speculate, the others take γ = 0 steps."""
+  prompts, lengths = _prompts(N, WIDTH, V, seed=4)
+  keys = jax.random.split(jax.random.PRNGKey(8), N)
+  drafter = ModelDrafter(TableModel(V), max_gamma=3)
+  config = DecodeConfig(sampling=GREEDY, eos_id=1, cache_len=40, gamma_policy="auto")
+  buckets = auto.resolve_buckets(config.auto_buckets, 3)
+  costs = auto.CostTable(batch=SLOTS, cache_len=40, max_gamma=3, buckets=buckets,
+                         seconds=(1.0, 0.6, 1.2, 1.9),
+                         models=f"target {auto.describe(TableModel(V))}; "
+                                f"drafter {auto.describe(drafter)}")
+  spec = lambda rows, **kw: speculative_decode(
+      TableModel(V), tables["target"], drafter, tables["draft"], prompts[rows], max_new_tokens=12,
+      rng=keys[rows], config=config, prompt_lengths=lengths[rows], **kw)
+  result = spec(slice(None), slots=SLOTS, costs=costs)
+  hist = np.asarray(result.gamma_hist).sum(0)
+  assert hist[0] > 0 and hist[1:].sum() > 0, hist
+  ar = autoregressive_decode(TableModel(V), tables["target"], prompts, max_new_tokens=12,
+                             rng=keys, config=DecodeConfig(sampling=GREEDY, eos_id=1, cache_len=40),
+                             prompt_lengths=lengths)
+  np.testing.assert_array_equal(result.tokens, ar.tokens)
+  np.testing.assert_array_equal(result.lengths, ar.lengths)
+  calls = np.asarray(result.target_calls)
+  assert int(result.slot_rounds) == SLOTS * int(result.rounds)
+  assert int(result.rounds) == _schedule(calls.tolist(), (SLOTS,))[0]
+  assert result.cost_table is costs
 
 
 @pytest.mark.parametrize("slots", [0, True, 2.0])
