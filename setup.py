@@ -33,7 +33,7 @@ setup(
         "rich>=13.0",
     ],
     extras_require={
-        "test": ["pytest>=8", "orbax-checkpoint>=0.11"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "orbax-checkpoint>=0.11"],
         "seqio": ["seqio>=0.0.19", "sacrebleu>=2.4"],
         "experiments": ["matplotlib>=3.8", "sacrebleu>=2.4", "nbclient>=0.10", "nbformat>=5.10",
                         "ipykernel>=6.29"],

@@ -53,7 +53,8 @@ def test_checkpoints_round_trip_through_the_job(tmp_path):
   gin.clear_config()
   # The same weights from the checkpoint give the random-init run's outputs (seed 0).
   common = [f"--gin_file={TINY}", "--prompt", "Hello world", "--gin.MAX_NEW_TOKENS=5", "--plain",
-            "--gin.BATCH_SIZE=1", f"--gin.OUTPUT_DIR='{tmp_path / 'a'}'"]
+            "--gin.BATCH_SIZE=1", "--gin.GAMMA_POLICY='constant'",  # 'auto': test_main_auto
+            f"--gin.OUTPUT_DIR='{tmp_path / 'a'}'"]
   run(common)
   gin.clear_config()
   run(common[:-1] + [f"--gin.OUTPUT_DIR='{tmp_path / 'b'}'",
@@ -90,7 +91,8 @@ def test_split_gin_args():
 
 def test_inputs_from_a_seqio_task_split(tmp_path):
   summary = run(["--task", "specjax_translate_en_de:validation", "--num_examples", "2",
-                 "--gin.MAX_NEW_TOKENS=3", "--plain", f"--gin.OUTPUT_DIR='{tmp_path}'"])
+                 "--gin.MAX_NEW_TOKENS=3", "--plain", "--gin.GAMMA_POLICY='constant'",
+                 f"--gin.OUTPUT_DIR='{tmp_path}'"])
   from specjax.data import load_bundled
   first = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[0])
   assert first["input"] == load_bundled("translate_en_de")[0][0]
