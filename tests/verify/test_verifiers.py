@@ -152,8 +152,13 @@ def test_in_kernel_exponentials_are_jax_random_exponential():
               jax.random.key(9)):
     expected = jax.random.exponential(key, (1000,), dtype=jnp.float32)
     ids = jnp.arange(1000, dtype=jnp.int32)
-    np.testing.assert_array_equal(exponential_at(*key_words(key), ids), expected)
-    np.testing.assert_array_equal(exponential_at(*key_words(key), ids[::-7]), expected[::-7])
+    # Same bits and the same -log(u) as jax.random.exponential; the two are separate XLA
+    # programs, bit-equal with default flags, within 1 ulp in ~1% of draws under the suite's
+    # LLVM -O0 (tests/conftest.py). The loop-level token equality of fused and reference
+    # verification is tested exactly in tests/verify and tests/decode.
+    np.testing.assert_array_max_ulp(exponential_at(*key_words(key), ids), expected, maxulp=1)
+    np.testing.assert_array_max_ulp(exponential_at(*key_words(key), ids[::-7]), expected[::-7],
+                                    maxulp=1)
 
 
 def test_draw_correction_rejects_unknown_backend():
