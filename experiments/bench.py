@@ -39,13 +39,8 @@ PEER_MISSING = ("WARNING: HF PEER SKIPPED: torch/transformers are not installed 
 
 
 def _median_times(runs: Dict, repeats: int) -> Dict:
-  compile_s, outs = {}, {}
-  for name, fn in runs.items():
-    outs[name], compile_s[name] = common.timed(fn)
-  times = {name: [] for name in runs}
-  for _ in range(repeats):
-    for name, fn in runs.items():
-      times[name].append(common.timed(fn)[1])
+  """name -> (compile + first run seconds, median seconds, first output), interleaved."""
+  compile_s, times, outs = _interleaved(runs, repeats)
   return {name: (compile_s[name], statistics.median(times[name]), outs[name]) for name in runs}
 
 

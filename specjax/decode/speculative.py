@@ -204,16 +204,16 @@ class SpeculativeLoop:
     """At least one round. Fixed γ policies: exactly one. 'auto': one `auto.run_phases` pass,
     rounds of each variant while `running(state)` and `going` hold (the streaming decode stops
     it when a slot is free). `place` constrains each round's state (sharding)."""
-    args = (params, keys, encoded, prefix_len, max_new_tokens)
     max_gamma = self.drafter.max_gamma
+    wide = lambda guesses, s: self.wide(guesses, params, s, keys, encoded, prefix_len,
+                                        max_new_tokens)
     if self.config.gamma_policy != "auto":
-      return place(self.wide(max_gamma, params, state, *args[1:]))
+      return place(wide(max_gamma, state))
     control = params[2]
     buckets = auto.resolve_buckets(self.config.auto_buckets, max_gamma)
-    target_params = params[0]
-    narrow = lambda s: _narrow(self.config, self.target, target_params, encoded, keys, s,
+    narrow = lambda s: _narrow(self.config, self.target, params[0], encoded, keys, s,
                                prefix_len, max_gamma=max_gamma, max_new_tokens=max_new_tokens)
-    variants = [narrow] + [lambda s, b=b: self.wide(b, params, s, *args[1:]) for b in buckets]
+    variants = [narrow] + [functools.partial(wide, b) for b in buckets]
     decide = functools.partial(_auto_decision, control, buckets, prefix_len, max_new_tokens)
     cond = lambda s: self.going(params, s) & running(s)
     return auto.run_phases([functools.partial(_auto_round, control, lambda s, v=v: place(v(s)))
