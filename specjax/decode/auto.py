@@ -10,8 +10,10 @@ is Thm 3.8's denominator γc + 1 with the measured r(γ+1) in place of the paper
 s[g] / s[0] = r(b+1) + g·c + (verification and loop overhead).
 
 Decision, each round, a pure function of the table and the decode state. Row b has a
-running α̂_b (Σ min(p, q) over its verified positions, plus one prior position at α = 1,
-so that a row with no evidence yet is given one speculative round) and room_b tokens
+running α̂_b (Σ min(p, q) over its verified positions, plus one prior position at the
+table's α: the acceptance rate its calibration measured on the same models and inputs;
+α = 1 for a table without one, so that a row with no evidence is given one speculative
+round) and room_b tokens
 left in its budget. Offering γ guesses it emits E_b(γ) = Σ_{i ≤ min(γ, room_b−1)} α̂_b^i
 tokens per round (Eq. 1, capped by its budget), so it needs about room_b / E_b(γ) more
 rounds. The batch runs until its slowest row is done, so the policy picks
@@ -44,10 +46,11 @@ target's argmax path.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import flax
 import jax
@@ -55,11 +58,13 @@ import jax.numpy as jnp
 import numpy as np
 
 PRIOR_ALPHA = 1.0
-"""α of the one prior position in each row's estimate (optimistic: try before judging)."""
+"""α of the one prior position in each row's estimate when the cost table holds no
+measured α (optimistic: try before judging)."""
 SCHEDULE_SLOTS = 64
 """Static length of the forced-γ schedule buffer (calibration, tests)."""
 NO_LIMIT = np.iinfo(np.int32).max
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: without `alpha`
 
 
 def default_buckets(max_gamma: int) -> Tuple[int, ...]:
@@ -117,6 +122,9 @@ class CostTable:
   calibration_s: float = 0.0
   """Seconds the timed calibration runs took (the loop's compile excluded)."""
   platform: str = ""
+  alpha: Optional[float] = None
+  """Mean Σ min(p, q) per verified position in the calibration's widest rounds (on the
+  inputs calibrated on): each row's prior α̂ under the policy. None: PRIOR_ALPHA."""
 
   def __post_init__(self):
     object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
@@ -125,6 +133,10 @@ class CostTable:
     if len(self.seconds) != len(self.buckets) + 1:
       raise ValueError(f"cost table: {len(self.seconds)} costs for γ = 0 and buckets "
                        f"{self.buckets} (need {len(self.buckets) + 1})")
+    if self.alpha is not None:
+      object.__setattr__(self, "alpha", float(self.alpha))
+      if not 0.0 <= self.alpha <= 1.0:
+        raise ValueError(f"cost table: alpha must be in [0, 1] or None, got {self.alpha}")
     if not all(np.isfinite(s) and s > 0 for s in self.seconds):
       raise ValueError(f"cost table: every cost must be a positive number of seconds, got "
                        f"{self.seconds}")
@@ -153,6 +165,7 @@ class CostTable:
         "round_ms": ", ".join(f"γ={g}: {1e3 * s:.3g}" for g, s in
                               zip((0,) + self.buckets, self.seconds)),
         "round_cost_vs_ar": ", ".join(f"γ={g}: {r:.2f}" for g, r in rel.items()),
+        "calibration_alpha": self.alpha,
         "calibration_s": self.calibration_s,
     }
 
@@ -186,8 +199,9 @@ class CostTable:
         data = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
       raise ValueError(f"cost table '{path}' cannot be read: {e}") from e
-    if not isinstance(data, dict) or data.get("version") != VERSION:
-      raise ValueError(f"cost table '{path}' is not a specjax cost table (version {VERSION})")
+    if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
+      raise ValueError(f"cost table '{path}' is not a specjax cost table (version "
+                       f"{' or '.join(map(str, READABLE_VERSIONS))})")
     fields = {f.name for f in dataclasses.fields(CostTable)}
     unknown = set(data) - fields - {"version"}
     if unknown:
@@ -203,15 +217,17 @@ class CostTable:
 
 
 def choose_gamma(costs: jax.Array, alpha_sum: jax.Array, alpha_count: jax.Array,
-                 active: jax.Array, room: jax.Array, cap: jax.Array) -> jax.Array:
+                 active: jax.Array, room: jax.Array, cap: jax.Array,
+                 prior: Any = PRIOR_ALPHA) -> jax.Array:
   """Each row's γ for the next round (see the module docstring).
 
   costs: float32 [G+1] (`CostTable.per_gamma`); alpha_sum float32 [B], alpha_count int32 [B]
   (the running α estimate); active bool [B]; room int32 [B] (tokens left in the row's
-  budget); cap int32 [] (the largest γ allowed) -> int32 [B] in [0, G].
+  budget); cap int32 [] (the largest γ allowed); prior float32 [] (α of the estimate's one
+  prior position) -> int32 [B] in [0, G].
   """
   max_gamma = costs.shape[0] - 1
-  alpha = jnp.clip((alpha_sum + PRIOR_ALPHA) / (alpha_count + 1.0), 0.0, 1.0)  # [B]
+  alpha = jnp.clip((alpha_sum + prior) / (alpha_count + 1.0), 0.0, 1.0)  # [B]
   gammas = jnp.arange(max_gamma + 1)
   tokens = jnp.cumsum(alpha[:, None] ** gammas[None, :], axis=1)  # [B, G+1]: E(α, γ), Eq. 1
   offered = jnp.minimum(gammas[None, :], jnp.maximum(room - 1, 0)[:, None])  # [B, G+1]
@@ -244,12 +260,19 @@ def run_phases(variants: Sequence[Callable], decide: Callable, running: Callable
   `lax.switch` branch nor a 0/1-trip loop: measured in the compiled HLO, conditionals copy
   every KV-cache array per branch, and in both the decode step's loop-invariant work (its
   concatenated kernels) is redone every round, where a loop body has it hoisted out.
+  The decision is carried beside the state: it is made once per round (after the round,
+  for the next one) and read by the loops' conditions, not recomputed by each.
   """
+  def body(carry, f):
+    after = f(carry[0], carry[1])
+    return (after,) + tuple(decide(after))
+
+  carry = (state,) + tuple(decide(state))
   for index, variant in enumerate(variants):
-    state = jax.lax.while_loop(
-        lambda s, i=index: running(s) & (decide(s)[1] == i),
-        lambda s, f=variant: f(s, decide(s)[0]), state)
-  return state
+    carry = jax.lax.while_loop(
+        lambda c, i=index: running(c[0]) & (c[2] == i),
+        functools.partial(body, f=variant), carry)
+  return carry[0]
 
 
 @flax.struct.dataclass
@@ -261,17 +284,19 @@ class AutoControl:
   schedule: jax.Array  # int32 [SCHEDULE_SLOTS]: forced batch γ of round r (-1: the policy)
   max_rounds: jax.Array  # int32 []: stop after this many rounds (calibration)
   rollback: jax.Array  # bool []: undo every round's commit (calibration: rows never move)
+  prior: jax.Array  # float32 []: α of each row's prior position (`CostTable.alpha`)
 
   @staticmethod
   def make(costs, cap: int, schedule: Sequence[int] = (), max_rounds: int = NO_LIMIT,
-           rollback: bool = False) -> "AutoControl":
+           rollback: bool = False, prior: Optional[float] = None) -> "AutoControl":
     if len(schedule) > SCHEDULE_SLOTS:
       raise ValueError(f"a schedule holds at most {SCHEDULE_SLOTS} rounds, got {len(schedule)}")
     slots = np.full(SCHEDULE_SLOTS, -1, np.int32)
     slots[:len(schedule)] = schedule
     return AutoControl(costs=jnp.asarray(costs, jnp.float32), cap=jnp.int32(cap),
                        schedule=jnp.asarray(slots), max_rounds=jnp.int32(max_rounds),
-                       rollback=jnp.bool_(rollback))
+                       rollback=jnp.bool_(rollback),
+                       prior=jnp.float32(PRIOR_ALPHA if prior is None else prior))
 
 
 # --------------------------------------------------------------------------- calibration
@@ -282,7 +307,9 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
               repeats: int = 3) -> CostTable:
   """Times every round variant inside the compiled loop and returns the `CostTable`.
 
-  run(control) executes the loop once with that control (blocking). Each timed run
+  run(control) executes the loop once with that control (blocking) and returns the rows'
+  (alpha_sum [B], alpha_count [B]); those of the widest bucket's runs give the table's
+  `alpha` (the acceptance rate at the inputs' first positions). Each timed run
   forces one variant for R rolled-back rounds (rows never finish and never move, so
   every round does the same work) and a run of 0 rounds gives the fixed part (prefill,
   transfers), so a variant's round costs (t − t₀) / R. R is at least `rounds`, and up to
@@ -297,12 +324,18 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   choices = (0,) + tuple(buckets)
   ones = np.ones(max_gamma + 1, np.float32)
 
+  seen = [0.0, 0.0]  # Σ alpha_sum, Σ alpha_count of the widest bucket's runs
+
   def timed(gamma: int, count: int) -> float:
     control = AutoControl.make(ones, max_gamma, [gamma] * count, max_rounds=count,
                                rollback=True)
     start = time.perf_counter()
-    run(control)
-    return time.perf_counter() - start
+    alpha_sum, alpha_count = run(control)
+    spent = time.perf_counter() - start
+    if gamma == buckets[-1] and count > 0:
+      seen[0] += float(np.sum(alpha_sum))
+      seen[1] += float(np.sum(alpha_count))
+    return spent
 
   timed(0, 1)  # compiles the loop, if this is its first use
   start = time.perf_counter()
@@ -317,6 +350,7 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   spent = time.perf_counter() - start
   narrow = max(float(np.median(costs[0])), 1e-6)
   seconds = (narrow,) + tuple(max(float(np.median(costs[g])), narrow) for g in buckets)
+  alpha = min(max(seen[0] / seen[1], 0.0), 1.0) if seen[1] > 0 else None
   return CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma, buckets=buckets,
                    seconds=seconds, models=models, samples=(repeats * count,) * len(choices),
-                   calibration_s=spent, platform=jax.devices()[0].platform)
+                   calibration_s=spent, platform=jax.devices()[0].platform, alpha=alpha)

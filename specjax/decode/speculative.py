@@ -137,7 +137,17 @@ def _narrow(config: DecodeConfig, target, target_params, encoded, keys, state: L
   verdict = Verdict(n=zeros, token=token, overlap=jnp.zeros((batch, max_gamma), jnp.float32),
                     bad=bad_logits(logits))
   after = state.replace(seq=seq, length=length, done=done, cache=cache)
-  return _record(config, state, after, nothing, verdict, max_gamma)
+  if state.trace is not None:
+    return _record(config, state, after, nothing, verdict, max_gamma)
+  # `_record` with n = γ = 0 written out: no position is verified (α unchanged), no draft
+  # call; only the γ = 0 / accepted = 0 counts move. Each small op is a visible share of a
+  # narrow round on a small model, which the policy picks when speculation does not pay.
+  active = ~state.done
+  counted = active.astype(jnp.int32)
+  return after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
+                       accepted_hist=state.accepted_hist.at[:, 0].add(counted),
+                       target_calls=state.target_calls + counted,
+                       nan=state.nan | (active & verdict.bad))
 
 
 def _empty_trace(batch: int, rounds: int, max_gamma: int) -> Trace:
@@ -241,7 +251,7 @@ def _auto_decision(control: auto.AutoControl, buckets, prefix_len, max_new_token
   forced = jnp.where(rounds < auto.SCHEDULE_SLOTS, forced, -1)
   gamma = jnp.where(forced >= 0, auto.forced_gamma(forced, active, room),
                     auto.choose_gamma(control.costs, state.alpha_sum, state.alpha_count, active,
-                                      room, control.cap))
+                                      room, control.cap, control.prior))
   return gamma, auto.branch_index(gamma, buckets)
 
 
@@ -400,7 +410,7 @@ _CALIBRATED: Dict[Tuple, auto.CostTable] = {}
 @functools.lru_cache(maxsize=64)
 def _decode_control(costs: auto.CostTable, cap: int) -> auto.AutoControl:
   """The policy's control for a decode (device arrays made once per table and cap)."""
-  return auto.AutoControl.make(costs.per_gamma(), cap)
+  return auto.AutoControl.make(costs.per_gamma(), cap, prior=costs.alpha)
 
 
 def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tokens, config,
@@ -436,7 +446,11 @@ def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tok
 def _calibrate(call: _Call, rounds: int = 6, repeats: int = 3) -> auto.CostTable:
   # Rounds are rolled back, so the budget only has to let every bucket's γ be offered.
   budget = max(call.max_new_tokens, call.max_gamma + 1)
-  table = auto.calibrate(lambda control: jax.block_until_ready(call.run(budget, 1, control)),
+  def run(control):
+    result, _ = jax.block_until_ready(call.run(budget, 1, control))
+    return np.asarray(result.alpha_sum), np.asarray(result.alpha_count)
+
+  table = auto.calibrate(run,
                          batch=call.batch, cache_len=call.cache_len, max_gamma=call.max_gamma,
                          buckets=call.buckets, models=call.models, rounds=rounds,
                          repeats=repeats)

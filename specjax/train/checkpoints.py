@@ -169,7 +169,9 @@ def resume_fingerprint(model_config: Any, data: Any, optimizer: Any, config: Any
   return {"model": dict(_plain(model_config), **{"class": type(model_config).__name__}),
           "data": _plain(data), "optimizer": _plain(optimizer), "z_loss": config.z_loss,
           "num_steps": config.num_steps if optimizer.decay == "cosine" else None,
-          "distill": _plain(distill)}
+          "distill": _plain(distill),
+          **({"init_from": os.fspath(config.init_from)}
+             if getattr(config, "init_from", None) else {})}
 
 
 def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> List[str]:

@@ -11,6 +11,15 @@ student's softmax at temperature τ (Hinton et al.; τ² keeps the gradient scal
 and the teacher runs in the same jitted step on the same batch, its parameters
 an argument of the step (not a compile-time constant).
 
+`divergence` picks the term (DistillSpec, Zhou et al. 2024, compares them):
+  'kl'   KL(p_τ ‖ q_τ), scaled by τ² (the default);
+  'tv'   total variation ½ Σ_x |p_τ − q_τ|: 1 − TV is exactly the acceptance
+         probability at that position, so this term maximizes α directly;
+  'jsd'  Jensen–Shannon ½ KL(p ‖ m) + ½ KL(q ‖ m), m = (p + q) / 2.
+Every step logs the mean KL and the mean TV (`teacher_kl`, `teacher_tv`)
+whichever term is trained, so 1 − teacher_tv reads as the α the draft would
+reach at T = 1 on teacher-forced training text.
+
     python -m specjax.train --gin_file=runs/train_lm_draft.gin \\
         --gin_file=runs/distill.gin --gin.MODEL_DIR="'/tmp/lm_draft'" \\
         --gin.DATA_DIR="'data/'" --gin.TEACHER="'/tmp/lm_target'"
@@ -31,6 +40,9 @@ from specjax.models import build_model, read_model_gin
 from specjax.train._checks import check_real
 
 
+DIVERGENCES = ("kl", "tv", "jsd")
+
+
 @gin.register(module="specjax.train")
 @dataclasses.dataclass(frozen=True)
 class DistillConfig:
@@ -42,8 +54,13 @@ class DistillConfig:
   """Share of the KL term; 1 − weight stays on the data's cross-entropy."""
   temperature: float = 1.0
   """τ of both softmaxes in the KL term (1 matches what speculative sampling compares)."""
+  divergence: str = "kl"
+  """The distillation term: 'kl' (forward KL), 'tv' (total variation) or 'jsd'."""
 
   def __post_init__(self):
+    if self.divergence not in DIVERGENCES:
+      raise ValueError(f"DistillConfig.divergence must be one of {DIVERGENCES}, "
+                       f"got {self.divergence!r}")
     if not isinstance(self.teacher, (str, os.PathLike)) or not os.fspath(self.teacher):
       raise ValueError(f"DistillConfig.teacher must be a model folder path, got {self.teacher!r}")
     check_real(self, "weight", 0, 1, high_open=False)
@@ -57,6 +74,7 @@ class Teacher:
   """A specjax model (T5Model or DecoderOnlyModel)."""
   weight: float
   temperature: float
+  divergence: str = "kl"
 
 
 def load_teacher(config: DistillConfig, student_config: Any) -> Tuple[Teacher, Any]:
@@ -81,32 +99,57 @@ def load_teacher(config: DistillConfig, student_config: Any) -> Tuple[Teacher, A
   model = build_model(teacher_config)
   params = checkpoints.load_t5x_for_model(folder, model, dtype="float32")
   params = jax.tree.map(jnp.asarray, params)
-  return Teacher(model, config.weight, config.temperature), params
+  return Teacher(model, config.weight, config.temperature, config.divergence), params
 
 
-def kl_sums(student_logits: jax.Array, teacher_logits: jax.Array, weights: jax.Array,
-            temperature: float = 1.0) -> Dict[str, jax.Array]:
-  """Weighted sum of KL(p_τ ‖ q_τ) per position (teacher p, student q).
+def divergence_sums(student_logits: jax.Array, teacher_logits: jax.Array, weights: jax.Array,
+                    temperature: float = 1.0, divergence: str = "kl") -> Dict[str, jax.Array]:
+  """Weighted sums of per-position divergences between teacher p and student q.
 
   Args:
     student_logits: float [B, L, V].
     teacher_logits: float [B, L, V] (no gradient flows into them).
     weights: float32 [B, L], 0 on padding.
     temperature: τ of both softmaxes.
+    divergence: the trained term, 'kl', 'tv' or 'jsd' (see the module docstring).
   Returns:
-    {'kl_sum': float32 []}: Σ weights · KL, in nats (not scaled by τ²).
+    float32 [] sums over positions of weights · D:
+      'kl_sum'   KL(p_τ ‖ q_τ) in nats (not scaled by τ²),
+      'tv_sum'   ½ Σ_x |p_τ − q_τ|,
+      'div_sum'  the `divergence` term (the same array as one of the above, or the JSD).
   """
   teacher_logits = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
   log_p = jax.nn.log_softmax(teacher_logits / temperature, axis=-1)
   log_q = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
-  kl = jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)  # [B, L]
-  return {"kl_sum": jnp.sum(kl * weights)}
+  p, q = jnp.exp(log_p), jnp.exp(log_q)
+  kl = jnp.sum(p * (log_p - log_q), axis=-1)  # [B, L]
+  tv = 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)  # [B, L]
+  out = {"kl_sum": jnp.sum(kl * weights), "tv_sum": jnp.sum(tv * weights)}
+  if divergence == "kl":
+    out["div_sum"] = out["kl_sum"]
+  elif divergence == "tv":
+    out["div_sum"] = out["tv_sum"]
+  elif divergence == "jsd":
+    log_m = jnp.log(0.5 * (p + q) + 1e-30)
+    jsd = 0.5 * (jnp.sum(p * (log_p - log_m), axis=-1) + jnp.sum(q * (log_q - log_m), axis=-1))
+    out["div_sum"] = jnp.sum(jsd * weights)
+  else:
+    raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
+  return out
 
 
-def mixed_loss(ce_loss_sum: jax.Array, kl_sum: jax.Array, teacher: Teacher) -> jax.Array:
-  """(1 − w) · (CE + z-loss) + w · τ² · KL, both sums over the same positions."""
-  return ((1.0 - teacher.weight) * ce_loss_sum
-          + teacher.weight * teacher.temperature ** 2 * kl_sum)
+def kl_sums(student_logits: jax.Array, teacher_logits: jax.Array, weights: jax.Array,
+            temperature: float = 1.0) -> Dict[str, jax.Array]:
+  """{'kl_sum': float32 []}: Σ weights · KL(p_τ ‖ q_τ) (see `divergence_sums`)."""
+  return {"kl_sum": divergence_sums(student_logits, teacher_logits, weights, temperature,
+                                    "kl")["kl_sum"]}
+
+
+def mixed_loss(ce_loss_sum: jax.Array, div_sum: jax.Array, teacher: Teacher) -> jax.Array:
+  """(1 − w) · (CE + z-loss) + w · s · D, both sums over the same positions; s = τ² for
+  KL (Hinton's gradient scale), 1 for TV and JSD."""
+  scale = teacher.temperature ** 2 if teacher.divergence == "kl" else 1.0
+  return (1.0 - teacher.weight) * ce_loss_sum + teacher.weight * scale * div_sum
 
 
 def logits_fn(model: Any) -> Callable[[Any, Dict[str, jax.Array]], jax.Array]:

@@ -67,15 +67,15 @@ import optax
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeRemainingColumn)
 
-from specjax import gin_config
-from specjax.models import MODEL_GIN, build_model, model_gin_text
+from specjax import checkpoints, gin_config
+from specjax.models import MODEL_GIN, build_model, model_gin_text, read_model_gin
 from specjax.train._checks import check_int, check_real
 from specjax.train.batches import DataConfig, make_batches
 from specjax.train.checkpoints import (OPT_STATE_FILE, TRAIN_STATE_FILE, check_model_gin,
                                        list_checkpoints, load_opt_state, restore,
                                        resume_fingerprint, save_checkpoint, save_opt_state)
-from specjax.train.distill import (DistillConfig, Teacher, kl_sums, load_teacher, logits_fn,
-                                   mixed_loss)
+from specjax.train.distill import (DistillConfig, Teacher, divergence_sums, load_teacher,
+                                   logits_fn, mixed_loss)
 
 __all__ = [
     "OptimizerConfig", "DataConfig", "TrainConfig", "TrainState", "TrainResult", "Trainer",
@@ -163,6 +163,11 @@ class TrainConfig:
   allow_changed_training: bool = False
   """Resume a checkpoint even though the data, optimizer, schedule, z-loss or
   teacher changed (the run then no longer equals an uninterrupted one)."""
+  init_from: Optional[str] = None
+  """Start from these parameters instead of a random initialization: a model folder
+  written by specjax.train (its latest checkpoint; a bundled pair's folder works) or
+  one checkpoint_N in it, of the same model config. The optimizer state starts fresh
+  at step 0. Only a run with no checkpoint in model_dir starts; a resume ignores it."""
 
   def __post_init__(self):
     if not self.model_dir or not isinstance(self.model_dir, (str, os.PathLike)):
@@ -175,6 +180,10 @@ class TrainConfig:
     check_real(self, "z_loss", 0)
     if self.final_dtype not in ("float32", "bfloat16"):
       raise ValueError(f"final_dtype must be 'float32' or 'bfloat16', got {self.final_dtype!r}")
+    if self.init_from is not None and (not isinstance(self.init_from, (str, os.PathLike))
+                                       or not os.fspath(self.init_from)):
+      raise ValueError(f"TrainConfig.init_from must be a model folder path or None, "
+                       f"got {self.init_from!r}")
 
 
 # ----------------------------------------------------------------------------
@@ -244,7 +253,8 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
 
 def summarize(sums: Dict[str, Any]) -> Dict[str, float]:
   """Means of `cross_entropy` sums: loss, cross_entropy, perplexity, accuracy, tokens
-  (and teacher_kl, the mean KL(teacher ‖ model), when distilling)."""
+  (and teacher_kl / teacher_tv, the mean KL(teacher ‖ model) and total variation, when
+  distilling: 1 − teacher_tv is the mean acceptance probability at T = 1 on that text)."""
   n = max(float(sums["weight_sum"]), 1.0)
   ce = float(sums["ce_sum"]) / n
   out = {"loss": float(sums["loss_sum"]) / n, "cross_entropy": ce,
@@ -252,6 +262,8 @@ def summarize(sums: Dict[str, Any]) -> Dict[str, float]:
          "tokens": float(sums["weight_sum"])}
   if "kl_sum" in sums:
     out["teacher_kl"] = float(sums["kl_sum"]) / n
+  if "tv_sum" in sums:
+    out["teacher_tv"] = float(sums["tv_sum"]) / n
   return out
 
 
@@ -291,14 +303,15 @@ class Trainer:
       sums = cross_entropy(logits, batch["decoder_target_tokens"],
                            batch["decoder_loss_weights"], z)
       if teacher is not None:
-        sums.update(kl_sums(logits, teacher_logits(teacher_params, batch),
-                            batch["decoder_loss_weights"], teacher.temperature))
+        sums.update(divergence_sums(logits, teacher_logits(teacher_params, batch),
+                                    batch["decoder_loss_weights"], teacher.temperature,
+                                    teacher.divergence))
       return sums
 
     def loss_fn(params, batch, teacher_params):
       sums = sums_fn(params, batch, z_loss, teacher_params)
       total = (sums["loss_sum"] if teacher is None
-               else mixed_loss(sums["loss_sum"], sums["kl_sum"], teacher))
+               else mixed_loss(sums["loss_sum"], sums["div_sum"], teacher))
       return total / jnp.maximum(sums["weight_sum"], 1.0), sums
 
     def step_fn(state: TrainState, batch, teacher_params):
@@ -466,7 +479,7 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
   fingerprint = resume_fingerprint(model_config, data, optimizer, config, distill)
   state = restore(config.model_dir, trainer, fingerprint, config.allow_changed_training)
   if state is None:
-    state = trainer.init_state(model.init(jax.random.PRNGKey(config.seed)))
+    state = trainer.init_state(_initial_params(model, model_config, config))
   start = int(state.step)
   # The run is accepted: only now is anything in model_dir written.
   check_model_gin(config.model_dir, model_config)
@@ -544,6 +557,25 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
   if timed_seconds > 0:
     result.tokens_per_second = timed_tokens / timed_seconds
   return result
+
+
+def _initial_params(model: Any, model_config: Any, config: TrainConfig) -> Any:
+  """A random initialization (seed `config.seed`), or the float32 parameters of
+  `config.init_from` after checking that folder's model.gin matches `model_config`."""
+  if config.init_from is None:
+    return model.init(jax.random.PRNGKey(config.seed))
+  folder = os.fspath(config.init_from).rstrip("/")
+  model_dir = (os.path.dirname(folder) if os.path.basename(folder).startswith("checkpoint_")
+               else folder)
+  if not os.path.isfile(os.path.join(model_dir, "model.gin")):
+    raise FileNotFoundError(f"TrainConfig.init_from {config.init_from}: no model.gin in "
+                            f"{model_dir} (give a folder written by specjax.train)")
+  theirs = read_model_gin(model_dir)
+  if theirs != model_config:
+    raise ValueError(f"TrainConfig.init_from {config.init_from} holds a different model: "
+                     f"{theirs} vs the configured {model_config}")
+  log.info("initializing from %s", config.init_from)
+  return checkpoints.load_t5x_for_model(folder, model, dtype="float32")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> TrainResult:

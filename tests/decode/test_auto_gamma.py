@@ -66,12 +66,12 @@ def tables():
   return random_table(1, V), random_table(2, V, sharpness=1.0)
 
 
-def _table(seconds, batch, max_gamma=2, cache_len=16, drafter=None, buckets=None):
+def _table(seconds, batch, max_gamma=2, cache_len=16, drafter=None, buckets=None, alpha=None):
   drafter = drafter or ModelDrafter(TableModel(V), max_gamma=max_gamma)
   return auto.CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma,
                         buckets=buckets or auto.default_buckets(max_gamma), seconds=seconds,
                         models=f"target {auto.describe(TableModel(V))}; "
-                               f"drafter {auto.describe(drafter)}")
+                               f"drafter {auto.describe(drafter)}", alpha=alpha)
 
 
 def _joint_tv(tokens, law):
@@ -185,14 +185,16 @@ def _mixed_prompts(batch=12, seed=0):
 SMALL = DecodeConfig(eos_id=NO_EOS, cache_len=40, gamma_policy="auto")
 
 
-def _small(target_table, draft_params, budget, key, seconds=None, control=None, seed=0):
+def _small(target_table, draft_params, budget, key, seconds=None, control=None, seed=0,
+           alpha=None):
   prompts, lengths = _mixed_prompts(seed=seed)
   drafter = ModelDrafter(TableModel(V), max_gamma=2)
   if control is not None:
     return _run(SMALL, target_table, drafter, draft_params, prompts, budget, key, control, lengths)
   return speculative_decode(TableModel(V), target_table, drafter, draft_params, prompts,
                             max_new_tokens=budget, rng=key, config=SMALL, prompt_lengths=lengths,
-                            costs=None if seconds is None else _table(seconds, 12, cache_len=40))
+                            costs=None if seconds is None else _table(seconds, 12, cache_len=40,
+                                                                      alpha=alpha))
 
 
 def test_a_table_that_never_pays_reproduces_autoregressive_tokens_at_t1(tables):
@@ -342,6 +344,26 @@ def test_calibration_returns_a_table_that_fits_the_decode(tables, tmp_path):
   assert loaded == table
   result = _small(target_table, draft_table, 20, jax.random.PRNGKey(0), seconds=loaded.seconds)
   assert result.cost_table.seconds == table.seconds
+  # The table's α is measured on the calibration's rounds: a draft equal to its target
+  # (q = p) gets exactly 1, a different one less.
+  assert 0.0 < table.alpha < 1.0
+  same = decoding.calibrate_costs(TableModel(V), target_table, drafter, target_table, prompts,
+                                  max_new_tokens=20, config=SMALL, prompt_lengths=lengths,
+                                  rounds=2, repeats=1)
+  assert same.alpha == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_tables_alpha_is_each_rows_prior(tables):
+  target_table, draft_table = tables
+  # Speculation pays at these costs only for a row whose α̂ is high: E(2) = 3 tokens per
+  # 1.9 at α = 1, 1 per 1.9 at α = 0. Without a measured α the prior is 1, so the first
+  # round speculates; with α = 0 in the table no round ever does (no probe).
+  key = jax.random.PRNGKey(0)
+  probe = _small(target_table, draft_table, 20, key, seconds=(1.0, 1.5, 1.9))
+  assert np.asarray(probe.gamma_hist)[:, 2].min() >= 1
+  never = _small(target_table, draft_table, 20, key, seconds=(1.0, 1.5, 1.9), alpha=0.0)
+  hist = np.asarray(never.gamma_hist)
+  assert hist[:, 1:].sum() == 0 and hist[:, 0].sum() == 12 * 20
 
 
 @pytest.mark.parametrize("change, message", [
@@ -365,6 +387,9 @@ def test_bad_tables_and_settings(tmp_path):
     auto.CostTable(batch=1, cache_len=8, max_gamma=1, buckets=(1,), seconds=(1.0, 0.0))
   with pytest.raises(ValueError, match="costs for"):
     auto.CostTable(batch=1, cache_len=8, max_gamma=1, buckets=(1,), seconds=(1.0,))
+  with pytest.raises(ValueError, match="alpha"):
+    auto.CostTable(batch=1, cache_len=8, max_gamma=1, buckets=(1,), seconds=(1.0, 2.0),
+                   alpha=1.5)
   path = tmp_path / "broken.json"
   path.write_text("{not json")
   with pytest.raises(ValueError, match="cannot be read"):

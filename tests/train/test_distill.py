@@ -15,7 +15,8 @@ import pytest
 
 from specjax.train import distill
 from specjax import train as T
-from specjax.models import build_model
+from specjax.models import build_model, read_model_gin
+from specjax.train import trainer as trainer_lib
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
 from tests.train.test_train import LM_GIN, run_cli
@@ -68,9 +69,32 @@ def test_kl_sums_match_numpy():
   assert abs(same) < 1e-5
 
 
+def test_tv_and_jsd_sums_match_numpy():
+  rng = np.random.default_rng(1)
+  student = rng.normal(size=(2, 3, 7)).astype(np.float32) * 2
+  teacher = rng.normal(size=(2, 3, 7)).astype(np.float32) * 2
+  weights = np.array([[1, 1, 0], [1, 0, 1]], np.float32)
+  p = np.exp(teacher) / np.exp(teacher).sum(-1, keepdims=True)
+  q = np.exp(student) / np.exp(student).sum(-1, keepdims=True)
+  m = (p + q) / 2
+  tv = np.sum(weights * 0.5 * np.abs(p - q).sum(-1))
+  jsd = np.sum(weights * 0.5 * ((p * np.log(p / m)).sum(-1) + (q * np.log(q / m)).sum(-1)))
+  got_tv = distill.divergence_sums(student, teacher, weights, 1.0, "tv")
+  got_jsd = distill.divergence_sums(student, teacher, weights, 1.0, "jsd")
+  assert float(got_tv["div_sum"]) == pytest.approx(tv, rel=1e-5)
+  assert float(got_tv["tv_sum"]) == pytest.approx(tv, rel=1e-5)
+  assert float(got_jsd["div_sum"]) == pytest.approx(jsd, rel=1e-5)
+  # Every choice logs the same KL and TV.
+  assert float(got_jsd["kl_sum"]) == pytest.approx(float(got_tv["kl_sum"]), rel=1e-6)
+  with pytest.raises(ValueError, match="divergence"):
+    distill.DistillConfig(teacher="/tmp/x", divergence="l2")
+
+
 def test_mixed_loss_weights():
   t = distill.Teacher(model=None, weight=0.25, temperature=2.0)
   assert float(distill.mixed_loss(8.0, 3.0, t)) == pytest.approx(0.75 * 8.0 + 0.25 * 4 * 3.0)
+  tv = distill.Teacher(model=None, weight=0.25, temperature=2.0, divergence="tv")
+  assert float(distill.mixed_loss(8.0, 3.0, tv)) == pytest.approx(0.75 * 8.0 + 0.25 * 3.0)
 
 
 def test_distilled_student_is_closer_to_teacher(runs):
@@ -111,3 +135,51 @@ def test_trainer_without_teacher_params_says_so(runs):
   with pytest.raises(ValueError, match="teacher_params"):
     trainer.train_step(state, batch)
   assert os.path.isfile(os.path.join(runs.teacher_dir, "model.gin"))
+
+
+def test_init_from_loads_the_folder_and_refuses_another_model(runs, tmp_path):
+  cfg = runs.plain.model_config  # the student's config; the teacher's differs
+  teacher_cfg = read_model_gin(runs.teacher_dir)
+  model = build_model(teacher_cfg)
+  got = trainer_lib._initial_params(model, teacher_cfg, T.TrainConfig(
+      model_dir=str(tmp_path / "m"), num_steps=1, init_from=runs.teacher_dir))
+  _, want = distill.load_teacher(distill.DistillConfig(teacher=runs.teacher_dir), teacher_cfg)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+  with pytest.raises(ValueError, match="different model"):
+    trainer_lib._initial_params(build_model(cfg), cfg, T.TrainConfig(
+        model_dir=str(tmp_path / "m"), num_steps=1, init_from=runs.teacher_dir))
+  with pytest.raises(FileNotFoundError, match="model.gin"):
+    trainer_lib._initial_params(model, teacher_cfg, T.TrainConfig(
+        model_dir=str(tmp_path / "m"), num_steps=1, init_from=str(tmp_path)))
+
+
+def test_teacher_data_is_the_teachers_text_whatever_the_chunking(runs, tmp_path):
+  from specjax.data import load_vocab
+  from specjax.data import splits as data_lib
+  from specjax.train import teacher_data
+  docs = ["The package provides a library for parsing configuration files.",
+          "This is a transitional dummy package.", "Tools for the command line.",
+          "Documentation for the server.", "A small game with colourful puzzles."]
+  data_lib.write_split(tmp_path / "data" / "lm_ddtp_en" / "train.txt", [(d, None) for d in docs])
+  data_lib.write_split(tmp_path / "data" / "lm_ddtp_en" / "validation.txt", [(docs[0], None)])
+  kw = dict(limit=5, batch=2, temperature=1.0, seed=3, max_new_tokens=6, prompt_tokens=3)
+  a = teacher_data.write_teacher_split(runs.teacher_dir, "lm", str(tmp_path / "data"),
+                                       str(tmp_path / "a"), chunk=2, **kw)
+  b = teacher_data.write_teacher_split(runs.teacher_dir, "lm", str(tmp_path / "data"),
+                                       str(tmp_path / "b"), chunk=5, **kw)
+  assert a.read_text() == b.read_text()  # keys are tied to the example, not the chunk
+  lines = a.read_text().splitlines()
+  assert len(lines) == 5
+  vocab = load_vocab()
+  for doc, line in zip(docs, lines):  # each document keeps its 3-token prompt
+    assert line.startswith(vocab.decode(vocab.encode(doc)[:3]).strip())
+  assert lines != [vocab.decode(vocab.encode(d)[:3]) for d in docs]  # and goes on
+  assert (tmp_path / "a" / "lm_ddtp_en" / "validation.txt").read_text() == docs[0] + "\n"
+  # Resume: a lost chunk is decoded again, to the same text.
+  (tmp_path / "a" / "lm_ddtp_en" / ".parts" / "part_00000002.txt").unlink()
+  again = teacher_data.write_teacher_split(runs.teacher_dir, "lm", str(tmp_path / "data"),
+                                           str(tmp_path / "a"), chunk=2, **kw)
+  assert again.read_text() == b.read_text()
+  with pytest.raises(ValueError, match="other family"):
+    teacher_data.write_teacher_split(runs.teacher_dir, "translate", str(tmp_path / "data"),
+                                     str(tmp_path / "c"))

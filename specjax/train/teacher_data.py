@@ -1,0 +1,212 @@
+"""A training set written by a teacher: the target's own outputs on the train inputs.
+
+DistillSpec (Zhou et al., ICLR 2024) finds that a draft distilled on text the target
+generated accepts more of its guesses than one distilled on the dataset: speculative
+decoding only ever asks the draft to continue the target's own outputs. This module
+decodes a prepared train split with a trained model and writes the result as a data
+folder that `DataConfig.data_dir` reads like the prepared one:
+
+  translate / summarize  each train source with the teacher's greedy (T = 0) or
+                         sampled output as its target, `train.tsv`;
+  lm                     each train document's first `prompt_tokens` tokens followed
+                         by the teacher's continuation (up to EOS or the budget),
+                         `train.txt`.
+
+The validation and test splits are copied unchanged, so held-out figures stay
+comparable with a run on the original data. Decoding streams the inputs through
+`batch` slots (`specjax.decode.stream`), in chunks of `chunk` examples written under
+OUT/.parts/: an interrupted run resumes at the first missing chunk, and a chunk's
+tokens depend only on (seed, example index), not on where the run stopped.
+
+  python -m specjax.train.teacher_data --teacher specjax/assets/pairs/translate/target \\
+      --task translate --data_dir data/ --out data_kd/translate --limit 40000
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from specjax import checkpoints
+from specjax.data import load_vocab
+from specjax.data import splits as data_lib
+from specjax.decode import DecodeConfig, autoregressive_decode
+from specjax.decode import prompts
+from specjax.models import build_model, read_model_gin
+from specjax.sampling import Sampling
+from specjax.train.batches import TASKS, check_task
+
+log = logging.getLogger(__name__)
+
+
+def load_folder_model(folder: str):
+  """(model, float32 params) of a folder written by specjax.train (or a checkpoint_N)."""
+  folder = os.fspath(folder).rstrip("/")
+  model_dir = (os.path.dirname(folder) if os.path.basename(folder).startswith("checkpoint_")
+               else folder)
+  if not os.path.isfile(os.path.join(model_dir, "model.gin")):
+    raise FileNotFoundError(f"{folder}: no model.gin in {model_dir} (give a folder written by "
+                            "specjax.train)")
+  model = build_model(read_model_gin(model_dir))
+  return model, checkpoints.load_t5x_for_model(folder, model, dtype="float32")
+
+
+def _clean(text: str) -> str:
+  """One line of a split file: tabs and newlines become spaces."""
+  return " ".join(text.replace("\t", " ").split())
+
+
+def model_inputs(task: str, examples: Sequence, vocab, *, encoder_decoder: bool,
+                 inputs_length: int, prompt_tokens: int) -> Tuple[np.ndarray, List[List[int]]]:
+  """(int32 [N, L] decode inputs, the token ids each output is written after).
+
+  Seq2seq: the source, cut to `inputs_length` with EOS kept; nothing is written before
+  the output. LM: the first `prompt_tokens` tokens of the document (shorter documents
+  whole), which the written document starts with.
+  """
+  if task == "lm":
+    rows = [vocab.encode(doc)[:prompt_tokens] for doc in examples]
+    rows = [r if r else [vocab.eos_id] for r in rows]
+    heads = [list(r) for r in rows]
+  else:
+    rows = [vocab.encode(src) + [vocab.eos_id] for src, _ in examples]
+    rows = prompts.cut(rows, inputs_length, vocab.eos_id)
+    heads = [[] for _ in rows]
+  out = np.zeros((len(rows), max(len(r) for r in rows)), np.int32)
+  for i, r in enumerate(rows):
+    out[i, :len(r)] = r
+  return out, heads
+
+
+def _texts(task: str, examples: Sequence, heads: List[List[int]], tokens: np.ndarray,
+           vocab) -> List[Tuple[str, Optional[str]]]:
+  """Split-file examples from decoded tokens [N, T] (cut at the first EOS by decode)."""
+  out = []
+  for ex, head, row in zip(examples, heads, tokens):
+    ids = [int(t) for t in row]
+    if vocab.eos_id in ids:
+      ids = ids[:ids.index(vocab.eos_id)]
+    text = _clean(vocab.decode(head + ids))
+    if task == "lm":
+      if text:
+        out.append((text, None))
+    elif text:
+      out.append((_clean(ex[0]), text))
+  return out
+
+
+def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
+                        limit: Optional[int] = None, batch: int = 32, chunk: int = 2048,
+                        temperature: float = 0.0, seed: int = 0, inputs_length: int = 64,
+                        max_new_tokens: int = 64, prompt_tokens: int = 16) -> Path:
+  """Decodes the train split of `task` under `data_dir` with `teacher`; returns the new
+  train file. See the module docstring for the layout, chunks and resumption.
+
+  Args:
+    teacher: a model folder (model.gin + checkpoint_N/) of the task's family.
+    task: 'lm', 'translate' or 'summarize'.
+    data_dir: a folder written by `python -m specjax.data prepare`.
+    out: the new data folder (created; its train split is replaced at the end, atomically).
+    limit: decode only the first `limit` train examples (None: all).
+    batch: decode slots.
+    chunk: examples per written chunk.
+    temperature: 0 greedy; otherwise sampled with one key per example (seed, index).
+    seed: the sampling seed.
+    inputs_length: seq2seq source length cap (as training's).
+    max_new_tokens: output budget per example.
+    prompt_tokens: LM: tokens of each document kept as the prompt.
+  """
+  check_task(task)
+  folder = TASKS[task]
+  ext = data_lib.TASK_FILES[folder]
+  src_dir, out_dir = Path(data_dir) / folder, Path(out) / folder
+  model, params = load_folder_model(teacher)
+  if (task == "lm") == model.is_encoder_decoder:
+    family = "an encoder-decoder" if model.is_encoder_decoder else "a decoder-only"
+    raise ValueError(f"teacher {teacher} is {family} model; task {task!r} needs the other "
+                     "family")
+  examples = data_lib.read_split(src_dir / f"train.{ext}")
+  if task == "lm":
+    examples = [s for s, _ in examples]
+  if limit is not None:
+    examples = examples[:limit]
+  if not examples:
+    raise ValueError(f"{src_dir}: the train split is empty")
+  vocab = load_vocab()
+  config = DecodeConfig(sampling=Sampling(temperature=float(temperature)), eos_id=vocab.eos_id,
+                        cache_len=prompt_tokens + max_new_tokens + 1 if task == "lm"
+                        else max_new_tokens + 1)
+  parts = out_dir / ".parts"
+  parts.mkdir(parents=True, exist_ok=True)
+  key = jax.random.PRNGKey(seed)
+  t_start, done = time.perf_counter(), 0
+  for start in range(0, len(examples), chunk):
+    part = parts / f"part_{start:08d}.{ext}"
+    if part.is_file():
+      continue
+    piece = examples[start:start + chunk]
+    inputs, heads = model_inputs(task, piece, vocab, encoder_decoder=model.is_encoder_decoder,
+                                 inputs_length=inputs_length, prompt_tokens=prompt_tokens)
+    # One key per example, from its absolute index: chunks and slots never change a draw.
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(np.arange(start, start + len(piece)))
+    result = autoregressive_decode(model, params, inputs, max_new_tokens=max_new_tokens,
+                                   rng=keys, config=config, slots=min(batch, len(piece)))
+    rows = _texts(task, piece, heads, np.asarray(result.tokens), vocab)
+    tmp = part.with_suffix(".tmp")
+    data_lib.write_split(tmp, rows)
+    os.replace(tmp, part)
+    done += len(piece)
+    rate = done / max(time.perf_counter() - t_start, 1e-9)
+    log.warning("%s: %d / %d examples (%.1f / s)", out_dir, start + len(piece), len(examples),
+                rate)
+  written = []
+  for start in range(0, len(examples), chunk):
+    written += data_lib.read_split(parts / f"part_{start:08d}.{ext}")
+  train = out_dir / f"train.{ext}"
+  tmp = out_dir / f".train.{ext}.tmp"
+  data_lib.write_split(tmp, written)
+  os.replace(tmp, train)
+  for split in ("validation", "test"):
+    path = src_dir / f"{split}.{ext}"
+    if path.is_file():
+      shutil.copyfile(path, out_dir / f"{split}.{ext}")
+  return train
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """CLI; see the module docstring."""
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--teacher", required=True)
+  p.add_argument("--task", required=True, choices=sorted(TASKS))
+  p.add_argument("--data_dir", required=True)
+  p.add_argument("--out", required=True)
+  p.add_argument("--limit", type=int, default=None)
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--chunk", type=int, default=2048)
+  p.add_argument("--temperature", type=float, default=0.0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--inputs_length", type=int, default=64)
+  p.add_argument("--max_new_tokens", type=int, default=64)
+  p.add_argument("--prompt_tokens", type=int, default=16)
+  args = p.parse_args(argv)
+  logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+  train = write_teacher_split(args.teacher, args.task, args.data_dir, args.out,
+                              limit=args.limit, batch=args.batch, chunk=args.chunk,
+                              temperature=args.temperature, seed=args.seed,
+                              inputs_length=args.inputs_length,
+                              max_new_tokens=args.max_new_tokens,
+                              prompt_tokens=args.prompt_tokens)
+  print(train)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
