@@ -18,6 +18,7 @@ steps) and its measured round costs relative to a γ = 0 round.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import statistics
 from typing import Dict, List, Optional, Sequence
 
@@ -116,6 +117,20 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
                           "vs_ar": ar_s / seconds, "compile_s": cell["compile"][name],
                           "alpha": cell["alpha"].get(name, "")})
         print(common.markdown_table(rows[-1:]), flush=True)
+        _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas)
+        # Each cell compiles ~10 loops; XLA:CPU executables hold memory mappings until
+        # dropped, and a full grid once hit vm.max_map_count ("LLVM ERROR: Unable to
+        # allocate section memory") in its 8th cell.
+        del cell
+        jax.clear_caches()
+        gc.collect()
+  md = _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas)
+  print(md)
+  return rows
+
+
+def _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas) -> str:
+  """Writes the tables so far (after every cell: a crash keeps what was measured)."""
   out = common.Output(cli.output_dir, "bench_auto")
   md = common.header("Benchmark: the 'auto' γ policy vs autoregressive and every fixed γ",
                      cli.pairs, [
@@ -132,8 +147,7 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
   out.csv(rows)
   out.csv(timings, "bench_auto_timings.csv")
   out.json({"pairs": {p.name: p.source for p in cli.pairs}, "rows": rows, "timings": timings})
-  print(md)
-  return rows
+  return md
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:

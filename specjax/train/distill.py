@@ -16,9 +16,9 @@ an argument of the step (not a compile-time constant).
   'tv'   total variation ½ Σ_x |p_τ − q_τ|: 1 − TV is exactly the acceptance
          probability at that position, so this term maximizes α directly;
   'jsd'  Jensen–Shannon ½ KL(p ‖ m) + ½ KL(q ‖ m), m = (p + q) / 2.
-Every step logs the mean KL and the mean TV (`teacher_kl`, `teacher_tv`)
-whichever term is trained, so 1 − teacher_tv reads as the α the draft would
-reach at T = 1 on teacher-forced training text.
+Every step logs the mean KL, the mean TV and the argmax agreement (`teacher_kl`,
+`teacher_tv`, `teacher_agree`) whichever term is trained: on teacher-forced text,
+1 − teacher_tv is the acceptance rate α at T = 1 and teacher_agree the one at T = 0.
 
     python -m specjax.train --gin_file=runs/train_lm_draft.gin \\
         --gin_file=runs/distill.gin --gin.MODEL_DIR="'/tmp/lm_draft'" \\
@@ -116,6 +116,7 @@ def divergence_sums(student_logits: jax.Array, teacher_logits: jax.Array, weight
     float32 [] sums over positions of weights · D:
       'kl_sum'   KL(p_τ ‖ q_τ) in nats (not scaled by τ²),
       'tv_sum'   ½ Σ_x |p_τ − q_τ|,
+      'agree_sum'  positions where the two argmaxes agree (greedy acceptance),
       'div_sum'  the `divergence` term (the same array as one of the above, or the JSD).
   """
   teacher_logits = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
@@ -124,7 +125,9 @@ def divergence_sums(student_logits: jax.Array, teacher_logits: jax.Array, weight
   p, q = jnp.exp(log_p), jnp.exp(log_q)
   kl = jnp.sum(p * (log_p - log_q), axis=-1)  # [B, L]
   tv = 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)  # [B, L]
-  out = {"kl_sum": jnp.sum(kl * weights), "tv_sum": jnp.sum(tv * weights)}
+  agree = (jnp.argmax(teacher_logits, -1) == jnp.argmax(student_logits, -1)).astype(jnp.float32)
+  out = {"kl_sum": jnp.sum(kl * weights), "tv_sum": jnp.sum(tv * weights),
+         "agree_sum": jnp.sum(agree * weights)}
   if divergence == "kl":
     out["div_sum"] = out["kl_sum"]
   elif divergence == "tv":

@@ -142,8 +142,8 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
     raise ValueError(f"{src_dir}: the train split is empty")
   vocab = load_vocab()
   config = DecodeConfig(sampling=Sampling(temperature=float(temperature)), eos_id=vocab.eos_id,
-                        cache_len=prompt_tokens + max_new_tokens + 1 if task == "lm"
-                        else max_new_tokens + 1)
+                        cache_len=prompt_tokens + max_new_tokens + 2 if task == "lm"
+                        else max_new_tokens + 2)
   parts = out_dir / ".parts"
   parts.mkdir(parents=True, exist_ok=True)
   key = jax.random.PRNGKey(seed)

@@ -264,6 +264,8 @@ def summarize(sums: Dict[str, Any]) -> Dict[str, float]:
     out["teacher_kl"] = float(sums["kl_sum"]) / n
   if "tv_sum" in sums:
     out["teacher_tv"] = float(sums["tv_sum"]) / n
+  if "agree_sum" in sums:
+    out["teacher_agree"] = float(sums["agree_sum"]) / n
   return out
 
 
@@ -479,7 +481,7 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
   fingerprint = resume_fingerprint(model_config, data, optimizer, config, distill)
   state = restore(config.model_dir, trainer, fingerprint, config.allow_changed_training)
   if state is None:
-    state = trainer.init_state(_initial_params(model, model_config, config))
+    state = trainer.init_state(initial_params(model, model_config, config))
   start = int(state.step)
   # The run is accepted: only now is anything in model_dir written.
   check_model_gin(config.model_dir, model_config)
@@ -559,7 +561,7 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
   return result
 
 
-def _initial_params(model: Any, model_config: Any, config: TrainConfig) -> Any:
+def initial_params(model: Any, model_config: Any, config: TrainConfig) -> Any:
   """A random initialization (seed `config.seed`), or the float32 parameters of
   `config.init_from` after checking that folder's model.gin matches `model_config`."""
   if config.init_from is None:

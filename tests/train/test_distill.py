@@ -84,6 +84,8 @@ def test_tv_and_jsd_sums_match_numpy():
   assert float(got_tv["div_sum"]) == pytest.approx(tv, rel=1e-5)
   assert float(got_tv["tv_sum"]) == pytest.approx(tv, rel=1e-5)
   assert float(got_jsd["div_sum"]) == pytest.approx(jsd, rel=1e-5)
+  agree = np.sum(weights * (p.argmax(-1) == q.argmax(-1)))
+  assert float(got_tv["agree_sum"]) == agree
   # Every choice logs the same KL and TV.
   assert float(got_jsd["kl_sum"]) == pytest.approx(float(got_tv["kl_sum"]), rel=1e-6)
   with pytest.raises(ValueError, match="divergence"):
@@ -141,15 +143,15 @@ def test_init_from_loads_the_folder_and_refuses_another_model(runs, tmp_path):
   cfg = runs.plain.model_config  # the student's config; the teacher's differs
   teacher_cfg = read_model_gin(runs.teacher_dir)
   model = build_model(teacher_cfg)
-  got = trainer_lib._initial_params(model, teacher_cfg, T.TrainConfig(
+  got = trainer_lib.initial_params(model, teacher_cfg, T.TrainConfig(
       model_dir=str(tmp_path / "m"), num_steps=1, init_from=runs.teacher_dir))
   _, want = distill.load_teacher(distill.DistillConfig(teacher=runs.teacher_dir), teacher_cfg)
   jax.tree.map(np.testing.assert_array_equal, got, want)
   with pytest.raises(ValueError, match="different model"):
-    trainer_lib._initial_params(build_model(cfg), cfg, T.TrainConfig(
+    trainer_lib.initial_params(build_model(cfg), cfg, T.TrainConfig(
         model_dir=str(tmp_path / "m"), num_steps=1, init_from=runs.teacher_dir))
   with pytest.raises(FileNotFoundError, match="model.gin"):
-    trainer_lib._initial_params(model, teacher_cfg, T.TrainConfig(
+    trainer_lib.initial_params(model, teacher_cfg, T.TrainConfig(
         model_dir=str(tmp_path / "m"), num_steps=1, init_from=str(tmp_path)))
 
 
