@@ -91,7 +91,7 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
     max_new_tokens: tokens per row (EOS ignored); repeats: interleaved timed runs (median).
     max_input_len: encoder input / prompt width.
   """
-  rows, timings = [], []
+  rows, timings, md = [], [], ""
   for pair in cli.pairs:
     for batch in batches:
       for temperature in temperatures:
@@ -117,14 +117,13 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
                           "vs_ar": ar_s / seconds, "compile_s": cell["compile"][name],
                           "alpha": cell["alpha"].get(name, "")})
         print(common.markdown_table(rows[-1:]), flush=True)
-        _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas)
+        md = _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas)
         # Each cell compiles ~10 loops; XLA:CPU executables hold memory mappings until
         # dropped, and a full grid once hit vm.max_map_count ("LLVM ERROR: Unable to
         # allocate section memory") in its 8th cell.
         del cell
         jax.clear_caches()
         gc.collect()
-  md = _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas)
   print(md)
   return rows
 

@@ -206,6 +206,21 @@ def _read_marker(folder: str) -> Optional[Dict[str, Any]]:
 # Saving and restoring.
 
 
+def read_trained_folder(folder: Any, what: str) -> Tuple[str, Any]:
+  """(folder, its model config) for a folder written by specjax.train (its latest
+  checkpoint is loaded from it) or one checkpoint_N inside such a folder.
+
+  Raises FileNotFoundError naming `what` (e.g. 'teacher') when there is no model.gin.
+  """
+  folder = os.fspath(folder).rstrip("/")
+  model_dir = (os.path.dirname(folder) if os.path.basename(folder).startswith("checkpoint_")
+               else folder)
+  if not os.path.isfile(os.path.join(model_dir, MODEL_GIN)):
+    raise FileNotFoundError(f"{what} {folder}: no model.gin in {model_dir} (give a folder "
+                            "written by specjax.train)")
+  return folder, read_model_gin(model_dir)
+
+
 def list_checkpoints(model_dir: str) -> List[int]:
   """Steps of the complete `checkpoint_N` folders in `model_dir`, ascending."""
   return [step for step, _ in checkpoints.list_checkpoint_dirs(model_dir)]

@@ -36,7 +36,8 @@ import jax.numpy as jnp
 
 from specjax import checkpoints
 
-from specjax.models import build_model, read_model_gin
+from specjax.models import build_model
+from specjax.train.checkpoints import read_trained_folder
 from specjax.train._checks import check_real
 
 
@@ -83,13 +84,7 @@ def load_teacher(config: DistillConfig, student_config: Any) -> Tuple[Teacher, A
   Raises ValueError when the teacher's family or vocabulary differs from the
   student's, FileNotFoundError when the folder holds no model.gin or checkpoint.
   """
-  folder = config.teacher.rstrip("/")
-  model_dir = os.path.dirname(folder) if os.path.basename(folder).startswith(
-      "checkpoint_") else folder
-  if not os.path.isfile(os.path.join(model_dir, "model.gin")):
-    raise FileNotFoundError(f"teacher {config.teacher}: no model.gin in {model_dir} (give a "
-                            "folder written by specjax.train)")
-  teacher_config = read_model_gin(model_dir)
+  folder, teacher_config = read_trained_folder(config.teacher, "teacher")
   if type(teacher_config) is not type(student_config):
     raise ValueError(f"teacher is a {type(teacher_config).__name__} but the student is a "
                      f"{type(student_config).__name__}: distillation needs one family")
@@ -139,13 +134,6 @@ def divergence_sums(student_logits: jax.Array, teacher_logits: jax.Array, weight
   else:
     raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
   return out
-
-
-def kl_sums(student_logits: jax.Array, teacher_logits: jax.Array, weights: jax.Array,
-            temperature: float = 1.0) -> Dict[str, jax.Array]:
-  """{'kl_sum': float32 []}: Σ weights · KL(p_τ ‖ q_τ) (see `divergence_sums`)."""
-  return {"kl_sum": divergence_sums(student_logits, teacher_logits, weights, temperature,
-                                    "kl")["kl_sum"]}
 
 
 def mixed_loss(ce_loss_sum: jax.Array, div_sum: jax.Array, teacher: Teacher) -> jax.Array:

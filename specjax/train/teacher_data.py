@@ -40,22 +40,18 @@ from specjax.data import load_vocab
 from specjax.data import splits as data_lib
 from specjax.decode import DecodeConfig, autoregressive_decode
 from specjax.decode import prompts
-from specjax.models import build_model, read_model_gin
+from specjax.models import build_model
 from specjax.sampling import Sampling
 from specjax.train.batches import TASKS, check_task
+from specjax.train.checkpoints import read_trained_folder
 
 log = logging.getLogger(__name__)
 
 
 def load_folder_model(folder: str):
   """(model, float32 params) of a folder written by specjax.train (or a checkpoint_N)."""
-  folder = os.fspath(folder).rstrip("/")
-  model_dir = (os.path.dirname(folder) if os.path.basename(folder).startswith("checkpoint_")
-               else folder)
-  if not os.path.isfile(os.path.join(model_dir, "model.gin")):
-    raise FileNotFoundError(f"{folder}: no model.gin in {model_dir} (give a folder written by "
-                            "specjax.train)")
-  model = build_model(read_model_gin(model_dir))
+  folder, config = read_trained_folder(folder, "teacher")
+  model = build_model(config)
   return model, checkpoints.load_t5x_for_model(folder, model, dtype="float32")
 
 
@@ -88,13 +84,10 @@ def model_inputs(task: str, examples: Sequence, vocab, *, encoder_decoder: bool,
 
 def _texts(task: str, examples: Sequence, heads: List[List[int]], tokens: np.ndarray,
            vocab) -> List[Tuple[str, Optional[str]]]:
-  """Split-file examples from decoded tokens [N, T] (cut at the first EOS by decode)."""
+  """Split-file examples from decoded tokens [N, T] (`vocab.decode` stops at the first EOS)."""
   out = []
   for ex, head, row in zip(examples, heads, tokens):
-    ids = [int(t) for t in row]
-    if vocab.eos_id in ids:
-      ids = ids[:ids.index(vocab.eos_id)]
-    text = _clean(vocab.decode(head + ids))
+    text = _clean(vocab.decode(head + [int(t) for t in row]))
     if task == "lm":
       if text:
         out.append((text, None))

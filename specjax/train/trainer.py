@@ -68,11 +68,12 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeRemainingColumn)
 
 from specjax import checkpoints, gin_config
-from specjax.models import MODEL_GIN, build_model, model_gin_text, read_model_gin
+from specjax.models import MODEL_GIN, build_model, model_gin_text
 from specjax.train._checks import check_int, check_real
 from specjax.train.batches import DataConfig, make_batches
 from specjax.train.checkpoints import (OPT_STATE_FILE, TRAIN_STATE_FILE, check_model_gin,
-                                       list_checkpoints, load_opt_state, restore,
+                                       list_checkpoints, load_opt_state, read_trained_folder,
+                                       restore,
                                        resume_fingerprint, save_checkpoint, save_opt_state)
 from specjax.train.distill import (DistillConfig, Teacher, divergence_sums, load_teacher,
                                    logits_fn, mixed_loss)
@@ -566,13 +567,7 @@ def initial_params(model: Any, model_config: Any, config: TrainConfig) -> Any:
   `config.init_from` after checking that folder's model.gin matches `model_config`."""
   if config.init_from is None:
     return model.init(jax.random.PRNGKey(config.seed))
-  folder = os.fspath(config.init_from).rstrip("/")
-  model_dir = (os.path.dirname(folder) if os.path.basename(folder).startswith("checkpoint_")
-               else folder)
-  if not os.path.isfile(os.path.join(model_dir, "model.gin")):
-    raise FileNotFoundError(f"TrainConfig.init_from {config.init_from}: no model.gin in "
-                            f"{model_dir} (give a folder written by specjax.train)")
-  theirs = read_model_gin(model_dir)
+  folder, theirs = read_trained_folder(config.init_from, "TrainConfig.init_from")
   if theirs != model_config:
     raise ValueError(f"TrainConfig.init_from {config.init_from} holds a different model: "
                      f"{theirs} vs the configured {model_config}")

@@ -54,7 +54,7 @@ TEACHER = '{teacher_dir}'
                                kl_distilled=kl(distilled.params))
 
 
-def test_kl_sums_match_numpy():
+def test_kl_sum_matches_numpy():
   rng = np.random.default_rng(0)
   student = rng.normal(size=(2, 3, 7)).astype(np.float32) * 2
   teacher = rng.normal(size=(2, 3, 7)).astype(np.float32) * 2
@@ -63,9 +63,9 @@ def test_kl_sums_match_numpy():
     p = np.exp(teacher / tau) / np.exp(teacher / tau).sum(-1, keepdims=True)
     q = np.exp(student / tau) / np.exp(student / tau).sum(-1, keepdims=True)
     want = np.sum(weights * np.sum(p * (np.log(p) - np.log(q)), -1))
-    got = float(distill.kl_sums(student, teacher, weights, tau)["kl_sum"])
+    got = float(distill.divergence_sums(student, teacher, weights, tau)["kl_sum"])
     assert got == pytest.approx(want, rel=1e-5)
-  same = float(distill.kl_sums(teacher, teacher, weights)["kl_sum"])
+  same = float(distill.divergence_sums(teacher, teacher, weights)["kl_sum"])
   assert abs(same) < 1e-5
 
 
@@ -158,6 +158,8 @@ def test_init_from_loads_the_folder_and_refuses_another_model(runs, tmp_path):
 def test_teacher_data_is_the_teachers_text_whatever_the_chunking(runs, tmp_path):
   from specjax.data import load_vocab
   from specjax.data import splits as data_lib
+  from specjax.decode import DecodeConfig, autoregressive_decode
+  from specjax.sampling import Sampling
   from specjax.train import teacher_data
   docs = ["The package provides a library for parsing configuration files.",
           "This is a transitional dummy package.", "Tools for the command line.",
@@ -175,7 +177,14 @@ def test_teacher_data_is_the_teachers_text_whatever_the_chunking(runs, tmp_path)
   vocab = load_vocab()
   for doc, line in zip(docs, lines):  # each document keeps its 3-token prompt
     assert line.startswith(vocab.decode(vocab.encode(doc)[:3]).strip())
-  assert lines != [vocab.decode(vocab.encode(d)[:3]) for d in docs]  # and goes on
+  # ... and goes on with the teacher's own draw: example 0 decoded alone, with its key.
+  model, params = teacher_data.load_folder_model(runs.teacher_dir)
+  prompt = np.asarray([vocab.encode(docs[0])[:3]], np.int32)
+  config = DecodeConfig(sampling=Sampling(temperature=1.0), eos_id=vocab.eos_id, cache_len=11)
+  alone = autoregressive_decode(model, params, prompt, max_new_tokens=6, config=config,
+                                rng=jax.random.fold_in(jax.random.PRNGKey(3), 0)[None])
+  expected = " ".join(vocab.decode(list(prompt[0]) + [int(t) for t in alone.tokens[0]]).split())
+  assert lines[0] == expected
   assert (tmp_path / "a" / "lm_ddtp_en" / "validation.txt").read_text() == docs[0] + "\n"
   # Resume: a lost chunk is decoded again, to the same text.
   (tmp_path / "a" / "lm_ddtp_en" / ".parts" / "part_00000002.txt").unlink()
