@@ -167,7 +167,8 @@ def check_checkpoints(checkpoints: Dict[str, Any]) -> None:
 
 
 def check_settings(*, drafter: str, gamma: Any, max_gamma: Any, max_new_tokens: Any,
-                   batch_size: Any, max_input_len: Any, seed: Any) -> int:
+                   batch_size: Any, max_input_len: Any, seed: Any,
+                   timing_repeats: Any = 1) -> int:
   """ValueError naming the first bad setting of `decode_job` (nothing loaded yet).
 
   Returns max_gamma (gamma when None)."""
@@ -179,6 +180,7 @@ def check_settings(*, drafter: str, gamma: Any, max_gamma: Any, max_new_tokens: 
     raise ValueError(f"gamma must be in [1, max_gamma={max_gamma}], got {gamma}")
   check_count("max_new_tokens", max_new_tokens)
   check_count("batch_size", batch_size)
+  check_count("timing_repeats", timing_repeats)
   if check_count("max_input_len", max_input_len) < 2:
     raise ValueError(f"max_input_len must be >= 2 (a token and EOS), got {max_input_len}")
   if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -245,7 +247,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                partitioner: Optional[Partitioner] = None,
                vocabulary: Any = None, draft_vocabulary: Any = None,
                task_vocabulary: Any = None, task_feature_lengths: Optional[Mapping] = None,
-               write_scores: bool = False,
+               write_scores: bool = False, timing_repeats: int = 3,
                console: Optional[Console] = None,
                on_batch: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
   """Runs autoregressive and speculative decoding on `texts`; prints and writes a report.
@@ -281,6 +283,9 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
     task_feature_lengths: TASK_FEATURE_LENGTHS: 'inputs' sets max_input_len and 'targets'
       max_new_tokens (T5X's lengths), when given.
     write_scores: WRITE_SCORES: add each prediction's log-likelihood under the target.
+    timing_repeats: TIMING_REPEATS: each decode is timed this many times, the two
+      interleaved (order alternating); the summary reports the medians ('speedup' is their
+      ratio) and the range of the per-pass ratios. Compile time is reported apart.
     on_batch: called as on_batch(examples_done, examples_total) after every batch_size
       examples finish the speculative decode (which runs after the autoregressive one): a
       progress hook. Ctrl-C (KeyboardInterrupt) between two such chunks stops the job with a
@@ -296,7 +301,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   max_new_tokens = lengths.get("targets", max_new_tokens)
   max_gamma = check_settings(drafter=drafter, gamma=gamma, max_gamma=max_gamma,
                              max_new_tokens=max_new_tokens, batch_size=batch_size,
-                             max_input_len=max_input_len, seed=seed)
+                             max_input_len=max_input_len, seed=seed,
+                             timing_repeats=timing_repeats)
   examples = inputs_lib.as_inputs(texts)
   if not examples:
     raise ValueError("no inputs to decode")
@@ -369,6 +375,12 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       ar_out, ar_s = _timed(lambda: ar(max_new_tokens, on_progress=lambda d, t: progress.update(
           task, completed=d)))
       spec_out, spec_s = _timed(lambda: spec(max_new_tokens, on_progress=spec_progress))
+      times = {"ar": [ar_s], "spec": [spec_s]}
+      for i in range(1, timing_repeats):  # interleaved, the order alternating: drift hits both
+        for name in (("spec", "ar") if i % 2 else ("ar", "spec")):
+          times[name].append(_timed(lambda: (ar if name == "ar" else spec)(max_new_tokens))[1])
+      ar_s, spec_s = float(np.median(times["ar"])), float(np.median(times["spec"]))
+      ratios = np.asarray(times["ar"]) / np.maximum(times["spec"], 1e-9)
   except KeyboardInterrupt:
     console.print(f"interrupted after {done[0]} of {len(examples)} examples: nothing written")
     raise
@@ -406,6 +418,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                                       / max(int(np.sum(spec_out.target_calls)), 1)),
       "autoregressive_s": ar_s, "speculative_s": spec_s,
       "speedup": ar_s / max(spec_s, 1e-9),
+      "timing_repeats": timing_repeats,
+      "speedup_range": f"{ratios.min():.2f}-{ratios.max():.2f}",
       "compile_ar_s": compile_s["ar"], "compile_spec_s": compile_s["spec"],
       "slot_utilization": spec_out.slot_utilization,
       "slot_utilization_ar": ar_out.slot_utilization,

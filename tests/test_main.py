@@ -38,6 +38,10 @@ def test_default_run_writes_outputs_and_is_greedy_identical(tmp_path):
   lines = (tmp_path / "results.jsonl").read_text().splitlines()
   assert len(lines) == 2 and json.loads(lines[0])["input"] == "The package provides a library."
   assert json.loads((tmp_path / "summary.json").read_text())["gamma"] == 4
+  # Each decode timed 3 times, interleaved: medians, and the per-pass ratios' range.
+  assert summary["timing_repeats"] == 3
+  low, high = map(float, summary["speedup_range"].split("-"))
+  assert low <= round(summary["speedup"], 2) <= high
 
 
 def test_checkpoints_round_trip_through_the_job(tmp_path):
@@ -115,6 +119,7 @@ def _no_models(monkeypatch):
     (["--gin.GAMMA=2.5"], "gamma must be an integer >= 1, got 2.5"),
     (["--gin.BATCH_SIZE=0"], "batch_size must be an integer >= 1, got 0"),
     (["--gin.MAX_NEW_TOKENS=True"], "max_new_tokens must be an integer >= 1, got True"),
+    (["--gin.TIMING_REPEATS=0"], "timing_repeats must be an integer >= 1, got 0"),
 ])
 def test_settings_are_checked_before_any_model_loads(monkeypatch, tmp_path, bindings, message):
   _no_models(monkeypatch)
