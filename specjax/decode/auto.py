@@ -250,7 +250,8 @@ def branch_index(gamma: jax.Array, buckets: Tuple[int, ...]) -> jax.Array:
                    0).astype(jnp.int32)
 
 
-def run_phases(variants: Sequence[Callable], decide: Callable, running: Callable, state):
+def run_phases(variants: Sequence[Callable], decide: Callable, running: Callable, state,
+               stands: Optional[Tuple[Callable, Callable]] = None):
   """Runs rounds while they are wanted, each variant in its own inner `while_loop`.
 
   variants[v](state, gamma) plays one round; decide(state) -> (gamma int32 [B], v int32 [])
@@ -262,16 +263,31 @@ def run_phases(variants: Sequence[Callable], decide: Callable, running: Callable
   concatenated kernels) is redone every round, where a loop body has it hoisted out.
   The decision is carried beside the state: it is made once per round (after the round,
   for the next one) and read by the loops' conditions, not recomputed by each.
+
+  stands = (mark, holds): for variants[0] (the narrow round). mark(state) is a small pytree
+  taken when the decision is made and holds(mark, state) -> bool [] says whether that
+  decision still holds after further rounds without being recomputed. Narrow rounds then
+  follow each other in an inner loop with no decision between them; `decide` runs again
+  once `holds` fails or `running` stops. (Only the mark enters the inner loop: a state
+  kept alive beside the one the rounds update would make XLA copy its caches.)
+  None: decide after every round.
   """
   def body(carry, f):
     after = f(carry[0], carry[1])
     return (after,) + tuple(decide(after))
 
+  def narrow_body(carry, f):
+    gamma, mark = carry[1], stands[0](carry[0])
+    after = jax.lax.while_loop(lambda s: running(s) & stands[1](mark, s),
+                               lambda s: f(s, gamma), f(carry[0], gamma))
+    return (after,) + tuple(decide(after))
+
   carry = (state,) + tuple(decide(state))
   for index, variant in enumerate(variants):
+    step = narrow_body if index == 0 and stands is not None else body
     carry = jax.lax.while_loop(
         lambda c, i=index: running(c[0]) & (c[2] == i),
-        functools.partial(body, f=variant), carry)
+        functools.partial(step, f=variant), carry)
   return carry[0]
 
 

@@ -227,7 +227,9 @@ class SpeculativeLoop:
     decide = functools.partial(_auto_decision, control, buckets, prefix_len, max_new_tokens)
     cond = lambda s: self.going(params, s) & running(s)
     return auto.run_phases([functools.partial(_auto_round, control, lambda s, v=v: place(v(s)))
-                            for v in variants], decide, cond, state)
+                            for v in variants], decide, cond, state,
+                           stands=(lambda s: s.done,
+                                   functools.partial(_narrow_stands, control, prefix_len)))
 
 
 @functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
@@ -253,6 +255,26 @@ def _auto_decision(control: auto.AutoControl, buckets, prefix_len, max_new_token
                     auto.choose_gamma(control.costs, state.alpha_sum, state.alpha_count, active,
                                       room, control.cap, control.prior))
   return gamma, auto.branch_index(gamma, buckets)
+
+
+def _narrow_stands(control: auto.AutoControl, prefix_len, done, state: LoopState) -> jax.Array:
+  """bool []: whether a decision for narrow rounds (every row γ = 0), made when the rows'
+  done mask was `done`, still holds in `state` without recomputing it.
+
+  Narrow rounds add no guesses, so each row's α estimate stays, and every busy row moves
+  one token. When the busy rows have the same room r, `auto.choose_gamma` compares
+  s[γ] / min_row E(α_row, min(γ, r − 1)) across γ (r factors out); as r shrinks only the
+  γ ≥ 1 terms can grow, so γ = 0 stays the batch's choice. It is recomputed when a row
+  finishes, when busy rows' rooms differ (a row far from its budget can then tip the
+  balance), and while the control's schedule forces a γ (calibration)."""
+  rounds = jnp.max(state.target_calls)
+  forced = (rounds < auto.SCHEDULE_SLOTS) & (
+      control.schedule[jnp.minimum(rounds, auto.SCHEDULE_SLOTS - 1)] >= 0)
+  made = state.length - prefix_len  # tokens so far per row: equal iff the rooms are
+  busy = ~state.done
+  first = jnp.max(jnp.where(busy, made, jnp.iinfo(jnp.int32).min))
+  same_room = jnp.all(jnp.where(busy, made == first, True))
+  return jnp.all(state.done == done) & same_room & ~forced
 
 
 def _auto_round(control: auto.AutoControl, variant, state: LoopState, gamma) -> LoopState:

@@ -6,6 +6,7 @@ forced through the loop's schedule where a test needs a given mix of γ.
 """
 import collections
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -139,6 +140,53 @@ def test_choose_gamma_follows_the_rule_and_switches_speculation_off():
   mixed = choose(costs, jnp.array([90.0, 90.0, 90.0]), jnp.array([100, 100, 100]),
                  jnp.array([True, True, False]), jnp.array([40, 2, 9]), jnp.int32(3))
   assert mixed.tolist() == [3, 1, 0]
+
+
+def test_a_narrow_decision_stands_while_the_busy_rows_rooms_are_equal():
+  """The claim `speculative._narrow_stands` rests on: narrow rounds keep α and shrink every
+  busy row's room by one, and with equal rooms γ = 0 stays the choice all the way down.
+  400 random batches; each γ = 0 decision re-checked at every smaller room."""
+  rng = np.random.default_rng(1)
+  choose = jax.jit(auto.choose_gamma)
+  checked = 0
+  for _ in range(400):
+    batch = int(rng.integers(1, 6))
+    costs = np.sort(rng.uniform(0.8, 3.0, 8)).astype(np.float32)
+    costs[0] = 1.0
+    count = rng.integers(0, 30, batch).astype(np.int32)
+    alpha_sum = (rng.uniform(0, 1, batch) * count).astype(np.float32)
+    active = rng.uniform(size=batch) < 0.8
+    room = int(rng.integers(2, 40))
+    decide = lambda r: choose(costs, alpha_sum, count, active, np.full(batch, r, np.int32),
+                              jnp.int32(7))
+    if np.any(np.asarray(decide(room))):
+      continue
+    checked += 1
+    for smaller in range(room - 1, 0, -1):
+      assert not np.any(np.asarray(decide(smaller))), (room, smaller)
+  assert checked > 100
+  # With unequal rooms it can flip: a row with α ≈ 0 and 2 tokens fewer to go than a row
+  # with α ≈ 0.9 makes a wide round a loss at rooms (10, 8) but a gain at (8, 6).
+  costs = jnp.array([1.0, 1.3, 1.3, 1.3, 1.3], jnp.float32)
+  pair = lambda r: choose(costs, jnp.array([90.0, 0.0]), jnp.array([100, 100]),
+                          jnp.ones(2, bool), jnp.array(r, jnp.int32), jnp.int32(4)).tolist()
+  assert pair([10, 8]) == [0, 0] and pair([8, 6]) != [0, 0]
+
+
+def test_narrow_stands_until_a_row_finishes_rooms_differ_or_a_schedule_forces():
+  control = auto.AutoControl.make(np.ones(3, np.float32), 2)
+  forced = auto.AutoControl.make(np.ones(3, np.float32), 2, schedule=[0, 0, 0])
+  prefix = jnp.array([2, 5, 3], jnp.int32)
+  state = lambda length, done, calls=4: types.SimpleNamespace(
+      length=jnp.array(length, jnp.int32), done=jnp.array(done),
+      target_calls=jnp.full(3, calls, jnp.int32))
+  mark = jnp.array([False, False, True])
+  stands = lambda c, s: bool(decoding._narrow_stands(c, prefix, mark, s))
+  assert stands(control, state([9, 12, 4], [False, False, True]))  # 7 made each; row 2 done
+  assert not stands(control, state([9, 12, 4], [True, False, True]))  # a row finished
+  assert not stands(control, state([9, 13, 4], [False, False, True]))  # rooms differ
+  assert not stands(forced, state([9, 12, 4], [False, False, True], calls=2))  # forced round
+  assert stands(forced, state([9, 12, 4], [False, False, True], calls=3))  # schedule over
 
 
 def test_branch_index_and_per_gamma_costs():
