@@ -35,6 +35,16 @@ the narrow branch: one 1-token target call, no draft call. The narrow round and 
 of each bucket's width are compiled once into the one loop (`run_phases`): a decision
 never recompiles.
 
+Speculation off for the whole decode. Before the first round every row's α̂ is the
+table's α and its room is at most max_new_tokens. If g* = 0 there, it stays 0 for the
+whole decode (`never_speculates`): narrow rounds verify nothing, so every α̂ stays the
+prior, and with equal α̂ the slowest term is the row with the most room, whose choice only
+moves towards 0 as its room shrinks (s[g] / E(min(g, room − 1)) can only grow); a refilled
+slot starts again at max_new_tokens. Such a decode is exactly the autoregressive loop
+(the narrow round draws its token as that loop does), so `speculative_decode` runs that
+loop instead, without the draft model's start or the policy's bookkeeping, and reports
+every round at γ = 0.
+
 Reproducibility. Decisions depend only on the cost table and the decode state, never on
 timings taken during the decode. At T > 0 a row's tokens depend on its γ decisions (which
 position keys are consumed), so a seed reproduces its tokens exactly given the same cost
@@ -236,6 +246,19 @@ def choose_gamma(costs: jax.Array, alpha_sum: jax.Array, alpha_count: jax.Array,
   remaining = jnp.where(gammas <= cap, costs * slowest, jnp.inf)
   best = jnp.argmin(remaining).astype(jnp.int32)
   return jnp.where(active, jnp.minimum(best, jnp.maximum(room - 1, 0)), 0).astype(jnp.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def never_speculates(costs: "CostTable", cap: int, max_new_tokens: int) -> bool:
+  """Whether the policy, deciding with `costs`, plays only γ = 0 rounds in a whole decode
+  of max_new_tokens per row (module docstring: its choice for one row at the table's α and
+  the full budget, which stands for the rest of the decode)."""
+  prior = PRIOR_ALPHA if costs.alpha is None else costs.alpha
+  gamma = choose_gamma(jnp.asarray(costs.per_gamma()), jnp.zeros(1, jnp.float32),
+                       jnp.zeros(1, jnp.int32), jnp.ones(1, bool),
+                       jnp.full(1, max_new_tokens, jnp.int32), jnp.int32(cap),
+                       jnp.float32(prior))
+  return int(gamma[0]) == 0
 
 
 def forced_gamma(gamma: jax.Array, active: jax.Array, room: jax.Array) -> jax.Array:

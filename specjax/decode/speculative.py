@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.decode import auto
-from specjax.decode.autoregressive import next_tokens
+from specjax.decode.autoregressive import autoregressive_decode, next_tokens
 from specjax.decode.config import DecodeConfig
 from specjax.decode.gamma import next_gamma
 from specjax.decode.inputs import (cache_length, check_cache_size, check_config, check_count,
@@ -351,6 +351,10 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
   control = None
   if auto_policy:
     costs = _costs_for(call, costs)
+    if auto.never_speculates(costs, int(gamma), call.max_new_tokens):
+      return _autoregressive_instead(target, target_params, inputs, call.max_new_tokens, rng,
+                                     config, call.cache_len, drafter.max_gamma, costs,
+                                     prompt_lengths=prompt_lengths, partitioner=partitioner)
     control = _decode_control(costs, int(gamma))
   result, nan = call.run(call.max_new_tokens, gamma, control)
   check_nan(nan)
@@ -378,6 +382,11 @@ def _stream(target, target_params, drafter, drafter_params, inputs, max_new_toke
                     None if target.is_encoder_decoder else length[some], partitioner,
                     jax.random.PRNGKey(0))
     costs = _costs_for(call, costs)
+    if auto.never_speculates(costs, gamma, max_new_tokens):
+      return _autoregressive_instead(target, target_params, inputs, max_new_tokens, rng, config,
+                                     cache_len, drafter.max_gamma, costs,
+                                     prompt_lengths=prompt_lengths, partitioner=partitioner,
+                                     slots=streaming, on_progress=on_progress)
     control = _decode_control(costs, gamma)
   if partitioner is not None:
     target_params = partitioner.shard_params(target_params)
@@ -387,6 +396,28 @@ def _stream(target, target_params, drafter, drafter_params, inputs, max_new_toke
                             streaming=streaming, width=cache_len, max_new_tokens=max_new_tokens,
                             gamma=gamma, partitioner=partitioner, on_progress=on_progress)
   return result.replace(cost_table=costs)
+
+
+def _autoregressive_instead(target, target_params, inputs, max_new_tokens, rng, config,
+                            cache_len, max_gamma, costs, **kwargs) -> DecodeResult:
+  """The decode of an 'auto' policy that never speculates (`auto.never_speculates`): the
+  autoregressive loop, the same tokens as its narrow rounds, reported as every round at
+  γ = 0 (no draft call, nothing verified; a trace has one correction per round)."""
+  result = autoregressive_decode(
+      target, target_params, inputs, max_new_tokens=max_new_tokens, rng=rng,
+      config=dataclasses.replace(config, trace=False, cache_len=cache_len), **kwargs)
+  calls = result.target_calls
+  batch = calls.shape[0]
+  hist = jnp.zeros((batch, max_gamma + 1), jnp.int32).at[:, 0].set(calls)
+  trace = None
+  if config.trace:  # round r emitted token r
+    correction = jnp.zeros((batch, cache_len), jnp.int32).at[:, :max_new_tokens].set(
+        result.tokens)
+    trace = _empty_trace(batch, cache_len, max_gamma).replace(correction=correction)
+  return result.replace(
+      draft_calls=jnp.zeros_like(calls), accepted_hist=hist, gamma_hist=hist,
+      alpha_sum=jnp.zeros(batch, jnp.float32), alpha_count=jnp.zeros_like(calls),
+      trace=trace, cost_table=costs)
 
 
 def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,

@@ -252,12 +252,44 @@ def test_a_table_that_never_pays_reproduces_autoregressive_tokens_at_t1(tables):
   reference = autoregressive_decode(TableModel(V), target_table, prompts, max_new_tokens=20,
                                     rng=key, config=DecodeConfig(eos_id=NO_EOS, cache_len=40),
                                     prompt_lengths=lengths)
-  result = _small(target_table, draft_table, 20, key, seconds=(1.0, 5.0, 9.0), seed=1)
-  # γ = 0 rounds draw with the autoregressive loop's own keys: the same tokens at T = 1.
-  np.testing.assert_array_equal(result.tokens, reference.tokens)
-  assert np.asarray(result.gamma_hist)[:, 1:].sum() == 0
-  assert np.asarray(result.draft_calls).sum() == 0
-  np.testing.assert_array_equal(result.target_calls, 20)
+  table = _table((1.0, 5.0, 9.0), 12, cache_len=40)
+  assert auto.never_speculates(table, 2, 20)
+  # In the loop (the control given directly, as calibration does): γ = 0 rounds draw with
+  # the autoregressive loop's own keys, the same tokens at T = 1.
+  in_loop = _small(target_table, draft_table, 20, key, seed=1,
+                   control=decoding._decode_control(table, 2))
+  # Through the API the policy's decision is known before the first round, and the
+  # autoregressive loop runs instead: the same tokens again, reported as γ = 0 rounds.
+  instead = _small(target_table, draft_table, 20, key, seconds=(1.0, 5.0, 9.0), seed=1)
+  assert instead.cost_table == table
+  for result in (in_loop, instead):
+    np.testing.assert_array_equal(np.asarray(result.tokens)[:, :20], reference.tokens)
+    np.testing.assert_array_equal(np.asarray(result.gamma_hist)[:, 0], 20)
+    assert np.asarray(result.gamma_hist)[:, 1:].sum() == 0
+    assert np.asarray(result.draft_calls).sum() == 0
+    np.testing.assert_array_equal(result.target_calls, 20)
+    np.testing.assert_array_equal(result.alpha_count, 0)
+
+
+def test_never_speculates_is_the_policys_first_decision():
+  # α = 0.5 (calibrated), a γ = 1 round at 1.6 steps: E(1) = 1.5 tokens < 1.6: never.
+  table = lambda alpha, seconds=(1.0, 1.6, 2.0): _table(seconds, 1, alpha=alpha)
+  assert auto.never_speculates(table(0.5), 2, 64)
+  assert not auto.never_speculates(table(0.9), 2, 64)  # E(2) = 2.71 > 2.0
+  assert not auto.never_speculates(table(None), 2, 64)  # no α: the prior 1 probes
+  assert auto.never_speculates(table(0.9), 2, 1)  # one token left: nothing to guess
+  # Its claim, checked in the loop: a table that never speculates at the full budget
+  # never picks γ > 0 at any smaller room, for any batch of rows at the prior α.
+  for alpha in np.linspace(0.0, 1.0, 11):
+    for seconds in ((1.0, 1.2, 1.5), (1.0, 1.6, 2.0), (1.0, 1.9, 2.4), (1.0, 2.0, 3.0)):
+      if not auto.never_speculates(table(float(alpha), seconds), 2, 30):
+        continue
+      costs = jnp.asarray(table(float(alpha), seconds).per_gamma())
+      for room in range(1, 31):
+        rows = jnp.array([room, max(room - 3, 1), 30], jnp.int32)
+        got = auto.choose_gamma(costs, jnp.zeros(3), jnp.zeros(3, jnp.int32), jnp.ones(3, bool),
+                                rows, jnp.int32(2), jnp.float32(alpha))
+        assert not np.any(np.asarray(got)), (alpha, seconds, room)
 
 
 def test_same_table_same_decisions_and_tokens(tables):
