@@ -11,8 +11,8 @@ would run a fixed γ); and the 'auto' policy (max_gamma = max(gammas), its defau
 buckets), whose cost table is calibrated first on the cell's inputs
 (`specjax.decode.calibrate_costs`; reported, not counted in its walltime, like every
 decoder's compile). Runs are interleaved (every decoder once per repeat), the median of
-`repeats`. Per cell: auto / AR and auto / best of {AR, fixed γ} as speed ratios (≥ 1 is
-faster), the issue's bar (both ≥ 0.95), the rounds auto ran at each γ (0 = plain target
+`repeats` (more in cheap cells: at least `min_seconds` of runs). Per cell: auto / AR and
+auto / best of {AR, fixed γ} as speed ratios (≥ 1 is faster), the issue's bar (both ≥ 0.95), the rounds auto ran at each γ (0 = plain target
 steps) and its measured round costs relative to a γ = 0 round.
 """
 from __future__ import annotations
@@ -35,7 +35,8 @@ BAR = 0.95
 
 
 def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[int],
-          max_new_tokens: int, repeats: int, max_input_len: int) -> Dict:
+          max_new_tokens: int, repeats: int, max_input_len: int,
+          min_seconds: float = 0.0) -> Dict:
   ex = common.examples(pair, batch, max_input_len)
   inputs = ex.inputs
   max_gamma = max(gammas)
@@ -60,6 +61,10 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
       rng=key, config=auto_config, costs=costs)
   first = {name: common.timed(fn) for name, fn in runs.items()}  # compile + first run
   times: Dict[str, List[float]] = {name: [] for name in runs}
+  # Cheap cells get more repeats: at least min_seconds of timed runs in all (a batch-1 round
+  # of every decoder takes ~1 s here, and ±10% host noise needs many of them).
+  one_round = sum(common.timed(fn)[1] for fn in runs.values())
+  repeats = max(repeats, int(np.ceil(min_seconds / max(one_round, 1e-9))))
   for _ in range(repeats):
     for name, fn in runs.items():
       times[name].append(common.timed(fn)[1])
@@ -75,27 +80,31 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
                                                  for n in fixed_names},
       "auto_rounds": {g: int(n) for g, n in enumerate(rounds) if n},
       "auto_tokens_per_call": float(np.sum(out.lengths) / max(int(np.sum(out.target_calls)), 1)),
+      "repeats": repeats,
   }
 
 
 @gin.configurable(module="bench_auto")
 def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
         temperatures: Sequence[float] = (0.0, 1.0), gammas: Sequence[int] = tuple(range(1, 8)),
-        max_new_tokens: int = 64, repeats: int = 5, max_input_len: int = 32) -> List[Dict]:
+        max_new_tokens: int = 64, repeats: int = 5, max_input_len: int = 32,
+        min_seconds: float = 0.0) -> List[Dict]:
   """Writes bench_auto.{md,csv,json}; returns one summary row per (pair, batch, T).
 
   Args:
     cli: pairs and output folder.
     batches: batch sizes; temperatures: 0 (greedy) and/or sampling temperatures.
     gammas: the fixed γ compared (auto's max_gamma is their maximum).
-    max_new_tokens: tokens per row (EOS ignored); repeats: interleaved timed runs (median).
+    max_new_tokens: tokens per row (EOS ignored); repeats: interleaved timed runs (median),
+      raised in a cell until they hold at least `min_seconds` of runs.
     max_input_len: encoder input / prompt width.
   """
   rows, timings, md = [], [], ""
   for pair in cli.pairs:
     for batch in batches:
       for temperature in temperatures:
-        cell = _cell(pair, batch, temperature, gammas, max_new_tokens, repeats, max_input_len)
+        cell = _cell(pair, batch, temperature, gammas, max_new_tokens, repeats, max_input_len,
+                     min_seconds)
         steady = cell["steady"]
         auto_s, ar_s, best_s = steady["auto"], steady["autoregressive"], steady[cell["best"]]
         rel = cell["costs"].relative()
@@ -105,7 +114,7 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
             "auto_vs_ar": ar_s / auto_s, "auto_vs_best": best_s / auto_s,
             "meets_bar": ar_s / auto_s >= BAR and best_s / auto_s >= BAR,
             "auto_rounds_by_gamma": " ".join(f"{g}:{n}" for g, n in cell["auto_rounds"].items()),
-            "auto_tokens_per_call": cell["auto_tokens_per_call"],
+            "auto_tokens_per_call": cell["auto_tokens_per_call"], "repeats": cell["repeats"],
             "round_cost_vs_gamma0": " ".join(f"{g}:{r:.2f}" for g, r in rel.items() if g),
             "calibration_s": cell["costs"].calibration_s,
             "compile_auto_s": cell["calibrate_call_s"] - cell["costs"].calibration_s,
@@ -134,7 +143,8 @@ def _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas) -
   md = common.header("Benchmark: the 'auto' γ policy vs autoregressive and every fixed γ",
                      cli.pairs, [
       f"{max_new_tokens} new tokens per row (EOS ignored), inputs of width {max_input_len}, "
-      f"median of {repeats} interleaved runs; fixed γ ∈ {tuple(gammas)} each with max_gamma = "
+      f"median of ≥ {repeats} interleaved runs (a cell's `repeats`); fixed γ ∈ "
+      f"{tuple(gammas)} each with max_gamma = "
       f"γ; auto with max_gamma = {max(gammas)}, its cost table calibrated on the cell's inputs "
       "first (calibration_s; compile_auto_s is the loop's compile, excluded like every "
       "decoder's)",
