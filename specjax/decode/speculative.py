@@ -406,18 +406,25 @@ def _autoregressive_instead(target, target_params, inputs, max_new_tokens, rng, 
   result = autoregressive_decode(
       target, target_params, inputs, max_new_tokens=max_new_tokens, rng=rng,
       config=dataclasses.replace(config, trace=False, cache_len=cache_len), **kwargs)
+  return _as_narrow_rounds(result, max_gamma, cache_len if config.trace else 0).replace(
+      cost_table=costs)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _as_narrow_rounds(result: DecodeResult, max_gamma: int, trace_width: int) -> DecodeResult:
+  """An autoregressive result as the speculative loop reports all-γ = 0 rounds (one call;
+  trace_width > 0: with a trace of that many rounds, round r having emitted token r)."""
   calls = result.target_calls
   batch = calls.shape[0]
   hist = jnp.zeros((batch, max_gamma + 1), jnp.int32).at[:, 0].set(calls)
   trace = None
-  if config.trace:  # round r emitted token r
-    correction = jnp.zeros((batch, cache_len), jnp.int32).at[:, :max_new_tokens].set(
+  if trace_width:
+    correction = jnp.zeros((batch, trace_width), jnp.int32).at[:, :result.tokens.shape[1]].set(
         result.tokens)
-    trace = _empty_trace(batch, cache_len, max_gamma).replace(correction=correction)
+    trace = _empty_trace(batch, trace_width, max_gamma).replace(correction=correction)
   return result.replace(
       draft_calls=jnp.zeros_like(calls), accepted_hist=hist, gamma_hist=hist,
-      alpha_sum=jnp.zeros(batch, jnp.float32), alpha_count=jnp.zeros_like(calls),
-      trace=trace, cost_table=costs)
+      alpha_sum=jnp.zeros(batch, jnp.float32), alpha_count=jnp.zeros_like(calls), trace=trace)
 
 
 def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
@@ -475,19 +482,23 @@ def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tok
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens,
                            drafter.max_gamma + 1)
   check_cache_size([target, *drafter_models(drafter)], inputs.shape[0], cache_len, partitioner)
-  seq = initial_seq(target, inputs, cache_len)
-  (target_params, drafter_params), rows = place(partitioner, [target_params, drafter_params], [
-      jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
-      row_keys(rng, inputs.shape[0])])
   batch = inputs.shape[0]
   buckets = (auto.resolve_buckets(config.auto_buckets, drafter.max_gamma)
              if config.gamma_policy == "auto" else ())
 
   loop = SpeculativeLoop(target, drafter, config)
 
+  @functools.lru_cache(maxsize=1)
+  def placed():  # on the first run only: a call that runs the autoregressive loop never does
+    seq = initial_seq(target, inputs, cache_len)
+    return place(partitioner, [target_params, drafter_params], [
+        jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
+        row_keys(rng, inputs.shape[0])])
+
   def run(budget: int, gamma: int, control):
+    (target_params_, drafter_params_), rows = placed()
     return unpad(partitioner, _speculative(
-        loop, partitioner, (target_params, drafter_params, control), *rows, jnp.int32(budget),
+        loop, partitioner, (target_params_, drafter_params_, control), *rows, jnp.int32(budget),
         jnp.int32(gamma)), batch)
 
   return _Call(key=(target, drafter, config, partitioner, inputs.shape, cache_len),
