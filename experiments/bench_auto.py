@@ -11,9 +11,11 @@ would run a fixed γ); and the 'auto' policy (max_gamma = max(gammas), its defau
 buckets), whose cost table is calibrated first on the cell's inputs
 (`specjax.decode.calibrate_costs`; reported, not counted in its walltime, like every
 decoder's compile). Runs are interleaved (every decoder once per repeat), the median of
-`repeats` (more in cheap cells: at least `min_seconds` of runs). Per cell: auto / AR and
-auto / best of {AR, fixed γ} as speed ratios (≥ 1 is faster), the issue's bar (both ≥ 0.95), the rounds auto ran at each γ (0 = plain target
-steps) and its measured round costs relative to a γ = 0 round.
+`repeats` (more in cheap cells: at least `min_seconds` of runs); then a duel of AR, the
+best fixed decoder and auto, alternating order, for another `min_seconds`. Per cell: auto /
+AR and auto / best of {AR, fixed γ} as speed ratios (≥ 1 is faster; the median of the
+ratios of runs in the same repeat), the issue's bar (both ≥ 0.95), the rounds auto ran at
+each γ (0 = plain target steps) and its measured round costs relative to a γ = 0 round.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from experiments import common
 from specjax.decode import autoregressive_decode, calibrate_costs, speculative_decode
 
 FAST = dict(batches=(1,), temperatures=(0.0,), gammas=(1,), max_new_tokens=8, repeats=1,
-            max_input_len=16)
+            max_input_len=16, min_seconds=0.01)
 BAR = 0.95
 
 
@@ -71,6 +73,16 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
   steady = {name: statistics.median(t) for name, t in times.items()}
   fixed_names = [f"γ={g}" for g in gammas]
   best = min(["autoregressive"] + fixed_names, key=steady.get)
+  # The bar's ratios come from adjacent runs (host noise drifts over seconds): a duel of
+  # autoregressive, the best fixed decoder and auto, in alternating order, until it too holds
+  # min_seconds; each ratio is the median of its per-repeat ratios over both phases.
+  # (Identical loops measured 0.942x as a ratio of 7-run medians, 1.007x over 40 pairs.)
+  duel = list(dict.fromkeys(["autoregressive", best, "auto"]))
+  duel_repeats = int(np.ceil(min_seconds / max(sum(steady[n] for n in duel), 1e-9)))
+  for i in range(duel_repeats):
+    for name in (duel if i % 2 else duel[::-1]):
+      times[name].append(common.timed(runs[name])[1])
+  ratio = {n: float(np.median(np.divide(times[n], times["auto"]))) for n in duel}
   out = first["auto"][0]
   rounds = np.asarray(out.gamma_hist).sum(0)
   return {
@@ -80,7 +92,7 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
                                                  for n in fixed_names},
       "auto_rounds": {g: int(n) for g, n in enumerate(rounds) if n},
       "auto_tokens_per_call": float(np.sum(out.lengths) / max(int(np.sum(out.target_calls)), 1)),
-      "repeats": repeats,
+      "repeats": repeats, "duel_repeats": duel_repeats, "ratio": ratio,
   }
 
 
@@ -111,10 +123,12 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
         rows.append({
             "pair": pair.name, "batch": batch, "T": temperature,
             "ar_s": ar_s, "best": cell["best"], "best_s": best_s, "auto_s": auto_s,
-            "auto_vs_ar": ar_s / auto_s, "auto_vs_best": best_s / auto_s,
-            "meets_bar": ar_s / auto_s >= BAR and best_s / auto_s >= BAR,
+            "auto_vs_ar": cell["ratio"]["autoregressive"],
+            "auto_vs_best": cell["ratio"][cell["best"]],
+            "meets_bar": bool(min(cell["ratio"].values()) >= BAR),
             "auto_rounds_by_gamma": " ".join(f"{g}:{n}" for g, n in cell["auto_rounds"].items()),
             "auto_tokens_per_call": cell["auto_tokens_per_call"], "repeats": cell["repeats"],
+            "duel_repeats": cell["duel_repeats"],
             "round_cost_vs_gamma0": " ".join(f"{g}:{r:.2f}" for g, r in rel.items() if g),
             "calibration_s": cell["costs"].calibration_s,
             "compile_auto_s": cell["calibrate_call_s"] - cell["costs"].calibration_s,
@@ -148,8 +162,11 @@ def _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas) -
       f"γ; auto with max_gamma = {max(gammas)}, its cost table calibrated on the cell's inputs "
       "first (calibration_s; compile_auto_s is the loop's compile, excluded like every "
       "decoder's)",
-      f"auto_vs_ar = AR time / auto time, auto_vs_best = best time / auto time (≥ 1: auto "
-      f"faster); meets_bar: both ≥ {BAR}"])
+      "then a duel of autoregressive, the best fixed decoder and auto in alternating order "
+      "(`duel_repeats`, as many as hold the same minimum of seconds)",
+      "auto_vs_ar = median over both phases of AR time / auto time of the same repeat, "
+      "auto_vs_best likewise with the best decoder (≥ 1: auto faster); meets_bar: both ≥ "
+      f"{BAR}; ar_s, best_s, auto_s and the per-decoder table: medians"])
   md += "\n" + common.markdown_table(rows) + "\n\nEvery decoder:\n\n" + common.markdown_table(
       timings)
   out.markdown(md)

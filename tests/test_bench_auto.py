@@ -14,6 +14,7 @@ def test_bench_auto_fast_writes_its_table(tmp_path):
   assert [(r["pair"], r["batch"], r["T"]) for r in rows] == [("translate", 1, 0.0)]
   row = rows[0]
   assert row["best"] in ("autoregressive", "γ=1")
+  assert row["repeats"] >= 1 and row["duel_repeats"] >= 1
   assert row["auto_vs_ar"] > 0 and row["auto_vs_best"] > 0 and isinstance(row["meets_bar"], bool)
   rounds = dict(pair.split(":") for pair in row["auto_rounds_by_gamma"].split())
   assert set(rounds) <= {"0", "1"} and sum(map(int, rounds.values())) >= 1
