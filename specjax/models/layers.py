@@ -306,19 +306,26 @@ def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
   Returns:
     [B, q, H, D] in `dtype`.
   """
-  query = query.astype(jnp.float32)
-  # Keys times queries, [B, H, kv_i, q], then the small result swapped: with
-  # the keys as the left [kv, D] matrix each (b, h) is a plain matrix product
-  # (XLA:CPU copied the keys transposed for q @ K^T when q = 1 at batch 1).
-  logits = [jnp.swapaxes(jnp.einsum("bhkd,bqhd->bhkq", keys.astype(jnp.float32), query),
-                         2, 3) + bias
+  batch, q, heads, depth = query.shape
+  # Rows and heads as ONE batch axis of the matrix products (a free reshape of the
+  # head-major buffers): XLA:CPU ran the products with two batch axes as a generic
+  # batched dot, at batch 8 with 5 queries 0.58 ms per layer against 0.19 ms merged.
+  merge = lambda x: x.reshape((batch * heads,) + x.shape[2:])
+  query = merge(jnp.swapaxes(query.astype(jnp.float32), 1, 2))  # [B*H, q, D]
+  # Keys times queries, [B*H, kv_i, q], then the small result swapped: with the keys
+  # as the left [kv, D] matrix each (b, h) is a plain matrix product (XLA:CPU copied
+  # the keys transposed for q @ K^T when q = 1 at batch 1).
+  logits = [jnp.swapaxes(jnp.einsum("nkd,nqd->nkq", merge(keys.astype(jnp.float32)), query),
+                         1, 2).reshape(batch, heads, q, -1) + bias
             for keys, _, bias in parts]
   sizes = [x.shape[-1] for x in logits]
   weights = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1).astype(dtype)
+  weights = merge(weights)  # [B*H, q, kv]
   bounds = np.cumsum([0] + sizes)
   out = functools.reduce(operator.add, (
-      jnp.einsum("bhqk,bhkd->bhqd", weights[..., lo:hi], values.astype(dtype))
+      jnp.einsum("nqk,nkd->nqd", weights[..., lo:hi], merge(values.astype(dtype)))
       for (_, values, _), lo, hi in zip(parts, bounds[:-1], bounds[1:])))
+  out = out.reshape(batch, heads, q, depth)
   return jnp.swapaxes(out, 1, 2)  # [B, q, H, D]: q tokens, not the cache
 
 
