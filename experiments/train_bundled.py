@@ -55,8 +55,8 @@ RUNS = {
     "translate_target": "runs/train_translate_target.gin",
     "translate_draft": "runs/train_translate_draft.gin",
     "lm_tiny": "runs/train_lm_tiny.gin",
-    "lm_draft_distilled": ("runs/train_lm_draft.gin", "runs/distill.gin"),
-    "translate_draft_distilled": ("runs/train_translate_draft.gin", "runs/distill.gin"),
+    "lm_draft_distilled": "runs/distill_lm_draft.gin",
+    "translate_draft_distilled": "runs/distill_translate_draft.gin",
 }
 # Distilled drafts learn from OUT/TEACHER (train it first).
 TEACHERS = {"lm_draft_distilled": "lm_target", "translate_draft_distilled": "translate_target"}
