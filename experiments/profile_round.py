@@ -15,7 +15,8 @@ alike.
 
 Printed per (L, B): the autoregressive step (whole generation / tokens) beside
 its floor, the target's float32 weight bytes over the memory bandwidth measured
-here (a large jitted in-place pass: bytes read + written per second).
+here (a large jitted in-place pass: bytes read + written per second), and beside
+its read floor (the same bytes over the read bandwidth of a jitted sum).
 Printed per (L, B, γ): the parts, the measured round (generation / rounds), the
 unaccounted share (what the loop adds around the parts), the in-loop
 r = (γ+1)-token call / 1-token call and c = draft step / target step, and the
@@ -55,6 +56,20 @@ def memcpy_gbps(megabytes: int = 256, repeats: int = 5) -> float:
     x = jax.block_until_ready(step(x))
     times.append(time.perf_counter() - start)
   return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def read_gbps(megabytes: int = 256, repeats: int = 5) -> float:
+  """Measured read bandwidth in GB/s: bytes per second of a jitted sum over a large float32
+  array (what a weight-bound step does with its weights: read them once, write little)."""
+  total = jax.jit(jnp.sum)
+  x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
+  jax.block_until_ready(total(x))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(total(x))
+    times.append(time.perf_counter() - start)
+  return x.nbytes / statistics.median(times) / 1e9
 
 
 def _compiled(fn: Callable, *args) -> Callable[[], Any]:
@@ -150,13 +165,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   prompts_all = examples(pair, max(args.batches), max_input_len=PROMPT_LEN).inputs
   lengths_all = np.maximum((prompts_all != 0).sum(1), 1)
 
-  gbps = memcpy_gbps()
+  gbps, read = memcpy_gbps(), read_gbps()
   weight_bytes = 4 * sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tparams))
   floor_ms = 1e3 * weight_bytes / (gbps * 1e9)
+  read_floor_ms = 1e3 * weight_bytes / (read * 1e9)
   print(f"{pair.label}; greedy, {args.new_tokens} new tokens per row; target float32 weights "
-        f"{weight_bytes / 1e6:.1f} MB, measured copy bandwidth {gbps:.1f} GB/s -> floor "
-        f"{floor_ms:.3f} ms per target step. Times are medians of {args.repeats}, the runs of "
-        "one (L, B) interleaved (on a shared machine compare repeated runs, not one table).")
+        f"{weight_bytes / 1e6:.1f} MB, measured copy bandwidth (bytes read + written) "
+        f"{gbps:.1f} GB/s -> floor {floor_ms:.3f} ms per target step; measured read bandwidth "
+        f"{read:.1f} GB/s -> read floor {read_floor_ms:.3f} ms. Times are medians of "
+        f"{args.repeats}, the runs of one (L, B) interleaved (on a shared machine compare "
+        "repeated runs, not one table).")
   step_rows, round_rows = [], []
   for cache_len in args.cache_lens:
     config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=cache_len)
@@ -186,7 +204,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       ar_token_ms = ms["ar"]
       step_rows.append({"L": cache_len, "B": batch, "target 1-token call ms": t1,
                         "draft 1-token call ms": d1, "AR step ms": ar_token_ms,
-                        "floor ms": floor_ms, "AR step / floor": ar_token_ms / floor_ms})
+                        "floor ms": floor_ms, "AR step / floor": ar_token_ms / floor_ms,
+                        "read floor ms": read_floor_ms,
+                        "AR step / read floor": ar_token_ms / read_floor_ms})
       for gamma in args.gammas:
         rounds, alpha = stats[gamma]
         tk, prop, ver, round_ms = (ms[f"{p}{gamma}"] for p in ("tk", "prop", "ver", "spec"))

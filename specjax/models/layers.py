@@ -291,7 +291,7 @@ def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
 
   Equal to `dot_product_attention` over the parts' keys concatenated along the
   key axis (only the order of the float sums differs), but the keys and
-  values are read where they lie; only the small [q, kv_i] logits are joined.
+  values are read where they lie, and the softmax is taken part by part.
   Used with one part for cross-attention and with two for cached
   self-attention (the cache before this call's write, and the call's own new
   keys).
@@ -318,13 +318,16 @@ def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
   logits = [jnp.swapaxes(jnp.einsum("nkd,nqd->nkq", merge(keys.astype(jnp.float32)), query),
                          1, 2).reshape(batch, heads, q, -1) + bias
             for keys, _, bias in parts]
-  sizes = [x.shape[-1] for x in logits]
-  weights = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1).astype(dtype)
-  weights = merge(weights)  # [B*H, q, kv]
-  bounds = np.cumsum([0] + sizes)
+  # The softmax over the parts' union, part by part: no [q, Σ kv_i] concatenation (a
+  # standalone op per layer and call on XLA:CPU, ~16 µs each at batch 1).
+  top = functools.reduce(jnp.maximum, [jnp.max(x, axis=-1, keepdims=True) for x in logits])
+  top = lax.stop_gradient(top)
+  exps = [jnp.exp(x - top) for x in logits]
+  total = functools.reduce(operator.add, [jnp.sum(e, axis=-1, keepdims=True) for e in exps])
   out = functools.reduce(operator.add, (
-      jnp.einsum("nqk,nkd->nqd", weights[..., lo:hi], merge(values.astype(dtype)))
-      for (_, values, _), lo, hi in zip(parts, bounds[:-1], bounds[1:])))
+      jnp.einsum("nqk,nkd->nqd", merge((e / total).astype(dtype)),
+                 merge(values.astype(dtype)))
+      for e, (_, values, _) in zip(exps, parts)))
   out = out.reshape(batch, heads, q, depth)
   return jnp.swapaxes(out, 1, 2)  # [B, q, H, D]: q tokens, not the cache
 

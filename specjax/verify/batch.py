@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, Sampling, position_key
 from specjax.verify.base import Verifier
-from specjax.verify.step import argmax_lenient_step
+from specjax.verify.step import argmax_lenient_step, count_accepted
 
 
 def verify_batch(sampling: Sampling, verifier: Verifier, lenience: float, row_keys: jax.Array,
@@ -44,12 +44,22 @@ def verify_batch(sampling: Sampling, verifier: Verifier, lenience: float, row_ke
   overlap is q_i at p_i's argmax (p_i is one-hot there).
   """
   max_gamma = guesses.shape[1]
+  if sampling.greedy and verifier.exact and lenience == 1.0:
+    # One argmax over the vocabulary per position decides everything: accept while the
+    # guess is it, then emit the argmax after the accepted run (`argmax_lenient_step`
+    # with l = 1, which takes three passes over [γ+1, V]).
+    best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, G+1]
+    n = jax.vmap(lambda ok, g: count_accepted(ok, g)[0])(guesses == best[:, :max_gamma], gamma)
+    token = jnp.take_along_axis(best, n[:, None], axis=1)[:, 0]
+    overlap = jnp.take_along_axis(draft_probs, best[:, :max_gamma, None], axis=-1)[..., 0]
+    return n, token, overlap
   if sampling.greedy and verifier.exact:
-    # A.5's argmax lenience needs probabilities; l = 1 needs only the argmax of the logits.
-    scores = logits if lenience == 1.0 else jax.nn.softmax(logits, -1)
+    # A.5's argmax lenience needs probabilities.
     n, token = jax.vmap(lambda x, s, g: argmax_lenient_step(x, s, lenience=lenience,
-                                                            num_guesses=g))(guesses, scores,
-                                                                            gamma)
+                                                            num_guesses=g))(
+                                                                guesses,
+                                                                jax.nn.softmax(logits, -1),
+                                                                gamma)
     best = jnp.argmax(logits[:, :max_gamma], axis=-1)  # [B, G]
     overlap = jnp.take_along_axis(draft_probs, best[..., None], axis=-1)[..., 0]
     return n, token, overlap
