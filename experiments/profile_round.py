@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common import decode_loop as common_decode_loop
 from experiments.common import examples, load_pair, markdown_table
 from specjax.analysis import expected_tokens
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
@@ -79,18 +80,7 @@ def _compiled(fn: Callable, *args) -> Callable[[], Any]:
 
 def decode_loop(model, params, batch: int, cache_len: int, k: int, n: int = 40) -> Run:
   """n k-token decode calls of `model` at `batch` rows, in a jitted loop."""
-  cache = model.init_cache(batch, cache_len)
-
-  @jax.jit
-  def loop(params, cache):
-    def body(i, carry):
-      cache, acc = carry
-      positions = 20 + (i + jnp.arange(batch, dtype=jnp.int32)) % 8  # rows apart
-      logits, cache = model.decode(params, cache, jnp.full((batch, k), 5, jnp.int32),
-                                   positions, None)
-      return cache, acc + jnp.argmax(logits[:, -1], -1).sum().astype(jnp.float32)
-    return jax.lax.fori_loop(0, n, body, (cache, 0.0))[1]
-  return _compiled(loop, params, cache), n
+  return common_decode_loop(model, params, batch, cache_len, k, calls=n), n
 
 
 def propose_loop(drafter: ModelDrafter, params, prompts: np.ndarray, cache_len: int,

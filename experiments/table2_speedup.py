@@ -5,9 +5,11 @@
 
 For each pair, temperature and γ (batch 1, each example decoded alone, both loops
 jitted and compiled before timing, runs interleaved, median of `repeats`):
-- α: measured acceptance rate; c: draft step / target step (jitted `decode`, k=1);
+- α: measured acceptance rate; c: draft step / target step (`decode`, k=1);
 - r(γ): target `decode` with k=γ+1 tokens / with k=1 (1 on an idle accelerator,
   more on a CPU, where verifying γ+1 tokens costs more than one);
+  both in-loop: calls inside a jitted loop, as the decode loops make them
+  (`common.step_times`), not single dispatched calls;
 - EXP: the paper's Thm 3.8, (1 − α^{γ+1}) / ((1 − α)(γc + 1));
 - EXP-CPU: E[tokens](α, γ) / (γc + r(γ)), Thm 3.8 with the verify cost r(γ) for 1;
 - EMP: measured (AR time per token) / (speculative time per token).
@@ -30,7 +32,7 @@ FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 3), temperatures=(0.0,)
 
 def cost_ratios(pair: common.Pair, inputs: np.ndarray, gammas: Sequence[int], cache_len: int,
                 position: int, repeats: int) -> Dict:
-  """c and r(γ) from jitted single `decode` calls (batch 1), median of `repeats`."""
+  """c and r(γ) from in-loop `decode` calls (batch 1), median of `repeats`."""
   ks = sorted({1, *[g + 1 for g in gammas]})
   target = common.step_times(pair.target, pair.target_params, inputs, ks,
                              cache_len=cache_len, position=position, repeats=repeats)
@@ -108,7 +110,7 @@ def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
   md = common.header("Tables 2/4 analog: walltime speedup, batch 1", cli.pairs, [
       f"{num_examples} examples × {max_new_tokens} tokens, median of {repeats} interleaved "
       "runs, compile excluded",
-      "c = draft step / target step (k=1); r = target step with k=γ+1 / k=1",
+      "c = draft step / target step (k=1); r = target step with k=γ+1 / k=1; both in-loop",
       "EXP = Thm 3.8; EXP-CPU = E[tokens]/(γc + r); EMP = measured"])
   md += "\n" + common.markdown_table(rows, ["pair", "temperature", "gamma", "alpha", "c", "r",
                                              "EXP", "EXP_CPU", "EMP", "ar_ms_per_token",

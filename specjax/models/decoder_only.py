@@ -75,12 +75,11 @@ class DecoderLayer(nn.Module):
     """
     h = self.pre_self_attention_layer_norm(x)
     att = self.self_attention
+    query = att.project_q(h)
+    key, value = att.project_kv(h)  # [B, q, H, D]
     if cache is None:
-      query = att.project_q(h)
-      key, value = att.project_kv(h)  # [B, q, H, D]
       x = x + att.attend(query, key, value, bias)
     else:
-      query, key, value = att.project_qkv(h)  # the decode step, in the loops: one dot
       # Attend over the OLD cache and the new keys; the write below is only
       # carried to the next call (see the layout note in layers.py).
       old_bias, new_bias = bias
@@ -93,7 +92,7 @@ class DecoderLayer(nn.Module):
       h = self.pre_cross_attention_layer_norm(x)
       att = self.encoder_decoder_attention
       x = x + att.attend_parts(att.project_q(h), [cross])
-    return x + self.mlp(self.pre_mlp_layer_norm(x), joined=cache is not None), cache
+    return x + self.mlp(self.pre_mlp_layer_norm(x)), cache
 
 
 class DecoderStack(nn.Module):
