@@ -55,7 +55,7 @@ class Sampling:
     logits = jnp.asarray(logits, jnp.float32)
     vocab = logits.shape[-1]
     if self.greedy:
-      return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
+      return jax.nn.one_hot(argmax(logits), vocab, dtype=jnp.float32)
     # The row's maximum first: a tiny temperature then sends the other logits to -inf
     # (a one-hot at the argmax) instead of overflowing them all to inf (NaN after softmax).
     logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / self.temperature
@@ -79,8 +79,24 @@ class Sampling:
       int32 [...].
     """
     if self.greedy:
-      return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      return argmax(logits)
     return categorical(key, self.probs(logits))
+
+
+def argmax(x: jax.Array) -> jax.Array:
+  """`jnp.argmax(x, axis=-1)` as int32: the first index of the maximum, the first NaN if
+  there is one. x: float [..., V] -> int32 [...].
+
+  Computed as a max and then the smallest index holding it: two plain reductions that
+  XLA:CPU vectorizes, where its single (value, index) reduction of `jnp.argmax` took 4-7x
+  longer over a vocabulary (8192 entries: 37 vs 5.5 µs per row at batch 1; [8, 5, 8192]:
+  824 vs 228 µs), a visible share of a decode step taken once per drafted, verified and
+  sampled token.
+  """
+  top = jnp.max(x, axis=-1, keepdims=True)  # NaN if any entry is NaN
+  hit = (x == top) | jnp.isnan(x)
+  index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  return jnp.min(jnp.where(hit, index, x.shape[-1]), axis=-1)
 
 
 def _is_number(value) -> bool:
@@ -115,7 +131,7 @@ def categorical(key: jax.Array, probs: jax.Array) -> jax.Array:
   """
   exp = jax.random.exponential(key, probs.shape, dtype=jnp.float32)
   score = jnp.where(probs > 0, jnp.log(jnp.maximum(probs, 1e-38)) - jnp.log(exp), -jnp.inf)
-  return jnp.argmax(score, axis=-1).astype(jnp.int32)
+  return argmax(score)
 
 
 # ------------------------------------------------------------ randomness discipline

@@ -67,3 +67,20 @@ def test_categorical_matches_weights():
 def test_bad_arguments_name_the_argument(kwargs, name):
   with pytest.raises(ValueError, match=name):
     Sampling(**kwargs)
+
+
+def test_argmax_is_jnp_argmax_with_ties_nan_and_infinities():
+  """`sampling.argmax` (max, then the first index holding it) returns what jnp.argmax does:
+  the first maximum, the first NaN when there is one, index 0 of an all -inf row."""
+  from specjax.sampling import argmax
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(4, 6, 300)).astype(np.float32)
+  x[0, :, 7] = x[0, :, 3] = x[0].max(-1) + 1  # ties: the lower index wins
+  x[1, 2, 5] = x[1, 2, 9] = np.nan  # NaN: the first NaN
+  x[2, 0] = -np.inf
+  x[2, 1, [4, 8]] = np.inf
+  x[3] = np.round(x[3])  # many ties
+  np.testing.assert_array_equal(np.asarray(argmax(jnp.asarray(x))), np.argmax(x, axis=-1))
+  np.testing.assert_array_equal(np.asarray(jax.jit(argmax)(jnp.asarray(x))),
+                                np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
+  assert argmax(jnp.asarray(x)).dtype == jnp.int32

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.sampling import DRAFT_STREAM, Sampling, categorical, position_key
+from specjax.sampling import DRAFT_STREAM, Sampling, argmax, categorical, position_key
 
 
 @flax.struct.dataclass
@@ -72,7 +72,7 @@ def check_sizes(drafter: Any, **minimums: int) -> None:
 def sample_guess(row_keys, length, i, probs, greedy: bool):
   """Draws guess i (absolute position length + i) from probs [B, V] per row."""
   if greedy:  # probs are one-hot: no randomness needed
-    return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+    return argmax(probs)
   keys = jax.vmap(position_key, in_axes=(0, 0, None))(row_keys, length + i, DRAFT_STREAM)
   return jax.vmap(categorical)(keys, probs)
 
@@ -85,7 +85,7 @@ def draft_step(row_keys, length, i, logits, sampling: Sampling):
   vocabulary instead of two (an argmax to build q, another to read it back).
   """
   if sampling.greedy:
-    guess = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    guess = argmax(logits)
     return guess, jax.nn.one_hot(guess, logits.shape[-1], dtype=jnp.float32)
   probs = sampling.probs(logits)
   return sample_guess(row_keys, length, i, probs, False), probs

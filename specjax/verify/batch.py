@@ -10,7 +10,7 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, Sampling, position_key
+from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, Sampling, argmax, position_key
 from specjax.verify.base import Verifier
 from specjax.verify.step import argmax_lenient_step, count_accepted
 
@@ -48,7 +48,7 @@ def verify_batch(sampling: Sampling, verifier: Verifier, lenience: float, row_ke
     # One argmax over the vocabulary per position decides everything: accept while the
     # guess is it, then emit the argmax after the accepted run (`argmax_lenient_step`
     # with l = 1, which takes three passes over [γ+1, V]).
-    best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, G+1]
+    best = argmax(logits)  # [B, G+1]
     n = jax.vmap(lambda ok, g: count_accepted(ok, g)[0])(guesses == best[:, :max_gamma], gamma)
     token = jnp.take_along_axis(best, n[:, None], axis=1)[:, 0]
     overlap = jnp.take_along_axis(draft_probs, best[:, :max_gamma, None], axis=-1)[..., 0]
@@ -60,7 +60,7 @@ def verify_batch(sampling: Sampling, verifier: Verifier, lenience: float, row_ke
                                                                 guesses,
                                                                 jax.nn.softmax(logits, -1),
                                                                 gamma)
-    best = jnp.argmax(logits[:, :max_gamma], axis=-1)  # [B, G]
+    best = argmax(logits[:, :max_gamma])  # [B, G]
     overlap = jnp.take_along_axis(draft_probs, best[..., None], axis=-1)[..., 0]
     return n, token, overlap
   target_probs = sampling.probs(logits)  # [B, G+1, V]

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import categorical
+from specjax.sampling import argmax, categorical
 
 
 def check_step_args(gamma: int, draft_tokens_shape, draft_probs_shape,
@@ -150,9 +150,9 @@ def argmax_lenient_step(draft_tokens: jax.Array, target_probs: jax.Array, *, len
   check_lenience(lenience)
   gamma = draft_tokens.shape[0]
   head = target_probs[:gamma]
-  best = jnp.argmax(head, axis=-1)
+  best = argmax(head)
   p_x = at_guesses(head, draft_tokens)
   lenient = (p_x >= lenience * jnp.max(head, axis=-1)) & (lenience < 1)
   num_accepted, _ = count_accepted((draft_tokens == best) | lenient, num_guesses)
-  next_token = jnp.argmax(target_probs[num_accepted]).astype(jnp.int32)
+  next_token = argmax(target_probs[num_accepted])
   return num_accepted, next_token
