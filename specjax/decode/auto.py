@@ -347,8 +347,12 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   """Times every round variant inside the compiled loop and returns the `CostTable`.
 
   run(control) executes the loop once with that control (blocking) and returns the rows'
-  (alpha_sum [B], alpha_count [B]); those of the widest bucket's runs give the table's
-  `alpha` (the acceptance rate at the inputs' first positions). Each timed run
+  (alpha_sum [B], alpha_count [B]). The table's `alpha` comes from one more, untimed run
+  that forces the widest bucket for R rounds WITHOUT rollback: the rows move through their
+  text as a decode does, so α is averaged over the positions a decode verifies (the rolled-back
+  timed runs see only the inputs' first positions over and over: on the bundled LM at
+  T = 1 that prior ruled speculation out where fixed γ = 4 ran 1.54x autoregressive, and
+  narrow rounds never correct it). Each timed run
   forces one variant for R rolled-back rounds (rows never finish and never move, so
   every round does the same work) and a run of 0 rounds gives the fixed part (prefill,
   transfers), so a variant's round costs (t − t₀) / R. R is at least `rounds`, and up to
@@ -363,18 +367,12 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   choices = (0,) + tuple(buckets)
   ones = np.ones(max_gamma + 1, np.float32)
 
-  seen = [0.0, 0.0]  # Σ alpha_sum, Σ alpha_count of the widest bucket's runs
-
   def timed(gamma: int, count: int) -> float:
     control = AutoControl.make(ones, max_gamma, [gamma] * count, max_rounds=count,
                                rollback=True)
     start = time.perf_counter()
-    alpha_sum, alpha_count = run(control)
-    spent = time.perf_counter() - start
-    if gamma == buckets[-1] and count > 0:
-      seen[0] += float(np.sum(alpha_sum))
-      seen[1] += float(np.sum(alpha_count))
-    return spent
+    run(control)
+    return time.perf_counter() - start
 
   timed(0, 1)  # compiles the loop, if this is its first use
   start = time.perf_counter()
@@ -387,9 +385,12 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
     for g in choices:
       costs[g].append((timed(g, count) - base) / count)
   spent = time.perf_counter() - start
+  alpha_sum, alpha_count = run(AutoControl.make(ones, max_gamma, [buckets[-1]] * count,
+                                                max_rounds=count))
+  seen = float(np.sum(alpha_count))
+  alpha = min(max(float(np.sum(alpha_sum)) / seen, 0.0), 1.0) if seen > 0 else None
   narrow = max(float(np.median(costs[0])), 1e-6)
   seconds = (narrow,) + tuple(max(float(np.median(costs[g])), narrow) for g in buckets)
-  alpha = min(max(seen[0] / seen[1], 0.0), 1.0) if seen[1] > 0 else None
   return CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma, buckets=buckets,
                    seconds=seconds, models=models, samples=(repeats * count,) * len(choices),
                    calibration_s=spent, platform=jax.devices()[0].platform, alpha=alpha)

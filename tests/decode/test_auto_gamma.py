@@ -490,3 +490,24 @@ def test_bad_tables_and_settings(tmp_path):
     speculative_decode(target, table, ModelDrafter(target, 2), table, np.ones((1, 2), np.int32),
                        max_new_tokens=2, gamma=1, rng=jax.random.PRNGKey(0),
                        costs=_table((1.0, 2.0, 3.0), 1))
+
+
+def test_calibration_prior_comes_from_a_run_that_is_not_rolled_back():
+  """The table's α is the acceptance rate of an untimed run of the widest bucket whose rows
+  move through their text, not of the timed rolled-back runs (which see only the inputs'
+  first positions): a fake loop reports α 0.2 for every rolled-back run and 0.9 otherwise."""
+  seen = []
+
+  def run(control):
+    rollback = bool(control.rollback)
+    forced = [int(g) for g in np.asarray(control.schedule) if g >= 0]
+    seen.append((rollback, forced))
+    if rollback:
+      return np.array([0.2 * len(forced)]), np.array([len(forced)])
+    return np.array([0.9 * 3, 0.9 * 5]), np.array([3, 5])
+
+  table = auto.calibrate(run, batch=2, cache_len=32, max_gamma=4, buckets=(1, 2, 4),
+                         models="fake", rounds=2, repeats=1)
+  assert table.alpha == pytest.approx(0.9)
+  free = [forced for rollback, forced in seen if not rollback]
+  assert len(free) == 1 and free[0] and set(free[0]) == {4}  # the widest bucket, once
