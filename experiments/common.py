@@ -303,8 +303,7 @@ def decode_loop(model, params, batch: int, cache_len: int, k: int, *, encoded: A
                 position: int = 20, calls: int = 40) -> Callable[[], Any]:
   """A compiled zero-argument run of `calls` k-token `model.decode` calls at `batch` rows,
   in one jitted `fori_loop` with the cache carried: the calls as the decode loops make
-  them (loop-invariant work such as the joined kernels is done once, dispatch not
-  counted). Rows sit at slots `position` + 0..7, apart; results are folded into the carry
+  them (loop-invariant work hoisted out of the loop, dispatch not counted). Rows sit at slots `position` + 0..7, apart; results are folded into the carry
   so that XLA cannot drop them."""
   cache = model.init_cache(batch, cache_len)
 
