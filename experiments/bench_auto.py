@@ -3,8 +3,9 @@
   python -m experiments.bench_auto [--pair lm --pair translate] [--fast]
       [--gin_file=experiments/bench_auto.gin] [--gin.bench_auto.run.batches=(1,)]
 
-For each pair, batch size B (the first B bundled examples) and temperature T, one cell
-times, on the same inputs and with EOS ignored (every decoder emits the same number of
+For each pair, batch size B and temperature T, one cell times, on the same inputs (a run
+decodes ceil(min_rows / B) batches of B bundled examples in turn, each with its own seed:
+at T > 0 one sampled row's acceptances are luck) and with EOS ignored (every decoder emits the same number of
 tokens): autoregressive decoding; speculative decoding with each fixed γ in `gammas`,
 each with its own drafter of max_gamma = γ (a target call exactly γ+1 wide, as a user
 would run a fixed γ); and the 'auto' policy (max_gamma = max(gammas), its default
@@ -32,35 +33,45 @@ from experiments import common
 from specjax.decode import autoregressive_decode, calibrate_costs, speculative_decode
 
 FAST = dict(batches=(1,), temperatures=(0.0,), gammas=(1,), max_new_tokens=8, repeats=1,
-            max_input_len=16, min_seconds=0.01)
+            max_input_len=16, min_seconds=0.01, min_rows=2)
 BAR = 0.95
 
 
 def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[int],
           max_new_tokens: int, repeats: int, max_input_len: int,
-          min_seconds: float = 0.0) -> Dict:
-  ex = common.examples(pair, batch, max_input_len)
-  inputs = ex.inputs
+          min_seconds: float = 0.0, min_rows: int = 1) -> Dict:
+  # A run decodes `draws` batches of different examples, each with its own seed: at T > 0
+  # one sampled row is luck (the bundled LM's first prompt took 18 to 29 target calls over
+  # four seeds at γ = 4), and a fixed γ's lucky path cannot set the bar for a policy whose
+  # decisions walk a different one.
+  draws = -(-max(min_rows, 1) // batch)
+  ex = common.examples(pair, batch * draws, max_input_len)
+  parts = [ex.inputs[i * batch:(i + 1) * batch] for i in range(draws)]
+  seeds = [jax.random.fold_in(jax.random.PRNGKey(0), i) for i in range(draws)]
+  inputs, key = parts[0], seeds[0]
   max_gamma = max(gammas)
   base = common.decode_config(temperature, max_input_len + max_new_tokens + max_gamma + 1)
   auto_config = dataclasses.replace(base, gamma_policy="auto")
-  key = jax.random.PRNGKey(0)
   drafter, dparams = common.model_drafter(pair, max_gamma)
-  runs = {"autoregressive": lambda: autoregressive_decode(
-      pair.target, pair.target_params, inputs, max_new_tokens=max_new_tokens, rng=key,
-      config=base)}
+
+  def over_draws(decode):  # decode(inputs [B, W], rng) -> DecodeResult; a run: every draw
+    return lambda: [decode(x, k) for x, k in zip(parts, seeds)]
+
+  runs = {"autoregressive": over_draws(lambda x, k: autoregressive_decode(
+      pair.target, pair.target_params, x, max_new_tokens=max_new_tokens, rng=k, config=base))}
   for g in gammas:
     fixed, fparams = common.model_drafter(pair, g)
-    runs[f"γ={g}"] = (lambda fixed=fixed, fparams=fparams, g=g: speculative_decode(
-        pair.target, pair.target_params, fixed, fparams, inputs, max_new_tokens=max_new_tokens,
-        gamma=g, rng=key, config=base))
+    runs[f"γ={g}"] = over_draws(lambda x, k, fixed=fixed, fparams=fparams, g=g:
+                                speculative_decode(pair.target, pair.target_params, fixed,
+                                                   fparams, x, max_new_tokens=max_new_tokens,
+                                                   gamma=g, rng=k, config=base))
   # Calibration compiles the auto loop (the decode reuses that executable), then times it.
   (costs, calibrate_s) = common.timed(lambda: calibrate_costs(
       pair.target, pair.target_params, drafter, dparams, inputs,
       max_new_tokens=max_new_tokens, config=auto_config, rng=key))
-  runs["auto"] = lambda: speculative_decode(
-      pair.target, pair.target_params, drafter, dparams, inputs, max_new_tokens=max_new_tokens,
-      rng=key, config=auto_config, costs=costs)
+  runs["auto"] = over_draws(lambda x, k: speculative_decode(
+      pair.target, pair.target_params, drafter, dparams, x, max_new_tokens=max_new_tokens,
+      rng=k, config=auto_config, costs=costs))
   first = {name: common.timed(fn) for name, fn in runs.items()}  # compile + first run
   times: Dict[str, List[float]] = {name: [] for name in runs}
   # Cheap cells get more repeats: at least min_seconds of timed runs in all (a batch-1 round
@@ -83,15 +94,17 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
     for name in (duel if i % 2 else duel[::-1]):
       times[name].append(common.timed(runs[name])[1])
   ratio = {n: float(np.median(np.divide(times[n], times["auto"]))) for n in duel}
-  out = first["auto"][0]
-  rounds = np.asarray(out.gamma_hist).sum(0)
+  outs = first["auto"][0]  # one DecodeResult per draw
+  rounds = sum(np.asarray(out.gamma_hist).sum(0) for out in outs)
+  tokens = sum(int(np.sum(out.lengths)) for out in outs)
+  calls = sum(int(np.sum(out.target_calls)) for out in outs)
   return {
       "steady": steady, "spread": {n: (min(t), max(t)) for n, t in times.items()},
-      "compile": {n: s for n, (_, s) in first.items()}, "best": best, "costs": costs,
-      "calibrate_call_s": calibrate_s, "alpha": {n: float(np.mean(first[n][0].alpha))
-                                                 for n in fixed_names},
+      "compile": {n: s - steady[n] for n, (_, s) in first.items()}, "best": best,
+      "costs": costs, "calibrate_call_s": calibrate_s, "draws": draws,
+      "alpha": {n: float(np.mean([np.mean(o.alpha) for o in first[n][0]])) for n in fixed_names},
       "auto_rounds": {g: int(n) for g, n in enumerate(rounds) if n},
-      "auto_tokens_per_call": float(np.sum(out.lengths) / max(int(np.sum(out.target_calls)), 1)),
+      "auto_tokens_per_call": tokens / max(calls, 1),
       "repeats": repeats, "duel_repeats": duel_repeats, "ratio": ratio,
   }
 
@@ -100,7 +113,7 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
 def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
         temperatures: Sequence[float] = (0.0, 1.0), gammas: Sequence[int] = tuple(range(1, 8)),
         max_new_tokens: int = 64, repeats: int = 5, max_input_len: int = 32,
-        min_seconds: float = 0.0) -> List[Dict]:
+        min_seconds: float = 0.0, min_rows: int = 8) -> List[Dict]:
   """Writes bench_auto.{md,csv,json}; returns one summary row per (pair, batch, T).
 
   Args:
@@ -109,6 +122,8 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
     gammas: the fixed γ compared (auto's max_gamma is their maximum).
     max_new_tokens: tokens per row (EOS ignored); repeats: interleaved timed runs (median),
       raised in a cell until they hold at least `min_seconds` of runs.
+    min_rows: rows a run decodes at least: a run of batch B decodes ceil(min_rows / B)
+      batches of different examples, each with its own seed (one sampled row is luck).
     max_input_len: encoder input / prompt width.
   """
   rows, timings, md = [], [], ""
@@ -116,12 +131,12 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
     for batch in batches:
       for temperature in temperatures:
         cell = _cell(pair, batch, temperature, gammas, max_new_tokens, repeats, max_input_len,
-                     min_seconds)
+                     min_seconds, min_rows)
         steady = cell["steady"]
         auto_s, ar_s, best_s = steady["auto"], steady["autoregressive"], steady[cell["best"]]
         rel = cell["costs"].relative()
         rows.append({
-            "pair": pair.name, "batch": batch, "T": temperature,
+            "pair": pair.name, "batch": batch, "T": temperature, "draws": cell["draws"],
             "ar_s": ar_s, "best": cell["best"], "best_s": best_s, "auto_s": auto_s,
             "auto_vs_ar": cell["ratio"]["autoregressive"],
             "auto_vs_best": cell["ratio"][cell["best"]],
@@ -157,11 +172,13 @@ def _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas) -
   md = common.header("Benchmark: the 'auto' γ policy vs autoregressive and every fixed γ",
                      cli.pairs, [
       f"{max_new_tokens} new tokens per row (EOS ignored), inputs of width {max_input_len}, "
+      "a run decodes `draws` batches of different examples, each with its own seed (at least "
+      "min_rows rows: one sampled row's acceptances are luck; seconds are a run's, all draws), "
       f"median of ≥ {repeats} interleaved runs (a cell's `repeats`); fixed γ ∈ "
       f"{tuple(gammas)} each with max_gamma = "
       f"γ; auto with max_gamma = {max(gammas)}, its cost table calibrated on the cell's inputs "
-      "first (calibration_s; compile_auto_s is the loop's compile, excluded like every "
-      "decoder's)",
+      "first (on its first draw; calibration_s; compile_auto_s is the loop's compile, excluded "
+      "like every decoder's compile_s: its first run less its median run)",
       "then a duel of autoregressive, the best fixed decoder and auto in alternating order "
       "(`duel_repeats`, as many as hold the same minimum of seconds)",
       "auto_vs_ar = median over both phases of AR time / auto time of the same repeat, "

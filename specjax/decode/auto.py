@@ -10,11 +10,14 @@ is Thm 3.8's denominator γc + 1 with the measured r(γ+1) in place of the paper
 s[g] / s[0] = r(b+1) + g·c + (verification and loop overhead).
 
 Decision, each round, a pure function of the table and the decode state. Row b has a
-running α̂_b (Σ min(p, q) over its verified positions, plus one prior position at the
-table's α: the acceptance rate its calibration measured on the same models and inputs;
-α = 1 for a table without one, so that a row with no evidence is given one speculative
-round) and room_b tokens
-left in its budget. Offering γ guesses it emits E_b(γ) = Σ_{i ≤ min(γ, room_b−1)} α̂_b^i
+running α̂_b (Σ min(p, q) over its verified positions, plus w prior positions at the
+table's α: the acceptance rate its calibration measured on the same models, the slowest
+row's of the batch it ran on; w = PRIOR_POSITIONS / batch (`prior_of`), so that at batch 1
+one unlucky round does not end the row's speculation for good: narrow rounds verify
+nothing, so a row that leaves speculation on its first rejection never returns, and on the
+bundled LM pair at T = 0 rows that accept 92% of their guesses did just that. A table
+without an α gives one prior position at α = 1: a row with no evidence is given one
+speculative round) and room_b tokens left in its budget. Offering γ guesses it emits E_b(γ) = Σ_{i ≤ min(γ, room_b−1)} α̂_b^i
 tokens per round (Eq. 1, capped by its budget), so it needs about room_b / E_b(γ) more
 rounds. The batch runs until its slowest row is done, so the policy picks
 
@@ -70,6 +73,13 @@ import numpy as np
 PRIOR_ALPHA = 1.0
 """α of the one prior position in each row's estimate when the cost table holds no
 measured α (optimistic: try before judging)."""
+PRIOR_POSITIONS = 8.0
+"""Weight, in verified positions of the batch, of a measured prior α (`CostTable.alpha`):
+each row's estimate counts it as PRIOR_POSITIONS / batch positions (`prior_of`); about one
+round of the widest default bucket (γ = 7) of evidence. With one
+position, a single rejected first guess took a row of the bundled LM pair at T = 0 from the
+table's α = 0.94 to 0.47, and it stayed narrow for the rest of its decode although its
+guesses were right 92% of the time."""
 SCHEDULE_SLOTS = 64
 """Static length of the forced-γ schedule buffer (calibration, tests)."""
 NO_LIMIT = np.iinfo(np.int32).max
@@ -133,8 +143,9 @@ class CostTable:
   """Seconds the timed calibration runs took (the loop's compile excluded)."""
   platform: str = ""
   alpha: Optional[float] = None
-  """Mean Σ min(p, q) per verified position in the calibration's widest rounds (on the
-  inputs calibrated on): each row's prior α̂ under the policy. None: PRIOR_ALPHA."""
+  """Σ min(p, q) per verified position in the calibration's widest rounds (on the inputs
+  calibrated on) of its slowest row, the one with the least: each row's prior α̂ under the
+  policy (`prior_of`). None: PRIOR_ALPHA."""
 
   def __post_init__(self):
     object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
@@ -228,16 +239,18 @@ class CostTable:
 
 def choose_gamma(costs: jax.Array, alpha_sum: jax.Array, alpha_count: jax.Array,
                  active: jax.Array, room: jax.Array, cap: jax.Array,
-                 prior: Any = PRIOR_ALPHA) -> jax.Array:
+                 prior: Any = PRIOR_ALPHA, prior_weight: Any = 1.0) -> jax.Array:
   """Each row's γ for the next round (see the module docstring).
 
   costs: float32 [G+1] (`CostTable.per_gamma`); alpha_sum float32 [B], alpha_count int32 [B]
   (the running α estimate); active bool [B]; room int32 [B] (tokens left in the row's
-  budget); cap int32 [] (the largest γ allowed); prior float32 [] (α of the estimate's one
-  prior position) -> int32 [B] in [0, G].
+  budget); cap int32 [] (the largest γ allowed); prior float32 [] (α of the estimate's prior
+  positions); prior_weight float32 [] (how many positions the prior counts as)
+  -> int32 [B] in [0, G].
   """
   max_gamma = costs.shape[0] - 1
-  alpha = jnp.clip((alpha_sum + prior) / (alpha_count + 1.0), 0.0, 1.0)  # [B]
+  alpha = jnp.clip((alpha_sum + prior_weight * prior) / (alpha_count + prior_weight),
+                   0.0, 1.0)  # [B]
   gammas = jnp.arange(max_gamma + 1)
   tokens = jnp.cumsum(alpha[:, None] ** gammas[None, :], axis=1)  # [B, G+1]: E(α, γ), Eq. 1
   offered = jnp.minimum(gammas[None, :], jnp.maximum(room - 1, 0)[:, None])  # [B, G+1]
@@ -248,16 +261,32 @@ def choose_gamma(costs: jax.Array, alpha_sum: jax.Array, alpha_count: jax.Array,
   return jnp.where(active, jnp.minimum(best, jnp.maximum(room - 1, 0)), 0).astype(jnp.int32)
 
 
+def prior_of(costs: "CostTable") -> Tuple[float, float]:
+  """(α, weight in positions) of each row's prior under this table: its measured α at
+  PRIOR_POSITIONS / batch positions, or PRIOR_ALPHA at one position when it has none.
+
+  The prior speaks for the batch's slowest row (the table's α is its calibration batch's
+  least), and the decision follows that row; a batch of B rows gathers B rows' evidence per
+  round, so the prior is worth PRIOR_POSITIONS positions of the batch's evidence, split over
+  its rows. Measured on the bundled LM pair at T = 0: 8 positions per row at batch 8 kept a
+  batch whose rows' α range from 0.54 to 1 speculating for most of its decode (0.90x
+  autoregressive, where every fixed γ loses); at batch 1 one position ended a good row's
+  speculation on its first rejection (module docstring)."""
+  if costs.alpha is None:
+    return PRIOR_ALPHA, 1.0
+  return costs.alpha, PRIOR_POSITIONS / costs.batch
+
+
 @functools.lru_cache(maxsize=256)
 def never_speculates(costs: "CostTable", cap: int, max_new_tokens: int) -> bool:
   """Whether the policy, deciding with `costs`, plays only γ = 0 rounds in a whole decode
   of max_new_tokens per row (module docstring: its choice for one row at the table's α and
   the full budget, which stands for the rest of the decode)."""
-  prior = PRIOR_ALPHA if costs.alpha is None else costs.alpha
+  prior, weight = prior_of(costs)
   gamma = choose_gamma(jnp.asarray(costs.per_gamma()), jnp.zeros(1, jnp.float32),
                        jnp.zeros(1, jnp.int32), jnp.ones(1, bool),
                        jnp.full(1, max_new_tokens, jnp.int32), jnp.int32(cap),
-                       jnp.float32(prior))
+                       jnp.float32(prior), jnp.float32(weight))
   return int(gamma[0]) == 0
 
 
@@ -323,11 +352,13 @@ class AutoControl:
   schedule: jax.Array  # int32 [SCHEDULE_SLOTS]: forced batch γ of round r (-1: the policy)
   max_rounds: jax.Array  # int32 []: stop after this many rounds (calibration)
   rollback: jax.Array  # bool []: undo every round's commit (calibration: rows never move)
-  prior: jax.Array  # float32 []: α of each row's prior position (`CostTable.alpha`)
+  prior: jax.Array  # float32 []: α of each row's prior positions (`prior_of`)
+  prior_weight: jax.Array  # float32 []: how many positions the prior counts as
 
   @staticmethod
   def make(costs, cap: int, schedule: Sequence[int] = (), max_rounds: int = NO_LIMIT,
-           rollback: bool = False, prior: Optional[float] = None) -> "AutoControl":
+           rollback: bool = False, prior: Optional[float] = None,
+           prior_weight: float = 1.0) -> "AutoControl":
     if len(schedule) > SCHEDULE_SLOTS:
       raise ValueError(f"a schedule holds at most {SCHEDULE_SLOTS} rounds, got {len(schedule)}")
     slots = np.full(SCHEDULE_SLOTS, -1, np.int32)
@@ -335,7 +366,8 @@ class AutoControl:
     return AutoControl(costs=jnp.asarray(costs, jnp.float32), cap=jnp.int32(cap),
                        schedule=jnp.asarray(slots), max_rounds=jnp.int32(max_rounds),
                        rollback=jnp.bool_(rollback),
-                       prior=jnp.float32(PRIOR_ALPHA if prior is None else prior))
+                       prior=jnp.float32(PRIOR_ALPHA if prior is None else prior),
+                       prior_weight=jnp.float32(prior_weight))
 
 
 # --------------------------------------------------------------------------- calibration
@@ -352,7 +384,10 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   text as a decode does, so α is averaged over the positions a decode verifies (the rolled-back
   timed runs see only the inputs' first positions over and over: on the bundled LM at
   T = 1 that prior ruled speculation out where fixed γ = 4 ran 1.54x autoregressive, and
-  narrow rounds never correct it). Each timed run
+  narrow rounds never correct it). It is the α of the batch's slowest row (the least of the
+  rows'), since the batch runs until its slowest row is done: with the rows' mean, batches
+  of 8 and 32 on the bundled LM at T = 0 (rows' α 0.54 to 1) paid for one wide round that
+  no fixed γ won back (0.93-0.95x autoregressive). Each timed run
   forces one variant for R rolled-back rounds (rows never finish and never move, so
   every round does the same work) and a run of 0 rounds gives the fixed part (prefill,
   transfers), so a variant's round costs (t − t₀) / R. R is at least `rounds`, and up to
@@ -387,8 +422,10 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   spent = time.perf_counter() - start
   alpha_sum, alpha_count = run(AutoControl.make(ones, max_gamma, [buckets[-1]] * count,
                                                 max_rounds=count))
-  seen = float(np.sum(alpha_count))
-  alpha = min(max(float(np.sum(alpha_sum)) / seen, 0.0), 1.0) if seen > 0 else None
+  alpha_sum, alpha_count = np.asarray(alpha_sum, np.float64), np.asarray(alpha_count)
+  seen = alpha_count > 0
+  alpha = (min(max(float(np.min(alpha_sum[seen] / alpha_count[seen])), 0.0), 1.0)
+           if np.any(seen) else None)
   narrow = max(float(np.median(costs[0])), 1e-6)
   seconds = (narrow,) + tuple(max(float(np.median(costs[g])), narrow) for g in buckets)
   return CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma, buckets=buckets,

@@ -253,7 +253,7 @@ def _auto_decision(control: auto.AutoControl, buckets, prefix_len, max_new_token
   forced = jnp.where(rounds < auto.SCHEDULE_SLOTS, forced, -1)
   gamma = jnp.where(forced >= 0, auto.forced_gamma(forced, active, room),
                     auto.choose_gamma(control.costs, state.alpha_sum, state.alpha_count, active,
-                                      room, control.cap, control.prior))
+                                      room, control.cap, control.prior, control.prior_weight))
   return gamma, auto.branch_index(gamma, buckets)
 
 
@@ -470,7 +470,8 @@ _CALIBRATED: Dict[Tuple, auto.CostTable] = {}
 @functools.lru_cache(maxsize=64)
 def _decode_control(costs: auto.CostTable, cap: int) -> auto.AutoControl:
   """The policy's control for a decode (device arrays made once per table and cap)."""
-  return auto.AutoControl.make(costs.per_gamma(), cap, prior=costs.alpha)
+  prior, weight = auto.prior_of(costs)
+  return auto.AutoControl.make(costs.per_gamma(), cap, prior=prior, prior_weight=weight)
 
 
 def _prepare(target, target_params, drafter, drafter_params, inputs, max_new_tokens, config,

@@ -91,14 +91,15 @@ def _run(config, target_table, drafter, draft_params, prompts, budget, rng, cont
 # ---------------------------------------------------------------------- the decision rule
 
 
-def _reference_choice(costs, alpha_sum, alpha_count, active, room, cap):
+def _reference_choice(costs, alpha_sum, alpha_count, active, room, cap,
+                      prior=auto.PRIOR_ALPHA, weight=1.0):
   """The module docstring's rule, written out with Python floats."""
   best, best_time = 0, float("inf")
   for g in range(min(cap, len(costs) - 1) + 1):
     slowest = 0.0
     for s, c, a, r in zip(alpha_sum, alpha_count, active, room):
       if a:
-        alpha = min(max((s + auto.PRIOR_ALPHA) / (c + 1.0), 0.0), 1.0)
+        alpha = min(max((s + weight * prior) / (c + weight), 0.0), 1.0)
         tokens = sum(alpha ** i for i in range(min(g, r - 1) + 1))
         slowest = max(slowest, r / tokens)
     if costs[g] * slowest < best_time * (1 - 1e-6):
@@ -118,10 +119,11 @@ def test_choose_gamma_follows_the_rule_and_switches_speculation_off():
     active = rng.uniform(size=batch) < 0.8
     room = rng.integers(1, 20, batch)
     cap = int(rng.integers(0, 8))
+    prior, weight = float(rng.uniform(0, 1)), float(rng.choice([1.0, auto.PRIOR_POSITIONS]))
     got = choose(costs, alpha_sum, count.astype(np.int32), active, room.astype(np.int32),
-                 jnp.int32(cap))
+                 jnp.int32(cap), jnp.float32(prior), jnp.float32(weight))
     assert got.tolist() == _reference_choice(costs.tolist(), alpha_sum.tolist(), count.tolist(),
-                                             active.tolist(), room.tolist(), cap)
+                                             active.tolist(), room.tolist(), cap, prior, weight)
   # Speculation that cannot pay even at α = 1 is never chosen.
   costs = jnp.array([1.0, 2.5, 3.5, 5.0], jnp.float32)
   one = lambda s, c, r: choose(costs, jnp.array(s, jnp.float32), jnp.array(c, jnp.int32),
@@ -504,10 +506,28 @@ def test_calibration_prior_comes_from_a_run_that_is_not_rolled_back():
     seen.append((rollback, forced))
     if rollback:
       return np.array([0.2 * len(forced)]), np.array([len(forced)])
-    return np.array([0.9 * 3, 0.9 * 5]), np.array([3, 5])
+    # Rows with α 0.9 and 0.6, and one that was never verified (counted in no row's α).
+    return np.array([0.9 * 3, 0.6 * 5, 0.0]), np.array([3, 5, 0])
 
-  table = auto.calibrate(run, batch=2, cache_len=32, max_gamma=4, buckets=(1, 2, 4),
+  table = auto.calibrate(run, batch=3, cache_len=32, max_gamma=4, buckets=(1, 2, 4),
                          models="fake", rounds=2, repeats=1)
-  assert table.alpha == pytest.approx(0.9)
+  # The batch's slowest row sets the prior: its α, not the mean (0.71).
+  assert table.alpha == pytest.approx(0.6)
+  assert auto.prior_of(table) == (pytest.approx(0.6), auto.PRIOR_POSITIONS / 3)
+  assert auto.prior_of(dataclasses.replace(table, alpha=None)) == (auto.PRIOR_ALPHA, 1.0)
   free = [forced for rollback, forced in seen if not rollback]
   assert len(free) == 1 and free[0] and set(free[0]) == {4}  # the widest bucket, once
+
+
+def test_a_measured_prior_outweighs_one_unlucky_round():
+  """With the table's α as PRIOR_POSITIONS prior positions, one rejected first guess does
+  not switch a row whose prior says speculation pays to γ = 0 (with one prior position it
+  did, for good: narrow rounds verify nothing); a row whose own evidence is bad still stops."""
+  costs = jnp.asarray(_table((1.0, 1.7, 2.0, 2.3), 1, max_gamma=3).per_gamma())
+  choose = lambda s, c, w: int(auto.choose_gamma(
+      costs, jnp.array([s], jnp.float32), jnp.array([c], jnp.int32), jnp.ones(1, bool),
+      jnp.array([60], jnp.int32), jnp.int32(3), jnp.float32(0.94), jnp.float32(w))[0])
+  assert choose(0.0, 0, auto.PRIOR_POSITIONS) == 3  # the prior alone: speculate
+  assert choose(0.0, 1, 1.0) == 0  # one prior position: one rejection ends it
+  assert choose(0.0, 1, auto.PRIOR_POSITIONS) == 3
+  assert choose(2.0, 20, auto.PRIOR_POSITIONS) == 0  # α̂ = 9.5 / 28 ≈ 0.34: it stops
