@@ -17,9 +17,10 @@ one unlucky round does not end the row's speculation for good: narrow rounds ver
 nothing, so a row that leaves speculation on its first rejection never returns, and on the
 bundled LM pair at T = 0 rows that accept 92% of their guesses did just that. A table
 without an α gives one prior position at α = 1: a row with no evidence is given one
-speculative round) and room_b tokens left in its budget. Offering γ guesses it emits E_b(γ) = Σ_{i ≤ min(γ, room_b−1)} α̂_b^i
-tokens per round (Eq. 1, capped by its budget), so it needs about room_b / E_b(γ) more
-rounds. The batch runs until its slowest row is done, so the policy picks
+speculative round) and room_b tokens left in its budget. Offering γ guesses it emits
+E_b(γ) = Σ_{i ≤ min(γ, room_b−1)} α̂_b^i tokens per round (Eq. 1, capped by its budget), so
+it needs about room_b / E_b(γ) more rounds. The batch runs until its slowest row is done,
+so the policy picks
 
     g* = argmin_{g ≤ cap} s[g] · max_{b active} room_b / E_b(g)      (ties: the smaller g)
 
@@ -76,10 +77,10 @@ measured α (optimistic: try before judging)."""
 PRIOR_POSITIONS = 8.0
 """Weight, in verified positions of the batch, of a measured prior α (`CostTable.alpha`):
 each row's estimate counts it as PRIOR_POSITIONS / batch positions (`prior_of`); about one
-round of the widest default bucket (γ = 7) of evidence. With one
-position, a single rejected first guess took a row of the bundled LM pair at T = 0 from the
-table's α = 0.94 to 0.47, and it stayed narrow for the rest of its decode although its
-guesses were right 92% of the time."""
+round of the widest default bucket (γ = 7) of evidence. With one position, a single
+rejected first guess took a row of the bundled LM pair at T = 0 from the table's α = 0.94
+to 0.47, and it stayed narrow for the rest of its decode although its guesses were right
+92% of the time."""
 SCHEDULE_SLOTS = 64
 """Static length of the forced-γ schedule buffer (calibration, tests)."""
 NO_LIMIT = np.iinfo(np.int32).max
@@ -383,7 +384,7 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   that forces the widest bucket for R rounds WITHOUT rollback: the rows move through their
   text as a decode does, so α is averaged over the positions a decode verifies (the rolled-back
   timed runs see only the inputs' first positions over and over: on the bundled LM at
-  T = 1 that prior ruled speculation out where fixed γ = 4 ran 1.54x autoregressive, and
+  T = 1 that prior ruled speculation out where fixed γ = 4 ran 1.2-1.5x autoregressive, and
   narrow rounds never correct it). It is the α of the batch's slowest row (the least of the
   rows'), since the batch runs until its slowest row is done: with the rows' mean, batches
   of 8 and 32 on the bundled LM at T = 0 (rows' α 0.54 to 1) paid for one wide round that
