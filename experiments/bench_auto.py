@@ -5,8 +5,8 @@
 
 For each pair, batch size B and temperature T, one cell times, on the same inputs (a run
 decodes ceil(min_rows / B) batches of B bundled examples in turn, each with its own seed:
-at T > 0 one sampled row's acceptances are luck) and with EOS ignored (every decoder emits the same number of
-tokens): autoregressive decoding; speculative decoding with each fixed γ in `gammas`,
+at T > 0 one sampled row's acceptances are luck) and with EOS ignored (every decoder emits
+the same number of tokens): autoregressive decoding; speculative decoding with each fixed γ in `gammas`,
 each with its own drafter of max_gamma = γ (a target call exactly γ+1 wide, as a user
 would run a fixed γ); and the 'auto' policy (max_gamma = max(gammas), its default
 buckets), whose cost table is calibrated first on the cell's inputs
