@@ -19,10 +19,11 @@ logits first). HF assisted generation takes batch 1 only, so its batch-8 cells a
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import gin
 import jax
@@ -115,15 +116,19 @@ def _padded_batches(decode, inputs: np.ndarray, keys, batch: int) -> DecodeResul
                         slot_rounds=jax.numpy.int32(rounds * batch))
 
 
-def stream_rows(pair: common.Pair, *, inputs: int, slots: int, max_new_tokens: int, gamma: int,
-                repeats: int, max_input_len: int, modes: Sequence[str] = ("eos", "forced"),
+def stream_rows(pair: common.Pair, *, inputs: int, slots: int, max_new_tokens: int,
+                gammas: Sequence[Union[int, str]], repeats: int, max_input_len: int,
+                modes: Sequence[str] = ("eos", "forced"),
                 min_slots: Optional[int] = 1) -> List[Dict]:
   """Padded batches vs streaming, autoregressive and speculative, with real EOS ('eos') and
   with EOS ignored ('forced': every row runs max_new_tokens); streaming with B slots
-  throughout and, unless min_slots is None, with the tail shrink down to min_slots."""
+  throughout and, unless min_slots is None, with the tail shrink down to min_slots.
+  Speculative rows for each of `gammas`: a fixed γ (its own drafter of max_gamma = γ, so a
+  round's target call is γ + 1 wide) or 'auto' (the cost-aware policy, up to AUTO_MAX_GAMMA;
+  its calibration runs in the untimed first call)."""
   ex = common.examples(pair, inputs, max_input_len)
   keys = jax.random.split(jax.random.PRNGKey(0), inputs)
-  drafter, dparams = common.model_drafter(pair, gamma)
+  widest = max(AUTO_MAX_GAMMA if g == "auto" else int(g) for g in gammas)
   streams = {"stream": Streaming(slots)}
   if min_slots is not None and len(Streaming(slots, min_slots=min_slots).sizes()) > 1:
     streams[f"stream+shrink to {min_slots}"] = Streaming(slots, min_slots=min_slots)
@@ -132,19 +137,21 @@ def stream_rows(pair: common.Pair, *, inputs: int, slots: int, max_new_tokens: i
     if mode not in ("eos", "forced"):
       raise ValueError(f"stream modes are 'eos' and 'forced', got {mode!r}")
     eos_id = load_vocab().eos_id if mode == "eos" else -1
-    config = common.decode_config(0.0, max_input_len + max_new_tokens + gamma + 1, eos_id=eos_id)
+    # One cache length for every decoder: the same attention work per call.
+    config = common.decode_config(0.0, max_input_len + max_new_tokens + widest + 1, eos_id=eos_id)
     ar = lambda x, k, **kw: autoregressive_decode(pair.target, pair.target_params, x,
                                                   max_new_tokens=max_new_tokens, rng=k,
                                                   config=config, **kw)
-    spec = lambda x, k, **kw: speculative_decode(pair.target, pair.target_params, drafter, dparams,
-                                                 x, max_new_tokens=max_new_tokens, gamma=gamma,
-                                                 rng=k, config=config, **kw)
-    runs = {"padded autoregressive": lambda: _padded_batches(ar, ex.inputs, keys, slots),
-            f"padded speculative γ={gamma}": lambda: _padded_batches(spec, ex.inputs, keys, slots)}
+    runs = {"padded autoregressive": lambda: _padded_batches(ar, ex.inputs, keys, slots)}
+    specs = {g: _speculative(pair, g, config, max_new_tokens) for g in gammas}
+    for g, spec in specs.items():
+      runs[f"padded speculative γ={g}"] = functools.partial(_padded_batches, spec, ex.inputs,
+                                                            keys, slots)
     for kind, streaming in streams.items():
       runs[f"{kind} autoregressive"] = functools.partial(ar, ex.inputs, keys, slots=streaming)
-      runs[f"{kind} speculative γ={gamma}"] = functools.partial(spec, ex.inputs, keys,
-                                                                slots=streaming)
+      for g, spec in specs.items():
+        runs[f"{kind} speculative γ={g}"] = functools.partial(spec, ex.inputs, keys,
+                                                              slots=streaming)
     compile_s, times, outs = _interleaved(runs, repeats)
     for name, out in outs.items():
       kind = (name.split(" autoregressive")[0].split(" speculative")[0]
@@ -163,6 +170,23 @@ def stream_rows(pair: common.Pair, *, inputs: int, slots: int, max_new_tokens: i
                     if "speculative" in name else None),
           "same_tokens": bool(np.array_equal(out.tokens, outs["padded autoregressive"].tokens))})
   return rows
+
+
+AUTO_MAX_GAMMA = 4
+"""The largest γ the streaming bench's 'auto' rows may pick."""
+
+
+def _speculative(pair: common.Pair, gamma: Union[int, str], config, max_new_tokens: int):
+  """decode(inputs, keys, **kw): speculative decoding at a fixed γ or under 'auto'."""
+  if gamma == "auto":
+    drafter, dparams = common.model_drafter(pair, AUTO_MAX_GAMMA)
+    config = dataclasses.replace(config, gamma_policy="auto")
+    gamma = None
+  else:
+    drafter, dparams = common.model_drafter(pair, int(gamma))
+  return lambda x, k, **kw: speculative_decode(pair.target, pair.target_params, drafter, dparams,
+                                               x, max_new_tokens=max_new_tokens, gamma=gamma,
+                                               rng=k, config=config, **kw)
 
 
 def _interleaved(runs: Dict, repeats: int):
@@ -187,7 +211,8 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
         gamma: int = 4, repeats: int = 5, max_input_len: int = 48, peer: bool = True,
         stream_inputs: int = 64, slots: int = 8,
         stream_modes: Sequence[str] = ("eos", "forced"),
-        min_slots: Optional[int] = 1) -> List[Dict]:
+        min_slots: Optional[int] = 1,
+        stream_gammas: Optional[Sequence[Union[int, str]]] = None) -> List[Dict]:
   """Writes bench.{md,csv,json}; returns the rows (one per pair, batch and decoder, then the
   streaming rows: one per pair, EOS mode and decoder).
 
@@ -200,6 +225,8 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
     stream_inputs, slots: the streaming comparison: N bundled inputs through B slots (and in
       padded batches of B); 0 inputs: skipped. stream_modes: 'eos' (real EOS) and/or 'forced'.
     min_slots: also stream with the tail shrink (B, B/2, ... ≥ min_slots slots); None: not.
+    stream_gammas: the streaming comparison's speculative decoders: fixed γ values and/or
+      'auto'; None: (gamma,).
   """
   rows, notes, streamed = [], [], []
   for pair in cli.pairs:
@@ -245,7 +272,8 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
                        "same_as_specjax": hf[name]["same_as_specjax"]})
     if stream_inputs:
       streamed += stream_rows(pair, inputs=stream_inputs, slots=slots,
-                              max_new_tokens=max_new_tokens, gamma=gamma, repeats=repeats,
+                              max_new_tokens=max_new_tokens,
+                              gammas=tuple(stream_gammas or (gamma,)), repeats=repeats,
                               max_input_len=max_input_len, modes=stream_modes,
                               min_slots=min_slots)
   out = common.Output(cli.output_dir, "bench")
