@@ -251,9 +251,16 @@ def _auto_decision(control: auto.AutoControl, buckets, prefix_len, max_new_token
   rounds = jnp.max(state.target_calls)
   forced = control.schedule[jnp.minimum(rounds, auto.SCHEDULE_SLOTS - 1)]
   forced = jnp.where(rounds < auto.SCHEDULE_SLOTS, forced, -1)
-  gamma = jnp.where(forced >= 0, auto.forced_gamma(forced, active, room),
-                    auto.choose_gamma(control.costs, state.alpha_sum, state.alpha_count, active,
-                                      room, control.cap, control.prior, control.prior_weight))
+  rule = auto.choose_gamma(control.costs, state.alpha_sum, state.alpha_count, active, room,
+                           control.cap, control.prior, control.prior_weight)
+  # A probe (auto module docstring): a narrow choice gives way, every PROBE_EVERY-th round, to
+  # the prior's own choice, so rows whose α̂ fell on an unlucky start are measured again.
+  probe = (rounds % auto.PROBE_EVERY == auto.PROBE_EVERY - 1) & jnp.all(rule == 0)
+  prior_only = auto.choose_gamma(control.costs, jnp.zeros_like(state.alpha_sum),
+                                 jnp.zeros_like(state.alpha_count), active, room, control.cap,
+                                 control.prior, control.prior_weight)
+  rule = jnp.where(probe, prior_only, rule)
+  gamma = jnp.where(forced >= 0, auto.forced_gamma(forced, active, room), rule)
   return gamma, auto.branch_index(gamma, buckets)
 
 
@@ -266,7 +273,8 @@ def _narrow_stands(control: auto.AutoControl, prefix_len, done, state: LoopState
   s[γ] / min_row E(α_row, min(γ, r − 1)) across γ (r factors out); as r shrinks only the
   γ ≥ 1 terms can grow, so γ = 0 stays the batch's choice. It is recomputed when a row
   finishes, when busy rows' rooms differ (a row far from its budget can then tip the
-  balance), and while the control's schedule forces a γ (calibration)."""
+  balance), while the control's schedule forces a γ (calibration), and before a probe round
+  (`auto.PROBE_EVERY`)."""
   rounds = jnp.max(state.target_calls)
   forced = (rounds < auto.SCHEDULE_SLOTS) & (
       control.schedule[jnp.minimum(rounds, auto.SCHEDULE_SLOTS - 1)] >= 0)
@@ -274,7 +282,8 @@ def _narrow_stands(control: auto.AutoControl, prefix_len, done, state: LoopState
   busy = ~state.done
   first = jnp.max(jnp.where(busy, made, jnp.iinfo(jnp.int32).min))
   same_room = jnp.all(jnp.where(busy, made == first, True))
-  return jnp.all(state.done == done) & same_room & ~forced
+  probe = rounds % auto.PROBE_EVERY == auto.PROBE_EVERY - 1  # the next round may probe
+  return jnp.all(state.done == done) & same_room & ~forced & ~probe
 
 
 def _auto_round(control: auto.AutoControl, variant, state: LoopState, gamma) -> LoopState:

@@ -531,3 +531,36 @@ def test_a_measured_prior_outweighs_one_unlucky_round():
   assert choose(0.0, 1, 1.0) == 0  # one prior position: one rejection ends it
   assert choose(0.0, 1, auto.PRIOR_POSITIONS) == 3
   assert choose(2.0, 20, auto.PRIOR_POSITIONS) == 0  # α̂ = 9.5 / 28 ≈ 0.34: it stops
+
+
+def test_narrow_rows_are_probed_every_probe_every_rounds(tables):
+  """A draft that is always wrong (its argmax is the target's + 1): the rows' α̂ falls, the
+  policy goes narrow, and from then on exactly the rounds r with r % PROBE_EVERY ==
+  PROBE_EVERY - 1 play the prior's own choice (γ = 3 here: no measured α, one prior position
+  at α = 1); greedy output stays the target's."""
+  target_table, _ = tables
+  argmax = jnp.argmax(target_table, axis=-1)  # [V, V]
+  wrong = jax.nn.one_hot((argmax + 1) % V, V) * 5.0  # the draft's argmax: never the target's
+  drafter = ModelDrafter(TableModel(V), max_gamma=3)
+  prompts, lengths = _mixed_prompts(batch=2)
+  budget = 3 * auto.PROBE_EVERY + 4
+  result = speculative_decode(TableModel(V), target_table, drafter, wrong, prompts,
+                              max_new_tokens=budget, rng=jax.random.PRNGKey(0),
+                              config=GREEDY_AUTO, prompt_lengths=lengths,
+                              costs=_table((1.0, 1.2, 1.3), 2, 3, 64, drafter, (1, 3)))
+  reference = autoregressive_decode(TableModel(V), target_table, prompts, max_new_tokens=budget,
+                                    rng=jax.random.PRNGKey(0),
+                                    config=DecodeConfig(sampling=Sampling(temperature=0.0),
+                                                        cache_len=64),
+                                    prompt_lengths=lengths)
+  np.testing.assert_array_equal(result.tokens, reference.tokens)
+  assert float(np.asarray(result.alpha_sum).sum()) == 0.0  # no guess was ever accepted
+  rounds = int(np.max(result.target_calls))
+  played = np.asarray(result.trace.gamma)[0, :rounds]  # both rows decide alike
+  first_narrow = int(np.argmax(played == 0))
+  assert 0 < first_narrow < auto.PROBE_EVERY - 1  # it speculated, then stopped
+  later = np.arange(first_narrow, rounds)
+  probes = later[(later % auto.PROBE_EVERY) == auto.PROBE_EVERY - 1]
+  assert len(probes) >= 3
+  np.testing.assert_array_equal(np.flatnonzero(played[first_narrow:]) + first_narrow, probes)
+  assert set(played[probes].tolist()) == {3}
