@@ -18,9 +18,10 @@ rounds (tokens) between them, so the per-call fixed part (prefill, the drafter's
 dispatch, the NaN check's host sync, the result's copy) is printed apart ("call fixed ms")
 and not spread over the rounds; "call / rounds ms" is the old whole-call measure.
 
-Printed per (L, B): the autoregressive step beside its floor, the target's float32 weight bytes over the memory bandwidth measured
-here (a large jitted in-place pass: bytes read + written per second), and beside
-its read floor (the same bytes over the read bandwidth of a jitted sum).
+Printed per (L, B): the autoregressive step beside its floor, the target's float32
+weight bytes over the memory bandwidth measured here (a large jitted in-place pass: bytes
+read + written per second), and beside its read floor (the same bytes over the read
+bandwidth of a jitted sum).
 Printed per (L, B, γ): the parts, the measured round (generation / rounds), the
 unaccounted share (what the loop adds around the parts), the in-loop
 r = (γ+1)-token call / 1-token call and c = draft step / target step, and the

@@ -43,12 +43,12 @@ Probes. A narrow round verifies nothing, so a row's α̂ cannot recover from an 
 start on its own: on the LM pair shipped with the continued target, at T = 0 and batch 1,
 366 of auto's 412 rounds over eight prompts were narrow after early rejections (auto 0.72
 of fixed γ = 7, which ran 1.50x autoregressive: acceptance there comes in bursts, the first
-guess wrong or all of them right). So when the batch's choice is g* = 0, every PROBE_EVERY-th round (by the
-batch's round count) instead plays the γ the rule picks from the prior alone (each row at
-the table's α, no evidence of its own), if that γ is ≥ 1; its verified positions then update
-the rows' α̂ as any round does. A probe costs at most (s[γ] − s[0]) − (E − 1) steps per
-PROBE_EVERY rounds where speculation truly does not pay, and never runs where the prior
-itself says γ = 0 (below).
+guess wrong or all of them right). So when the batch's choice is g* = 0, every
+PROBE_EVERY-th round (by the batch's round count) instead plays the γ the rule picks from
+the prior alone (each row at the table's α, no evidence of its own), if that γ is ≥ 1; its
+verified positions then update the rows' α̂ as any round does. A probe costs at most
+(s[γ] − s[0]) − (E − 1) steps per PROBE_EVERY rounds where speculation truly does not pay,
+and never runs where the prior itself says γ = 0 (below).
 
 Speculation off for the whole decode. Before the first round every row's α̂ is the
 table's α and its room is at most max_new_tokens. If g* = 0 there, it stays 0 for the

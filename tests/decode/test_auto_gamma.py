@@ -189,6 +189,9 @@ def test_narrow_stands_until_a_row_finishes_rooms_differ_or_a_schedule_forces():
   assert not stands(control, state([9, 13, 4], [False, False, True]))  # rooms differ
   assert not stands(forced, state([9, 12, 4], [False, False, True], calls=2))  # forced round
   assert stands(forced, state([9, 12, 4], [False, False, True], calls=3))  # schedule over
+  probe_next = auto.PROBE_EVERY - 1  # the next decision may be a probe: recompute it
+  assert not stands(control, state([9, 12, 4], [False, False, True], calls=probe_next))
+  assert stands(control, state([9, 12, 4], [False, False, True], calls=probe_next + 1))
 
 
 def test_branch_index_and_per_gamma_costs():
