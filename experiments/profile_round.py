@@ -22,7 +22,7 @@ Printed per (L, B): the autoregressive step beside its floor, the target's float
 weight bytes over the memory bandwidth measured here (a large jitted in-place pass: bytes
 read + written per second), and beside its read floor (the same bytes over the read
 bandwidth of a jitted sum).
-Printed per (L, B, γ): the parts, the measured round (generation / rounds), the
+Printed per (L, B, γ): the parts, the measured round (the slope above), the
 unaccounted share (what the loop adds around the parts), the in-loop
 r = (γ+1)-token call / 1-token call and c = draft step / target step, and the
 theory's speedup E[tokens] / (γ·c + r), E[tokens] = (1 - α^(γ+1)) / (1 - α)
@@ -190,9 +190,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         spec = lambda budget, d=drafter, g=gamma: speculative_decode(
             target, tparams, d, dparams, prompts, max_new_tokens=budget, gamma=g,
             rng=key, config=config, prompt_lengths=plen)
-        calls = lambda budget: int(np.asarray(spec(budget).target_calls).max())  # rounds run
-        stats[gamma] = (calls(args.new_tokens), calls(half),
-                        float(np.asarray(spec(args.new_tokens).alpha).mean()))
+        full, short = spec(args.new_tokens), spec(half)
+        rounds = lambda result: int(np.asarray(result.target_calls).max())  # loop iterations
+        stats[gamma] = rounds(full), rounds(short), float(np.asarray(full.alpha).mean())
         runs[f"tk{gamma}"] = decode_loop(target, tparams, batch, cache_len, gamma + 1)
         runs[f"prop{gamma}"] = propose_loop(drafter, dparams, prompts, cache_len, gamma)
         runs[f"ver{gamma}"] = verify_loop(config, batch, gamma, target.vocab_size)
