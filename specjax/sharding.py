@@ -8,7 +8,8 @@ names to mesh axes:
 
 Every parameter gets its logical axes from its T5X name (`param_logical_axes`,
 T5X's `param_axes`), every loop-state array is batch first, and KV caches and
-cross-attention inputs [B, H, L, D] are ('batch', 'heads', 'length', 'kv').
+cross-attention inputs are ('batch', 'heads', 'length', 'kv') for values [B, H, L, D] and
+('batch', 'heads', 'kv', 'length') for keys [B, H, D, L].
 An axis whose size the mesh axis does not divide is replicated instead (logged
 at debug level), so tiny test models still run on a 1x8 mesh.
 
@@ -78,7 +79,8 @@ _PARAM_AXES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("scale", ("embed",)),
 )
 
-CACHE_AXES = ("batch", "heads", "length", "kv")  # KV caches and cross-attention [B, H, L, D]
+CACHE_AXES = ("batch", "heads", "length", "kv")  # values of KV caches and cross-attention
+KEY_CACHE_AXES = ("batch", "heads", "kv", "length")  # their keys [B, H, D, L]
 
 
 def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[Any]] = None) -> Mesh:
@@ -233,9 +235,10 @@ class Partitioner:
 
   def _struct_shardings(self, struct: Any) -> Any:
     cache = lambda x: self.sharding(CACHE_AXES, x.shape, "cache")
+    keys = lambda x: self.sharding(KEY_CACHE_AXES, x.shape, "cache")
     if isinstance(struct, KVCache):
-      return KVCache(keys=tuple(map(cache, struct.keys)), values=tuple(map(cache, struct.values)))
-    return EncodedInputs(keys=tuple(map(cache, struct.keys)),
+      return KVCache(keys=tuple(map(keys, struct.keys)), values=tuple(map(cache, struct.values)))
+    return EncodedInputs(keys=tuple(map(keys, struct.keys)),
                          values=tuple(map(cache, struct.values)),
                          mask=self.batch_sharding(struct.mask.shape))
 

@@ -25,11 +25,13 @@ from typing import Any, Optional, Tuple
 import flax.linen as nn
 import jax.numpy as jnp
 
-from specjax.models.layers import (DTYPES, Array, Dense, EncodedInputs, Embed, KVCache,
-                                   MlpBlock, MultiHeadAttention, NetworkModel,
-                                   RelativePositionBias, RMSNorm, after, cached_attention,
-                                   check_positions, check_prefix_lengths, check_tokens,
-                                   mask_to_bias, mlp_kernel_init, validate_config, write_rows)
+from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, Dense,
+                                   EncodedInputs, Embed, KVCache, MlpBlock,
+                                   MultiHeadAttention, NetworkModel, RelativePositionBias,
+                                   RMSNorm, after, cached_attention, check_positions,
+                                   check_prefix_lengths, check_tokens, key_layout,
+                                   mask_to_bias, mlp_kernel_init, validate_config,
+                                   value_layout, write_rows)
 
 
 # ----------------------------------------------------------------------------
@@ -65,10 +67,11 @@ class DecoderLayer(nn.Module):
         call's own keys; with one, the pair (float32 [B, H, q, max_len] over
         the cache as it was before this call, float32 [B|1, H, q, q] over this
         call's keys), see `DecoderStack.decode_step`.
-      cache: (keys, values) [B, H, max_len, D] to attend over and then write
+      cache: (keys [B, H, D, max_len], values [B, H, max_len, D]) to attend over and then write
         into, or None (teacher forcing).
       starts: int32 [B] slot of x[:, 0] when `cache` is given.
-      cross: (keys [B, H, L_in, D], values, bias float32 [B, 1, 1, L_in]) or None.
+      cross: (keys [B, H, D, L_in], values [B, H, L_in, D], bias float32 [B, 1, 1, L_in])
+        or None.
 
     Returns:
       ([B, q, E], updated cache or None).
@@ -83,11 +86,12 @@ class DecoderLayer(nn.Module):
       # Attend over the OLD cache and the new keys; the write below is only
       # carried to the next call (see the layout note in layers.py).
       old_bias, new_bias = bias
-      new = (jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2), new_bias)
+      new = (key_layout(key), value_layout(value), new_bias)
       heads = cached_attention(query, [(cache[0], cache[1], old_bias), new], att.dtype)
       x = x + att.output(heads)
       key, value = after(key, heads), after(value, heads)  # read the old buffers, then write
-      cache = (write_rows(cache[0], key, starts), write_rows(cache[1], value, starts))
+      cache = (write_rows(cache[0], key_layout(key), starts, KEY_SLOT_AXIS),
+               write_rows(cache[1], value_layout(value), starts, VALUE_SLOT_AXIS))
     if self.cross_attention:
       h = self.pre_cross_attention_layer_norm(x)
       att = self.encoder_decoder_attention
@@ -120,7 +124,8 @@ class DecoderStack(nn.Module):
     return self.shared_embedding if self.shared_embedding is not None else self.token_embedder
 
   def cross_kv(self, encoded: Array) -> Tuple[Tuple[Array, ...], Tuple[Array, ...]]:
-    """Encoder output [B, L_in, E] -> per-layer cross-attention (keys, values) [B, H, L_in, D]."""
+    """Encoder output [B, L_in, E] -> per-layer cross-attention keys [B, H, D, L_in] and
+    values [B, H, L_in, D]."""
     pairs = [layer.encoder_decoder_attention.project_kv_heads(encoded) for layer in self.layers]
     return tuple(k for k, _ in pairs), tuple(v for _, v in pairs)
 
@@ -130,7 +135,7 @@ class DecoderStack(nn.Module):
     Args:
       tokens: int32 [B, q].
       bias: the self-attention bias (mask included), as `DecoderLayer` takes it.
-      caches: per layer (keys, values) [B, H, max_len, D], or None.
+      caches: per layer (keys [B, H, D, max_len], values [B, H, max_len, D]), or None.
       starts: int32 [B] slot of tokens[:, 0] when `caches` is given.
       encoded: EncodedInputs (cross-attention) or None.
 

@@ -6,19 +6,28 @@ T5X checkpoint's `target` tree loads with no renaming: 2-D kernels
 `rel_embedding [H, 32]`, `embedding [V, E]`.
 
 What differs from T5X is the cache. T5X's decoder cache takes one token per
-step at one shared index. Here a cache is a `KVCache` of [B, H, max_len, D]
-buffers per layer, and `DecoderStack.decode_step` writes k tokens of row b at
-slots `positions[b] .. positions[b] + k - 1`; query `positions[b] + i` sees the
-slots `<= positions[b] + i`, so moving a row's length back is a rollback.
+step at one shared index. Here a cache is a `KVCache` of per-layer buffers,
+keys [B, H, D, max_len] and values [B, H, max_len, D], and
+`DecoderStack.decode_step` writes k tokens of row b at slots
+`positions[b] .. positions[b] + k - 1`; query `positions[b] + i` sees the slots
+`<= positions[b] + i`, so moving a row's length back is a rollback.
 Relative position biases come from per-row absolute positions.
 
-Cache layout and attention (why [B, H, L, D], why two parts), from the
-optimized HLO of the decode loops (bundled LM pair, XLA:CPU; see the commit
-that introduced it for the counts):
+Cache layout and attention (why head-major, why keys [D, L], why two parts),
+from the optimized HLO of the decode loops and profiler traces (bundled LM
+pair, XLA:CPU; see the commits that introduced them for the counts):
 - XLA's batched matmul wants the batch axes (here B and H) major and one
-  [L, D] matrix per (b, h). [B, L, H, D] buffers made XLA copy every cache
+  matrix per (b, h). [B, L, H, D] buffers made XLA copy every cache
   buffer transposed on every call, as many cache-sized copies per step as
   there are buffers. Head-major buffers are read as they lie.
+- Keys are stored [D, L] per (b, h), as T5X's own decode cache stores them
+  (`cached_key` [batch, heads, head_dim, length]), so the scores q @ K are a
+  plain [q, D] x [D, L] product. With [L, D] keys, XLA:CPU ran q @ K^T with
+  q > 1 as a YNNPACK dot that re-packs the transposed keys on every call: at
+  batch 8 with 3 queries and 256 slots, 270 us per layer against 121 with
+  [D, L] keys (profiler), and the whole 3-token call of the LM target 9%
+  slower (the 1-token call 7%). Values stay [L, D]: weights @ V is then a
+  plain product too.
 - A call attends over the cache as it was BEFORE the call (slots <
   positions[b]) and over its own k new keys, with one softmax over both parts
   (`cached_attention`). The write of the new keys (`write_rows`) is then only
@@ -290,7 +299,7 @@ def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
 
   Args:
     query: [B, q, H, D].
-    parts: (keys [B, H, kv_i, D], values [B, H, kv_i, D],
+    parts: (keys [B, H, D, kv_i], values [B, H, kv_i, D],
       bias float32 [B or 1, H or 1, q, kv_i]) per part; masks are NEG_INF.
       Every query must see at least one key in some part.
     dtype: the dtype of the weighted sums.
@@ -304,11 +313,9 @@ def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
   # batched dot, at batch 8 with 5 queries 0.58 ms per layer against 0.19 ms merged.
   merge = lambda x: x.reshape((batch * heads,) + x.shape[2:])
   query = merge(jnp.swapaxes(query.astype(jnp.float32), 1, 2))  # [B*H, q, D]
-  # Keys times queries, [B*H, kv_i, q], then the small result swapped: with the keys
-  # as the left [kv, D] matrix each (b, h) is a plain matrix product (XLA:CPU copied
-  # the keys transposed for q @ K^T when q = 1 at batch 1).
-  logits = [jnp.swapaxes(jnp.einsum("nkd,nqd->nkq", merge(keys.astype(jnp.float32)), query),
-                         1, 2).reshape(batch, heads, q, -1) + bias
+  # Queries times [D, kv_i] keys: a plain matrix product per (b, h) (module docstring).
+  logits = [jnp.einsum("nqd,ndk->nqk", query, merge(keys.astype(jnp.float32)))
+            .reshape(batch, heads, q, -1) + bias
             for keys, _, bias in parts]
   # The softmax over the parts' union, part by part: no [q, Σ kv_i] concatenation (a
   # standalone op per layer and call on XLA:CPU; fewer ops, no measurable end-to-end change).
@@ -359,8 +366,9 @@ class MultiHeadAttention(nn.Module):
     return self._heads(self.key(x)), self._heads(self.value(x))
 
   def project_kv_heads(self, x: Array) -> Tuple[Array, Array]:
-    """x: [B, L, E] -> head-major (keys, values), each [B, H, L, D] (cache layout)."""
-    return tuple(jnp.swapaxes(y, 1, 2) for y in self.project_kv(x))
+    """x: [B, L, E] -> keys [B, H, D, L] and values [B, H, L, D] (the cache's layout)."""
+    key, value = self.project_kv(x)
+    return key_layout(key), value_layout(value)
 
   def attend(self, query: Array, key: Array, value: Array, bias: Array) -> Array:
     """Queries [B, q, H, D] over keys/values [B, kv, H, D] -> [B, q, E]."""
@@ -400,29 +408,46 @@ def mask_to_bias(mask: Array) -> Array:
   return jnp.where(mask, 0.0, NEG_INF).astype(jnp.float32)
 
 
-def write_rows(buffer: Array, update: Array, starts: Array) -> Array:
-  """Writes update[b] into buffer[b, :, starts[b]:starts[b] + k].
+KEY_SLOT_AXIS = 3  # keys [B, H, D, L]
+VALUE_SLOT_AXIS = 2  # values [B, H, L, D]
+
+
+def key_layout(key: Array) -> Array:
+  """Projected keys [B, L, H, D] -> the cache's key layout [B, H, D, L]."""
+  return jnp.transpose(key, (0, 2, 3, 1))
+
+
+def value_layout(value: Array) -> Array:
+  """Projected values [B, L, H, D] -> the cache's value layout [B, H, L, D]."""
+  return jnp.swapaxes(value, 1, 2)
+
+
+def write_rows(buffer: Array, update: Array, starts: Array, axis: int) -> Array:
+  """Writes update[b] into buffer[b] at slots starts[b] .. starts[b] + k - 1 of `axis`.
 
   Args:
-    buffer: [B, H, max_len, D], a cache buffer.
-    update: [B, k, H, D], the new keys or values as projected.
+    buffer: a cache buffer, keys [B, H, D, max_len] (axis 3) or values
+      [B, H, max_len, D] (axis 2).
+    update: the k new keys or values in the buffer's layout (`key_layout`,
+      `value_layout`): k in place of max_len.
     starts: int32 [B]; the caller keeps starts[b] + k <= max_len (XLA clamps).
+    axis: the slot axis, KEY_SLOT_AXIS or VALUE_SLOT_AXIS.
 
   Returns:
     The updated buffer, same shape and dtype. Under jit XLA updates it in
     place (a dynamic-update-slice at batch 1, a scatter otherwise) when its
     readers are ordered before the write (see `after`).
   """
-  update = jnp.swapaxes(update, 1, 2).astype(buffer.dtype)  # [B, H, k, D]: k tokens only
+  update = update.astype(buffer.dtype)
   if buffer.shape[0] == 1:
     # One row: a plain dynamic-update-slice (which clamps the start, as the
     # vmapped form does). XLA would turn the vmapped scatter into the same
     # update, but guarded by an in-bounds test it cannot prove: three extra
     # small ops per buffer and call, on any backend.
-    return lax.dynamic_update_slice_in_dim(buffer, update, starts[0], axis=2)
+    return lax.dynamic_update_slice_in_dim(buffer, update, starts[0], axis=axis)
 
   def one_row(buf, upd, start):
-    return lax.dynamic_update_slice_in_dim(buf, upd, start, axis=1)
+    return lax.dynamic_update_slice_in_dim(buf, upd, start, axis=axis - 1)
   return jax.vmap(one_row)(buffer, update, starts)
 
 
@@ -437,7 +462,7 @@ class KVCache:
   Which slots are valid is not stored here: the decode loop tracks each row's
   length and passes it as `positions`.
   """
-  keys: Tuple[Array, ...]  # per layer: dtype [B, H, max_len, D]
+  keys: Tuple[Array, ...]  # per layer: dtype [B, H, D, max_len] (as T5X's cached_key)
   values: Tuple[Array, ...]  # per layer: dtype [B, H, max_len, D]
 
   @property
@@ -448,7 +473,7 @@ class KVCache:
   @property
   def max_len(self) -> int:
     """Number of slots per row."""
-    return self.keys[0].shape[2]
+    return self.values[0].shape[2]
 
 
 def zeros_cache(batch: int, max_len: int, num_layers: int, num_heads: int,
@@ -457,16 +482,17 @@ def zeros_cache(batch: int, max_len: int, num_layers: int, num_heads: int,
   for name, value in (("batch", batch), ("max_len", max_len)):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
       raise ValueError(f"init_cache: {name} must be a positive integer, got {value!r}")
-  shape = (int(batch), num_heads, int(max_len), head_dim)
-  keys = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
-  values = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+  keys = tuple(jnp.zeros((int(batch), num_heads, head_dim, int(max_len)), dtype)
+               for _ in range(num_layers))
+  values = tuple(jnp.zeros((int(batch), num_heads, int(max_len), head_dim), dtype)
+                 for _ in range(num_layers))
   return KVCache(keys=keys, values=values)
 
 
 @flax.struct.dataclass
 class EncodedInputs:
   """What cross-attention needs, computed once per generation by `encode`."""
-  keys: Tuple[Array, ...]  # per decoder layer: dtype [B, H, L_in, D] (head-major, as KVCache)
+  keys: Tuple[Array, ...]  # per decoder layer: dtype [B, H, D, L_in] (as KVCache)
   values: Tuple[Array, ...]  # per decoder layer: dtype [B, H, L_in, D]
   mask: Array  # bool [B, L_in], True at real (non-padding) input tokens
 
@@ -504,11 +530,14 @@ def check_cache(cache: Any, batch: int, num_layers: int, num_heads: int,
     raise ValueError(f"cache must be the KVCache from init_cache, got {type(cache).__name__}")
   if len(cache.keys) != num_layers or len(cache.values) != num_layers:
     raise ValueError(f"cache has {len(cache.keys)} layers but the model has {num_layers}")
-  want = (batch, num_heads, cache.max_len, head_dim)
-  for buf in cache.keys + cache.values:
-    if tuple(buf.shape) != want:
-      raise ValueError(f"cache buffer shape {tuple(buf.shape)} does not match "
-                       f"[batch={batch}, heads={num_heads}, max_len, head_dim={head_dim}]")
+  max_len = cache.max_len
+  for what, bufs, want, axes in (
+      ("key", cache.keys, (batch, num_heads, head_dim, max_len), "head_dim, max_len"),
+      ("value", cache.values, (batch, num_heads, max_len, head_dim), "max_len, head_dim")):
+    for buf in bufs:
+      if tuple(buf.shape) != want:
+        raise ValueError(f"cache {what} buffer shape {tuple(buf.shape)} does not match "
+                         f"[batch={batch}, heads={num_heads}, {axes}] = {list(want)}")
 
 
 def check_positions(positions: Any, batch: int, k: int, max_len: int,
@@ -625,7 +654,8 @@ class NetworkModel:
                                                self._init_inputs), what)
 
   def init_cache(self, batch: int, max_len: int) -> KVCache:
-    """Zeroed cache: per decoder layer keys and values [batch, H, max_len, D]."""
+    """Zeroed cache: per decoder layer keys [batch, H, D, max_len] and values
+    [batch, H, max_len, D]."""
     cfg = self.config
     return zeros_cache(batch, max_len, self._num_decoder_layers, cfg.num_heads,
                        cfg.head_dim, DTYPES[cfg.dtype])

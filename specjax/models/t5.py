@@ -156,8 +156,8 @@ class T5Model(NetworkModel):
       inputs: int32 [B, L_in], 0 = padding.
 
     Returns:
-      EncodedInputs: per decoder layer cross-attention keys/values
-      [B, H, L_in, D] and the input mask bool [B, L_in].
+      EncodedInputs: per decoder layer cross-attention keys [B, H, D, L_in] and
+      values [B, H, L_in, D], and the input mask bool [B, L_in].
     """
     self.check_params(params)
     inputs = check_tokens(inputs, self.vocab_size, "encoder inputs")

@@ -410,8 +410,8 @@ def test_cache_is_allocated_once_and_keeps_its_shape(t5, lm):
                                       (lm.model, DEC_CFG, DEC_CFG.num_layers, None)):
     cache = model.init_cache(3, 16)
     assert isinstance(cache, KVCache) and (cache.batch, cache.max_len) == (3, 16)
-    shapes = {tuple(b.shape) for b in cache.keys + cache.values}
-    assert shapes == {(3, cfg.num_heads, 16, cfg.head_dim)}  # [B, H, max_len, D]
+    assert {tuple(b.shape) for b in cache.keys} == {(3, cfg.num_heads, cfg.head_dim, 16)}
+    assert {tuple(b.shape) for b in cache.values} == {(3, cfg.num_heads, 16, cfg.head_dim)}
     assert len(cache.keys) == len(cache.values) == layers
     nbytes = sum(b.nbytes for b in cache.keys + cache.values)
     assert nbytes == 2 * layers * 3 * 16 * cfg.num_heads * cfg.head_dim * 4
@@ -644,8 +644,12 @@ def test_positions_past_the_cache_raise(t5, lm):
     lm.model.decode(lm.params, cache, tokens, np.array([-1, 0, 0], np.int32))
   with pytest.raises(ValueError, match=r"positions must be an integer array \[batch=3\]"):
     lm.model.decode(lm.params, cache, tokens, np.zeros(2, np.int32))
-  with pytest.raises(ValueError, match="cache buffer shape"):
+  with pytest.raises(ValueError, match=r"cache key buffer shape \(2, .*batch=3"):
     lm.model.decode(lm.params, lm.model.init_cache(2, 16), tokens, np.zeros(3, np.int32))
+  swapped = lm.model.init_cache(3, 16)
+  swapped = KVCache(keys=swapped.values, values=swapped.keys)  # [B, H, L, D] keys: the old layout
+  with pytest.raises(ValueError, match=r"cache key buffer shape .*head_dim, max_len"):
+    lm.model.decode(lm.params, swapped, tokens, np.zeros(3, np.int32))
   with pytest.raises(ValueError, match="prefix_lengths"):  # past the tokens written
     lm.prefix_model.decode(lm.params, cache, tokens, np.zeros(3, np.int32),
                            prefix_lengths=np.array([2, 4, 1]))
