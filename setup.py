@@ -29,6 +29,7 @@ setup(
         "numpy>=1.26",
         "tensorstore>=0.1.60",
         "msgpack>=1.0",
+        "ml_dtypes>=0.4",
         "sentencepiece>=0.2.0",
         "rich>=13.0",
     ],

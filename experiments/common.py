@@ -34,6 +34,7 @@ from specjax.main import build_model, encode_inputs, load_model
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
 from specjax.data import load_vocab
+from specjax.params import WEIGHTS_DTYPES, cast_kernels
 
 RANDOM_NOTE = "random init: numbers are meaningless"
 V = 8192  # the bundled SentencePiece vocabulary
@@ -85,6 +86,16 @@ def _from_gin(seed: int) -> Pair:
   source = (f"target {target_ckpt}, draft {draft_ckpt}" if target_ckpt and draft_ckpt
             else RANDOM_NOTE)
   return Pair("gin", task, target, target_params, draft, draft_params, source)
+
+
+def with_weights(pair: Pair, weights_dtype: str) -> Pair:
+  """The pair with both models' dense kernels cast to `weights_dtype` (labelled in source)."""
+  if weights_dtype == "float32":
+    return pair
+  dtype = WEIGHTS_DTYPES[weights_dtype]
+  return dataclasses.replace(pair, target_params=cast_kernels(pair.target_params, dtype),
+                             draft_params=cast_kernels(pair.draft_params, dtype),
+                             source=f"{pair.source}; {weights_dtype} dense kernels")
 
 
 def load_pair(name: str, seed: int = 0) -> Pair:
@@ -146,6 +157,8 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
   parser.add_argument("--fast", action="store_true", help="tiny settings (tests, smoke runs)")
   parser.add_argument("--output_dir", default=f"out/experiments/{name}")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32",
+                      help="run both models' dense kernels in this dtype (cast once)")
   args = parser.parse_args(rest)
 
   def reparse():
@@ -163,6 +176,7 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
       for pair_name in args.pair or default_pairs:
         pairs.append(load_pair(pair_name, args.seed))
       reparse()
+  pairs = [with_weights(pair, args.weights_dtype) for pair in pairs]
   return Cli(pairs=pairs, output_dir=Path(args.output_dir), fast=args.fast)
 
 

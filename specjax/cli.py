@@ -57,7 +57,7 @@ GIN_HELP = """gin, the T5X way (parsed before the flags above):
 macros read by runs/decode.gin: TARGET_CHECKPOINT, DRAFT_CHECKPOINT, TARGET_MODEL,
   DRAFT_MODEL, VOCABULARY, DRAFT_VOCABULARY, MIXTURE_OR_TASK_NAME, MIXTURE_OR_TASK_MODULE,
   TASK_FEATURE_LENGTHS, GAMMA, MAX_NEW_TOKENS, BATCH_SIZE, OUTPUT_DIR, WRITE_SCORES,
-  NUM_PARTITIONS (see README, "Use your own T5X checkpoints")."""
+  WEIGHTS_DTYPE, NUM_PARTITIONS (see README, "Use your own T5X checkpoints")."""
 
 
 def build_parser(description: Optional[str]) -> argparse.ArgumentParser:

@@ -42,6 +42,7 @@ from specjax import bundled, gin_config, records as records_lib, report
 from specjax import cli as cli_lib
 from specjax.checkpoints import find_checkpoint, load_sharded, load_t5x_for_model
 from specjax.data import Vocab
+from specjax.params import WEIGHTS_DTYPES, cast_kernels
 from specjax.data import inputs as inputs_lib
 from specjax.data.user_vocab import BUNDLED, describe as describe_vocab
 from specjax.data.user_vocab import resolve_vocabulary, vocabulary_difference
@@ -248,7 +249,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                vocabulary: Any = None, draft_vocabulary: Any = None,
                task_vocabulary: Any = None, task_feature_lengths: Optional[Mapping] = None,
                write_scores: bool = False, timing_repeats: int = 3,
-               console: Optional[Console] = None,
+               weights_dtype: str = "float32", console: Optional[Console] = None,
                on_batch: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
   """Runs autoregressive and speculative decoding on `texts`; prints and writes a report.
 
@@ -283,6 +284,10 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
     task_feature_lengths: TASK_FEATURE_LENGTHS: 'inputs' sets max_input_len and 'targets'
       max_new_tokens (T5X's lengths), when given.
     write_scores: WRITE_SCORES: add each prediction's log-likelihood under the target.
+    weights_dtype: WEIGHTS_DTYPE: 'float32', or 'bfloat16' to run both models' dense
+      layers with bfloat16 kernels (cast once after loading, `specjax.params.cast_kernels`;
+      inputs rounded to bfloat16, sums in float32, as a T5X model with dtype bfloat16): half
+      the weight bytes per step, for both decodes alike.
     timing_repeats: TIMING_REPEATS: each decode is timed this many times, the two
       interleaved (order alternating); the summary reports the medians ('speedup' is their
       ratio) and the range of the per-pass ratios. Compile time is reported apart.
@@ -307,6 +312,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   if not examples:
     raise ValueError("no inputs to decode")
   prepare_output_dir(output_dir)
+  if weights_dtype not in WEIGHTS_DTYPES:
+    raise ValueError(f"weights_dtype must be one of {WEIGHTS_DTYPES}, got {weights_dtype!r}")
   if gamma_policy not in GAMMA_POLICIES:
     raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {gamma_policy!r}")
   costs = _cost_table_file(cost_table, gamma_policy)
@@ -339,6 +346,10 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   target_params = load_params(target, target_checkpoint, seed, partitioner)
   draft_params = (load_params(draft, draft_checkpoint, seed + 1, partitioner)
                   if drafter == "model" else None)
+  if weights_dtype != "float32":
+    target_params = cast_kernels(target_params, WEIGHTS_DTYPES[weights_dtype])
+    draft_params = None if draft_params is None else cast_kernels(
+        draft_params, WEIGHTS_DTYPES[weights_dtype])
   if not verifier.exact:
     console.print(f"[bold red]WARNING:[/bold red] {describe(verifier)}: speculative outputs are "
                   "NOT distributed as the target's")
@@ -415,7 +426,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   report.print_trace(console, first_trace, lambda t: piece(t) + " ", plain)
   summary = {
       "examples": len(examples), "gamma": gamma, "gamma_policy": gamma_policy,
-      "drafter": drafter,
+      "drafter": drafter, "weights_dtype": weights_dtype,
       "verifier": describe(verifier),
       "temperature": sampling.temperature, "lenience": lenience,
       "alpha": float(np.sum(spec_out.alpha_sum) / max(int(np.sum(spec_out.alpha_count)), 1)),

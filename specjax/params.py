@@ -3,7 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, Mapping, Tuple
 
+import ml_dtypes
 import numpy as np
+
+# numpy dtypes (ml_dtypes' bfloat16 is jax's): reading checkpoints imports no jax.
+WEIGHTS_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+"""Dtypes the dense kernels can be run in (`cast_kernels`; the main job's WEIGHTS_DTYPE)."""
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]:
@@ -74,3 +79,16 @@ def _floating(dtype: np.dtype) -> bool:
 def count_params(params: Mapping[str, Any]) -> int:
   """Total number of scalars in a parameter tree."""
   return int(sum(np.prod(np.shape(v)) for _, v in flatten(params)))
+
+
+def cast_kernels(params: Mapping[str, Any], dtype: Any) -> Dict[str, Any]:
+  """The tree with every 2-D `.../kernel` (the Dense layers' weights) cast to `dtype`.
+
+  Embeddings, layer-norm scales and relative-position tables keep their dtype. With
+  bfloat16 kernels the models run their dense dots in bfloat16 with float32 sums
+  (`specjax.models.layers.bfloat16_dot`), reading half the weight bytes per step.
+  """
+  items = {name: (value.astype(dtype) if name.endswith("kernel") and np.ndim(value) == 2
+                  else value)
+           for name, value in flatten(params)}
+  return unflatten(items)

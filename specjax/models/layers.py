@@ -176,7 +176,28 @@ class Dense(nn.Module):
     """x: [..., in] -> [..., features] in `dtype`."""
     kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features),
                         jnp.float32)
+    if kernel.dtype == jnp.bfloat16:  # weights cast once by `specjax.params.cast_kernels`
+      return bfloat16_dot(x, kernel).astype(self.dtype)
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+def bfloat16_dot(x: Array, kernel: Array) -> Array:
+  """x [..., in] @ a bfloat16 kernel [in, out] -> float32 [..., out].
+
+  The inputs are rounded to bfloat16 and the products summed in float32 (the
+  precision of a T5X model run with dtype bfloat16). A single row (M = 1, a
+  batch-1 decode step) is padded to two on the CPU: XLA:CPU runs one row as a
+  loop-emitted matrix-vector product that converts every bfloat16 weight, two
+  or more rows as a YNNPACK dot (avx512_bf16), which is faster even for the
+  whole padded pair.
+  """
+  lead = x.shape[:-1]
+  rows = x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16)
+  m = rows.shape[0]
+  if m == 1 and jax.default_backend() == "cpu":
+    rows = jnp.concatenate([rows, jnp.zeros_like(rows)], axis=0)
+  out = jnp.dot(rows, kernel, preferred_element_type=jnp.float32)[:m]
+  return out.reshape(lead + (kernel.shape[-1],))
 
 
 class RMSNorm(nn.Module):

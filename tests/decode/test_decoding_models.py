@@ -5,6 +5,7 @@ token, for every row of a batch of 16 prompts of mixed lengths, both families,
 γ ∈ {1, 3, 7} and every drafter.
 """
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -12,6 +13,7 @@ from specjax.decode import DecodeConfig, autoregressive_decode, speculative_deco
 from specjax.draft import BigramDrafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
 from specjax.models.t5 import T5Config, T5Model
+from specjax.params import cast_kernels
 from specjax.sampling import Sampling
 
 V = 96
@@ -77,3 +79,23 @@ def test_greedy_speculative_equals_autoregressive(family, drafter_name):
       full = np.asarray(result.lengths) == NEW
       calls = np.asarray(result.target_calls)[full]
       np.testing.assert_array_equal(calls, -(-NEW // (gamma + 1)))
+
+
+def test_greedy_identity_holds_with_bfloat16_kernels():
+  # Kernels cast once to bfloat16 (`cast_kernels`): the dense dots round their inputs to
+  # bfloat16 and sum in float32, at every call width; at batch 1 the 1-token calls take the
+  # padded two-row path on the CPU. Speculative greedy output must still be the
+  # autoregressive one, token for token, at batch 16 and batch 1.
+  target, target_params = _lm(2, 32, 0)
+  draft, draft_params = _lm(1, 16, 1)
+  target_params = cast_kernels(target_params, jnp.bfloat16)
+  draft_params = cast_kernels(draft_params, jnp.bfloat16)
+  prompts, lengths = _prompts(3)
+  for rows in (slice(0, BATCH), slice(0, 1), slice(5, 6)):
+    kw = dict(max_new_tokens=NEW, rng=jax.random.PRNGKey(0), config=GREEDY,
+              prompt_lengths=lengths[rows])
+    reference = autoregressive_decode(target, target_params, prompts[rows], **kw)
+    result = speculative_decode(target, target_params, ModelDrafter(draft, max_gamma=3),
+                                draft_params, prompts[rows], gamma=3, **kw)
+    np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=str(rows))
+    np.testing.assert_array_equal(result.lengths, reference.lengths)

@@ -18,8 +18,8 @@ import pytest
 
 from specjax.models import (DecoderOnlyConfig, DecoderOnlyModel, DecodingModel, KVCache,
                             T5Config, T5Model)
-from specjax.models.layers import relative_position_bucket
-from specjax.params import count_params, flatten
+from specjax.models.layers import bfloat16_dot, relative_position_bucket
+from specjax.params import cast_kernels, count_params, flatten
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "gin")
 VOCAB = 61
@@ -762,3 +762,28 @@ def test_decoder_only_gin_files(gin_factories, size):
                                   logits_via_embedding=True, dtype="float32",
                                   prompt_convention="t5x",  # T5X's DecoderOnlyModel: BOS
                                   inputs_bidirectional_attention=False)
+
+
+def _round_bf16(x):
+  return np.asarray(np.asarray(x, np.float32).astype(jnp.bfloat16), np.float64)
+
+
+def test_bfloat16_kernels(lm):
+  params16 = cast_kernels(lm.params, jnp.bfloat16)
+  for name, value in flatten(params16):  # only the dense kernels change dtype
+    assert (value.dtype == jnp.bfloat16) == name.endswith("kernel"), name
+  # One dense dot: inputs rounded to bfloat16, float32 sums; M = 1 takes the padded path.
+  rng = np.random.default_rng(3)
+  x, kernel = rng.normal(size=(5, 16)), rng.normal(size=(16, 24))
+  for m in (1, 2, 5):
+    got = bfloat16_dot(jnp.asarray(x[:m], jnp.float32), jnp.asarray(kernel, jnp.bfloat16))
+    assert got.dtype == jnp.float32 and got.shape == (m, 24)
+    assert max_diff(got, _round_bf16(x[:m]) @ _round_bf16(kernel)) < 1e-4
+  # The whole model: logits move by bfloat16 rounding only, and the cached decode at any
+  # width agrees with the same weights' teacher forcing.
+  teacher16 = np.asarray(lm.model.logits(params16, lm.tokens))
+  scale = np.abs(lm.teacher).max()
+  assert 0 < max_diff(teacher16, lm.teacher) < 0.05 * scale
+  for k in (1, 3):
+    got = decode_in_chunks(lm.model, params16, lm.tokens, k, max_len=16)
+    assert max_diff(got, teacher16) < 0.02 * scale
