@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from specjax.draft.base import Proposal, check_sizes, draft_step
 from specjax.models import DecodingModel, start_model
+from specjax.models.protocol import decode_logits_at
 from specjax.rows import take_rows
 
 
@@ -63,8 +64,8 @@ class ModelDrafter:
     # later calls overwrite); the distribution of x_1 is read at index lag.
     begin = length - 1 - lag
     window = take_rows(seq, begin[:, None] + jnp.arange(self.window)[None, :])
-    logits, cache = self.model.decode(params, state.cache, window, begin, state.encoded)
-    logits = jnp.take_along_axis(logits, lag[:, None, None], axis=1)[:, 0]  # [B, V]
+    logits, cache = decode_logits_at(self.model, params, state.cache, window, begin,
+                                     state.encoded, lag)  # [B, V]
     guess0, probs0 = draft_step(row_keys, length, 0, logits, sampling)
     tokens = jnp.zeros((batch, self.max_gamma), jnp.int32)
     all_probs = jnp.zeros((batch, self.max_gamma, probs0.shape[-1]), jnp.float32)

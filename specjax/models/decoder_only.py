@@ -29,7 +29,8 @@ from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array
                                    EncodedInputs, Embed, KVCache, MlpBlock,
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
                                    RMSNorm, after, cached_attention, check_positions,
-                                   check_prefix_lengths, check_tokens, key_layout,
+                                   check_logits_at, check_prefix_lengths, check_tokens,
+                                   key_layout,
                                    mask_to_bias, mlp_kernel_init, validate_config,
                                    value_layout, write_rows)
 
@@ -129,7 +130,7 @@ class DecoderStack(nn.Module):
     pairs = [layer.encoder_decoder_attention.project_kv_heads(encoded) for layer in self.layers]
     return tuple(k for k, _ in pairs), tuple(v for _, v in pairs)
 
-  def _run(self, tokens, bias, caches, starts, encoded):
+  def _run(self, tokens, bias, caches, starts, encoded, logits_at=None):
     """Shared body of `forward` and `decode_step`.
 
     Args:
@@ -138,9 +139,11 @@ class DecoderStack(nn.Module):
       caches: per layer (keys [B, H, D, max_len], values [B, H, max_len, D]), or None.
       starts: int32 [B] slot of tokens[:, 0] when `caches` is given.
       encoded: EncodedInputs (cross-attention) or None.
+      logits_at: int32 [B] or None: the logits of token logits_at[b] only.
 
     Returns:
-      (float32 logits [B, q, V], per-layer updated caches or Nones).
+      (float32 logits [B, q, V] ([B, 1, V] with logits_at), per-layer updated caches
+      or Nones).
     """
     cfg = self.config
     cross_bias = None
@@ -154,6 +157,8 @@ class DecoderStack(nn.Module):
         cross = (encoded.keys[i], encoded.values[i], cross_bias)
       x, cache = layer(x, bias, None if caches is None else caches[i], starts, cross)
       new_caches.append(cache)
+    if logits_at is not None:  # the final norm and logits of one token per row
+      x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
     y = self.decoder_norm(x)
     if cfg.logits_via_embedding:
       logits = self._embedder().attend(y) / jnp.sqrt(jnp.float32(cfg.emb_dim))
@@ -185,7 +190,8 @@ class DecoderStack(nn.Module):
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
                   prefix_lengths: Optional[Array] = None,
-                  encoded: Optional[EncodedInputs] = None) -> Tuple[Array, KVCache]:
+                  encoded: Optional[EncodedInputs] = None,
+                  logits_at: Optional[Array] = None) -> Tuple[Array, KVCache]:
     """Writes tokens[b] at slots positions[b] + (0..k-1) and returns their logits.
 
     Args:
@@ -194,9 +200,10 @@ class DecoderStack(nn.Module):
       cache: KVCache with max_len >= positions + k.
       prefix_lengths: int32 [B] or None; as in `forward` (prefill of a prefix LM).
       encoded: cross-attention inputs (T5) or None.
+      logits_at: int32 [B] or None: only the logits of tokens[b, logits_at[b]].
 
     Returns:
-      (float32 logits [B, k, V], updated KVCache).
+      (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated KVCache).
     """
     k = tokens.shape[1]
     query_pos = positions[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [B, k]
@@ -212,7 +219,8 @@ class DecoderStack(nn.Module):
       visible = visible | (query_pos[:, None, :] < prefix_lengths[:, None, None])
     new_bias = self.relpos_bias(new[None], new, False) + mask_to_bias(visible)[:, None]
     caches = list(zip(cache.keys, cache.values))
-    logits, out = self._run(tokens, (old_bias, new_bias), caches, positions, encoded)
+    logits, out = self._run(tokens, (old_bias, new_bias), caches, positions, encoded,
+                            logits_at)
     return logits, KVCache(keys=tuple(c[0] for c in out), values=tuple(c[1] for c in out))
 
 
@@ -282,9 +290,10 @@ class DecoderOnlyNetwork(nn.Module):
     return self.decoder.forward(tokens, prefix_lengths)
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
-                  prefix_lengths: Optional[Array] = None) -> Tuple[Array, KVCache]:
+                  prefix_lengths: Optional[Array] = None,
+                  logits_at: Optional[Array] = None) -> Tuple[Array, KVCache]:
     """Cached step; see `DecoderStack.decode_step`."""
-    return self.decoder.decode_step(tokens, positions, cache, prefix_lengths)
+    return self.decoder.decode_step(tokens, positions, cache, prefix_lengths, None, logits_at)
 
 
 class DecoderOnlyModel(NetworkModel):
@@ -337,7 +346,7 @@ class DecoderOnlyModel(NetworkModel):
     return self._apply("forward", params, tokens, prefix_lengths)
 
   def decode(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
-             encoded: Any = None, *, prefix_lengths: Any = None
+             encoded: Any = None, *, prefix_lengths: Any = None, logits_at: Any = None
              ) -> Tuple[Array, KVCache]:
     """Writes k tokens per row at the row's own position; returns their logits.
 
@@ -353,9 +362,12 @@ class DecoderOnlyModel(NetworkModel):
       prefix_lengths: int32 [B] or None; in prefix-LM mode, slots below
         prefix_lengths[b] are visible to every query of the call. Ignored by
         a causal model.
+      logits_at: int32 [B] in [0, k) or None: return only the logits of
+        tokens[b, logits_at[b]] (the others' final norm and vocabulary product
+        are not computed), as [B, 1, V].
 
     Returns:
-      (float32 logits [B, k, V], updated cache).
+      (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated cache).
     """
     del encoded
     self.check_params(params)
@@ -367,4 +379,6 @@ class DecoderOnlyModel(NetworkModel):
       prefix_lengths = check_prefix_lengths(prefix_lengths, batch, positions + k)
     else:
       prefix_lengths = None
-    return self._apply("decode_step", params, tokens, positions, cache, prefix_lengths)
+    logits_at = check_logits_at(logits_at, batch, k)
+    return self._apply("decode_step", params, tokens, positions, cache, prefix_lengths,
+                       logits_at)

@@ -580,6 +580,22 @@ def check_positions(positions: Any, batch: int, k: int, max_len: int,
   return positions.astype(jnp.int32)
 
 
+def check_logits_at(logits_at: Any, batch: int, k: int) -> Optional[Array]:
+  """Returns logits_at as int32 [B] (or None); ValueError on a bad shape or an index
+  outside [0, k)."""
+  if logits_at is None:
+    return None
+  logits_at = jnp.asarray(logits_at)
+  if logits_at.shape != (batch,) or not jnp.issubdtype(logits_at.dtype, jnp.integer):
+    raise ValueError(f"logits_at must be an integer array [batch={batch}], got "
+                     f"{logits_at.dtype} {tuple(logits_at.shape)}")
+  if is_concrete(logits_at):
+    values = np.asarray(logits_at)
+    if (values < 0).any() or (values >= k).any():
+      raise ValueError(f"logits_at {values.tolist()} must index the call's {k} tokens")
+  return logits_at.astype(jnp.int32)
+
+
 def check_prefix_lengths(prefix_lengths: Any, batch: int, limit: Optional[Array]) -> Array:
   """Returns int32 [B] prefix lengths; ValueError outside [0, limit[b]]."""
   prefix_lengths = jnp.asarray(prefix_lengths)
@@ -621,6 +637,7 @@ class NetworkModel:
   [1, 1] token arrays it takes).
   """
   is_encoder_decoder: bool = False
+  accepts_logits_at: bool = True  # decode(..., logits_at=...): see specjax.models.protocol
   _net: nn.Module
   _init_method: str = "forward"
   _init_inputs: int = 1

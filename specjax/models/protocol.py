@@ -12,6 +12,10 @@ Cache semantics (shared by every implementation):
   slots ``<= positions[b] + i`` (causal); slots beyond are masked. So rolling
   back a rejected guess is only moving the row's length: stale slots are
   overwritten before any query can see them.
+- Optionally (``accepts_logits_at = True``, as the Flax models), ``decode`` takes
+  ``logits_at`` int32 [B] and returns only the logits of tokens[b, logits_at[b]]
+  ([B, 1, V]); `decode_logits_at` calls any model that way or falls back to a
+  gather from the full logits.
 - For an encoder-decoder model ``encoded = encode(params, inputs[B, L_in])``
   holds what cross-attention needs (computed once per generation); a
   decoder-only model returns ``None`` and ignores ``encoded``.
@@ -21,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Optional, Protocol, Tuple, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 
 Params = Any  # a nested dict of arrays with T5X names
 Cache = Any  # a pytree of arrays
@@ -49,6 +54,23 @@ class DecodingModel(Protocol):
              positions: jax.Array, encoded: Encoded
              ) -> Tuple[jax.Array, Cache]:
     """tokens: int32 [B, k]; positions: int32 [B] -> (float32 logits [B, k, V], cache)."""
+
+
+def decode_logits_at(model: DecodingModel, params: Params, cache: Cache, tokens: jax.Array,
+                     positions: jax.Array, encoded: Encoded, index: jax.Array
+                     ) -> Tuple[jax.Array, Cache]:
+  """`model.decode` when only one token's logits per row are needed.
+
+  tokens: int32 [B, k]; index: int32 [B] in [0, k) -> (float32 logits [B, V] of
+  tokens[b, index[b]], cache). A model with `accepts_logits_at` computes the final norm
+  and the vocabulary product for that token only (a drafter's catch-up window needs one
+  distribution of its k tokens); any other model decodes all k and the row is gathered.
+  """
+  if getattr(model, "accepts_logits_at", False):
+    logits, cache = model.decode(params, cache, tokens, positions, encoded, logits_at=index)
+    return logits[:, 0], cache
+  logits, cache = model.decode(params, cache, tokens, positions, encoded)
+  return jnp.take_along_axis(logits, index[:, None, None], axis=1)[:, 0], cache
 
 
 def check_same_vocab(target: DecodingModel, draft_vocab_size: Optional[int]) -> None:

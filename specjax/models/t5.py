@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 from specjax.models.decoder_only import DecoderStack
 from specjax.models.layers import (DTYPES, Array, EncodedInputs, Embed, KVCache, MlpBlock,
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
-                                   RMSNorm, check_positions, check_tokens, mask_to_bias,
-                                   validate_config)
+                                   RMSNorm, check_logits_at, check_positions, check_tokens,
+                                   mask_to_bias, validate_config)
 
 T5Encoded = EncodedInputs  # what `T5Model.encode` returns
 
@@ -127,9 +127,10 @@ class T5Network(nn.Module):
     return self.decoder.forward(decoder_input_tokens, None, self.encode(inputs))
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
-                  encoded: EncodedInputs) -> Tuple[Array, KVCache]:
+                  encoded: EncodedInputs, logits_at: Optional[Array] = None
+                  ) -> Tuple[Array, KVCache]:
     """Cached step; see `DecoderStack.decode_step`."""
-    return self.decoder.decode_step(tokens, positions, cache, None, encoded)
+    return self.decoder.decode_step(tokens, positions, cache, None, encoded, logits_at)
 
 
 class T5Model(NetworkModel):
@@ -185,7 +186,7 @@ class T5Model(NetworkModel):
     return self._apply("forward", params, inputs, decoder_input_tokens)
 
   def decode(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
-             encoded: EncodedInputs) -> Tuple[Array, KVCache]:
+             encoded: EncodedInputs, *, logits_at: Any = None) -> Tuple[Array, KVCache]:
     """Writes k decoder tokens per row at the row's own position; returns their logits.
 
     Args:
@@ -196,9 +197,11 @@ class T5Model(NetworkModel):
         Slots after positions[b] + k - 1 are masked, so moving a row's
         position back rolls it back.
       encoded: what `encode` returned for these rows.
+      logits_at: int32 [B] in [0, k) or None: return only the logits of
+        tokens[b, logits_at[b]], as [B, 1, V].
 
     Returns:
-      (float32 logits [B, k, V], updated cache).
+      (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated cache).
     """
     self.check_params(params)
     tokens = check_tokens(tokens, self.vocab_size, "decode tokens")
@@ -213,4 +216,5 @@ class T5Model(NetworkModel):
       raise ValueError(f"encoded holds {len(encoded.keys)} layers for "
                        f"{encoded.mask.shape[0]} rows; decode has {batch} rows and the "
                        f"model {self.config.num_decoder_layers} decoder layers")
-    return self._apply("decode_step", params, tokens, positions, cache, encoded)
+    logits_at = check_logits_at(logits_at, batch, k)
+    return self._apply("decode_step", params, tokens, positions, cache, encoded, logits_at)

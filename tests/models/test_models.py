@@ -19,6 +19,7 @@ import pytest
 from specjax.models import (DecoderOnlyConfig, DecoderOnlyModel, DecodingModel, KVCache,
                             T5Config, T5Model)
 from specjax.models.layers import bfloat16_dot, relative_position_bucket
+from specjax.models.protocol import decode_logits_at
 from specjax.params import cast_kernels, count_params, flatten
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "gin")
@@ -787,3 +788,26 @@ def test_bfloat16_kernels(lm):
   for k in (1, 3):
     got = decode_in_chunks(lm.model, params16, lm.tokens, k, max_len=16)
     assert max_diff(got, teacher16) < 0.02 * scale
+
+
+def test_logits_at_returns_one_tokens_logits(t5, lm):
+  # decode(..., logits_at=i) equals row b's token i of the full call, and writes the same cache.
+  index = np.array([2, 0, 3], np.int32)
+  for model, params, tokens, encoded in ((t5.model, t5.params, t5.dec[:, :4], t5.encoded),
+                                         (lm.model, lm.params, lm.tokens[:, :4], None)):
+    assert model.accepts_logits_at
+    cache = model.init_cache(3, 16)
+    pos = np.array([0, 2, 1], np.int32)
+    full, full_cache = model.decode(params, cache, tokens, pos, encoded)
+    one, one_cache = model.decode(params, cache, tokens, pos, encoded, logits_at=index)
+    assert one.shape == (3, 1, VOCAB)
+    want = np.asarray(full)[np.arange(3), index]
+    assert max_diff(one[:, 0], want) <= ATOL
+    assert max_diff(jax.tree_util.tree_leaves(one_cache)[0],
+                    jax.tree_util.tree_leaves(full_cache)[0]) == 0
+    got, _ = decode_logits_at(model, params, cache, tokens, pos, encoded, index)
+    assert max_diff(got, want) <= ATOL
+    with pytest.raises(ValueError, match=r"logits_at \[2, 0, 4\] must index the call's 4"):
+      model.decode(params, cache, tokens, pos, encoded, logits_at=np.array([2, 0, 4]))
+    with pytest.raises(ValueError, match=r"logits_at must be an integer array \[batch=3\]"):
+      model.decode(params, cache, tokens, pos, encoded, logits_at=np.zeros(2, np.int32))
