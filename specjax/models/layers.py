@@ -561,13 +561,19 @@ def check_cache(cache: Any, batch: int, num_layers: int, num_heads: int,
                          f"[batch={batch}, heads={num_heads}, {axes}] = {list(want)}")
 
 
+def _row_ints(x: Any, batch: int, name: str) -> Array:
+  """x as an array; ValueError unless it is an integer array [batch]."""
+  x = jnp.asarray(x)
+  if x.shape != (batch,) or not jnp.issubdtype(x.dtype, jnp.integer):
+    raise ValueError(f"{name} must be an integer array [batch={batch}], got "
+                     f"{x.dtype} {tuple(x.shape)}")
+  return x
+
+
 def check_positions(positions: Any, batch: int, k: int, max_len: int,
                     name: str = "positions") -> Array:
   """Returns positions as int32 [B]; ValueError if a row would run past the cache."""
-  positions = jnp.asarray(positions)
-  if positions.shape != (batch,) or not jnp.issubdtype(positions.dtype, jnp.integer):
-    raise ValueError(f"{name} must be an integer array [batch={batch}], got "
-                     f"{positions.dtype} {tuple(positions.shape)}")
+  positions = _row_ints(positions, batch, name)
   if is_concrete(positions):
     values = np.asarray(positions)
     if (values < 0).any():
@@ -585,10 +591,7 @@ def check_logits_at(logits_at: Any, batch: int, k: int) -> Optional[Array]:
   outside [0, k)."""
   if logits_at is None:
     return None
-  logits_at = jnp.asarray(logits_at)
-  if logits_at.shape != (batch,) or not jnp.issubdtype(logits_at.dtype, jnp.integer):
-    raise ValueError(f"logits_at must be an integer array [batch={batch}], got "
-                     f"{logits_at.dtype} {tuple(logits_at.shape)}")
+  logits_at = _row_ints(logits_at, batch, "logits_at")
   if is_concrete(logits_at):
     values = np.asarray(logits_at)
     if (values < 0).any() or (values >= k).any():
@@ -598,10 +601,7 @@ def check_logits_at(logits_at: Any, batch: int, k: int) -> Optional[Array]:
 
 def check_prefix_lengths(prefix_lengths: Any, batch: int, limit: Optional[Array]) -> Array:
   """Returns int32 [B] prefix lengths; ValueError outside [0, limit[b]]."""
-  prefix_lengths = jnp.asarray(prefix_lengths)
-  if prefix_lengths.shape != (batch,) or not jnp.issubdtype(prefix_lengths.dtype, jnp.integer):
-    raise ValueError(f"prefix_lengths must be an integer array [batch={batch}], got "
-                     f"{prefix_lengths.dtype} {tuple(prefix_lengths.shape)}")
+  prefix_lengths = _row_ints(prefix_lengths, batch, "prefix_lengths")
   if is_concrete(prefix_lengths) and (limit is None or is_concrete(limit)):
     values = np.asarray(prefix_lengths)
     top = np.broadcast_to(np.asarray(limit) if limit is not None else np.inf, values.shape)
