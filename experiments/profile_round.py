@@ -1,7 +1,7 @@
 """Where a speculative round's time goes, and how close it is to its cost floor.
 
     python -m experiments.profile_round [--cache_lens 256 512] [--gammas 2 4 6]
-        [--batches 1 8] [--new_tokens 128] [--repeats 5]
+        [--batches 1 8] [--new_tokens 128] [--repeats 5] [--weights_dtype bfloat16]
 
 Bundled LM pair (`specjax.bundled`), greedy, prompts from the bundled evaluation
 split. For every cache length L and batch B it builds, each inside its own
@@ -18,8 +18,8 @@ rounds (tokens) between them, so the per-call fixed part (prefill, the drafter's
 dispatch, the NaN check's host sync, the result's copy) is printed apart ("call fixed ms")
 and not spread over the rounds; "call / rounds ms" is the old whole-call measure.
 
-Printed per (L, B): the autoregressive step beside its floor, the target's float32
-weight bytes over the memory bandwidth measured here (a large jitted in-place pass: bytes
+Printed per (L, B): the autoregressive step beside its floor, the target's weight
+bytes (as run: float32, or bfloat16 dense kernels with --weights_dtype) over the memory bandwidth measured here (a large jitted in-place pass: bytes
 read + written per second), and beside its read floor (the same bytes over the read
 bandwidth of a jitted sum).
 Printed per (L, B, γ): the parts, the measured round (the slope above), the
@@ -40,10 +40,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common import decode_loop as common_decode_loop
-from experiments.common import examples, load_pair, markdown_table
+from experiments.common import examples, load_pair, markdown_table, with_weights
 from specjax.analysis import expected_tokens
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
+from specjax.params import WEIGHTS_DTYPES
 from specjax.verify import verify_batch
 from specjax.sampling import Sampling
 
@@ -150,21 +151,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32",
+                      help="run both models' dense kernels in this dtype (cast once)")
   args = parser.parse_args(argv)
   for length in args.cache_lens:
     if length < PROMPT_LEN + args.new_tokens + max(args.gammas) + 1:
       raise ValueError(f"cache length {length} cannot hold a {PROMPT_LEN}-token prompt, "
                        f"{args.new_tokens} new tokens and γ = {max(args.gammas)} (+1)")
-  pair = load_pair("lm")
+  pair = with_weights(load_pair("lm"), args.weights_dtype)
   target, tparams, draft, dparams = pair.target, pair.target_params, pair.draft, pair.draft_params
   prompts_all = examples(pair, max(args.batches), max_input_len=PROMPT_LEN).inputs
   lengths_all = np.maximum((prompts_all != 0).sum(1), 1)
 
   gbps, read = memcpy_gbps(), read_gbps()
-  weight_bytes = 4 * sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tparams))
+  weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(tparams))
   floor_ms = 1e3 * weight_bytes / (gbps * 1e9)
   read_floor_ms = 1e3 * weight_bytes / (read * 1e9)
-  print(f"{pair.label}; greedy, {args.new_tokens} new tokens per row; target float32 weights "
+  print(f"{pair.label}; greedy, {args.new_tokens} new tokens per row; target weights "
         f"{weight_bytes / 1e6:.1f} MB, measured copy bandwidth (bytes read + written) "
         f"{gbps:.1f} GB/s -> floor {floor_ms:.3f} ms per target step; measured read bandwidth "
         f"{read:.1f} GB/s -> read floor {read_floor_ms:.3f} ms. Times are medians of "
