@@ -42,7 +42,6 @@ from specjax import bundled, gin_config, records as records_lib, report
 from specjax import cli as cli_lib
 from specjax.checkpoints import find_checkpoint, load_sharded, load_t5x_for_model
 from specjax.data import Vocab
-from specjax.params import WEIGHTS_DTYPES, cast_kernels
 from specjax.data import inputs as inputs_lib
 from specjax.data.user_vocab import BUNDLED, describe as describe_vocab
 from specjax.data.user_vocab import resolve_vocabulary, vocabulary_difference
@@ -54,6 +53,7 @@ from specjax.decode.inputs import (check_cache_size, check_count, check_inputs, 
 from specjax.decode.scoring import sequence_scores
 from specjax.draft import ModelDrafter, PromptLookupDrafter
 from specjax.models import build_model
+from specjax.params import WEIGHTS_DTYPES, cast_kernels
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
 from specjax.verify import default_verifier, describe

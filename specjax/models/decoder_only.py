@@ -28,11 +28,10 @@ import jax.numpy as jnp
 from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, Dense,
                                    EncodedInputs, Embed, KVCache, MlpBlock,
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
-                                   RMSNorm, after, cached_attention, check_positions,
-                                   check_logits_at, check_prefix_lengths, check_tokens,
-                                   key_layout,
-                                   mask_to_bias, mlp_kernel_init, validate_config,
-                                   value_layout, write_rows)
+                                   RMSNorm, after, cached_attention, check_logits_at,
+                                   check_positions, check_prefix_lengths, check_tokens,
+                                   key_layout, mask_to_bias, mlp_kernel_init,
+                                   validate_config, value_layout, write_rows)
 
 
 # ----------------------------------------------------------------------------
