@@ -88,14 +88,21 @@ def _from_gin(seed: int) -> Pair:
   return Pair("gin", task, target, target_params, draft, draft_params, source)
 
 
-def with_weights(pair: Pair, weights_dtype: str) -> Pair:
-  """The pair with both models' dense kernels cast to `weights_dtype` (labelled in source)."""
-  if weights_dtype == "float32":
+def with_weights(pair: Pair, weights_dtype: str, draft_weights_dtype: str = "float32") -> Pair:
+  """The pair with the target's weights (dense kernels and token embedding,
+  `cast_kernels`) cast to `weights_dtype` and the draft's to `draft_weights_dtype`
+  (labelled in source)."""
+  target_params, draft_params, notes = pair.target_params, pair.draft_params, []
+  if weights_dtype != "float32":
+    target_params = cast_kernels(target_params, WEIGHTS_DTYPES[weights_dtype])
+    notes.append(f"target weights {weights_dtype}")
+  if draft_weights_dtype != "float32":
+    draft_params = cast_kernels(draft_params, WEIGHTS_DTYPES[draft_weights_dtype])
+    notes.append(f"draft weights {draft_weights_dtype}")
+  if not notes:
     return pair
-  dtype = WEIGHTS_DTYPES[weights_dtype]
-  return dataclasses.replace(pair, target_params=cast_kernels(pair.target_params, dtype),
-                             draft_params=cast_kernels(pair.draft_params, dtype),
-                             source=f"{pair.source}; {weights_dtype} dense kernels")
+  return dataclasses.replace(pair, target_params=target_params, draft_params=draft_params,
+                             source="; ".join([pair.source] + notes))
 
 
 def load_pair(name: str, seed: int = 0) -> Pair:
@@ -158,7 +165,10 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
   parser.add_argument("--output_dir", default=f"out/experiments/{name}")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32",
-                      help="run both models' dense kernels in this dtype (cast once)")
+                      help="run the target's dense kernels and embedding in this dtype "
+                      "(cast once)")
+  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
+                      default="float32", help="the same for the draft model")
   args = parser.parse_args(rest)
 
   def reparse():
@@ -176,7 +186,7 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
       for pair_name in args.pair or default_pairs:
         pairs.append(load_pair(pair_name, args.seed))
       reparse()
-  pairs = [with_weights(pair, args.weights_dtype) for pair in pairs]
+  pairs = [with_weights(pair, args.weights_dtype, args.draft_weights_dtype) for pair in pairs]
   return Cli(pairs=pairs, output_dir=Path(args.output_dir), fast=args.fast)
 
 

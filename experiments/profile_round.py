@@ -152,13 +152,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32",
-                      help="run both models' dense kernels in this dtype (cast once)")
+                      help="run the target's dense kernels and embedding in this dtype "
+                      "(cast once)")
+  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
+                      default="float32", help="the same for the draft model")
   args = parser.parse_args(argv)
   for length in args.cache_lens:
     if length < PROMPT_LEN + args.new_tokens + max(args.gammas) + 1:
       raise ValueError(f"cache length {length} cannot hold a {PROMPT_LEN}-token prompt, "
                        f"{args.new_tokens} new tokens and γ = {max(args.gammas)} (+1)")
-  pair = with_weights(load_pair("lm"), args.weights_dtype)
+  pair = with_weights(load_pair("lm"), args.weights_dtype, args.draft_weights_dtype)
   target, tparams, draft, dparams = pair.target, pair.target_params, pair.draft, pair.draft_params
   prompts_all = examples(pair, max(args.batches), max_input_len=PROMPT_LEN).inputs
   lengths_all = np.maximum((prompts_all != 0).sum(1), 1)

@@ -81,14 +81,24 @@ def count_params(params: Mapping[str, Any]) -> int:
   return int(sum(np.prod(np.shape(v)) for _, v in flatten(params)))
 
 
-def cast_kernels(params: Mapping[str, Any], dtype: Any) -> Dict[str, Any]:
-  """The tree with every 2-D `.../kernel` (the Dense layers' weights) cast to `dtype`.
+def is_castable(name: str) -> bool:
+  """Whether `cast_kernels` casts the parameter `name` (a 2-D one): Dense kernels and the
+  token embedding."""
+  return name.endswith("kernel") or name.endswith("token_embedder/embedding")
 
-  Embeddings, layer-norm scales and relative-position tables keep their dtype. With
-  bfloat16 kernels the models run their dense dots in bfloat16 with float32 sums
-  (`specjax.models.layers.bfloat16_dot`), reading half the weight bytes per step.
+
+def cast_kernels(params: Mapping[str, Any], dtype: Any) -> Dict[str, Any]:
+  """The tree with every 2-D `.../kernel` (the Dense layers' weights) and the token
+  embedding (`token_embedder/embedding`) cast to `dtype`.
+
+  Layer-norm scales and relative-position tables keep their dtype. With bfloat16 weights
+  the models run their dense dots and the vocabulary product (`Embed.attend`, the logits
+  of a model with logits_via_embedding) in bfloat16 with float32 sums
+  (`specjax.models.layers.bfloat16_dot`), reading half the weight bytes per step; an
+  embedding lookup returns the bfloat16 rows as float32 (T5X's dtype bfloat16 rounds
+  them the same way).
   """
-  items = {name: (value.astype(dtype) if name.endswith("kernel") and np.ndim(value) == 2
+  items = {name: (value.astype(dtype) if is_castable(name) and np.ndim(value) == 2
                   else value)
            for name, value in flatten(params)}
   return unflatten(items)

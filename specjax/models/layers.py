@@ -181,8 +181,9 @@ class Dense(nn.Module):
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
-def bfloat16_dot(x: Array, kernel: Array) -> Array:
-  """x [..., in] @ a bfloat16 kernel [in, out] -> float32 [..., out].
+def bfloat16_dot(x: Array, kernel: Array, *, transposed: bool = False) -> Array:
+  """x [..., in] @ a bfloat16 kernel [in, out] -> float32 [..., out]; with `transposed`
+  the kernel is [out, in] (an embedding table used as the output projection).
 
   The inputs are rounded to bfloat16 and the products summed in float32 (the
   precision of a T5X model run with dtype bfloat16). A single row (M = 1, a
@@ -196,8 +197,10 @@ def bfloat16_dot(x: Array, kernel: Array) -> Array:
   m = rows.shape[0]
   if m == 1 and jax.default_backend() == "cpu":
     rows = jnp.concatenate([rows, jnp.zeros_like(rows)], axis=0)
-  out = jnp.dot(rows, kernel, preferred_element_type=jnp.float32)[:m]
-  return out.reshape(lead + (kernel.shape[-1],))
+  contract = 1 if transposed else 0
+  out = lax.dot_general(rows, kernel, (((1,), (contract,)), ((), ())),
+                        preferred_element_type=jnp.float32)[:m]
+  return out.reshape(lead + (kernel.shape[1 - contract],))
 
 
 class RMSNorm(nn.Module):
@@ -230,7 +233,10 @@ class Embed(nn.Module):
     return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
 
   def attend(self, y: Array) -> Array:
-    """y: [..., E] -> float32 [..., V], the dot product with every embedding."""
+    """y: [..., E] -> float32 [..., V], the dot product with every embedding (in
+    bfloat16 with float32 sums when the table was cast by `cast_kernels`)."""
+    if self.embedding.dtype == jnp.bfloat16:
+      return bfloat16_dot(y, self.embedding, transposed=True)
     return jnp.dot(y.astype(jnp.float32), self.embedding.T)
 
 

@@ -771,13 +771,19 @@ def _round_bf16(x):
 
 def test_bfloat16_kernels(lm):
   params16 = cast_kernels(lm.params, jnp.bfloat16)
-  for name, value in flatten(params16):  # only the dense kernels change dtype
-    assert (value.dtype == jnp.bfloat16) == name.endswith("kernel"), name
+  for name, value in flatten(params16):  # only the dense kernels and the embedding change
+    cast = name.endswith("kernel") or name.endswith("token_embedder/embedding")
+    assert (value.dtype == jnp.bfloat16) == cast, name
   # One dense dot: inputs rounded to bfloat16, float32 sums; M = 1 takes the padded path.
   rng = np.random.default_rng(3)
   x, kernel = rng.normal(size=(5, 16)), rng.normal(size=(16, 24))
   for m in (1, 2, 5):
     got = bfloat16_dot(jnp.asarray(x[:m], jnp.float32), jnp.asarray(kernel, jnp.bfloat16))
+    assert got.dtype == jnp.float32 and got.shape == (m, 24)
+    assert max_diff(got, _round_bf16(x[:m]) @ _round_bf16(kernel)) < 1e-4
+    # An embedding table [out, in] as the output projection (Embed.attend).
+    got = bfloat16_dot(jnp.asarray(x[:m], jnp.float32), jnp.asarray(kernel.T, jnp.bfloat16),
+                       transposed=True)
     assert got.dtype == jnp.float32 and got.shape == (m, 24)
     assert max_diff(got, _round_bf16(x[:m]) @ _round_bf16(kernel)) < 1e-4
   # The whole model: logits move by bfloat16 rounding only, and the cached decode at any
