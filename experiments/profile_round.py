@@ -19,7 +19,7 @@ dispatch, the NaN check's host sync, the result's copy) is printed apart ("call 
 and not spread over the rounds; "call / rounds ms" is the old whole-call measure.
 
 Printed per (L, B): the autoregressive step beside its floor, the target's weight
-bytes (as run: float32, or bfloat16 dense kernels with --weights_dtype) over the memory
+bytes (as run: float32, or bfloat16 with --weights_dtype) over the memory
 bandwidth measured here (a large jitted in-place pass: bytes read + written per second),
 and beside its read floor (the same bytes over the read bandwidth of a jitted sum).
 Printed per (L, B, γ): the parts, the measured round (the slope above), the
