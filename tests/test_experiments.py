@@ -132,3 +132,24 @@ def test_profile_round_accounts_for_a_round(capsys):
   assert 0 <= float(row["α"]) <= 1 and 1 <= float(row["E[tokens]"]) <= 3
   # 12 tokens at γ = 2 take between ceil(12 / 3) = 4 rounds (all accepted) and 12 (none).
   assert 4 <= int(row["rounds"]) <= 12
+
+
+def test_stream_round_sets_the_stream_beside_its_parts(tmp_path, capsys):
+  from experiments import stream_round  # pylint: disable=import-outside-toplevel
+  stream_round.main(["--slots", "2", "--inputs", "3", "--gammas", "1", "--new_tokens", "8",
+                     "--repeats", "1", "--output_dir", str(tmp_path)])
+  (row,), = _markdown_tables(capsys.readouterr().out)
+  assert (row["B"], row["γ"]) == ("2", "1")
+  for name in ("t_1 ms", "t_γ+1 ms", "proposal ms", "verification ms", "parts ms", "r", "c",
+               "free-draft bound", "extra tokens GFLOP/s"):
+    assert float(row[name]) > 0, name
+  parts = float(row["t_γ+1 ms"]) + float(row["proposal ms"]) + float(row["verification ms"])
+  assert math.isclose(float(row["parts ms"]), parts, rel_tol=0.02)
+  # A slot's round emits 1 .. γ+1 tokens; idle slots at the stream's tail only lower the mean.
+  assert 0 < float(row["tokens / round"]) <= 2
+  # Slopes (8 and 1 tokens, one repeat) may take either sign on a busy machine: numbers only.
+  for name in ("AR step ms", "round ms", "gap %", "measured speedup", "speedup at parts"):
+    assert math.isfinite(float(row[name])), name
+  assert "| B | γ |" in (tmp_path / "stream_round.md").read_text()
+  with pytest.raises(ValueError, match="gammas must be >= 1"):
+    stream_round.main(["--gammas", "0"])

@@ -1,0 +1,147 @@
+"""The streaming decode's round at batch B, beside its parts: is it the loop or the arithmetic?
+
+    python -m experiments.stream_round [--slots 8] [--inputs 64] [--gammas 1 2]
+        [--new_tokens 128] [--repeats 5] [--weights_dtype bfloat16] [--output_dir DIR]
+
+Bundled LM pair, greedy, EOS ignored (every input runs `new_tokens`): `inputs` bundled
+prompts streamed through `slots` slots (`specjax.decode.stream`), autoregressive and
+speculative at each γ. A round (a step) is a slope, (a stream of `new_tokens` − one of
+`new_tokens // 8`) / the rounds between them, so the refills (prefill, drafter start)
+and the call's fixed part cancel out. Beside it, in the same process and interleaved
+(`experiments.profile_round`'s jitted loops, same cache length): the target's 1-token
+and (γ+1)-token calls at B rows, one drafter proposal of γ guesses, one verification.
+
+Printed per γ:
+- the stream's round, the sum of its parts and the gap between them (what the stream adds:
+  refill checks, bookkeeping, one model evicting the other from the cache);
+- r = (γ+1)-token call / 1-token call and c = draft proposal / (γ · 1-token call);
+- tokens per row and round, the measured speedup (stream AR step · tokens / round), the
+  speedup the parts allow, and the bound with a free draft and free verification
+  (tokens / r);
+- the extra tokens' arithmetic rate: the target's FLOPs for the γ extra tokens per row
+  (2 · weights · B · γ, plus nothing for attention) over (t_{γ+1} − t_1). When this is
+  near what a dot of B·(γ+1) rows reaches on this machine, the (γ+1)-token call is
+  compute-bound and r cannot fall much: speculation then pays only with a higher α.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import jax
+import numpy as np
+
+from experiments import bench
+from experiments.common import examples, load_pair, markdown_table, with_weights
+from experiments.profile_round import decode_loop, interleaved_ms, propose_loop, verify_loop
+from specjax.decode import autoregressive_decode
+from specjax.decode.config import DecodeConfig
+from specjax.decode.stream import Streaming
+from specjax.draft import ModelDrafter
+from specjax.params import WEIGHTS_DTYPES
+from specjax.sampling import Sampling
+
+PROMPT_LEN = 48
+
+
+def _stream(decode):
+  """A timed run of the zero-argument `decode` (compiled by a first run) and its rounds."""
+  out = decode()
+  jax.block_until_ready(out.tokens)
+  return (lambda: jax.block_until_ready(decode().tokens), 1), int(out.rounds)
+
+
+def measure(pair, *, slots: int, inputs: int, gammas: Sequence[int], new_tokens: int,
+            repeats: int) -> List[Dict]:
+  """One row per γ (see the module docstring); all runs of the pair interleaved."""
+  ex = examples(pair, inputs, PROMPT_LEN)
+  keys = jax.random.split(jax.random.PRNGKey(0), inputs)
+  cache_len = PROMPT_LEN + new_tokens + max(gammas) + 1
+  config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=cache_len)
+  short = max(new_tokens // 8, 1)
+  streaming = Streaming(slots)
+  target, tparams = pair.target, pair.target_params
+
+  runs, rounds = {}, {}
+  for budget in (new_tokens, short):
+    runs[("ar", budget)], rounds[("ar", budget)] = _stream(
+        lambda b=budget: autoregressive_decode(target, tparams, ex.inputs, max_new_tokens=b,
+                                               rng=keys, config=config, slots=streaming))
+    for gamma in gammas:
+      spec = bench._speculative(pair, gamma, config, budget)  # pylint: disable=protected-access
+      runs[(gamma, budget)], rounds[(gamma, budget)] = _stream(
+          lambda s=spec: s(ex.inputs, keys, slots=streaming))
+  prompts = np.asarray(ex.inputs)[:slots]
+  runs["t1"] = decode_loop(target, tparams, slots, cache_len, 1)
+  for gamma in gammas:
+    runs[f"t{gamma + 1}"] = decode_loop(target, tparams, slots, cache_len, gamma + 1)
+    runs[f"propose{gamma}"] = propose_loop(ModelDrafter(pair.draft, gamma), pair.draft_params,
+                                           prompts, cache_len, gamma)
+    runs[f"verify{gamma}"] = verify_loop(config, slots, gamma, target.vocab_size)
+  ms = interleaved_ms(runs, repeats)
+
+  def slope(name):
+    return ((ms[(name, new_tokens)] - ms[(name, short)])
+            / max(rounds[(name, new_tokens)] - rounds[(name, short)], 1))
+
+  ar_step, t1 = slope("ar"), ms["t1"]
+  weights = sum(x.size for x in jax.tree_util.tree_leaves(tparams))
+  rows = []
+  for gamma in gammas:
+    round_ms = slope(gamma)
+    tk, propose, verify = ms[f"t{gamma + 1}"], ms[f"propose{gamma}"], ms[f"verify{gamma}"]
+    parts = tk + propose + verify
+    tokens = inputs * new_tokens / slots / rounds[(gamma, new_tokens)]  # per row and round
+    r = tk / t1
+    extra_gflops = 2 * weights * slots * gamma / max(tk - t1, 1e-9) / 1e6
+    rows.append({
+        "B": slots, "γ": gamma, "AR step ms": ar_step, "t_1 ms": t1, "t_γ+1 ms": tk,
+        "proposal ms": propose, "verification ms": verify, "round ms": round_ms,
+        "parts ms": parts, "gap %": 100 * (round_ms - parts) / round_ms,
+        "r": r, "c": propose / (gamma * t1), "tokens / round": tokens,
+        "measured speedup": tokens * ar_step / round_ms,
+        "speedup at parts": tokens * ar_step / parts,
+        "free-draft bound": tokens / r,
+        "extra tokens GFLOP/s": extra_gflops})
+  return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--slots", type=int, default=8)
+  parser.add_argument("--inputs", type=int, default=64)
+  parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2])
+  parser.add_argument("--new_tokens", type=int, default=128)
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32")
+  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
+                      default="float32")
+  parser.add_argument("--output_dir", default=None,
+                      help="also write the table to OUTPUT_DIR/stream_round.md")
+  args = parser.parse_args(argv)
+  if min(args.gammas) < 1:
+    raise ValueError(f"gammas must be >= 1, got {args.gammas}")
+  if args.new_tokens < 8:
+    raise ValueError(f"new_tokens must be >= 8 (the slope's short run is new_tokens // 8), "
+                     f"got {args.new_tokens}")
+  pair = with_weights(load_pair("lm"), args.weights_dtype, args.draft_weights_dtype)
+  rows = measure(pair, slots=args.slots, inputs=args.inputs, gammas=args.gammas,
+                 new_tokens=args.new_tokens, repeats=args.repeats)
+  text = (f"{pair.label}; {args.inputs} inputs through {args.slots} slots, greedy, "
+          f"{args.new_tokens} tokens each (EOS ignored); medians of {args.repeats}, "
+          "interleaved.\n\n" + markdown_table(rows) + "\n")
+  print(text)
+  if args.output_dir:
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "stream_round.md").write_text(text)
+    print(f"wrote {out / 'stream_round.md'}")
+  print("median measured speedup:",
+        f"{statistics.median(row['measured speedup'] for row in rows):.3f}")
+
+
+if __name__ == "__main__":
+  main()
