@@ -33,10 +33,9 @@ from typing import Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
-from experiments import bench
-from experiments.common import examples, load_pair, markdown_table, with_weights
+from experiments.common import examples, load_pair, markdown_table, model_drafter, with_weights
 from experiments.profile_round import decode_loop, interleaved_ms, propose_loop, verify_loop
-from specjax.decode import autoregressive_decode
+from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.decode.config import DecodeConfig
 from specjax.decode.stream import Streaming
 from specjax.draft import ModelDrafter
@@ -70,9 +69,11 @@ def measure(pair, *, slots: int, inputs: int, gammas: Sequence[int], new_tokens:
         lambda b=budget: autoregressive_decode(target, tparams, ex.inputs, max_new_tokens=b,
                                                rng=keys, config=config, slots=streaming))
     for gamma in gammas:
-      spec = bench._speculative(pair, gamma, config, budget)  # pylint: disable=protected-access
+      drafter, dparams = model_drafter(pair, gamma)  # max_gamma = γ: a (γ+1)-token target call
       runs[(gamma, budget)], rounds[(gamma, budget)] = _stream(
-          lambda s=spec: s(ex.inputs, keys, slots=streaming))
+          lambda b=budget, g=gamma, d=drafter, dp=dparams: speculative_decode(
+              target, tparams, d, dp, ex.inputs, max_new_tokens=b, gamma=g, rng=keys,
+              config=config, slots=streaming))
   prompts = np.asarray(ex.inputs)[:slots]
   runs["t1"] = decode_loop(target, tparams, slots, cache_len, 1)
   for gamma in gammas:
