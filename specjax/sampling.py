@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -117,21 +118,86 @@ def _nucleus(probs: jax.Array, top_p: float) -> jax.Array:
   return kept / jnp.sum(kept, axis=-1, keepdims=True)
 
 
+CATEGORICAL_BLOCK = 128
+"""Tokens per block of `categorical`'s two-stage draw (a power of two)."""
+
+
 def categorical(key: jax.Array, probs: jax.Array) -> jax.Array:
   """Samples from unnormalized non-negative weights with no normalizing sum.
 
-  Uses the exponential race: argmax_i w_i / E_i with E_i ~ Exp(1) is distributed
-  as w / sum(w). Zero weights are never drawn (when all are zero it returns 0).
+  Two exponential races (argmax_i log w_i − log E_i with E_i ~ Exp(1) is distributed as
+  w / sum(w)): first over the masses of blocks of `CATEGORICAL_BLOCK` consecutive ids, then
+  within the winning block. P(block j) · P(i | j) = (W_j / W) (w_i / W_j) = w_i / W, so the
+  draw is exact, and it needs V / 128 + 128 Exp(1) variates (one Threefry call) instead of
+  V: over 8192 ids 6.4 against 53.5 µs at batch 1 and 36 against 220 µs at batch 8 on the
+  2-core CPU, about 9% of a batch-1 T = 1 decode of the bundled LM pair, autoregressive
+  and speculative alike (`experiments.bench_sampler`).
+  Block masses are pairwise sums in a fixed order (`block_masses`), so a tiled pass that
+  sums the same blocks (`specjax.verify.fused_kernel`) gets the same bits on any backend.
+  Zero weights are never drawn (when all are zero it returns 0).
 
   Args:
-    key: PRNG key.
+    key: PRNG key (one draw per leading index, shared key).
     probs: float [..., V] non-negative weights.
   Returns:
     int32 [...].
   """
-  exp = jax.random.exponential(key, probs.shape, dtype=jnp.float32)
-  score = jnp.where(probs > 0, jnp.log(jnp.maximum(probs, 1e-38)) - jnp.log(exp), -jnp.inf)
+  probs = jnp.asarray(probs, jnp.float32)
+  if probs.shape[-1] <= CATEGORICAL_BLOCK:
+    return race(key, probs)
+  blocks = to_blocks(probs)  # [..., nb, S]
+  return draw_by_blocks(
+      key, block_masses(blocks),
+      lambda block: jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :])
+
+
+def draw_by_blocks(key: jax.Array, masses: jax.Array,
+                   block_weights: Callable[[jax.Array], jax.Array]) -> jax.Array:
+  """`categorical`'s two races, given its block masses (V > `CATEGORICAL_BLOCK`).
+
+  Args:
+    key: the draw's PRNG key.
+    masses: float32 [..., nb], `block_masses(to_blocks(w))`.
+    block_weights: block int32 [...] -> float32 [..., S], that block's weights (zero past V).
+  Returns:
+    int32 [...], the id drawn.
+  """
+  num_blocks = masses.shape[-1]
+  # One draw of Exp(1) variates for both races (independent entries; one Threefry pass).
+  exp = jax.random.exponential(key, masses.shape[:-1] + (num_blocks + CATEGORICAL_BLOCK,),
+                               dtype=jnp.float32)
+  block = _race(masses, exp[..., :num_blocks])
+  return block * CATEGORICAL_BLOCK + _race(block_weights(block), exp[..., num_blocks:])
+
+
+def race(key: jax.Array, weights: jax.Array) -> jax.Array:
+  """The exponential race over the last axis: argmax_i log w_i − log E_i, E_i ~ Exp(1)
+  drawn from `key`; zero weights never win (all zero: 0). weights [..., n] -> int32 [...]."""
+  return _race(weights, jax.random.exponential(key, weights.shape, dtype=jnp.float32))
+
+
+def _race(weights: jax.Array, exp: jax.Array) -> jax.Array:
+  score = jnp.where(weights > 0, jnp.log(jnp.maximum(weights, 1e-38)) - jnp.log(exp), -jnp.inf)
   return argmax(score)
+
+
+def to_blocks(weights: jax.Array) -> jax.Array:
+  """[..., V] -> [..., ceil(V / S), S] with S = `CATEGORICAL_BLOCK`, zero-padded."""
+  vocab = weights.shape[-1]
+  num_blocks = -(-vocab // CATEGORICAL_BLOCK)
+  pad = num_blocks * CATEGORICAL_BLOCK - vocab
+  if pad:
+    weights = jnp.pad(weights, [(0, 0)] * (weights.ndim - 1) + [(0, pad)])
+  return weights.reshape(weights.shape[:-1] + (num_blocks, CATEGORICAL_BLOCK))
+
+
+def block_masses(blocks: jax.Array) -> jax.Array:
+  """[..., S] -> [...]: the sum over the last axis (a power of two) as a pairwise tree of
+  elementwise adds, the same bits on every backend and in every tiling."""
+  while blocks.shape[-1] > 1:
+    half = blocks.shape[-1] // 2
+    blocks = blocks[..., :half] + blocks[..., half:]
+  return blocks[..., 0]
 
 
 # ------------------------------------------------------------ randomness discipline

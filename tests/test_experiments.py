@@ -153,3 +153,24 @@ def test_stream_round_sets_the_stream_beside_its_parts(tmp_path, capsys):
   assert "| B | γ |" in (tmp_path / "stream_round.md").read_text()
   with pytest.raises(ValueError, match="gammas must be >= 1"):
     stream_round.main(["--gammas", "0"])
+
+
+def test_bench_sampler_sets_the_two_samplers_side_by_side(tmp_path, capsys):
+  from experiments import bench_sampler  # pylint: disable=import-outside-toplevel
+  from specjax import sampling  # pylint: disable=import-outside-toplevel
+  from specjax.verify import step  # pylint: disable=import-outside-toplevel
+  with bench_sampler.drawing_with(sampling.race):
+    assert step.categorical is sampling.race and sampling.categorical is sampling.race
+  assert step.categorical is bench_sampler.SAMPLERS["two-stage"]
+  bench_sampler.main(["--batches", "1", "--vocabs", "300", "--examples", "1", "--new_tokens",
+                      "6", "--gamma", "2", "--repeats", "1", "--weights_dtype", "float32",
+                      "--output_dir", str(tmp_path)])
+  micro, e2e = _markdown_tables(capsys.readouterr().out)
+  assert [(r["V"], r["B"]) for r in micro] == [("300", "1")]
+  assert float(micro[0]["one race µs"]) > 0 and float(micro[0]["two-stage µs"]) > 0
+  # main() raises if the two variants drew the same tokens (the patch not taking effect).
+  assert [r["sampler"] for r in e2e] == ["two-stage", "one race"]
+  for row in e2e:
+    assert float(row["AR ms/token"]) > 0 and float(row["spec γ=2 ms/token"]) > 0
+    assert 0 <= float(row["α"]) <= 1
+  assert "one race" in (tmp_path / "bench_sampler.md").read_text()

@@ -17,10 +17,10 @@ class FusedVerifier:
   """Algorithm 1 with the correction drawn in one pass over the vocabulary. Exact.
 
   The accept test reads only p_i(x_i) and q_i(x_i); then one tiled pass over
-  row n of p and q computes the residual max(0, p − l q), regenerates the
-  reference's Exp(1) race draws per tile from the correction key, and keeps
-  each tile's best candidate; a reduction across tiles picks the token. Same
-  tokens as `ReferenceVerifier` for the same randomness.
+  row n of p and q computes the residual max(0, p − l q) and writes the masses
+  of its blocks of 128 ids (and of p's, the fallback); `categorical`'s two
+  races pick a block from the masses and the token inside it. Same tokens as
+  `ReferenceVerifier` for the same randomness.
   """
 
   tile: int = 2048

@@ -19,7 +19,7 @@ import pytest
 from experiments import bench_verify, sigmoid_quality
 from specjax import analysis
 from specjax.verify import fused_kernel as fused_verify
-from specjax.verify.fused_kernel import draw_correction, exponential_at, key_words
+from specjax.verify.fused_kernel import draw_correction
 from specjax.verify import verify
 from specjax.verify import (VERIFIERS, FusedVerifier, ReferenceVerifier,
                                SigmoidApproxVerifierNotExact, describe, get_verifier)
@@ -133,32 +133,15 @@ def test_pallas_kernel_masks_ids_beyond_the_vocabulary(rows, reference_out):
 
 
 def test_fused_with_typed_and_non_threefry_keys(rows):
+  # The races draw with jax.random from the correction key, so any PRNG works on both backends.
   small = _take(rows, 30)
   typed = dict(small, keys=jax.random.split(jax.random.key(4), (30, GAMMA + 1)))
   rbg = dict(small, keys=jax.vmap(lambda i: jax.random.split(jax.random.key(i, impl="rbg"),
                                                              GAMMA + 1))(jnp.arange(30)))
   for inputs in (typed, rbg):
     ref = _run(ReferenceVerifier(), inputs, 1.0)
-    np.testing.assert_array_equal(_run(FusedVerifier(backend="xla"), inputs, 1.0)[1], ref[1])
-  np.testing.assert_array_equal(
-      _run(FusedVerifier(backend="pallas", tile=128), typed, 1.0)[1],
-      _run(ReferenceVerifier(), typed, 1.0)[1])
-  with pytest.raises(ValueError, match="threefry"):
-    _run(FusedVerifier(backend="pallas", tile=128), rbg, 1.0)
-
-
-def test_in_kernel_exponentials_are_jax_random_exponential():
-  for key in (jax.random.PRNGKey(5), jax.random.fold_in(jax.random.PRNGKey(1), 77),
-              jax.random.key(9)):
-    expected = jax.random.exponential(key, (1000,), dtype=jnp.float32)
-    ids = jnp.arange(1000, dtype=jnp.int32)
-    # Same bits and the same -log(u) as jax.random.exponential; the two are separate XLA
-    # programs, bit-equal with default flags, within 1 ulp in ~1% of draws under the suite's
-    # LLVM -O0 (tests/conftest.py). The loop-level token equality of fused and reference
-    # verification is tested exactly in tests/verify and tests/decode.
-    np.testing.assert_array_max_ulp(exponential_at(*key_words(key), ids), expected, maxulp=1)
-    np.testing.assert_array_max_ulp(exponential_at(*key_words(key), ids[::-7]), expected[::-7],
-                                    maxulp=1)
+    for verifier in (FusedVerifier(backend="xla"), FusedVerifier(backend="pallas", tile=128)):
+      np.testing.assert_array_equal(_run(verifier, inputs, 1.0)[1], ref[1])
 
 
 def test_draw_correction_rejects_unknown_backend():

@@ -1,0 +1,161 @@
+"""The sampler's cost: `categorical`'s two-stage draw beside one race over the vocabulary.
+
+    python -m experiments.bench_sampler [--batches 1 8] [--examples 6] [--new_tokens 128]
+        [--gamma 3] [--repeats 5] [--weights_dtype bfloat16] [--output_dir DIR]
+
+`specjax.sampling.categorical` draws an id in two exponential races, over the masses of
+blocks of 128 ids and then inside the winning block: V / 128 + 128 Exp(1) draws. The one
+race over all V ids (`specjax.sampling.race` on the whole row, what `categorical` did
+before) needs V. Both are exact; this measures what the draws cost, side by side in one
+process:
+
+1. one draw from [B, V] weights in a jitted loop of 200 draws (B = 1, 8; V = 8192, 32768);
+2. the bundled LM pair at batch 1, T = 1, `examples` prompts × `new_tokens` (EOS ignored):
+   autoregressive and speculative (γ, the model drafter) with each sampler, all four
+   decoders interleaved per prompt (`common.time_interleaved`, median of `repeats`). The
+   one-race variant is traced with `race` in place of `categorical` in every module that
+   draws (the loops, the drafters, the verifiers); compile time is reported apart.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import common
+from specjax import sampling
+from specjax.decode import autoregressive_decode, speculative_decode
+from specjax.params import WEIGHTS_DTYPES
+
+# Every module that calls `categorical` by the name it imported.
+_DRAWING_MODULES = ("specjax.sampling", "specjax.verify.step", "specjax.verify.block",
+                    "specjax.draft.base", "specjax.verify.fused_kernel")
+SAMPLERS = {"two-stage": sampling.categorical, "one race": sampling.race}
+
+
+@contextlib.contextmanager
+def drawing_with(sampler):
+  """Traces (and so compiles) everything inside with `sampler` as `categorical`."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  with contextlib.ExitStack() as stack:
+    for name in _DRAWING_MODULES:
+      module = importlib.import_module(name)
+      if hasattr(module, "categorical"):
+        stack.enter_context(mock.patch.object(module, "categorical", sampler))
+    yield
+
+
+def draw_us(sampler, batch: int, vocab: int, repeats: int = 7, draws: int = 200) -> float:
+  """Median µs of one draw from [batch, vocab] weights, in a jitted loop of `draws`."""
+  weights = jax.nn.softmax(jnp.asarray(np.random.default_rng(0).normal(size=(batch, vocab)) * 3,
+                                       jnp.float32))
+
+  @jax.jit
+  def loop(w):
+    def body(i, acc):  # the carry feeds the weights, so no draw is hoisted out of the loop
+      return acc + sampler(jax.random.fold_in(jax.random.PRNGKey(0), i),
+                           w + 0 * acc.astype(jnp.float32)).sum()
+    return jax.lax.fori_loop(0, draws, body, jnp.int32(0))
+
+  jax.block_until_ready(loop(weights))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(loop(weights))
+    times.append((time.perf_counter() - start) / draws * 1e6)
+  return statistics.median(times)
+
+
+def micro(batches: Sequence[int], vocabs: Sequence[int]) -> List[Dict]:
+  rows = []
+  for vocab in vocabs:
+    for batch in batches:
+      us = {name: draw_us(fn, batch, vocab) for name, fn in SAMPLERS.items()}
+      rows.append({"V": vocab, "B": batch, "one race µs": round(us["one race"], 1),
+                   "two-stage µs": round(us["two-stage"], 1),
+                   "ratio": round(us["one race"] / us["two-stage"], 1)})
+  return rows
+
+
+def end_to_end(pair: common.Pair, *, examples: int, new_tokens: int, gamma: int,
+               repeats: int) -> List[Dict]:
+  ex = common.examples(pair, examples, max_input_len=48)
+  key = jax.random.PRNGKey(0)
+  drafter, dparams = common.model_drafter(pair, gamma)
+  runs = {}
+  for i, (name, sampler) in enumerate(SAMPLERS.items()):
+    # A cache one slot longer per sampler: a different static config, so its own trace.
+    config = common.decode_config(1.0, ex.inputs.shape[1] + new_tokens + gamma + 1 + i)
+
+    def ar(row, config=config, sampler=sampler):
+      with drawing_with(sampler):
+        return autoregressive_decode(pair.target, pair.target_params, row,
+                                     max_new_tokens=new_tokens, rng=key, config=config)
+
+    def spec(row, config=config, sampler=sampler):
+      with drawing_with(sampler):
+        return speculative_decode(pair.target, pair.target_params, drafter, dparams, row,
+                                  max_new_tokens=new_tokens, gamma=gamma, rng=key, config=config)
+    runs[("ar", name)], runs[("spec", name)] = ar, spec
+  compile_s, seconds, stats = common.time_interleaved(runs, ex.inputs, repeats)
+  # Both samplers are exact but draw different tokens from the same key: equal tokens would
+  # mean a variant was not traced with its own sampler (a cached inner trace).
+  for kind in ("ar", "spec"):
+    first = [np.asarray(runs[(kind, name)](ex.inputs[:1]).tokens) for name in SAMPLERS]
+    if np.array_equal(*first):
+      raise RuntimeError(f"{kind}: the two samplers drew the same tokens; the patch did not take")
+  total = examples * new_tokens
+  rows = []
+  for name in SAMPLERS:
+    st = stats[("spec", name)]
+    rows.append({
+        "sampler": name,
+        "AR ms/token": round(seconds[("ar", name)] / total * 1e3, 3),
+        f"spec γ={gamma} ms/token": round(seconds[("spec", name)] / total * 1e3, 3),
+        "speedup": round(seconds[("ar", name)] / seconds[("spec", name)], 3),
+        "α": round(st["alpha_sum"] / max(st["alpha_count"], 1), 3),
+        "compile AR / spec s": f"{compile_s[('ar', name)]:.1f} / {compile_s[('spec', name)]:.1f}",
+    })
+  return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+  parser.add_argument("--vocabs", type=int, nargs="+", default=[8192, 32768])
+  parser.add_argument("--examples", type=int, default=6)
+  parser.add_argument("--new_tokens", type=int, default=128)
+  parser.add_argument("--gamma", type=int, default=3)
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="bfloat16")
+  parser.add_argument("--output_dir", default=None,
+                      help="also write the tables to OUTPUT_DIR/bench_sampler.md")
+  args = parser.parse_args(argv)
+  pair = common.load_pair("lm")
+  if args.weights_dtype != "float32":
+    pair = common.with_weights(pair, args.weights_dtype)
+  text = ("One draw (jitted loop of 200, median of 7)\n\n"
+          + common.markdown_table(micro(args.batches, args.vocabs))
+          + f"\n\nLM pair ({args.weights_dtype} target), batch 1, T = 1, {args.examples} prompts "
+          f"× {args.new_tokens} tokens, median of {args.repeats} interleaved runs\n\n"
+          + common.markdown_table(end_to_end(pair, examples=args.examples,
+                                             new_tokens=args.new_tokens, gamma=args.gamma,
+                                             repeats=args.repeats)))
+  print(text)
+  if args.output_dir:
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_sampler.md").write_text(text + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+  main()
