@@ -205,3 +205,35 @@ def test_bad_arguments(tokens, q, p, kwargs, name):
   with pytest.raises(ValueError, match=name):
     speculative_step(jax.random.PRNGKey(0), jnp.asarray(tokens), jnp.asarray(q), jnp.asarray(p),
                      **kwargs)
+
+
+def test_first_token_is_distributed_as_target_over_several_blocks():
+  """The same law with V = 300, where `categorical` draws the correction in two races (blocks
+  0-127, 128-255 and a ragged 256-299). p and q put their mass on 12 ids across the three
+  blocks, with all of the residual max(0, p − q) in the ragged block. 200k rows, 12
+  outcomes: the expected TV sampling error is 0.0027; drawing the correction from p instead
+  of the residual (which is what a sampler blind to the ragged block would fall back to) is
+  off by 0.196, against the 0.006 bound."""
+  vocab, ids = 300, np.array([3, 60, 127, 128, 130, 200, 255, 256, 270, 290, 299, 17])
+  p_mass = np.array([0.05, 0.05, 0.02, 0.1, 0.05, 0.03, 0.02, 0.2, 0.15, 0.13, 0.15, 0.05])
+  q_mass = np.array([0.2, 0.15, 0.1, 0.2, 0.1, 0.05, 0.05, 0.02, 0.03, 0.02, 0.03, 0.05])
+  p, q = np.zeros(vocab), np.zeros(vocab)
+  p[ids], q[ids] = p_mass, q_mass
+  rng = np.random.default_rng(3)
+  rest = lambda n: np.array(jax.nn.softmax(rng.normal(size=(n, vocab)), -1))
+  target = jnp.asarray(np.concatenate([p[None], rest(GAMMA)]), jnp.float32)  # [γ+1, V]
+  draft = jnp.asarray(np.concatenate([q[None], rest(GAMMA - 1)]), jnp.float32)  # [γ, V]
+
+  @jax.jit
+  def first(key):
+    def row(k):
+      draft_key, step_key = jax.random.split(k)
+      tokens = jax.vmap(lambda dk, qi: jax.random.categorical(dk, jnp.log(qi)))(
+          jax.random.split(draft_key, GAMMA), draft).astype(jnp.int32)
+      n, nxt = speculative_step(step_key, tokens, draft, target)
+      return jnp.where(n > 0, tokens[0], nxt)
+    return jax.vmap(row)(jax.random.split(key, N))
+
+  freq = np.bincount(np.asarray(first(jax.random.PRNGKey(11))), minlength=vocab) / N
+  assert freq[p == 0].sum() == 0
+  assert 0.5 * np.abs(freq - p).sum() < TV_BOUND
