@@ -35,8 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from specjax.sampling import (CATEGORICAL_BLOCK, block_masses, categorical, draw_by_blocks,
-                              race)
+from specjax.sampling import CATEGORICAL_BLOCK, block_masses, categorical, draw_by_blocks
 
 _S = CATEGORICAL_BLOCK
 
