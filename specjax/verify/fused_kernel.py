@@ -10,18 +10,21 @@ draws from weights w in two exponential races: over the masses of blocks of
 Here the pass over the vocabulary reads p_n and q_n once, tile by tile, and
 writes each block's mass of the residual and of p_n (the fallback): 2V / 128
 floats. The races then read only those masses and the 128 ids of the winning
-block. The masses are `sampling.block_masses` of the same blocks (pairwise
-sums in a fixed order, the same bits in any tiling) and the races use the
-same keys, so the token equals the reference step's for the same key, bit for
-bit (Wagner et al.'s tiled verification, exact).
+block. The masses are `sampling.block_masses` of the same blocks and the races
+use the same keys, so the token equals the reference step's for the same key,
+bit for bit on XLA:CPU (tested; Wagner et al.'s tiled verification, exact). A
+GPU's or TPU's reduction may round a block's sum differently from XLA's; a token
+can then differ only where two race scores tie to within that rounding, and the
+law stays the target's.
 
 Two backends compute the same function:
 - ``xla``: the weights formed over row n and `categorical` (CPU default); only
   row n is touched.
 - ``pallas``: a Pallas kernel with a grid over vocabulary tiles (GPU/TPU;
   ``interpret=True`` runs it on CPU). The last tile may be ragged: ids ≥ V are masked.
-  Written for the Triton (GPU) and Mosaic (TPU) lowerings but, so far, run only in
-  interpret mode: no accelerator was available where it was developed.
+  On GPU it is compiled with Triton; it lowers for CUDA (tested from a CPU host, which
+  catches primitives Triton lacks, such as in-kernel slices), but it has only ever run
+  in interpret mode: no accelerator was available where it was developed.
 
 Only row n is read, unlike Wagner et al.'s kernel, which scores all γ+1 rows:
 there the probabilities are computed in the same kernel, whereas here p and q
@@ -62,19 +65,24 @@ def draw_from_rows(p: jax.Array, q: jax.Array, scale: jax.Array, key: jax.Array)
   return categorical(key, jnp.where(jnp.any(resid > 0), resid, p))
 
 
-def _kernel(scalars_ref, p_ref, q_ref, masses_ref, *, tile: int, vocab: int, gamma: int):
-  """One vocabulary tile. scalars: int32 [2] = (row, bits of the scale s).
+def _kernel(scalars_ref, p_ref, q_ref, resid_masses_ref, p_masses_ref, *, tile: int, vocab: int,
+            gamma: int):
+  """One vocabulary tile of tile / S blocks. scalars: int32 [2] = (row, bits of the scale s).
 
-  Writes masses [2, tile / S]: the tile's block masses of the residual and of p."""
+  p_ref [γ+1, tile / S, S] and q_ref [γ, tile / S, S] hold the tile's blocks of every row;
+  only row n is read. Writes the tile's block masses of the residual and of p_n [tile / S].
+  No in-kernel reshape or slice (Triton lowers neither)."""
   j = pl.program_id(0)
   row = scalars_ref[0]
   scale = jax.lax.bitcast_convert_type(scalars_ref[1], jnp.float32)
-  p = p_ref[row, :]  # float32 [tile]: only row n is read
-  q = q_ref[jnp.minimum(row, gamma - 1), :]
-  ids = j * tile + jax.lax.broadcasted_iota(jnp.int32, (tile,), 0)
+  p = p_ref[row]  # float32 [tile / S, S]
+  q = q_ref[jnp.minimum(row, gamma - 1)]
+  shape = (tile // _S, _S)
+  ids = (j * tile + jax.lax.broadcasted_iota(jnp.int32, shape, 0) * _S
+         + jax.lax.broadcasted_iota(jnp.int32, shape, 1))
   resid, p = _weights(p, q, scale, ids < vocab)  # ids >= V (the ragged last tile) weigh 0
-  masses_ref[0, :] = block_masses(resid.reshape(tile // _S, _S))
-  masses_ref[1, :] = block_masses(p.reshape(tile // _S, _S))
+  resid_masses_ref[...] = block_masses(resid)
+  p_masses_ref[...] = block_masses(p)
 
 
 def _scalar_spec():
@@ -84,33 +92,55 @@ def _scalar_spec():
   return pl.BlockSpec((2,), lambda j: (0,))
 
 
+def _compiler_params(platform: str):
+  """Triton on GPU (`pl.pallas_call`'s default there, Mosaic GPU, is deprecated for it and
+  refuses this kernel's 8-byte scalar copy); the platform's default elsewhere."""
+  if platform in ("gpu", "cuda", "rocm"):
+    from jax.experimental.pallas import triton as pltriton  # pylint: disable=import-outside-toplevel
+    return pltriton.CompilerParams()
+  return None
+
+
 def _draw_pallas(target_probs, draft_probs, row, scale, key, tile: int, interpret: bool,
-                 vocab: Optional[int] = None):
+                 vocab: Optional[int] = None, platform: Optional[str] = None):
   """The pallas backend; `vocab` < the arrays' width ignores the columns beyond it (tests use
-  this to put garbage where a ragged tile reads out of bounds)."""
+  this to put garbage where a ragged tile reads out of bounds); `platform` picks the kernel's
+  compiler (default: JAX's default backend; tests lower for 'gpu' on a CPU host)."""
   gamma, width = draft_probs.shape
   vocab = width if vocab is None else vocab
   q_row = lambda: draft_probs[jnp.minimum(row, gamma - 1), :vocab]
   if vocab <= _S:  # one block: categorical is a single race, no pass to tile
     return draw_from_rows(target_probs[row, :vocab], q_row(), scale, key)
+  platform = platform or jax.default_backend()
+  blocks_per_tile = tile // _S
+  if platform in ("gpu", "cuda", "rocm") and blocks_per_tile & (blocks_per_tile - 1):
+    raise ValueError(f"the fused verifier's tile must be 128 times a power of two on GPU "
+                     f"(Triton's blocks are powers of two), got {tile}")
   scale = jnp.asarray(scale, jnp.float32)
   scalars = jnp.stack([jnp.asarray(row, jnp.int32),
                        jax.lax.bitcast_convert_type(scale, jnp.int32)])
   tiles = pl.cdiv(width, tile)
+  # [rows, V] -> [rows, blocks, S]: a free reshape when the width is a whole number of tiles
+  # (V = 8k, 32k, 128k with tile 2048); otherwise the tables are padded once.
+  as_blocks = lambda x: jnp.pad(x, ((0, 0), (0, tiles * tile - width))).reshape(
+      x.shape[0], tiles * tile // _S, _S)
   kernel = lambda *refs: _kernel(*refs, tile=tile, vocab=vocab, gamma=gamma)
-  masses = pl.pallas_call(
+  masses_spec = pl.BlockSpec((tile // _S,), lambda j: (j,))
+  masses_shape = jax.ShapeDtypeStruct((tiles * tile // _S,), jnp.float32)
+  resid_masses, p_masses = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((tiles, 2, tile // _S), jnp.float32),
+      out_shape=(masses_shape, masses_shape),
       grid=(tiles,),
       in_specs=[_scalar_spec(),
-                pl.BlockSpec((gamma + 1, tile), lambda j: (0, j)),
-                pl.BlockSpec((gamma, tile), lambda j: (0, j))],
-      out_specs=pl.BlockSpec((None, 2, tile // _S), lambda j: (j, 0, 0)),
+                pl.BlockSpec((gamma + 1, tile // _S, _S), lambda j: (0, j, 0)),
+                pl.BlockSpec((gamma, tile // _S, _S), lambda j: (0, j, 0))],
+      out_specs=(masses_spec, masses_spec),
       interpret=interpret,
+      compiler_params=_compiler_params(platform),
       name="specjax_fused_verify",
-  )(scalars, target_probs, draft_probs)
+  )(scalars, as_blocks(target_probs), as_blocks(draft_probs))
   num_blocks = -(-vocab // _S)  # the reference's blocks; the tiles' extra ones weigh 0
-  resid_masses = masses[:, 0].reshape(-1)[:num_blocks]
+  resid_masses, p_masses = resid_masses[:num_blocks], p_masses[:num_blocks]
   has_resid = jnp.any(resid_masses > 0)  # a block's mass is > 0 iff one of its weights is
 
   def block_weights(block):
@@ -120,8 +150,7 @@ def _draw_pallas(target_probs, draft_probs, row, scale, key, tile: int, interpre
     resid, p = _weights(take(target_probs[row]), take(q_row()), scale, valid)
     return jnp.where(has_resid, resid, p)
 
-  masses = jnp.where(has_resid, resid_masses, masses[:, 1].reshape(-1)[:num_blocks])
-  return draw_by_blocks(key, masses, block_weights)
+  return draw_by_blocks(key, jnp.where(has_resid, resid_masses, p_masses), block_weights)
 
 
 def draw_correction(target_probs: jax.Array, draft_probs: jax.Array, row: jax.Array,

@@ -144,6 +144,23 @@ def test_fused_with_typed_and_non_threefry_keys(rows):
       np.testing.assert_array_equal(_run(verifier, inputs, 1.0)[1], ref[1])
 
 
+@pytest.mark.parametrize("vocab, tile", [(8192, 2048), (300, 128)])
+def test_pallas_kernel_lowers_for_gpu_with_triton(vocab, tile):
+  # Lowered on this CPU host for CUDA: Triton refuses in-kernel slices and reshapes, and
+  # pl.pallas_call's default GPU backend (Mosaic GPU) refuses the 8-byte scalar copy, so
+  # this catches a kernel that only ever ran in interpret mode and could not run on a GPU.
+  p = jnp.full((GAMMA + 1, vocab), 1 / vocab, jnp.float32)
+  q = jnp.full((GAMMA, vocab), 1 / vocab, jnp.float32)
+  draw = lambda p, q, row, s, k: fused_verify._draw_pallas(p, q, row, s, k, tile=tile,
+                                                           interpret=False, platform="gpu")
+  lowered = jax.jit(draw).trace(p, q, jnp.int32(1), jnp.float32(1.0),
+                                jax.random.PRNGKey(0)).lower(lowering_platforms=("cuda",))
+  assert "specjax_fused_verify" in lowered.as_text()
+  with pytest.raises(ValueError, match="power of two on GPU"):
+    fused_verify._draw_pallas(p, q, jnp.int32(1), jnp.float32(1.0), jax.random.PRNGKey(0),
+                              tile=384, interpret=False, platform="gpu")
+
+
 def test_draw_correction_rejects_unknown_backend():
   p = jnp.full((2, 4), 0.25)
   with pytest.raises(ValueError, match="backend"):
