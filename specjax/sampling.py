@@ -129,9 +129,9 @@ def categorical(key: jax.Array, probs: jax.Array) -> jax.Array:
   w / sum(w)): first over the masses of blocks of `CATEGORICAL_BLOCK` consecutive ids, then
   within the winning block. P(block j) · P(i | j) = (W_j / W) (w_i / W_j) = w_i / W, so the
   draw is exact, and it needs V / 128 + 128 Exp(1) variates (one Threefry call) instead of
-  V: over 8192 ids 6.4 against 53.5 µs at batch 1 and 36 against 220 µs at batch 8 on the
-  2-core CPU, about 9% of a batch-1 T = 1 decode of the bundled LM pair, autoregressive
-  and speculative alike (`experiments.bench_sampler`).
+  V: over 8192 ids 5.5 against 53 µs at batch 1 and 35 against 215 µs at batch 8 on the
+  2-core CPU; a batch-1 T = 1 decode of the bundled LM pair is 8-11% faster autoregressive
+  and 3.5-11.5% speculative (`experiments.bench_sampler`).
   A tiled pass that sums the same blocks with `block_masses` (`specjax.verify.fused_kernel`)
   gets the same masses, bit for bit on XLA:CPU (tested).
   Zero weights are never drawn (when all are zero it returns 0).
