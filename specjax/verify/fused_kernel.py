@@ -41,6 +41,7 @@ from jax.experimental import pallas as pl
 from specjax.sampling import CATEGORICAL_BLOCK, block_masses, categorical, draw_by_blocks
 
 _S = CATEGORICAL_BLOCK
+_GPU = ("gpu", "cuda", "rocm")  # platform names under which the kernel compiles with Triton
 
 
 def _weights(p: jax.Array, q: jax.Array, scale: jax.Array, valid: Optional[jax.Array] = None
@@ -85,8 +86,8 @@ def _kernel(scalars_ref, p_ref, q_ref, resid_masses_ref, p_masses_ref, *, tile: 
   p_masses_ref[...] = block_masses(p)
 
 
-def _scalar_spec():
-  if jax.default_backend() == "tpu":
+def _scalar_spec(platform: str):
+  if platform == "tpu":
     from jax.experimental.pallas import tpu as pltpu  # pylint: disable=import-outside-toplevel
     return pl.BlockSpec(memory_space=pltpu.SMEM)
   return pl.BlockSpec((2,), lambda j: (0,))
@@ -95,7 +96,7 @@ def _scalar_spec():
 def _compiler_params(platform: str):
   """Triton on GPU (`pl.pallas_call`'s default there, Mosaic GPU, is deprecated for it and
   refuses this kernel's 8-byte scalar copy); the platform's default elsewhere."""
-  if platform in ("gpu", "cuda", "rocm"):
+  if platform in _GPU:
     from jax.experimental.pallas import triton as pltriton  # pylint: disable=import-outside-toplevel
     return pltriton.CompilerParams()
   return None
@@ -113,7 +114,7 @@ def _draw_pallas(target_probs, draft_probs, row, scale, key, tile: int, interpre
     return draw_from_rows(target_probs[row, :vocab], q_row(), scale, key)
   platform = platform or jax.default_backend()
   blocks_per_tile = tile // _S
-  if platform in ("gpu", "cuda", "rocm") and blocks_per_tile & (blocks_per_tile - 1):
+  if platform in _GPU and blocks_per_tile & (blocks_per_tile - 1):
     raise ValueError(f"the fused verifier's tile must be 128 times a power of two on GPU "
                      f"(Triton's blocks are powers of two), got {tile}")
   scale = jnp.asarray(scale, jnp.float32)
@@ -131,7 +132,7 @@ def _draw_pallas(target_probs, draft_probs, row, scale, key, tile: int, interpre
       kernel,
       out_shape=(masses_shape, masses_shape),
       grid=(tiles,),
-      in_specs=[_scalar_spec(),
+      in_specs=[_scalar_spec(platform),
                 pl.BlockSpec((gamma + 1, tile // _S, _S), lambda j: (0, j, 0)),
                 pl.BlockSpec((gamma, tile // _S, _S), lambda j: (0, j, 0))],
       out_specs=(masses_spec, masses_spec),
