@@ -40,5 +40,5 @@ setup(
                         "ipykernel>=6.29"],
         "hf": ["torch==2.13.0", "transformers>=5"],
     },
-    entry_points={"console_scripts": ["specjax=specjax.main:cli"]},
+    entry_points={"console_scripts": ["specjax=specjax.app.main:cli"]},
 )

@@ -13,7 +13,7 @@ For each pair and batch size: compile (+ first run) time apart from steady-state
 time, the median of `repeats` interleaved runs, greedy. Peer, in the same run and
 on the SAME translation weights: HuggingFace transformers assisted generation
 (PyTorch CPU, `generate(assistant_model=...)`, greedy, constant γ), on the target
-and draft exported by `specjax.export_hf` (the export is checked by matching
+and draft exported by `specjax.app.export_hf` (the export is checked by matching
 logits first). HF assisted generation takes batch 1 only, so its batch-8 cells are
 "n/a". Without torch/transformers installed the peer is skipped with a loud message.
 """
@@ -52,7 +52,7 @@ def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: 
     import torch  # pylint: disable=import-outside-toplevel
   except ImportError:
     return {"error": PEER_MISSING}
-  from specjax import export_hf  # pylint: disable=import-outside-toplevel
+  from specjax.app import export_hf  # pylint: disable=import-outside-toplevel
   torch.manual_seed(0)
   target = export_hf.to_hf(pair.target.config, pair.target_params)
   draft = export_hf.to_hf(pair.draft.config, pair.draft_params)

@@ -29,11 +29,11 @@ from typing import Any, Dict, List, Sequence
 import jax
 import numpy as np
 
-from specjax import gin_config
+from specjax.app import gin_config
 from specjax.decode import beam_search, speculative_beam_search
 from specjax.checkpoints import load_t5x_for_model
 from specjax.data import load_bundled
-from specjax.main import encode_inputs
+from specjax.app import encode_inputs
 from specjax.models import DecoderOnlyConfig, DecoderOnlyModel, T5Config, T5Model
 from specjax.data import load_vocab
 

@@ -4,7 +4,7 @@ Where a pair comes from (in this order):
 1. gin: `TARGET_MODEL` / `DRAFT_MODEL` (model gin files) and `TARGET_CHECKPOINT` /
    `DRAFT_CHECKPOINT` (T5X checkpoints, or None for random init), as in runs/decode.gin;
    the run then uses that one pair, named 'gin'.
-2. a preset, `--pair lm|translate`: the bundled pair (`specjax.bundled`,
+2. a preset, `--pair lm|translate`: the bundled pair (`specjax.app.bundled`,
    `specjax/assets/pairs/NAME/{target,draft}/`, made by experiments/train_bundled.py);
 3. while those are not shipped: a random-init tiny pair of the preset's family, labelled
    "random init: numbers are meaningless" in every output.
@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import bundled, gin_config
+from specjax.app import bundled, gin_config
 from specjax.data import load_bundled
-from specjax.main import build_model, encode_inputs, load_model
+from specjax.app import build_model, encode_inputs, load_model
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
 from specjax.data import load_vocab

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence
 
 import gin
 
-from specjax import bundled, gin_config
+from specjax.app import bundled, gin_config
 from specjax.models import read_model_gin
 from specjax import train as train_lib
 from specjax.train import distill

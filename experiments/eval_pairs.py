@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common
-from specjax import bundled
+from specjax.app import bundled
 from specjax import data as data_lib  # load_bundled, read_split, TASK_FILES
 from specjax.train import Batches, make_features
 from specjax.decode import autoregressive_decode, speculative_decode

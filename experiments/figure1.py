@@ -15,7 +15,7 @@ import jax
 from rich.console import Console
 
 from experiments import common
-from specjax import report
+from specjax.app import report
 from specjax.decode import speculative_decode
 from specjax.data import load_vocab
 

@@ -3,7 +3,7 @@
     python -m experiments.profile_round [--cache_lens 256 512] [--gammas 2 4 6]
         [--batches 1 8] [--new_tokens 128] [--repeats 5] [--weights_dtype bfloat16]
 
-Bundled LM pair (`specjax.bundled`), greedy, prompts from the bundled evaluation
+Bundled LM pair (`specjax.app.bundled`), greedy, prompts from the bundled evaluation
 split. For every cache length L and batch B it builds, each inside its own
 jitted `fori_loop` so that per-call dispatch is not counted (results are folded
 into the loop carry so XLA cannot drop them): the target's 1-token call and the

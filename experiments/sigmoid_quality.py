@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common
-from specjax import bundled
+from specjax.app import bundled
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.sampling import Sampling
 from specjax.testing import exact_joint, random_table

@@ -45,7 +45,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
 
-from specjax import bundled, checkpoints, gin_config
+from specjax import checkpoints
+from specjax.app import bundled, gin_config
 from specjax import train as train_lib
 from specjax.params import count_params
 
@@ -61,7 +62,7 @@ RUNS = {
 # Distilled drafts learn from OUT/TEACHER (train it first).
 TEACHERS = {"lm_draft_distilled": "lm_target", "translate_draft_distilled": "translate_target"}
 DEFAULT_RUNS = ("lm_target", "lm_draft", "translate_target", "translate_draft")
-SHIP = {  # run name -> (pair, role) under specjax.bundled.PAIRS_DIR
+SHIP = {  # run name -> (pair, role) under specjax.app.bundled.PAIRS_DIR
     "lm_target": ("lm", "target"), "lm_draft": ("lm", "draft"), "lm_tiny": ("lm", "tiny"),
     "translate_target": ("translate", "target"), "translate_draft": ("translate", "draft"),
     "lm_draft_distilled": ("lm", "draft"), "translate_draft_distilled": ("translate", "draft"),

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.checks import check_int, check_real, is_real
+
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
@@ -29,15 +31,12 @@ class Sampling:
   """Keep the smallest set of most likely tokens whose mass reaches top_p; 1.0 turns it off."""
 
   def __post_init__(self):
-    if not _is_number(self.temperature) or not 0 <= self.temperature < np.inf:  # NaN too
-      raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+    check_real("temperature", self.temperature, low=0.0)
     if 0 < self.temperature < np.finfo(np.float32).tiny:  # 0 on the device: 0 / 0 = NaN
       raise ValueError(f"temperature {self.temperature!r} is below float32's smallest normal "
                        f"number {np.finfo(np.float32).tiny:.3g}; use 0 for greedy decoding")
-    if (isinstance(self.top_k, (bool, np.bool_)) or not isinstance(self.top_k, (int, np.integer))
-        or self.top_k < 0):
-      raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-    if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+    check_int("top_k", self.top_k, low=0)
+    if not is_real(self.top_p) or not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
   @property
@@ -98,12 +97,6 @@ def argmax(x: jax.Array) -> jax.Array:
   hit = (x == top) | jnp.isnan(x)
   index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
   return jnp.min(jnp.where(hit, index, x.shape[-1]), axis=-1)
-
-
-def _is_number(value) -> bool:
-  """True for a real number (Python or numpy), False for bools, strings, None."""
-  return (isinstance(value, (int, float, np.integer, np.floating))
-          and not isinstance(value, (bool, np.bool_)))
 
 
 def _nucleus(probs: jax.Array, top_p: float) -> jax.Array:

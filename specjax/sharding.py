@@ -40,6 +40,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from specjax.checks import check_int
 from specjax.models.layers import EncodedInputs, KVCache
 from specjax.params import flatten, unflatten
 
@@ -94,9 +95,7 @@ def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[Any]] = None
     A `Mesh` of shape (len(devices) // num_partitions, num_partitions).
   """
   devices = list(jax.devices() if devices is None else devices)
-  if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)) \
-      or num_partitions < 1:
-    raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
+  check_int("num_partitions", num_partitions, low=1, expected="a positive integer")
   if not devices or len(devices) % num_partitions:
     raise ValueError(f"num_partitions={num_partitions} does not divide the {len(devices)} "
                      "devices")

@@ -9,13 +9,14 @@ import msgpack
 import numpy as np
 import pytest
 
-from specjax import bundled, checkpoints, gin_config
+from specjax import checkpoints
+from specjax.app import bundled, gin_config
 from specjax.models import read_model_gin
 from specjax.train import Batches, make_features
 from specjax.data import load_bundled
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
-from specjax.main import encode_inputs
+from specjax.app import encode_inputs
 from specjax.params import flatten
 from specjax.sampling import Sampling
 from specjax.train import OptimizerConfig, get_trainer

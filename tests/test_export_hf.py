@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from specjax import export_hf
+from specjax.app import export_hf
 from specjax.decode import DecodeConfig, autoregressive_decode
 from specjax.models.t5 import T5Config, T5Model
 from specjax.sampling import Sampling

@@ -4,10 +4,10 @@ reached), so nothing here compiles or decodes."""
 import gin
 import pytest
 
-from specjax import main
+from specjax import app as main
 from specjax.data import inputs as inputs_lib
 from specjax.decode import inputs as decode_inputs
-from specjax.main import run
+from specjax.app import run
 
 TINY = "runs/random_tiny.gin"  # a random-init tiny T5 pair (no checkpoint needed)
 

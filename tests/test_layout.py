@@ -1,6 +1,5 @@
 """The package layout: no import cycles, private modules stay private, the wheel is complete."""
 import ast
-import os
 import pathlib
 import subprocess
 import sys
@@ -86,6 +85,38 @@ def test_private_modules_stay_in_their_subpackage():
       if private and not name.startswith(".".join(parts[:private[0]]) + "."):
         offenders.append((name, target))
   assert not offenders, f"modules importing another subpackage's private module: {offenders}"
+
+
+ENTRY_SCRIPTS = {"specjax.main", "specjax.train.__main__"}
+"""Commands kept at their documented paths (`python -m specjax.main`, `python -m
+specjax.train`): each only hands over to the application layer."""
+
+
+def test_only_the_application_layer_imports_it():
+  known = _modules()
+  offenders = sorted(
+      (name, target) for name, path in known.items()
+      if not (name == "specjax.app" or name.startswith("specjax.app.")) and name not in ENTRY_SCRIPTS
+      for target in _imports(path, name, known)
+      if target == "specjax.app" or target.startswith("specjax.app."))
+  assert not offenders, f"modules below the application layer importing it: {offenders}"
+
+
+def test_entry_scripts_only_hand_over():
+  for name in ENTRY_SCRIPTS:
+    path = _modules()[name]
+    assert len(path.read_text().splitlines()) <= 12, f"{name} should only call specjax.app"
+
+
+def test_no_function_over_80_lines():
+  long = []
+  for path in PACKAGE.rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        if lines > 80:
+          long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+  assert not long, f"functions over 80 lines: {long}"
 
 
 def test_cycle_check_sees_a_cycle(tmp_path):

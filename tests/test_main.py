@@ -14,10 +14,11 @@ import pytest
 
 from rich.console import Console
 
-from specjax import bundled, gin_config, main
+from specjax import app as main
+from specjax.app import bundled, gin_config
 from specjax.data import load_vocab
 from specjax.checkpoints import load_t5x_for_model, save_t5x
-from specjax.main import build_model, run
+from specjax.app import build_model, run
 
 TINY = "runs/random_tiny.gin"  # a random-init tiny pair: checkpoints can be made from it
 

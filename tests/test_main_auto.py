@@ -1,7 +1,7 @@
 """The main job's 'auto' settings: a bad COST_TABLE is refused before any model loads."""
 import pytest
 
-from specjax import main
+from specjax import app as main
 
 
 @pytest.mark.parametrize("policy, path, message", [

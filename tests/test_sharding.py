@@ -294,7 +294,7 @@ def test_create_mesh_checks_num_partitions():
 
 def test_partitioner_is_gin_configurable():
   import gin  # pylint: disable=import-outside-toplevel
-  import specjax.gin_config  # noqa: F401  registers Partitioner (the test must not rely on order)
+  import specjax.app.gin_config  # noqa: F401  registers Partitioner (the test must not rely on order)
   with gin.unlock_config():
     gin.parse_config("Partitioner.num_partitions = 1")
   try:

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from specjax import gin_config, main
+from specjax import app as main
+from specjax.app import gin_config
 from specjax.checkpoints import save_t5x
 from specjax.data import BUNDLED_VOCABULARY, load_bundled, resolve_vocabulary, vocab as vocab_lib
 from specjax.data import vocabulary_difference

@@ -30,6 +30,7 @@ import msgpack
 import numpy as np
 import tensorstore as ts
 
+from specjax.checks import is_int
 from specjax.params import check_params_match, unflatten
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -222,7 +223,7 @@ def decode_t5x_target(data: bytes, where: str) -> Tuple[int, Any]:
                      f"'optimizer' entry (top-level keys: {keys})")
   if not has_target:
     raise ValueError(f"{where}: the checkpoint has no 'optimizer/target' tree")
-  if not isinstance(version, int) or isinstance(version, bool):
+  if not is_int(version):
     raise ValueError(f"{where}: missing or invalid 'version' {version!r}")
   return version, target
 

@@ -52,6 +52,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorstore as ts
 
+from specjax.checks import check_int
 from specjax.checkpoints import _commit
 from specjax.checkpoints import _io
 from specjax.checkpoints import _orbax
@@ -554,10 +555,7 @@ def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
       invalid name, step, dtype or extra file.
   """
   cast = _io.resolve_dtype(dtype, "save_t5x")
-  if (isinstance(step, bool) or not isinstance(step, (int, np.integer))
-      or not 0 <= step < 2**31):
-    raise ValueError(f"save_t5x: step must be an integer in [0, 2**31), "
-                     f"got {step!r}")
+  check_int("save_t5x: step", step, low=0, high=2**31 - 1, expected="an integer in [0, 2**31)")
   if not isinstance(params, Mapping) or not params:
     raise ValueError("save_t5x: params must be a non-empty nested dict of arrays")
   extra = _check_extra(extra_files)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from specjax.data.splits import TASK_FILES, load_bundled
@@ -144,4 +145,22 @@ def as_inputs(items: Sequence[Any]) -> List[DecodeInput]:
       out.append(DecodeInput(item))
     else:
       raise ValueError(f"an input must be a str, got {type(item).__name__}")
+  return out
+
+
+def cut_rows(rows: Sequence[Sequence[int]], max_len: int, eos_id: int) -> List[List[int]]:
+  """Each row cut to `max_len` tokens; a row ending with EOS keeps it (first max_len - 1
+  tokens + EOS). Logs a warning naming each example that was cut."""
+  out = []
+  for index, row in enumerate(rows):
+    row = [int(t) for t in row]
+    eos = len(row) > 0 and row[-1] == eos_id
+    n = len(row) - eos
+    keep = max_len - 1 if eos else max_len
+    if n > keep:
+      logging.warning("input %d has %d tokens, more than max_input_len=%d: keeping its first %d "
+                      "tokens%s and dropping the last %d", index, n, max_len, keep,
+                      " + EOS" if eos else "", n - keep)
+      row = row[:keep] + ([eos_id] if eos else [])
+    out.append(row)
   return out

@@ -16,6 +16,7 @@ from typing import Iterable, List, Optional, Sequence, Union
 
 import sentencepiece as spm
 
+from specjax.checks import check_int
 from specjax.data.splits import read_split
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "assets" / "spm" / "specjax_8k.model"
@@ -35,8 +36,7 @@ class Vocab:
     path = Path(model_path)
     if not path.is_file():
       raise FileNotFoundError(f"SentencePiece model not found: {path}")
-    if isinstance(extra_ids, bool) or not isinstance(extra_ids, int) or extra_ids < 0:
-      raise ValueError(f"extra_ids must be an integer >= 0, got {extra_ids!r}")
+    check_int("extra_ids", extra_ids, low=0)
     self.model_path = path
     self.extra_ids = extra_ids
     try:

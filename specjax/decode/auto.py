@@ -22,7 +22,7 @@ E_b(γ) = Σ_{i ≤ min(γ, room_b−1)} α̂_b^i tokens per round (Eq. 1, cappe
 it needs about room_b / E_b(γ) more rounds. The batch runs until its slowest row is done,
 so the policy picks
 
-    g* = argmin_{g ≤ cap} s[g] · max_{b active} room_b / E_b(g)      (ties: the smaller g)
+    g* = argmin_{g ≤ gamma_cap} s[g] · max_{b active} room_b / E_b(g)      (ties: the smaller g)
 
 which at batch 1 maximizes E(g) / s[g], Thm 3.8 with measured costs, and which can be
 g* = 0: speculation off. It is batch-aware: a wider call is paid by the whole batch, so
@@ -253,13 +253,13 @@ class CostTable:
 
 
 def choose_gamma(costs: jax.Array, alpha_sum: jax.Array, alpha_count: jax.Array,
-                 active: jax.Array, room: jax.Array, cap: jax.Array,
+                 active: jax.Array, room: jax.Array, gamma_cap: jax.Array,
                  prior: Any = PRIOR_ALPHA, prior_weight: Any = 1.0) -> jax.Array:
   """Each row's γ for the next round (see the module docstring).
 
   costs: float32 [G+1] (`CostTable.per_gamma`); alpha_sum float32 [B], alpha_count int32 [B]
   (the running α estimate); active bool [B]; room int32 [B] (tokens left in the row's
-  budget); cap int32 [] (the largest γ allowed); prior float32 [] (α of the estimate's prior
+  budget); gamma_cap int32 [] (the largest γ allowed); prior float32 [] (α of the estimate's prior
   positions); prior_weight float32 [] (how many positions the prior counts as)
   -> int32 [B] in [0, G].
   """
@@ -271,7 +271,7 @@ def choose_gamma(costs: jax.Array, alpha_sum: jax.Array, alpha_count: jax.Array,
   offered = jnp.minimum(gammas[None, :], jnp.maximum(room - 1, 0)[:, None])  # [B, G+1]
   rounds = room[:, None] / jnp.take_along_axis(tokens, offered, axis=1)  # [B, G+1]
   slowest = jnp.max(jnp.where(active[:, None], rounds, 0.0), axis=0)  # [G+1]
-  remaining = jnp.where(gammas <= cap, costs * slowest, jnp.inf)
+  remaining = jnp.where(gammas <= gamma_cap, costs * slowest, jnp.inf)
   best = jnp.argmin(remaining).astype(jnp.int32)
   return jnp.where(active, jnp.minimum(best, jnp.maximum(room - 1, 0)), 0).astype(jnp.int32)
 
@@ -293,14 +293,14 @@ def prior_of(costs: "CostTable") -> Tuple[float, float]:
 
 
 @functools.lru_cache(maxsize=256)
-def never_speculates(costs: "CostTable", cap: int, max_new_tokens: int) -> bool:
+def never_speculates(costs: "CostTable", gamma_cap: int, max_new_tokens: int) -> bool:
   """Whether the policy, deciding with `costs`, plays only γ = 0 rounds in a whole decode
   of max_new_tokens per row (module docstring: its choice for one row at the table's α and
   the full budget, which stands for the rest of the decode)."""
   prior, weight = prior_of(costs)
   gamma = choose_gamma(jnp.asarray(costs.per_gamma()), jnp.zeros(1, jnp.float32),
                        jnp.zeros(1, jnp.int32), jnp.ones(1, bool),
-                       jnp.full(1, max_new_tokens, jnp.int32), jnp.int32(cap),
+                       jnp.full(1, max_new_tokens, jnp.int32), jnp.int32(gamma_cap),
                        jnp.float32(prior), jnp.float32(weight))
   return int(gamma[0]) == 0
 
@@ -363,7 +363,7 @@ class AutoControl:
   """The data the 'auto' loop reads besides its state (changing it never recompiles)."""
 
   costs: jax.Array  # float32 [G+1]: s[g] per largest γ (`CostTable.per_gamma`)
-  cap: jax.Array  # int32 []: the largest γ the policy may pick
+  gamma_cap: jax.Array  # int32 []: the largest γ the policy may pick
   schedule: jax.Array  # int32 [SCHEDULE_SLOTS]: forced batch γ of round r (-1: the policy)
   max_rounds: jax.Array  # int32 []: stop after this many rounds (calibration)
   rollback: jax.Array  # bool []: undo every round's commit (calibration: rows never move)
@@ -371,14 +371,14 @@ class AutoControl:
   prior_weight: jax.Array  # float32 []: how many positions the prior counts as
 
   @staticmethod
-  def make(costs, cap: int, schedule: Sequence[int] = (), max_rounds: int = NO_LIMIT,
+  def make(costs, gamma_cap: int, schedule: Sequence[int] = (), max_rounds: int = NO_LIMIT,
            rollback: bool = False, prior: Optional[float] = None,
            prior_weight: float = 1.0) -> "AutoControl":
     if len(schedule) > SCHEDULE_SLOTS:
       raise ValueError(f"a schedule holds at most {SCHEDULE_SLOTS} rounds, got {len(schedule)}")
     slots = np.full(SCHEDULE_SLOTS, -1, np.int32)
     slots[:len(schedule)] = schedule
-    return AutoControl(costs=jnp.asarray(costs, jnp.float32), cap=jnp.int32(cap),
+    return AutoControl(costs=jnp.asarray(costs, jnp.float32), gamma_cap=jnp.int32(gamma_cap),
                        schedule=jnp.asarray(slots), max_rounds=jnp.int32(max_rounds),
                        rollback=jnp.bool_(rollback),
                        prior=jnp.float32(PRIOR_ALPHA if prior is None else prior),

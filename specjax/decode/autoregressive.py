@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decode.config import DecodeConfig
-from specjax.decode.inputs import (cache_length, check_cache_size, check_config, check_count,
-                                   check_inputs, check_nan, initial_seq, prefix_lengths)
+from specjax.decode.inputs import check_decode, check_nan, initial_seq
 from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.decode.stream import Streaming, as_streaming, decode_streaming
@@ -109,28 +108,23 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
     A `DecodeResult` with tokens [B, max_new_tokens], in input order (streaming: with
     `rounds` and `slot_rounds`, see `DecodeResult.slot_utilization`).
   """
-  check_config(model, config)
-  max_new_tokens = check_count("max_new_tokens", max_new_tokens)
-  inputs = check_inputs(model, inputs)
-  length = prefix_lengths(model, inputs, prompt_lengths)
-  cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens, 1)
-  if slots is not None:
-    streaming = as_streaming(slots)
-    slot_rows = streaming.sizes(partitioner)[0] + streaming.refill_rows
-    check_cache_size([model], slot_rows, cache_len, partitioner)
+  streaming = as_streaming(slots)
+  rows = None if streaming is None else streaming.sizes(partitioner)[0] + streaming.refill_rows
+  checked = check_decode(model, config, inputs, max_new_tokens, prompt_lengths, rows=rows,
+                         partitioner=partitioner)
+  max_new_tokens, inputs = checked.max_new_tokens, checked.inputs
+  loop = AutoregressiveLoop(model, config)
+  if streaming is not None:
     if partitioner is not None:
       params = partitioner.shard_params(params)
-    return decode_streaming(AutoregressiveLoop(model, config), params, inputs, length, rng,
-                            streaming=streaming, width=cache_len, max_new_tokens=max_new_tokens,
-                            partitioner=partitioner,
-                            on_progress=on_progress)
-  check_cache_size([model], inputs.shape[0], cache_len, partitioner)
-  seq = initial_seq(model, inputs, cache_len)
-  (params,), rows = place(partitioner, [params], [
-      jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
+    return decode_streaming(loop, params, inputs, checked.length, rng, streaming=streaming,
+                            width=checked.cache_len, max_new_tokens=max_new_tokens,
+                            partitioner=partitioner, on_progress=on_progress)
+  seq = initial_seq(model, inputs, checked.cache_len)
+  (params,), arrays = place(partitioner, [params], [
+      jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(checked.length),
       row_keys(rng, inputs.shape[0])])
-  result, nan = unpad(partitioner, _autoregressive(AutoregressiveLoop(model, config),
-                                                   partitioner, params, *rows,
+  result, nan = unpad(partitioner, _autoregressive(loop, partitioner, params, *arrays,
                                                    jnp.int32(max_new_tokens)), inputs.shape[0])
   check_nan(nan)
   return result.replace(tokens=result.tokens[:, :max_new_tokens])

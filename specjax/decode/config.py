@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional, Tuple
 
-import numpy as np
-
+from specjax.checks import check_bool, check_int, check_real, is_int
 from specjax.sampling import Sampling
 from specjax.verify import ReferenceVerifier, Verifier, check_lenience
 
@@ -48,7 +46,7 @@ class DecodeConfig:
   def __post_init__(self):
     if not isinstance(self.sampling, Sampling):
       raise ValueError(f"sampling must be a specjax Sampling, got {self.sampling!r}")
-    if not _is_int(self.eos_id) or self.eos_id < -1:
+    if not is_int(self.eos_id) or self.eos_id < -1:
       raise ValueError(f"eos_id must be a token id (an integer >= 0) or -1 for none, "
                        f"got {self.eos_id!r}")
     check_lenience(self.lenience)
@@ -61,23 +59,14 @@ class DecodeConfig:
                        f"verifier supports lenience = 1 only, got lenience={self.lenience}; "
                        "lenient decoding (paper A.5) is defined for Algorithm 1: use the "
                        "reference or fused verifier")
-    if self.cache_len is not None and (not _is_int(self.cache_len) or self.cache_len < 1):
-      raise ValueError(f"cache_len must be None or an integer >= 1, got {self.cache_len!r}")
-    if not isinstance(self.trace, (bool, np.bool_)):
-      raise ValueError(f"trace must be True or False, got {self.trace!r}")
+    check_int("cache_len", self.cache_len, low=1, allow_none=True,
+              expected="None or an integer >= 1")
+    check_bool("trace", self.trace)
     if self.gamma_policy not in GAMMA_POLICIES:
       raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {self.gamma_policy!r}")
-    c = self.cost_coefficient
-    if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, float, np.number)) or not (
-        0 <= c < math.inf):
-      raise ValueError(f"cost_coefficient must be a finite number >= 0, got "
-                       f"{self.cost_coefficient!r}")
+    check_real("cost_coefficient", self.cost_coefficient, low=0.0)
     buckets = tuple(self.auto_buckets)
-    if (any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets)
+    if (any(not is_int(b) or b < 1 for b in buckets)
         or list(buckets) != sorted(set(buckets))):
       raise ValueError(f"auto_buckets must be increasing integers >= 1, got {self.auto_buckets!r}")
     object.__setattr__(self, "auto_buckets", buckets)
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

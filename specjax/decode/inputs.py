@@ -1,6 +1,7 @@
 """Validation and sizing of a generation's inputs, shared by every decode loop (host side)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from typing import Any, Optional, Sequence
@@ -8,15 +9,9 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
+from specjax.checks import check_count, check_int
 from specjax.decode.config import DecodeConfig
-from specjax.models import DecodingModel
-
-
-def check_count(name: str, value: Any) -> int:
-  """Returns value as int; ValueError naming `name` unless it is an integer >= 1 (bools refused)."""
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-  return int(value)
+from specjax.models import DecodingModel, check_same_vocab
 
 
 def check_config(model: DecodingModel, config: Any) -> None:
@@ -29,11 +24,8 @@ def check_config(model: DecodingModel, config: Any) -> None:
 
 def check_eos(model: DecodingModel, eos_id: Any) -> int:
   """eos_id as int; ValueError unless it is a token id of the model's vocabulary or -1."""
-  if (isinstance(eos_id, (bool, np.bool_)) or not isinstance(eos_id, (int, np.integer))
-      or not -1 <= eos_id < model.vocab_size):
-    raise ValueError(f"eos_id must be a token id in [0, vocab_size={model.vocab_size}) or -1 "
-                     f"(no EOS), got {eos_id!r}")
-  return int(eos_id)
+  return check_int("eos_id", eos_id, low=-1, high=model.vocab_size - 1,
+                   expected=f"a token id in [0, vocab_size={model.vocab_size}) or -1 (no EOS)")
 
 
 def check_inputs(model: DecodingModel, inputs: Any) -> np.ndarray:
@@ -200,3 +192,44 @@ def check_nan(nan: Any) -> None:
   if rows.size:
     raise ValueError(f"NaN logits (or +inf, or -inf everywhere) from the target or draft model "
                      f"in rows {rows.tolist()}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+  """A generation's arguments after `check_decode`: validated and sized (host side)."""
+
+  inputs: np.ndarray  # int32 [B, L]: encoder inputs or left-aligned prompts, 0-padded
+  length: np.ndarray  # int32 [B]: each row's decoder prefix length
+  max_new_tokens: int  # generation budget per row
+  cache_len: int  # decoder slots per row
+  gamma: Optional[int] = None  # the checked `gamma` argument (speculative decodes)
+
+
+def check_decode(target: DecodingModel, config: Any, inputs: Any, max_new_tokens: Any,
+                 prompt_lengths: Any = None, *, drafter: Any = None, gamma: Any = None,
+                 rows: Optional[int] = None, partitioner: Any = None) -> Checked:
+  """The one validation preamble of every decode entry, run before anything compiles.
+
+  Checks the config (a `DecodeConfig`, an EOS id in the vocabulary), the drafter's
+  vocabulary against the target's, `max_new_tokens` >= 1, the inputs (int [B, L] ids in the
+  vocabulary, no empty prompt), `gamma` (when a drafter is given: an integer in
+  [1, drafter.max_gamma]; None: max_gamma), sizes the cache (prefix + budget + the round's
+  width: 1, or max_gamma + 1 with a drafter) and refuses caches for `rows` rows (default B)
+  that would not fit the device (`check_cache_size`).
+  """
+  check_config(target, config)
+  width = 1
+  if drafter is not None:
+    check_same_vocab(target, drafter.vocab_size)
+    gamma = drafter.max_gamma if gamma is None else gamma
+    gamma = check_int("gamma", gamma, low=1, high=drafter.max_gamma,
+                      expected=f"an integer in [1, max_gamma={drafter.max_gamma}]")
+    width = drafter.max_gamma + 1
+  max_new_tokens = check_count("max_new_tokens", max_new_tokens)
+  inputs = check_inputs(target, inputs)
+  length = prefix_lengths(target, inputs, prompt_lengths)
+  cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens, width)
+  models = [target] + (drafter_models(drafter) if drafter is not None else [])
+  check_cache_size(models, inputs.shape[0] if rows is None else rows, cache_len, partitioner)
+  return Checked(inputs=inputs, length=length, max_new_tokens=max_new_tokens,
+                 cache_len=cache_len, gamma=gamma)

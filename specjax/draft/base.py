@@ -20,8 +20,8 @@ from typing import Any, Optional, Protocol, Tuple
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from specjax.checks import check_int
 from specjax.sampling import DRAFT_STREAM, Sampling, argmax, categorical, position_key
 
 
@@ -62,11 +62,7 @@ def check_sizes(drafter: Any, **minimums: int) -> None:
   """ValueError unless each named field of `drafter` is an integer >= its minimum (bools
   refused), e.g. `check_sizes(self, max_gamma=1)`."""
   for field, low in minimums.items():
-    value = getattr(drafter, field)
-    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
-        or value < low):
-      raise ValueError(f"{type(drafter).__name__}.{field} must be an integer >= {low}, "
-                       f"got {value!r}")
+    check_int(f"{type(drafter).__name__}.{field}", getattr(drafter, field), low=low)
 
 
 def sample_guess(row_keys, length, i, probs, greedy: bool):

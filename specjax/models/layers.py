@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specjax.checks import check_bool, check_int
 from specjax.params import check_params_match
 
 Array = jax.Array
@@ -96,9 +97,7 @@ def validate_config(config: Any, int_fields: Sequence[str]) -> None:
   """
   name = type(config).__name__
   for field in int_fields:
-    value = getattr(config, field)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-      raise ValueError(f"{name}.{field} must be a positive integer, got {value!r}")
+    check_int(f"{name}.{field}", getattr(config, field), low=1, expected="a positive integer")
   acts = config.mlp_activations
   if isinstance(acts, str) or not isinstance(acts, Sequence) or not acts:
     raise ValueError(f"{name}.mlp_activations must be a non-empty tuple of names, "
@@ -108,9 +107,7 @@ def validate_config(config: Any, int_fields: Sequence[str]) -> None:
     activation_fn(act)
   if config.dtype not in DTYPES:
     raise ValueError(f"{name}.dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
-  if not isinstance(config.logits_via_embedding, (bool, np.bool_)):
-    raise ValueError(f"{name}.logits_via_embedding must be True or False, got "
-                     f"{config.logits_via_embedding!r}")
+  check_bool(f"{name}.logits_via_embedding", config.logits_via_embedding)
 
 
 # ----------------------------------------------------------------------------
@@ -507,8 +504,7 @@ def zeros_cache(batch: int, max_len: int, num_layers: int, num_heads: int,
                 head_dim: int, dtype: Any) -> KVCache:
   """A zeroed KVCache; raises ValueError for non-positive sizes."""
   for name, value in (("batch", batch), ("max_len", max_len)):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-      raise ValueError(f"init_cache: {name} must be a positive integer, got {value!r}")
+    check_int(f"init_cache: {name}", value, low=1, expected="a positive integer")
   keys = tuple(jnp.zeros((int(batch), num_heads, head_dim, int(max_len)), dtype)
                for _ in range(num_layers))
   values = tuple(jnp.zeros((int(batch), num_heads, int(max_len), head_dim), dtype)

@@ -5,7 +5,7 @@ A model folder holds `model.gin` with one binding per config field
 weights, so it is never given to gin (which can import modules and so run
 code): `parse_model_file` reads it with a restricted parser that accepts only
 `T5Config.<field> = <literal>` / `DecoderOnlyConfig.<field> = <literal>`
-bindings, comments and `include`s of other such files. `specjax.gin_config`
+bindings, comments and `include`s of other such files. `specjax.app.gin_config`
 reads TARGET_MODEL / DRAFT_MODEL files with the same parser.
 """
 from __future__ import annotations
@@ -101,7 +101,7 @@ def parse_model_file(path: str, resolve: Resolver = resolve_local,
   Args:
     path: the file.
     resolve: finds it and its includes (`resolve_local`: beside the including
-      file; `specjax.gin_config` passes one that searches the gin paths).
+      file; `specjax.app.gin_config` passes one that searches the gin paths).
   Raises:
     ValueError: naming the file, line and what is wrong.
     FileNotFoundError: the file or an include is not found.

@@ -9,10 +9,10 @@ from specjax.train.checkpoints import (OPT_STATE_FILE, TRAIN_STATE_FILE, check_m
                                        resume_fingerprint, save_checkpoint, save_opt_state)
 from specjax.train.distill import DistillConfig, Teacher, load_teacher
 from specjax.train.trainer import (METRICS_FILE, OptimizerConfig, TrainConfig, Trainer,
-                                   TrainResult, TrainState, cross_entropy, get_trainer, main,
+                                   TrainResult, TrainState, cross_entropy, get_trainer,
                                    make_optimizer, make_schedule, summarize, train)
 
-__all__ = ["train", "main", "Trainer", "TrainState", "TrainResult", "TrainConfig",
+__all__ = ["train", "Trainer", "TrainState", "TrainResult", "TrainConfig",
            "OptimizerConfig", "DataConfig", "DistillConfig", "Teacher", "load_teacher",
            "Batches", "make_batches", "make_features", "get_trainer", "make_optimizer",
            "make_schedule", "cross_entropy", "summarize", "save_checkpoint", "restore",

@@ -39,7 +39,7 @@ from specjax import checkpoints
 from specjax.data import load_vocab
 from specjax.data import splits as data_lib
 from specjax.decode import DecodeConfig, autoregressive_decode
-from specjax.decode import prompts
+from specjax.data.inputs import cut_rows
 from specjax.models import build_model
 from specjax.sampling import Sampling
 from specjax.train.batches import TASKS, check_task
@@ -74,7 +74,7 @@ def model_inputs(task: str, examples: Sequence, vocab, *, encoder_decoder: bool,
     heads = [list(r) for r in rows]
   else:
     rows = [vocab.encode(src) + [vocab.eos_id] for src, _ in examples]
-    rows = prompts.cut(rows, inputs_length, vocab.eos_id)
+    rows = cut_rows(rows, inputs_length, vocab.eos_id)
     heads = [[] for _ in rows]
   out = np.zeros((len(rows), max(len(r) for r in rows)), np.int32)
   for i, r in enumerate(rows):

@@ -54,9 +54,8 @@ import json
 import logging
 import math
 import os
-import sys
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import flax
 import gin
@@ -67,7 +66,7 @@ import optax
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeRemainingColumn)
 
-from specjax import checkpoints, gin_config
+from specjax import checkpoints
 from specjax.models import MODEL_GIN, build_model, model_gin_text
 from specjax.train._checks import check_int, check_real
 from specjax.train.batches import DataConfig, make_batches
@@ -81,7 +80,7 @@ from specjax.train.distill import (DistillConfig, Teacher, divergence_sums, load
 __all__ = [
     "OptimizerConfig", "DataConfig", "TrainConfig", "TrainState", "TrainResult", "Trainer",
     "make_schedule", "make_optimizer", "cross_entropy", "summarize",
-    "get_trainer", "make_batches", "train", "main", "save_checkpoint", "restore",
+    "get_trainer", "make_batches", "train", "save_checkpoint", "restore",
     "list_checkpoints", "save_opt_state", "load_opt_state", "model_gin_text",
     "check_model_gin", "MODEL_GIN", "OPT_STATE_FILE", "TRAIN_STATE_FILE", "METRICS_FILE",
     "DistillConfig", "resume_fingerprint",
@@ -573,24 +572,3 @@ def initial_params(model: Any, model_config: Any, config: TrainConfig) -> Any:
                      f"{theirs} vs the configured {model_config}")
   log.info("initializing from %s", config.init_from)
   return checkpoints.load_t5x_for_model(folder, model, dtype="float32")
-
-
-def main(argv: Optional[Sequence[str]] = None) -> TrainResult:
-  """CLI: `--gin_file` (repeatable), `--gin.NAME=VALUE`, `--gin_search_paths`."""
-  files, bindings, paths, rest = gin_config.split_gin_args(
-      sys.argv[1:] if argv is None else argv)
-  if rest:
-    raise ValueError(f"unknown arguments {rest}; use --gin_file, --gin.NAME=VALUE and "
-                     "--gin_search_paths")
-  if not files:
-    raise ValueError("give a run file, e.g. --gin_file=runs/train_lm.gin")
-  gin_config.parse(files, bindings, paths)
-  result = gin.get_configurable(train)()
-  final = result.evals[-1] if result.evals else {}
-  print(json.dumps({"step": result.step, "checkpoint": result.checkpoint,
-                    "tokens_per_second": result.tokens_per_second, "validation": final}))
-  return result
-
-
-if __name__ == "__main__":
-  main()

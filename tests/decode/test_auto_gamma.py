@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
-from specjax.decode import auto
+from specjax.decode import auto, auto_rounds, calibration
 from specjax.decode import speculative as decoding
 from specjax.draft import HierarchicalDrafter, ModelDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
@@ -82,8 +82,9 @@ def _joint_tv(tokens, law):
 
 def _run(config, target_table, drafter, draft_params, prompts, budget, rng, control, lengths=None):
   """The compiled loop with an explicit control (forced schedule and cost table)."""
-  call = decoding._prepare(TableModel(V), target_table, drafter, draft_params, prompts, budget,
-                           config, lengths, None, rng)
+  call = decoding.prepare_decode(TableModel(V), target_table, drafter, draft_params, prompts,
+                                max_new_tokens=budget, config=config, prompt_lengths=lengths,
+                                rng=rng)
   result, _ = call.run(budget, drafter.max_gamma, control)
   return result
 
@@ -145,7 +146,7 @@ def test_choose_gamma_follows_the_rule_and_switches_speculation_off():
 
 
 def test_a_narrow_decision_stands_while_the_busy_rows_rooms_are_equal():
-  """The claim `speculative._narrow_stands` rests on: narrow rounds keep α and shrink every
+  """The claim `auto_rounds.narrow_stands` rests on: narrow rounds keep α and shrink every
   busy row's room by one, and with equal rooms γ = 0 stays the choice all the way down.
   400 random batches; each γ = 0 decision re-checked at every smaller room."""
   rng = np.random.default_rng(1)
@@ -183,7 +184,7 @@ def test_narrow_stands_until_a_row_finishes_rooms_differ_or_a_schedule_forces():
       length=jnp.array(length, jnp.int32), done=jnp.array(done),
       target_calls=jnp.full(3, calls, jnp.int32))
   mark = jnp.array([False, False, True])
-  stands = lambda c, s: bool(decoding._narrow_stands(c, prefix, mark, s))
+  stands = lambda c, s: bool(auto_rounds.narrow_stands(c, prefix, mark, s))
   assert stands(control, state([9, 12, 4], [False, False, True]))  # 7 made each; row 2 done
   assert not stands(control, state([9, 12, 4], [True, False, True]))  # a row finished
   assert not stands(control, state([9, 13, 4], [False, False, True]))  # rooms differ
@@ -262,7 +263,7 @@ def test_a_table_that_never_pays_reproduces_autoregressive_tokens_at_t1(tables):
   # In the loop (the control given directly, as calibration does): γ = 0 rounds draw with
   # the autoregressive loop's own keys, the same tokens at T = 1.
   in_loop = _small(target_table, draft_table, 20, key, seed=1,
-                   control=decoding._decode_control(table, 2))
+                   control=calibration.decode_control(table, 2))
   # Through the API the policy's decision is known before the first round, and the
   # autoregressive loop runs instead: the same tokens again, reported as γ = 0 rounds.
   instead = _small(target_table, draft_table, 20, key, seconds=(1.0, 5.0, 9.0), seed=1)
@@ -404,8 +405,9 @@ def test_draft_equal_to_target_accepts_every_guess_after_gamma_zero_rounds(table
   control = auto.AutoControl.make(np.ones(3, np.float32), 2, schedule=schedule)
   prompts, lengths = _mixed_prompts(seed=4)
   model = HistoryModel(V)  # the target and the draft: every slot of the history counts
-  call = decoding._prepare(model, target_table, ModelDrafter(model, max_gamma=2), target_table,
-                           prompts, 30, SMALL, lengths, None, jax.random.PRNGKey(1))
+  call = decoding.prepare_decode(model, target_table, ModelDrafter(model, max_gamma=2),
+                                target_table, prompts, max_new_tokens=30, config=SMALL,
+                                prompt_lengths=lengths, rng=jax.random.PRNGKey(1))
   result, _ = call.run(30, 2, control)
   np.testing.assert_array_equal(result.accepted_hist, result.gamma_hist)
   assert np.asarray(result.gamma_hist)[:, 1:].sum() >= 5 * 12

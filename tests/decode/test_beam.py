@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import gin_config
+from specjax.app import gin_config
 from specjax.decode import NEG_INF, beam_search, speculative_beam_search
 from specjax.models import T5Config, T5Model
 from specjax.testing import TableModel, random_table

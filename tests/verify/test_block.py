@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import analysis, gin_config  # noqa: F401  (gin_config registers BlockVerifier)
+from specjax import analysis
+from specjax.app import gin_config  # noqa: F401  (gin_config registers BlockVerifier)
 from specjax.verify import BlockVerifier
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.draft import (BigramDrafter, ModelDrafter, PromptLookupDrafter,

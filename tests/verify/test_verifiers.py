@@ -371,7 +371,7 @@ def _probe_verifier(verifier=None):
     ("verifier_sigmoid.gin", SigmoidApproxVerifierNotExact, {"alpha": -1e4, "beta": 1e4}),
 ])
 def test_gin_files(file, cls, fields):
-  from specjax import gin_config  # registers the verifiers  # pylint: disable=import-outside-toplevel
+  from specjax.app import gin_config  # registers the verifiers  # pylint: disable=import-outside-toplevel
   gin_config.register(_probe_verifier, "specjax_test", name="specjax_test_verifier_probe")
   probe = gin.get_configurable(_probe_verifier)
   text = (GIN_DIR / file).read_text()

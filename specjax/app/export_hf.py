@@ -1,6 +1,6 @@
 """Export a specjax T5 (T5X names) to HuggingFace `T5ForConditionalGeneration`.
 
-  python -m specjax.export_hf --checkpoint /ckpt/checkpoint_1000 \\
+  python -m specjax.app.export_hf --checkpoint /ckpt/checkpoint_1000 \\
       --model_gin models/specjax_tiny_t5.gin --out /tmp/hf_t5
 
 Name map (T5X -> HF; 2-D kernels are transposed, since torch `Linear.weight`
@@ -156,8 +156,8 @@ def main(argv=None) -> None:
   parser.add_argument("--model_gin", required=True, help="e.g. models/t5_1_1_small.gin")
   parser.add_argument("--out", required=True, help="output folder")
   args = parser.parse_args(argv)
-  from specjax import gin_config  # pylint: disable=import-outside-toplevel
-  from specjax.main import load_model  # pylint: disable=import-outside-toplevel
+  from specjax.app import gin_config  # pylint: disable=import-outside-toplevel
+  from specjax.app.loading import load_model  # pylint: disable=import-outside-toplevel
   gin_config.parse([], [f"TARGET_MODEL = '{args.model_gin}'"])
   model, params = load_model(args.checkpoint, "target", 0)
   if not isinstance(model, T5Model):

@@ -1,6 +1,6 @@
 """The trained target/draft pairs shipped in the package, by name.
 
-    from specjax import bundled
+    from specjax.app import bundled
     pair = bundled.load_pair("lm")        # decoder-only LM pair (English descriptions)
     pair = bundled.load_pair("translate") # T5 1.1 EN->DE pair
 
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from specjax.checkpoints import load_t5x_for_model
 from specjax.models import build_model, read_model_gin
 
-PAIRS_DIR = Path(__file__).resolve().parent / "assets" / "pairs"
+PAIRS_DIR = Path(__file__).resolve().parents[1] / "assets" / "pairs"
 PAIRS = {"lm": "lm_ddtp_en", "translate": "translate_en_de"}
 """Bundled pair -> its task (the bundled evaluation split in specjax/assets/eval)."""
 ROLES = ("target", "draft", "tiny")

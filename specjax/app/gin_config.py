@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import gin
 
-from specjax import bundled
+from specjax.app import bundled
 from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
 from specjax.models import DecoderOnlyConfig, T5Config, config_from_model_file, parse_model_file
 from specjax.sampling import Sampling
@@ -37,11 +37,11 @@ from specjax.verify import BlockVerifier, FusedVerifier, ReferenceVerifier, Sigm
 def _gin_dir() -> Path:
   """specjax's gin files: inside the installed package (`specjax/gin`, a wheel) or, in a
   checkout, the repository's top-level `gin/` (setup.py installs it as `specjax/gin`)."""
-  here = Path(__file__).resolve().parent
-  for candidate in (here / "gin", here.parent / "gin"):
+  package = Path(__file__).resolve().parents[1]  # specjax/
+  for candidate in (package / "gin", package.parent / "gin"):
     if (candidate / "runs").is_dir():
       return candidate
-  return here / "gin"
+  return package / "gin"
 
 
 GIN_DIR = _gin_dir()

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 from typing import List, Optional
 
-from specjax.gin_config import GIN_DIR
+from specjax.app.gin_config import GIN_DIR
 
 USAGE_ERRORS = (ValueError, OSError, NameError, ImportError)
 """What a user's input raises (a bad path, gin file, binding or value, a vocabulary or task

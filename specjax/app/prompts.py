@@ -15,11 +15,11 @@ Rows from a seqio task come with the task's own EOS and are used as they are.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from specjax.data.inputs import cut_rows as cut
 from specjax.models import DecodingModel
 
 BOS_ID = 0
@@ -37,24 +37,6 @@ def text_ids(vocab: Any, text: str, model: DecodingModel) -> List[int]:
   """A text's token ids as `model`'s convention frames an input: + EOS unless 'lm'."""
   ids = list(vocab.encode(text))
   return ids if convention(model) == "lm" else ids + [vocab.eos_id]
-
-
-def cut(rows: Sequence[Sequence[int]], max_len: int, eos_id: int) -> List[List[int]]:
-  """Each row cut to `max_len` tokens; a row ending with EOS keeps it (first max_len - 1
-  tokens + EOS). Logs a warning naming each example that was cut."""
-  out = []
-  for index, row in enumerate(rows):
-    row = [int(t) for t in row]
-    eos = len(row) > 0 and row[-1] == eos_id
-    n = len(row) - eos
-    keep = max_len - 1 if eos else max_len
-    if n > keep:
-      logging.warning("input %d has %d tokens, more than max_input_len=%d: keeping its first %d "
-                      "tokens%s and dropping the last %d", index, n, max_len, keep,
-                      " + EOS" if eos else "", n - keep)
-      row = row[:keep] + ([eos_id] if eos else [])
-    out.append(row)
-  return out
 
 
 def frame(model: DecodingModel, rows: Sequence[Sequence[int]], *, max_len: int, eos_id: int,

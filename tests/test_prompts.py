@@ -2,7 +2,7 @@
 
 T5X's DecoderOnlyModel decodes from shift_right(inputs ++ targets): the prompt it prefills is
 [BOS 0, inputs...] (inputs end with EOS), bidirectional over those positions when
-`inputs_bidirectional_attention`. Here prompts framed by `specjax.decode.prompts` are decoded
+`inputs_bidirectional_attention`. Here prompts framed by `specjax.app.prompts` are decoded
 greedily (autoregressive and speculative) and compared with a greedy loop written against
 teacher-forced `logits()` with the same mask, token for token.
 """
@@ -12,7 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from specjax.decode import DecodeConfig, autoregressive_decode, prompts, speculative_decode
+from specjax.app import prompts
+from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
 from specjax.models import DecoderOnlyConfig, T5Config, build_model
 from specjax.sampling import Sampling
@@ -126,7 +127,7 @@ def test_without_bos_the_outputs_differ(pair):
 
 
 def test_target_and_draft_must_frame_alike():
-  from specjax.main import check_models  # pylint: disable=import-outside-toplevel
+  from specjax.app import check_models  # pylint: disable=import-outside-toplevel
   class Vocab:
     def __init__(self, size):
       self.vocab_size = size

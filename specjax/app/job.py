@@ -1,0 +1,104 @@
+"""The main job as four steps a test can call: plan -> load -> measure -> report.
+
+  plan     every setting checked, models built, inputs framed (`plan.make_plan`)
+  load     the weights from the T5X checkpoints (`measure.load`)
+  measure  autoregressive and speculative decodes timed side by side (`measure.measure`)
+  report   outputs, Figure-1 trace and summary printed; results.jsonl and summary.json
+           written (`report`, `records`)
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+
+import gin
+from rich.console import Console
+
+from specjax.app import records, report
+from specjax.app.measure import load, measure
+from specjax.app.plan import make_plan
+from specjax.app.scoring import sequence_scores
+from specjax.sampling import Sampling
+from specjax.sharding import Partitioner
+from specjax.verify import describe
+
+
+@gin.register(module="specjax.main")
+def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
+               draft_checkpoint: Optional[str] = None, drafter: str = "model", gamma: int = 4,
+               max_gamma: Optional[int] = None, max_new_tokens: int = 32,
+               sampling: Sampling = Sampling(temperature=0.0), lenience: float = 1.0,
+               batch_size: int = 8, max_input_len: int = 128, seed: int = 0,
+               verifier=None, gamma_policy: str = "auto", cost_table: Optional[str] = None,
+               output_dir: Optional[str] = "out/decode", plain: bool = False,
+               partitioner: Optional[Partitioner] = None,
+               vocabulary: Any = None, draft_vocabulary: Any = None,
+               task_vocabulary: Any = None, task_feature_lengths: Optional[Mapping] = None,
+               write_scores: bool = False, timing_repeats: int = 3,
+               weights_dtype: str = "float32", draft_weights_dtype: str = "float32",
+               console: Optional[Console] = None,
+               on_batch: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
+  """Runs autoregressive and speculative decoding on `texts`; prints and writes a report.
+
+  Args:
+    texts: the inputs: strings (source sentences for T5, prompts for a decoder-only LM) or
+      `specjax.data.DecodeInput`s (a seqio task's examples, with its token ids).
+    target_checkpoint / draft_checkpoint: T5X checkpoints (None: random init, smoke runs only).
+    drafter: 'model' (the draft checkpoint) or 'prompt_lookup'.
+    gamma: guesses per round ('auto': the largest γ it may pick); max_gamma: the static
+      buffer (default gamma).
+    gamma_policy: 'auto' (default: per round and row, γ in [0, gamma] from measured costs;
+      γ = 0 is a plain target step, so speculation switches off where it does not pay),
+      'constant', 'heuristic' or 'optimal' (`DecodeConfig.gamma_policy`).
+    cost_table: 'auto' only: a JSON cost table (`specjax.decode.auto.CostTable`). If the
+      file exists it is used as is (same table + same seed = same tokens); otherwise the
+      table is calibrated on the first batch and written there. None: calibrate, keep.
+    max_new_tokens: generation budget per example.
+    sampling: standardization for both models; lenience: l in (0, 1] (1 = exact).
+    batch_size: decode slots: the examples stream through this many rows (in-flight
+      batching: a finished example's slot takes the next input).
+    max_input_len: input tokens kept per example (EOS included; a BOS comes on top).
+    verifier: a `specjax.verify` verifier; the sigmoid one is NOT exact (flagged in output).
+      None: `specjax.verify.default_verifier` (block at T > 0 and lenience 1, else reference).
+    output_dir: where `results.jsonl` and `summary.json` go (None: nowhere).
+    partitioner: a `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a
+      device mesh; None: one device.
+    vocabulary: VOCABULARY: a SentencePiece model path, 'bundled:specjax_8k', a `Vocab` or a
+      seqio.Vocabulary. None: the task's vocabulary, or the bundled one when both
+      checkpoints are bundled pairs; otherwise an error.
+    draft_vocabulary: DRAFT_VOCABULARY, checked to be the same vocabulary (None: shared).
+    task_vocabulary: the vocabulary of the seqio task the inputs came from (checked too).
+    task_feature_lengths: TASK_FEATURE_LENGTHS: 'inputs' sets max_input_len and 'targets'
+      max_new_tokens (T5X's lengths), when given.
+    write_scores: WRITE_SCORES: add each prediction's log-likelihood under the target.
+    weights_dtype / draft_weights_dtype: WEIGHTS_DTYPE / DRAFT_WEIGHTS_DTYPE: 'float32', or
+      'bfloat16' to run that model's dense layers and vocabulary product with bfloat16
+      weights, sums in float32 (`specjax.params.cast_kernels`), for both decodes alike.
+    timing_repeats: TIMING_REPEATS: each decode is timed this many times, the two
+      interleaved (order alternating); the summary reports the medians ('speedup' is their
+      ratio) and the range of the per-pass ratios. Compile time is reported apart.
+    on_batch: a progress hook, on_batch(examples_done, examples_total) after every
+      batch_size examples of the first speculative decode; Ctrl-C between two stops the job.
+  Every setting, the vocabulary, the output folder and the caches' size are checked before
+  any weights load.
+  Returns:
+    The summary dict.
+  """
+  console = console or Console()
+  settings = {k: v for k, v in locals().items() if k not in ("texts", "console", "on_batch",
+                                                             "plain", "write_scores")}
+  plan = make_plan(texts, **settings)
+  loaded = load(plan)
+  if not plan.settings["verifier"].exact:
+    console.print(f"[bold red]WARNING:[/bold red] {describe(plan.settings['verifier'])}: "
+                  "speculative outputs are NOT distributed as the target's")
+  measured = measure(plan, loaded, console, on_batch)
+  scores = (sequence_scores(plan.target, loaded.target_params, plan.inputs, plan.prompt_lengths,
+                            measured.spec.tokens, measured.spec.lengths)
+            if write_scores else None)
+  recs = report.example_records(plan, measured, scores)
+  summary = report.summarize(plan, measured)
+  report.print_run(console, plan, measured, recs, summary, plain)
+  if output_dir:
+    records.write(output_dir, recs, summary)
+    console.print(f"wrote {output_dir}/results.jsonl and summary.json")
+  return summary

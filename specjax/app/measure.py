@@ -1,0 +1,105 @@
+"""The main job's measurement: the weights loaded, then the autoregressive and speculative
+decodes of the same inputs timed side by side (`specjax.timing`: interleaved passes, medians,
+compile reported apart)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional
+
+import jax
+from rich.console import Console
+from rich.progress import Progress
+
+from specjax import timing
+from specjax.app.loading import load_params
+from specjax.app.plan import Plan
+from specjax.decode import DecodeResult, autoregressive_decode, speculative_decode
+from specjax.params import WEIGHTS_DTYPES, cast_kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  """The plan's weights (placed on the partitioner's mesh when there is one)."""
+
+  target_params: Any
+  draft_params: Any  # None for prompt lookup
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+  """Both decodes' outputs and timings."""
+
+  ar: DecodeResult
+  spec: DecodeResult  # with a trace
+  timings: timing.Timings  # 'ar' and 'spec' passes
+  compile_s: Dict[str, float]  # the first run of each less its median pass (calibration apart)
+  costs: Any  # the 'auto' cost table the speculative decode used (None otherwise)
+
+
+def load(plan: Plan) -> Loaded:
+  """The target's and the draft's weights, cast to the plan's weight dtypes."""
+  settings = plan.settings
+  seed, partitioner = settings["seed"], settings["partitioner"]
+  target_params = load_params(plan.target, plan.checkpoints["target"], seed, partitioner)
+  draft_params = (load_params(plan.draft, plan.checkpoints["draft"], seed + 1, partitioner)
+                  if plan.draft is not None else None)
+  if settings["weights_dtype"] != "float32":
+    target_params = cast_kernels(target_params, WEIGHTS_DTYPES[settings["weights_dtype"]])
+  if settings["draft_weights_dtype"] != "float32" and draft_params is not None:
+    draft_params = cast_kernels(draft_params, WEIGHTS_DTYPES[settings["draft_weights_dtype"]])
+  return Loaded(target_params=target_params, draft_params=draft_params)
+
+
+def decoders(plan: Plan, loaded: Loaded, costs) -> Dict[str, Callable[..., DecodeResult]]:
+  """{'ar': ..., 'spec': ...}: each decodes every input (keyword: on_progress) through
+  batch_size slots (in-flight batching), one key per example."""
+  settings = plan.settings
+  keys = jax.random.split(jax.random.PRNGKey(settings["seed"]), len(plan.examples))
+  stream = dict(rng=keys, partitioner=settings["partitioner"], slots=settings["batch_size"],
+                prompt_lengths=plan.prompt_lengths, max_new_tokens=settings["max_new_tokens"])
+  spec_config = dataclasses.replace(plan.config, trace=True)
+  return {
+      "ar": lambda **kw: autoregressive_decode(plan.target, loaded.target_params, plan.inputs,
+                                               config=plan.config, **stream, **kw),
+      "spec": lambda **kw: speculative_decode(plan.target, loaded.target_params, plan.drafter,
+                                              loaded.draft_params, plan.inputs,
+                                              gamma=settings["gamma"], config=spec_config,
+                                              costs=costs, **stream, **kw)}
+
+
+def measure(plan: Plan, loaded: Loaded, console: Console,
+            on_batch: Optional[Callable[[int, int], None]] = None) -> Measured:
+  """Both decodes once with a progress bar (compiles; 'auto' calibrates), then
+  TIMING_REPEATS interleaved passes. Ctrl-C during the first runs (between two chunks of
+  batch_size examples) says how far it got and propagates: nothing is written."""
+  total = len(plan.examples)
+  costs, done = plan.costs, [0]
+  try:
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
+      task = progress.add_task("decoding", total=2 * total)
+
+      def spec_progress(finished, count):  # after every batch_size finished examples
+        done[0] = finished
+        progress.update(task, completed=count + finished)
+        if on_batch is not None:
+          on_batch(finished, count)
+
+      fns = decoders(plan, loaded, costs)
+      ar_first, ar_first_s = timing.timed(lambda: fns["ar"](
+          on_progress=lambda d, t: progress.update(task, completed=d)))
+      spec_first, spec_first_s = timing.timed(lambda: fns["spec"](on_progress=spec_progress))
+  except KeyboardInterrupt:
+    console.print(f"interrupted after {done[0]} of {total} examples: nothing written")
+    raise
+  calibrated_s = 0.0
+  if plan.settings["gamma_policy"] == "auto" and costs is None:  # calibrated during that run
+    costs = spec_first.cost_table
+    calibrated_s = costs.calibration_s
+    if plan.settings["cost_table"]:
+      costs.save(plan.settings["cost_table"])
+    fns = decoders(plan, loaded, costs)
+  timings = timing.interleaved(fns, plan.settings["timing_repeats"], warmup=False)
+  compile_s = {"ar": max(ar_first_s - timings.median("ar"), 0.0),
+               "spec": max(spec_first_s - timings.median("spec") - calibrated_s, 0.0)}
+  return Measured(ar=timings.outputs["ar"], spec=timings.outputs["spec"], timings=timings,
+                  compile_s=compile_s, costs=costs)

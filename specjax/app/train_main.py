@@ -1,0 +1,33 @@
+"""`python -m specjax.train --gin_file=...`: gin-configured training from the command line
+(`specjax.train.train` with the run file's bindings)."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional, Sequence
+
+import gin
+
+from specjax.app import gin_config
+from specjax.train.trainer import TrainResult, train
+
+
+def main(argv: Optional[Sequence[str]] = None) -> TrainResult:
+  """CLI: `--gin_file` (repeatable), `--gin.NAME=VALUE`, `--gin_search_paths`."""
+  files, bindings, paths, rest = gin_config.split_gin_args(
+      sys.argv[1:] if argv is None else argv)
+  if rest:
+    raise ValueError(f"unknown arguments {rest}; use --gin_file, --gin.NAME=VALUE and "
+                     "--gin_search_paths")
+  if not files:
+    raise ValueError("give a run file, e.g. --gin_file=runs/train_lm.gin")
+  gin_config.parse(files, bindings, paths)
+  result = gin.get_configurable(train)()
+  final = result.evals[-1] if result.evals else {}
+  print(json.dumps({"step": result.step, "checkpoint": result.checkpoint,
+                    "tokens_per_second": result.tokens_per_second, "validation": final}))
+  return result
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,223 @@
+"""The speculative round: Algorithm 1's five named steps over the loop state.
+
+  draft   the drafter proposes γ guesses and their q        (`Proposal`)
+  score   the target scores all γ+1 positions in ONE call   (logits [B, bucket+1, V])
+  verify  Algorithm 1 per row accepts n guesses, draws one  (`specjax.verify.verify_batch`)
+  commit  the row advances by n + 1; the drafter rolls back (seq, length, done, caches)
+  record  per-row statistics, the trace, the next round's γ
+
+`SpeculativeLoop` holds them with the loop's start; the padded-batch loop
+(`specjax.decode.speculative`) and the streaming decode (`specjax.decode.stream`) both run
+its `rounds`. Under the 'auto' γ policy a round is one of len(buckets) + 1 compiled
+variants (`specjax.decode.auto_rounds`): the narrow round (every row at γ = 0: the
+autoregressive step) or a wide round whose target call has the width of a bucket.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from specjax.decode import auto, auto_rounds
+from specjax.decode.autoregressive import AutoregressiveLoop
+from specjax.decode.config import DecodeConfig
+from specjax.decode.gamma import next_gamma
+from specjax.decode.loop import advance, bad_logits, last_tokens, start_loop
+from specjax.decode.state import LoopState, Trace
+from specjax.draft import Drafter, Proposal
+from specjax.models import DecodingModel
+from specjax.rows import take_rows
+from specjax.verify import emitted_tokens, verify_batch
+
+
+@flax.struct.dataclass
+class LoopParams:
+  """What a speculative loop reads besides its state (all data: changing it never recompiles)."""
+
+  target: Any  # the target's parameters
+  drafter: Any  # the drafter's parameters (model params, n-gram tables, or None)
+  control: Optional[auto.AutoControl] = None  # the 'auto' policy's control; None otherwise
+
+
+@flax.struct.dataclass
+class Verdict:
+  """The outcome of verifying one round."""
+
+  n: jax.Array  # int32 [B]: guesses accepted
+  token: jax.Array  # int32 [B]: the token drawn after them
+  overlap: jax.Array  # float32 [B, G]: Σ_x min(p_i, q_i) at each guess position
+  bad: jax.Array  # bool [B]: NaN in the row's target logits or draft q
+
+
+def draft(drafter: Drafter, params: LoopParams, state: LoopState, keys,
+          config: DecodeConfig) -> Tuple[Proposal, Any]:
+  """Every row's γ guesses (tokens [B, max_gamma], probs [B, max_gamma, V]) and the drafter's
+  new state."""
+  return drafter.propose(params.drafter, state.drafter_state, state.seq, state.length,
+                         state.gamma, keys, config.sampling)
+
+
+def score(target: DecodingModel, params: LoopParams, state: LoopState, proposal: Proposal,
+          encoded, bucket: int):
+  """The target's logits [B, bucket+1, V] at the last token and the first `bucket` guesses,
+  and its cache."""
+  tokens = jnp.concatenate([last_tokens(state), proposal.tokens[:, :bucket]], axis=1)
+  return target.decode(params.target, state.cache, tokens, state.length - 1, encoded)
+
+
+def verify(config: DecodeConfig, keys, state: LoopState, proposal: Proposal, logits) -> Verdict:
+  """Algorithm 1 per row over the round's width (logits [B, bucket+1, V]; every row's γ ≤
+  bucket ≤ max_gamma)."""
+  bucket = logits.shape[1] - 1
+  probs = proposal.probs[:, :bucket]
+  n, token, overlap = verify_batch(config.sampling, config.verifier, config.lenience, keys,
+                                   state.length, proposal.tokens[:, :bucket], probs, logits,
+                                   state.gamma)
+  bad = bad_logits(logits) | jnp.any(jnp.isnan(probs), axis=(1, 2))
+  pad = proposal.tokens.shape[1] - bucket
+  return Verdict(n=n, token=token, overlap=jnp.pad(overlap, ((0, 0), (0, pad))), bad=bad)
+
+
+def commit(config: DecodeConfig, drafter: Drafter, state: LoopState, proposal: Proposal,
+           verdict: Verdict, cache, drafter_state, prefix_len, max_new_tokens) -> LoopState:
+  """Each active row advances by n + 1 (stopping at EOS and its budget); the drafter rolls
+  back to what was accepted."""
+  emitted = emitted_tokens(proposal.tokens, verdict.n, verdict.token)  # [B, G+1]
+  seq, length, done = advance(state, emitted, verdict.n + 1, prefix_len, max_new_tokens,
+                              config.eos_id)
+  return state.replace(seq=seq, length=length, done=done, cache=cache,
+                       drafter_state=drafter.update(drafter_state, verdict.n, state.gamma))
+
+
+def record_trace(trace: Trace, active, round_index, guesses, n, token, gamma) -> Trace:
+  """`trace` with round `round_index` [B] of the active rows written: guesses [B, G],
+  accepted n [B], correction token [B], γ [B]."""
+  rows, r = jnp.arange(n.shape[0]), jnp.minimum(round_index, trace.accepted.shape[1] - 1)
+  keep = lambda new, old: jnp.where(active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+  return trace.replace(
+      guesses=trace.guesses.at[rows, r].set(keep(guesses, trace.guesses[rows, r])),
+      accepted=trace.accepted.at[rows, r].set(keep(n, trace.accepted[rows, r])),
+      correction=trace.correction.at[rows, r].set(keep(token, trace.correction[rows, r])),
+      gamma=trace.gamma.at[rows, r].set(keep(gamma, trace.gamma[rows, r])))
+
+
+def record(config: DecodeConfig, before: LoopState, after: LoopState, proposal: Proposal,
+           verdict: Verdict, max_gamma: int) -> LoopState:
+  """`after` with the round's statistics: γ and accepted histograms, calls, the α estimate,
+  the trace, NaN flags, and every row's γ for the next round."""
+  active = ~before.done
+  gamma, n = before.gamma, verdict.n
+  # α estimate over positions whose prefix is the committed one: i ≤ n, i < γ.
+  slots = jnp.arange(max_gamma)[None, :]
+  seen = (slots <= n[:, None]) & (slots < gamma[:, None]) & active[:, None]
+  alpha_sum = before.alpha_sum + jnp.where(seen, verdict.overlap, 0.0).sum(1)
+  alpha_count = before.alpha_count + seen.sum(1)
+  trace = before.trace
+  if trace is not None:
+    trace = record_trace(trace, active, before.target_calls, proposal.tokens, n, verdict.token,
+                         gamma)
+  return after.replace(
+      trace=trace,
+      gamma_hist=before.gamma_hist + (jax.nn.one_hot(gamma, max_gamma + 1, dtype=jnp.int32)
+                                      * active[:, None]),
+      target_calls=before.target_calls + active,
+      draft_calls=before.draft_calls + jnp.where(active, proposal.calls, 0),
+      accepted_hist=before.accepted_hist + (jax.nn.one_hot(n, max_gamma + 1, dtype=jnp.int32)
+                                            * active[:, None]),
+      alpha_sum=alpha_sum, alpha_count=alpha_count,
+      gamma=next_gamma(config, gamma, n, alpha_sum / jnp.maximum(alpha_count, 1), max_gamma),
+      nan=before.nan | (active & verdict.bad))
+
+
+def empty_trace(batch: int, rounds: int, max_gamma: int) -> Trace:
+  """A zeroed `Trace` of `rounds` rounds per row."""
+  return Trace(guesses=jnp.zeros((batch, rounds, max_gamma), jnp.int32),
+               accepted=jnp.zeros((batch, rounds), jnp.int32),
+               correction=jnp.zeros((batch, rounds), jnp.int32),
+               gamma=jnp.zeros((batch, rounds), jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeLoop:
+  """Algorithm 1's start and rounds (static, hashable), shared by the padded-batch loop and
+  the streaming decode (`specjax.decode.stream`). `params` is a `LoopParams`."""
+
+  target: DecodingModel
+  drafter: Drafter
+  config: DecodeConfig
+
+  def start(self, params: LoopParams, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
+    """inputs [B, L], seq [B, T], length [B], gamma int32 [] -> (LoopState, encoded): the
+    target encoded / prefilled, the drafter started, every row at γ."""
+    max_gamma = self.drafter.max_gamma
+    batch, width = seq.shape
+    state, encoded = start_loop(self.target, params.target, inputs, seq, length, width,
+                                max_gamma + 1)
+    return state.replace(
+        drafter_state=self.drafter.init(params.drafter, inputs, seq, length, width),
+        gamma=jnp.full((batch,), gamma, jnp.int32),
+        gamma_hist=jnp.zeros((batch, max_gamma + 1), jnp.int32),
+        trace=empty_trace(batch, width, max_gamma) if self.config.trace else None), encoded
+
+  def wide(self, bucket: int, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+           max_new_tokens) -> LoopState:
+    """draft -> score -> verify -> commit -> record, the target call scoring the last token
+    and `bucket` guesses; keys [B] row keys, prefix_len int32 [B]."""
+    config, drafter = self.config, self.drafter
+    round_keys = keys
+    if config.verifier.fresh_round_keys:
+      # The verifier reads guesses and uniforms past what it accepts, and the next round
+      # draws at those positions again: fold in the round's start (unique per row).
+      round_keys = jax.vmap(jax.random.fold_in)(keys, state.length)
+    proposal, drafter_state = draft(drafter, params, state, round_keys, config)
+    logits, cache = score(self.target, params, state, proposal, encoded, bucket)
+    verdict = verify(config, round_keys, state, proposal, logits)
+    after = commit(config, drafter, state, proposal, verdict, cache, drafter_state, prefix_len,
+                   max_new_tokens)
+    return record(config, state, after, proposal, verdict, drafter.max_gamma)
+
+  def narrow(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+             max_new_tokens) -> LoopState:
+    """A round in which every row has γ = 0: the autoregressive step (one 1-token target call,
+    the same key, no draft call) counted as a γ = 0 round. The drafter's state is left as it
+    is: its next `propose` catches up the tokens it missed."""
+    after = AutoregressiveLoop(self.target, self.config).round(
+        params.target, state, keys, encoded, prefix_len, max_new_tokens)
+    active = ~state.done
+    counted = active.astype(jnp.int32)
+    after = after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
+                          accepted_hist=state.accepted_hist.at[:, 0].add(counted))
+    if state.trace is None:
+      return after
+    zeros = jnp.zeros_like(state.length)
+    token = take_rows(after.seq, state.length[:, None])[:, 0]
+    guesses = jnp.zeros((zeros.shape[0], self.drafter.max_gamma), jnp.int32)
+    return after.replace(trace=record_trace(state.trace, active, state.target_calls, guesses,
+                                            zeros, token, zeros))
+
+  def going(self, params: LoopParams, state: LoopState) -> jax.Array:
+    """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
+    busy = jnp.any(~state.done)
+    if self.config.gamma_policy != "auto":
+      return busy
+    return busy & (jnp.max(state.target_calls) < params.control.max_rounds)
+
+  def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+             max_new_tokens, running: Callable = lambda s: True,
+             place: Callable = lambda s: s) -> LoopState:
+    """At least one round. Fixed γ policies: exactly one. 'auto': one `auto.run_phases` pass,
+    rounds of each variant while `running(state)` and `going` hold (the streaming decode stops
+    it when a slot is free). `place` constrains each round's state (sharding)."""
+    max_gamma = self.drafter.max_gamma
+    step = dict(params=params, keys=keys, encoded=encoded, prefix_len=prefix_len,
+                max_new_tokens=max_new_tokens)
+    if self.config.gamma_policy != "auto":
+      return place(self.wide(max_gamma, state=state, **step))
+    buckets = auto.resolve_buckets(self.config.auto_buckets, max_gamma)
+    variants = [lambda s: self.narrow(state=s, **step)] + [
+        lambda s, b=b: self.wide(b, state=s, **step) for b in buckets]
+    return auto_rounds.run(params.control, buckets, variants, state, prefix_len, max_new_tokens,
+                           running=lambda s: self.going(params, s) & running(s), place=place)
