@@ -191,6 +191,19 @@ def sync(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def broadcast_text(text: str) -> str:
+  """Process 0's `text` on every process (e.g. a temporary folder name it chose)."""
+  if jax.process_count() == 1:
+    return text
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  data = text.encode("utf-8")
+  size = int(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(len(data)))))
+  buffer = np.zeros(size, np.uint8)
+  if is_writer():
+    buffer[:] = np.frombuffer(data, np.uint8)
+  return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buffer))).decode("utf-8")
+
+
 def process_rows(batch: int, process_id: Optional[int] = None,
                  num_processes: Optional[int] = None) -> slice:
   """The rows [start, stop) of a `batch`-row global batch that a process reads from its input

@@ -277,15 +277,18 @@ class Partitioner:
     """
     batch = np.shape(rows[0])[0]
     pad = self.pad_rows(batch) - batch
+    return [self.shard_params(p) for p in params], [self.place_rows(x, pad) for x in rows]
 
-    def place(x):
-      if self.spans_processes and _host_rows(x):
-        return _own_rows(np.asarray(x), pad, self.batch_sharding((np.shape(x)[0] + pad,)
-                                                                 + np.shape(x)[1:]))
-      if pad:
-        x = jax.numpy.concatenate([x, jax.numpy.repeat(x[-1:], pad, axis=0)])
-      return jax.device_put(x, self.batch_sharding(np.shape(x)))
-    return [self.shard_params(p) for p in params], [place(x) for x in rows]
+  def place_rows(self, x: Any, pad: int = 0) -> jax.Array:
+    """A batch-first array [B, ...] split over 'data', padded by `pad` copies of its last row
+    (B + pad must divide by `data_size`). On a mesh that spans processes every process
+    passes the same full batch and transfers only its own devices' rows."""
+    if self.spans_processes and _host_rows(x):
+      return _own_rows(np.asarray(x), pad, self.batch_sharding((np.shape(x)[0] + pad,)
+                                                               + np.shape(x)[1:]))
+    if pad:
+      x = jax.numpy.concatenate([x, jax.numpy.repeat(x[-1:], pad, axis=0)])
+    return jax.device_put(x, self.batch_sharding(np.shape(x)))
 
   def unpad(self, tree: Any, batch: int) -> Any:
     """Drops padding rows: every batch-first leaf cut to `batch` rows. On a mesh that spans
