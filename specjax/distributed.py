@@ -100,9 +100,12 @@ def resolve(coordinator_address: Optional[str] = None, num_processes: Any = None
 
 def _cluster_detected() -> bool:
   """Whether one of JAX's cluster environments (SLURM, Open MPI, Cloud TPU, ...) is present."""
-  from jax._src import clusters  # pylint: disable=import-outside-toplevel
-  return any(env.is_env_present() for env in clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
-             if getattr(env, "opt_in_only_method", False) is False)
+  try:  # JAX's own list of cluster environments (not public API: absent means none)
+    from jax._src import clusters  # pylint: disable=import-outside-toplevel
+    kinds = list(clusters.ClusterEnv._cluster_types)  # pylint: disable=protected-access
+  except (ImportError, AttributeError):
+    return False
+  return any(env.is_env_present() for env in kinds if not getattr(env, "opt_in_only_method", False))
 
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,

@@ -8,7 +8,8 @@ Run it under the launcher (any number of processes) or alone (one process, or
 
 The prompts are drawn from `--seed` over the target's vocabulary (ids >= 2), the same in
 every process. Decodes: autoregressive, speculative with the draft model and with prompt
-lookup, greedy and sampled (temperature 1, one seed), and beam search.
+lookup, speculative streamed through batch/2 slots, greedy and sampled (temperature 1, one
+seed), and beam search.
 The JSON holds {"tokens": {decode: [[...]]}, "processes", "devices", "mesh", "writer"}.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 
 DECODES = ("ar_greedy", "ar_sampled", "spec_greedy", "spec_sampled", "lookup_greedy",
-           "lookup_sampled", "beam")
+           "lookup_sampled", "stream_greedy", "stream_sampled", "beam")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
   draft, draft_params = load(args.draft, partitioner)
   rng = np.random.default_rng(args.seed)
   prompts = rng.integers(2, target.vocab_size, (args.batch, args.prompt_len)).astype(np.int32)
+  # As if each process read its own part of the inputs: the global batch gathered back.
+  prompts = distributed.gather_rows(prompts[distributed.process_rows(args.batch)])
   key = jax.random.PRNGKey(args.seed)
   configs = {"greedy": DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1),
              "sampled": DecodeConfig(sampling=Sampling(temperature=1.0), eos_id=-1)}
@@ -103,6 +106,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     kind, mode = name.split("_")
     common = dict(max_new_tokens=args.new_tokens, rng=key, config=configs[mode],
                   partitioner=partitioner)
+    if kind == "stream":  # the model draft, the batch streamed through fewer slots
+      kind, common["slots"] = "spec", max(1, args.batch // 2)
     if kind == "ar":
       result = autoregressive_decode(target, target_params, prompts, **common)
     else:

@@ -22,6 +22,9 @@ def main(argv=None):
   parser.add_argument("--num_steps", type=int, default=4)
   parser.add_argument("--checkpoint_every", type=int, default=2)
   parser.add_argument("--stop_after", type=int, default=None)
+  parser.add_argument("--sharded_copy", default=None,
+                      help="also write the final params split over a model axis across the "
+                      "processes (each process writes its own half) into this folder")
   args = parser.parse_args(argv)
   # pylint: disable=import-outside-toplevel
   from specjax import distributed
@@ -37,6 +40,12 @@ def main(argv=None):
   state = fit(trainer, batch_fn, args.model_dir, num_steps=args.num_steps,
               checkpoint_every=args.checkpoint_every, partitioner=Partitioner(),
               init_params=model.init(0), stop_after=args.stop_after)
+  if args.sharded_copy:
+    import jax
+    from specjax.checkpoints import save_t5x_collective
+    split = Partitioner(num_partitions=jax.device_count())
+    params = jax.device_put(state.params, split.param_shardings(state.params))
+    save_t5x_collective(params, args.sharded_copy, step=int(state.step))
   print(f"process {distributed.info().process_id}: step {int(state.step)}")
   return 0
 

@@ -186,8 +186,8 @@ def _launch_training(model_dir, *extra):
 def test_stopped_and_resumed_training_ends_bit_identical(tmp_path):
   from specjax.checkpoints import load_t5x  # pylint: disable=import-outside-toplevel
   from specjax.params import flatten  # pylint: disable=import-outside-toplevel
-  whole, cut = tmp_path / "whole", tmp_path / "cut"
-  _launch_training(whole)
+  whole, cut, split = tmp_path / "whole", tmp_path / "cut", tmp_path / "split"
+  _launch_training(whole, "--sharded_copy", str(split))
   log = _launch_training(cut, "--stop_after", "2")
   assert "[p0] process 0: step 2" in log and "[p1] process 1: step 2" in log
   assert sorted(os.listdir(cut)) == ["checkpoint_2"]  # the stop left only step 2
@@ -203,3 +203,8 @@ def test_stopped_and_resumed_training_ends_bit_identical(tmp_path):
   assert any(not np.array_equal(a[n], first[n]) for n in a)
   for name in ("optimizer_state.npz", "train_state.json", "checkpoint"):
     assert (cut / "checkpoint_4" / name).is_file()
+  # The copy split over a model axis across both processes: each wrote its own chunk.
+  c = dict(flatten(load_t5x(str(split / "checkpoint_4"), dtype="float32")))
+  assert all(np.array_equal(a[name], c[name]) for name in a)
+  chunks = os.listdir(split / "checkpoint_4" / "target.decoder.layers_0.mlp.wi_0.kernel")
+  assert sorted(chunks) == [".zarray", "0.0", "0.1"]  # [16, 32] in two [16, 16] chunks
