@@ -46,6 +46,10 @@ def main(argv=None):
     split = Partitioner(num_partitions=jax.device_count())
     params = jax.device_put(state.params, split.param_shardings(state.params))
     save_t5x_collective(params, args.sharded_copy, step=int(state.step))
+    whole, halves = distributed.gather((state.params, params))  # every process: all of both
+    if not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(whole),
+                                                    jax.tree.leaves(halves))):
+      raise AssertionError("gathering the split params does not give the replicated ones")
   print(f"process {distributed.info().process_id}: step {int(state.step)}")
   return 0
 
