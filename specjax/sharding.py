@@ -281,8 +281,9 @@ class Partitioner:
 
   def place_rows(self, x: Any, pad: int = 0) -> jax.Array:
     """A batch-first array [B, ...] split over 'data', padded by `pad` copies of its last row
-    (B + pad must divide by `data_size`). On a mesh that spans processes every process
-    passes the same full batch and transfers only its own devices' rows."""
+    (replicated instead when `data_size` does not divide B + pad, as `logical_to_spec`
+    does). On a mesh that spans processes every process passes the same full batch and
+    transfers only its own devices' rows."""
     if self.spans_processes and _host_rows(x):
       return _own_rows(np.asarray(x), pad, self.batch_sharding((np.shape(x)[0] + pad,)
                                                                + np.shape(x)[1:]))
