@@ -22,16 +22,19 @@ last row) and drop the padding from the result, place the batch with its
 `NamedSharding`, and constrain the loop state inside `jax.jit` (initial state
 and every round) so XLA's SPMD partitioner keeps caches split by batch and heads.
 
-Multi-host (TPU pods, multi-node GPU): call `jax.distributed.initialize()` first
-on every host (before any other JAX call), run the same program on every host
-and build the `Partitioner` there: `jax.devices()` then lists every host's
-devices and the mesh spans them all; `specjax.checkpoints.load_sharded` reads on each host only the
-shards of its own devices. Every host must pass the same full batch (the
-arrays are global). Not tested here: only one host is available.
+Many processes (TPU pods, multi-node GPU, N local CPU processes): call
+`specjax.distributed.initialize()` first in every process (before any other JAX
+call), run the same program in every process and build the `Partitioner` there:
+`jax.devices()` then lists every process's devices and the mesh spans them all
+(`spans_processes`); `specjax.checkpoints.load_sharded` reads in each process only
+the shards of its own devices. Every process passes the same full batch; each
+places only its own rows (`prepare`), and results come back replicated to every
+process (`unpad`), so `np.asarray` works everywhere. See docs/distributed.md.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Optional, Sequence, Tuple
 
@@ -200,6 +203,11 @@ class Partitioner:
     """Devices on the 'model' axis."""
     return self.mesh.shape[MODEL]
 
+  @property
+  def spans_processes(self) -> bool:
+    """Whether the mesh holds devices of other processes (after `jax.distributed.initialize`)."""
+    return _spans_processes(self.mesh)
+
   def sharding(self, axes: Optional[Sequence[Optional[str]]], shape: Sequence[int],
                what: str = "array") -> NamedSharding:
     """The `NamedSharding` of an array with these logical axes."""
@@ -268,17 +276,56 @@ class Partitioner:
     """
     batch = np.shape(rows[0])[0]
     pad = self.pad_rows(batch) - batch
+    return [self.shard_params(p) for p in params], [self.place_rows(x, pad) for x in rows]
 
-    def place(x):
-      if pad:
-        x = jax.numpy.concatenate([x, jax.numpy.repeat(x[-1:], pad, axis=0)])
-      return jax.device_put(x, self.batch_sharding(np.shape(x)))
-    return [self.shard_params(p) for p in params], [place(x) for x in rows]
+  def place_rows(self, x: Any, pad: int = 0) -> jax.Array:
+    """A batch-first array [B, ...] split over 'data', padded by `pad` copies of its last row
+    (replicated instead when `data_size` does not divide B + pad, as `logical_to_spec`
+    does). On a mesh that spans processes every process passes the same full batch and
+    transfers only its own devices' rows."""
+    if self.spans_processes and _host_rows(x):
+      return _own_rows(np.asarray(x), pad, self.batch_sharding((np.shape(x)[0] + pad,)
+                                                               + np.shape(x)[1:]))
+    if pad:
+      x = jax.numpy.concatenate([x, jax.numpy.repeat(x[-1:], pad, axis=0)])
+    return jax.device_put(x, self.batch_sharding(np.shape(x)))
 
-  @staticmethod
-  def unpad(tree: Any, batch: int) -> Any:
-    """Drops padding rows: every batch-first leaf cut to `batch` rows."""
-    return jax.tree.map(lambda x: x[:batch], tree)
+  def unpad(self, tree: Any, batch: int) -> Any:
+    """Drops padding rows: every batch-first leaf cut to `batch` rows. On a mesh that spans
+    processes the result is replicated to every device (one all-gather), so every process can
+    read it (`np.asarray` of an array split over processes fails)."""
+    if not self.spans_processes:
+      return jax.tree.map(lambda x: x[:batch], tree)
+    return _cut_replicated(batch, NamedSharding(self.mesh, PartitionSpec()), tree)
+
+
+def _spans_processes(mesh: Mesh) -> bool:
+  here = jax.process_index()
+  return any(d.process_index != here for d in mesh.devices.flat)
+
+
+def _host_rows(x: Any) -> bool:
+  """Whether `x` is a batch this process holds whole (numpy, or a jax array on its devices),
+  not a typed PRNG key array (those go through `jax.device_put`)."""
+  return getattr(x, "is_fully_addressable", True) and not jax.dtypes.issubdtype(
+      getattr(x, "dtype", np.int32), jax.dtypes.prng_key)
+
+
+def _own_rows(rows: np.ndarray, pad: int, sharding: NamedSharding) -> jax.Array:
+  """A global batch-first array from the full host batch `rows` [B, ...] padded by `pad`
+  copies of its last row: this process's devices receive only their own rows."""
+  batch = rows.shape[0]
+
+  def read(index):  # index: the slices of one addressable shard
+    wanted = np.arange(batch + pad)[index[0]] if index else np.arange(batch + pad)
+    return rows[np.minimum(wanted, batch - 1)][(slice(None),) + tuple(index[1:])]
+  return jax.make_array_from_callback((batch + pad,) + rows.shape[1:], sharding, read)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _cut_replicated(batch: int, replicated: NamedSharding, tree: Any) -> Any:
+  """Every leaf cut to `batch` rows and replicated (the all-gather runs inside the jit)."""
+  return jax.lax.with_sharding_constraint(jax.tree.map(lambda x: x[:batch], tree), replicated)
 
 
 def per_device_bytes(tree: Any) -> int:

@@ -5,7 +5,8 @@
 writes the legacy format atomically (with `extra_files` committed in the same
 rename); `list_checkpoint_dirs`, `delete_checkpoint` and `clean_model_dir`
 manage a model folder's checkpoints and the leftovers of crashed saves;
-`load_sharded` reads straight into a `specjax.sharding.Partitioner`'s shardings.
+`load_sharded` reads straight into a `specjax.sharding.Partitioner`'s shardings;
+`save_t5x_collective` writes global arrays from every process of a job at once.
 """
 from specjax.checkpoints.t5x import (LEGACY, ORBAX, VERSION, CheckpointLocation, clean_model_dir,
                                      delete_checkpoint, find_checkpoint, list_checkpoint_dirs,
@@ -13,7 +14,8 @@ from specjax.checkpoints.t5x import (LEGACY, ORBAX, VERSION, CheckpointLocation,
 
 __all__ = ["load_t5x", "load_t5x_for_model", "save_t5x", "find_checkpoint", "CheckpointLocation",
            "list_checkpoint_dirs", "delete_checkpoint", "clean_model_dir",
-           "load_sharded", "load_t5x_sharded", "LEGACY", "ORBAX", "VERSION"]
+           "load_sharded", "load_t5x_sharded", "save_t5x_collective", "LEGACY", "ORBAX",
+           "VERSION"]
 
 
 def __getattr__(name):
@@ -21,4 +23,7 @@ def __getattr__(name):
   if name in ("load_sharded", "load_t5x_sharded"):
     from specjax.checkpoints import sharded  # pylint: disable=import-outside-toplevel
     return getattr(sharded, name)
+  if name == "save_t5x_collective":
+    from specjax.checkpoints import collective  # pylint: disable=import-outside-toplevel
+    return collective.save_t5x_collective
   raise AttributeError(f"module 'specjax.checkpoints' has no attribute {name!r}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorstore as ts
@@ -140,9 +140,13 @@ def _aggregate_value(item_dir: str, keys: Tuple[str, ...], name: str,
 
 
 def load_target(item_dir: str, where: str,
-                expected: Optional[Dict[str, Tuple[int, ...]]] = None
-                ) -> Dict[str, np.ndarray]:
+                expected: Optional[Dict[str, Tuple[int, ...]]] = None,
+                read_arrays: Callable[..., List[Any]] = _io.read_zarr_arrays
+                ) -> Dict[str, Any]:
   """Reads the target leaves of an Orbax item folder -> {'a/b/kernel': array}.
+
+  `read_arrays(reads, where)` reads the zarr arrays (`specjax.checkpoints.sharded`
+  opens them lazily, so each process reads only its shards).
 
   Every chunk an array declares must be stored (unless `_METADATA` says the
   writer skipped chunks equal to the fill value), every file read must resolve
@@ -211,6 +215,6 @@ def load_target(item_dir: str, where: str,
     out[name] = None  # filled below, keeps the tree order of the metadata
     reads.append(_io.ZarrRead(name=name, spec={"driver": driver, "kvstore": kvstore},
                               expected=want, allow_missing_chunks=allow_missing))
-  for read, arr in zip(reads, _io.read_zarr_arrays(reads, where)):
+  for read, arr in zip(reads, read_arrays(reads, where)):
     out[read.name] = arr
   return out

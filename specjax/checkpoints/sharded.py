@@ -1,4 +1,4 @@
-"""Loading a T5X checkpoint straight into sharded `jax.Array`s (per-shard reads for zarr)."""
+"""Loading a T5X checkpoint straight into sharded `jax.Array`s (per-shard reads)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional
@@ -36,9 +36,11 @@ def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = No
                      expected: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
   """Loads a T5X checkpoint's `target` straight into `jax.Array`s of the given shardings.
 
-  Legacy (zarr) checkpoints are read per shard: each device's slice is read
-  from tensorstore on its own, so a host never holds a whole parameter it only
-  needs a part of. Orbax checkpoints are read whole, then split.
+  Both formats are read per shard: each addressable device's slice is read from
+  tensorstore on its own (replicas of a slice once), so a process never holds a
+  whole parameter it only needs a part of: its peak memory is its shards plus
+  the chunks a slice touches. Small values stored inline (legacy msgpack, Orbax
+  aggregate file) are read whole.
 
   Args:
     path: as for `specjax.checkpoints.load_t5x`.

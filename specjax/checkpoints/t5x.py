@@ -315,12 +315,12 @@ def load_flat(path: str, where: str,
     path: as for `load_t5x`.
     where: how messages name the checkpoint.
     expected: {name: shape} the model expects; checked before arrays are read.
-    read_arrays: reads legacy zarr arrays (`specjax.checkpoints.sharded` opens them
-      lazily).
+    read_arrays: reads the zarr arrays of either format (`specjax.checkpoints.sharded`
+      opens them lazily).
   """
   location = find_checkpoint(path)
   if location.format == ORBAX:
-    flat = _orbax.load_target(location.path, where, expected)
+    flat = _orbax.load_target(location.path, where, expected, read_arrays)
   else:
     flat = load_legacy_target(location.path, where, read_arrays, expected)
   if not flat:

@@ -117,10 +117,12 @@ def device_memory(partitioner: Any = None) -> int:
   """Bytes the caches may be spread over: on CPU the host's physical memory; on an accelerator
   its `memory_stats()['bytes_limit']` times the devices of the partitioner's mesh (or one)."""
   devices = list(partitioner.mesh.devices.flat) if partitioner is not None else jax.devices()[:1]
+  # One of this process's own (a device of another process reports nothing here).
+  local = next((d for d in devices if d.process_index == jax.process_index()), devices[0])
   stats = None
-  if devices[0].platform != "cpu":
+  if local.platform != "cpu":
     try:
-      stats = devices[0].memory_stats()
+      stats = local.memory_stats()
     except Exception:  # pylint: disable=broad-except  (some backends do not report)
       stats = None
   if stats and stats.get("bytes_limit"):

@@ -45,7 +45,7 @@ from specjax.decode.inputs import check_count, check_nan
 from specjax.decode.loop import finish
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.sampling import row_keys
-from specjax.sharding import Partitioner, constrain
+from specjax.sharding import Partitioner, constrain, unpad
 
 
 MIN_BUCKET = 16
@@ -289,7 +289,10 @@ def stream_decode(loop, params: Any, inputs: jax.Array, length: jax.Array, keys:
     if shrink_at and int(stream.next) >= total and busy <= shrink_at:
       sizes.pop(0)
       stream = _placed(_shrink(stream, sizes[0]), partitioner)
-  out, nan = _first_rows(total, stream.out, stream.nan)
+  if partitioner is not None and partitioner.spans_processes:  # cut and replicated to all
+    out, nan = unpad(partitioner, (stream.out, stream.nan), total)
+  else:
+    out, nan = _first_rows(total, stream.out, stream.nan)
   return out.replace(rounds=stream.rounds, slot_rounds=stream.slot_rounds), nan
 
 

@@ -1,0 +1,122 @@
+"""Peak host memory of loading the bundled LM target sharded, per process, over 1 vs 2 processes.
+
+  python -m experiments.bench_distributed                 # the layouts below, on this host's CPU
+  python -m experiments.bench_distributed --pair_role lm/tiny
+
+Each layout (processes x CPU devices per process, 'model' axis) runs under
+`specjax.launch`; every process initializes JAX (`specjax.distributed.initialize`),
+records `ru_maxrss` (baseline: after imports, the backend and the model are set up),
+loads the checkpoint with `specjax.checkpoints.load_sharded` into float32 global arrays
+(the bundled checkpoint is bfloat16 zarr) and records `ru_maxrss` again. The figures are
+gathered to process 0, which alone writes the tables. A process's growth should be its own
+shard bytes (what its devices hold) plus a bounded buffer (the chunks one slice touches:
+the bundled arrays are one chunk each), not the whole model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from experiments import common
+
+LAYOUTS = ((1, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2))
+"""(processes, CPU devices per process, num_partitions): model axis within or across processes."""
+_CHILD = "--child"
+
+
+def _max_rss_bytes() -> int:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _own_bytes(tree: Any) -> int:
+  """Bytes this process's devices hold of `tree` (every addressable shard)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  return int(sum(s.data.nbytes for leaf in jax.tree.leaves(tree) for s in leaf.addressable_shards))
+
+
+def child(argv: Sequence[str]) -> None:
+  """One process of a layout: measures and (process 0) writes `--out` as JSON."""
+  # pylint: disable=import-outside-toplevel
+  from specjax import distributed
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--pair_role", default="lm/target")
+  parser.add_argument("--num_partitions", type=int, default=1)
+  parser.add_argument("--out", required=True)
+  args = parser.parse_args(argv)
+  distributed.initialize()
+  import jax
+  import numpy as np
+  from jax.experimental import multihost_utils
+  from specjax import bundled
+  from specjax.checkpoints import load_sharded
+  from specjax.models import build_model, read_model_gin
+  from specjax.sharding import Partitioner
+  from specjax.params import flatten
+  pair, role = args.pair_role.split("/")
+  folder = bundled.checkpoint_dir(pair, role)
+  model = build_model(read_model_gin(str(folder.parent)))
+  partitioner = Partitioner(num_partitions=args.num_partitions)
+  total = int(sum(4 * np.prod(x.shape) for _, x in flatten(model.param_shapes())))
+  jax.block_until_ready(jax.numpy.zeros(1))
+  base = _max_rss_bytes()
+  params = jax.block_until_ready(load_sharded(str(folder), model, partitioner, dtype="float32"))
+  peak = _max_rss_bytes()
+  row = np.asarray([jax.process_index(), base, peak, _own_bytes(params)], np.int64)
+  rows = np.asarray(multihost_utils.process_allgather(row)).reshape(-1, 4)
+  if distributed.is_writer():
+    Path(args.out).write_text(json.dumps({
+        "mesh": dict(partitioner.mesh.shape), "model_bytes": total,
+        "processes": [dict(zip(("process", "base", "peak", "own"), map(int, r))) for r in rows]}))
+  distributed.sync("bench_distributed done")
+
+
+def measure(pair_role: str, layouts: Sequence[Sequence[int]], folder: Path) -> List[Dict]:
+  """One row per (layout, process)."""
+  from specjax import launch  # pylint: disable=import-outside-toplevel
+  rows = []
+  for processes, devices, partitions in layouts:
+    out = folder / f"layout_{processes}x{devices}_m{partitions}.json"
+    status = launch.launch(["experiments.bench_distributed", _CHILD, "--pair_role", pair_role,
+                            "--num_partitions", str(partitions), "--out", str(out)],
+                           num_processes=processes, local_devices=devices, timeout=900)
+    if status:
+      raise RuntimeError(f"layout {processes}x{devices} (model {partitions}) failed: {status}")
+    record = json.loads(out.read_text())
+    mib = lambda b: round(b / 2**20, 1)
+    for p in record["processes"]:
+      rows.append({"processes": processes, "devices/process": devices,
+                   "mesh (data x model)": f"{record['mesh']['data']} x {record['mesh']['model']}",
+                   "process": p["process"], "model MiB (f32)": mib(record["model_bytes"]),
+                   "own shards MiB": mib(p["own"]), "peak growth MiB": mib(p["peak"] - p["base"]),
+                   "growth - own MiB": mib(p["peak"] - p["base"] - p["own"])})
+  return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] == [_CHILD]:
+    child(argv[1:])
+    return
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--pair_role", default="lm/target", help="bundled PAIR/ROLE to load")
+  parser.add_argument("--output_dir", default="out/experiments/bench_distributed")
+  args = parser.parse_args(argv)
+  out = common.Output(args.output_dir, "bench_distributed")
+  rows = measure(args.pair_role, LAYOUTS, out.folder)
+  md = (f"# Peak host memory of a sharded load: bundled:{args.pair_role}\n\n"
+        "`python -m experiments.bench_distributed`: per process, `ru_maxrss` after minus "
+        "before `load_sharded` (float32 arrays from the bfloat16 zarr checkpoint) under "
+        "`specjax.launch` (CPU devices, gloo).\n\n" + common.markdown_table(rows))
+  out.markdown(md)
+  out.csv(rows)
+  out.json({"pair_role": args.pair_role, "layouts": LAYOUTS, "rows": rows})
+  print(md)
+
+
+if __name__ == "__main__":
+  main()
