@@ -42,7 +42,10 @@ def test_default_run_writes_outputs_and_is_greedy_identical(tmp_path):
   # Each decode timed 3 times, interleaved: medians, and the per-pass ratios' range.
   assert summary["timing_repeats"] == 3
   low, high = map(float, summary["speedup_range"].split("-"))
-  assert low <= round(summary["speedup"], 2) <= high
+  if isinstance(summary["speedup"], str):  # every round at γ = 0: no speedup, and why
+    assert summary["speedup"].startswith("n/a") and "speculation_off" in summary
+  else:
+    assert low <= round(summary["speedup"], 2) <= high
 
 
 def test_checkpoints_round_trip_through_the_job(tmp_path):
@@ -210,10 +213,10 @@ def test_gin_syntax_error_in_a_binding_is_named():
     run([f"--gin_file={TINY}", "--prompt", "x", "--gin.GAMMA=(3"])
 
 
-def test_misspelled_macro_binding_warns(caplog):
-  with caplog.at_level(logging.WARNING):
+def test_misspelled_macro_binding_is_one_line_naming_the_closest_macro():
+  with pytest.raises(ValueError, match=r"^--gin\.GAMA: no binding reads the macro GAMA; "
+                                       r"did you mean GAMMA\?$"):
     gin_config.parse([TINY], ["GAMA=3", "GAMMA=2", "DEFAULT_TASK='x'"])
-  assert "macros that nothing reads (misspelled?): GAMA" in caplog.text
   assert gin_config.unread_macros(["GAMA=3", "GAMMA=2", "DEFAULT_TASK='x'",
                                    "decode_job.seed=1"]) == ["GAMA"]
 

@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 from typing import List, Optional
 
+from specjax import distributed
 from specjax.app.gin_config import GIN_DIR
 
 USAGE_ERRORS = (ValueError, OSError, NameError, ImportError)
@@ -78,6 +79,7 @@ def build_parser(description: Optional[str]) -> argparse.ArgumentParser:
   parser.add_argument("--plain", action="store_true", help="no colours in the trace")
   parser.add_argument("--verbose", action="store_true",
                       help="on an error, show the full traceback")
+  distributed.add_arguments(parser)
   return parser
 
 

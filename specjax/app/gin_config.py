@@ -16,6 +16,7 @@ are then bound with `gin.bind_parameter`.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import logging
 import os
@@ -105,7 +106,7 @@ def search_paths(extra: Sequence[str] = ()) -> List[str]:
 def resolve(path: str, paths: Sequence[str]) -> str:
   """Finds a gin file on the search paths; FileNotFoundError names what was tried.
 
-  'bundled:PAIR/ROLE' names the model.gin of a shipped model (`specjax.bundled`).
+  'bundled:PAIR/ROLE' names the model.gin of a shipped model (`specjax.app.bundled`).
   """
   path = bundled.resolve(path, "model")
   if os.path.isabs(path) and os.path.exists(path):
@@ -161,8 +162,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str
     _parse_files_and_bindings(files, bindings, all_paths)
   unread = unread_macros(bindings)
   if unread:
-    logging.warning("--gin bindings of macros that nothing reads (misspelled?): %s",
-                    ", ".join(unread))
+    raise ValueError("; ".join(_unread_message(name) for name in unread))
 
 
 CODE_MACROS = frozenset({*MODEL_MACROS.values(), "DEFAULT_TASK", "TARGET_CHECKPOINT",
@@ -187,15 +187,28 @@ def _macro_refs(value, found: Set[str]) -> None:
       _macro_refs(v, found)
 
 
+def _known_macros() -> Set[str]:
+  """Every macro a parsed binding refers to as `%NAME`, and the macros code reads."""
+  found: Set[str] = set(CODE_MACROS)
+  for params in gin.config._CONFIG.values():  # pylint: disable=protected-access
+    for value in params.values():
+      _macro_refs(value, found)
+  return found
+
+
+def _unread_message(name: str) -> str:
+  """One line for a bound macro nothing reads, naming the closest real macro."""
+  close = difflib.get_close_matches(name, sorted(_known_macros()), n=1, cutoff=0.6)
+  hint = f"; did you mean {close[0]}?" if close else ""
+  return f"--gin.{name}: no binding reads the macro {name}{hint}"
+
+
 def unread_macros(bindings: Sequence[str]) -> List[str]:
   """The macros bound by `bindings` (`NAME=VALUE`) that no parsed binding refers to as `%NAME`
   and no code reads (CODE_MACROS): usually a misspelling (`GAMA=3`)."""
   bound = [m.group(1) for m in map(_MACRO_BINDING.match, bindings) if m]
-  found: Set[str] = set()
-  for params in gin.config._CONFIG.values():  # pylint: disable=protected-access
-    for value in params.values():
-      _macro_refs(value, found)
-  return sorted({name for name in bound if name not in found and name not in CODE_MACROS})
+  found = _known_macros()
+  return sorted({name for name in bound if name not in found})
 
 
 def _parse_files_and_bindings(files: Sequence[str], bindings: Sequence[str],
@@ -210,6 +223,19 @@ def _parse_files_and_bindings(files: Sequence[str], bindings: Sequence[str],
   except tokenize.TokenError as e:
     raise ValueError(f"gin syntax error in {_token_error_site(files, bindings, paths)}: "
                      f"{e.args[0] if e.args else 'unbalanced brackets or quotes'}") from e
+  except ModuleNotFoundError as e:
+    named = e.name or (re.findall(r"(?:No module named|import of) '?([\w.]+)", str(e)) or [""])[0]
+    extra = OPTIONAL_MODULES.get(named.split(".")[0])
+    if extra is None:
+      raise
+    raise ModuleNotFoundError(
+        f"a gin file imports {named}, which is not installed: install specjax's "
+        f"'{extra}' extra (pip install -e '.[{extra}]' in a checkout)", name=named) from e
+
+
+OPTIONAL_MODULES = {"seqio": "seqio", "tensorflow": "seqio", "sacrebleu": "seqio",
+                    "torch": "hf", "transformers": "hf"}
+"""Modules of specjax's optional extras (setup.py `extras_require`): module -> extra."""
 
 
 class _PathProbeFilter(logging.Filter):

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 import gin
 from rich.console import Console
 
+from specjax import distributed
 from specjax.app import records, report
 from specjax.app.measure import load, measure
 from specjax.app.plan import make_plan
@@ -44,8 +45,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       `specjax.data.DecodeInput`s (a seqio task's examples, with its token ids).
     target_checkpoint / draft_checkpoint: T5X checkpoints (None: random init, smoke runs only).
     drafter: 'model' (the draft checkpoint) or 'prompt_lookup'.
-    gamma: guesses per round ('auto': the largest γ it may pick); max_gamma: the static
-      buffer (default gamma).
+    gamma: guesses per round ('auto': the largest γ it may pick); max_gamma: its bound.
     gamma_policy: 'auto' (default: per round and row, γ in [0, gamma] from measured costs;
       γ = 0 is a plain target step, so speculation switches off where it does not pay),
       'constant', 'heuristic' or 'optimal' (`DecodeConfig.gamma_policy`).
@@ -65,8 +65,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
     vocabulary: VOCABULARY: a SentencePiece model path, 'bundled:specjax_8k', a `Vocab` or a
       seqio.Vocabulary. None: the task's vocabulary, or the bundled one when both
       checkpoints are bundled pairs; otherwise an error.
-    draft_vocabulary: DRAFT_VOCABULARY, checked to be the same vocabulary (None: shared).
-    task_vocabulary: the vocabulary of the seqio task the inputs came from (checked too).
+    draft_vocabulary / task_vocabulary: DRAFT_VOCABULARY and the inputs' seqio task's, checked
+      to be the run's (None: shared).
     task_feature_lengths: TASK_FEATURE_LENGTHS: 'inputs' sets max_input_len and 'targets'
       max_new_tokens (T5X's lengths), when given.
     write_scores: WRITE_SCORES: add each prediction's log-likelihood under the target.
@@ -84,6 +84,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
     The summary dict.
   """
   console = console or Console()
+  if not distributed.is_writer():  # many processes: process 0 alone prints and writes
+    console, output_dir = Console(quiet=True), None
   settings = {k: v for k, v in locals().items() if k not in ("texts", "console", "on_batch",
                                                              "plain", "write_scores")}
   plan = make_plan(texts, **settings)

@@ -78,6 +78,15 @@ def job_vocabulary(vocabulary: Any, draft_vocabulary: Any, task_vocabulary: Any,
         "e.g. --gin.VOCABULARY=\"'/path/sentencepiece.model'\", or @seqio.SentencePieceVocabulary() "
         f"as in T5X's gin); the bundled vocabulary ({BUNDLED!r}) is the default only for the "
         "bundled pairs")
+  shipped = [c for c in checkpoints if _is_bundled(c)]
+  if vocabulary is not None and shipped:
+    ours = resolve_vocabulary(BUNDLED)
+    difference = vocabulary_difference(ours, vocab)
+    if difference:
+      raise ValueError(f"vocabulary mismatch: VOCABULARY ({describe_vocab(vocab)}) is not the "
+                       f"vocabulary the bundled checkpoints ({', '.join(shipped)}) were "
+                       f"trained with ({describe_vocab(ours)}): {difference}; leave VOCABULARY "
+                       "unbound for the bundled pairs")
   for what, other in (("the task's vocabulary", task_vocabulary),
                       ("DRAFT_VOCABULARY", draft_vocabulary)):
     if other is None or other is vocabulary:
@@ -98,7 +107,7 @@ def check_models(vocab: Any, models: Dict[str, Any]) -> None:
     if model.vocab_size < vocab.vocab_size:
       raise ValueError(f"the {role} model's vocab_size {model.vocab_size} is smaller than the "
                        f"vocabulary's {vocab.vocab_size} ids ({describe_vocab(vocab)}): "
-                       "wrong VOCABULARY or model gin file?")
+                       "wrong VOCABULARY (its extra_ids count too) or model gin file?")
   if "draft" in models and models["draft"].vocab_size != models["target"].vocab_size:
     raise ValueError(f"target and draft vocab_size differ ({models['target'].vocab_size} vs "
                      f"{models['draft'].vocab_size}): speculative decoding needs one shared "

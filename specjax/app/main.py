@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 
+from specjax import distributed
 from specjax.app import cli as cli_lib
 from specjax.app import gin_config
 from specjax.app.job import decode_job
@@ -77,6 +78,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser = cli_lib.build_parser(__doc__)
   args = parser.parse_args(rest)
   cli_lib.check_counts(parser, args, ["num_examples", "prompt_words"])
+  distributed.initialize_from(args)  # many processes: before any other JAX call
   gin_config.parse(gin_files or [DEFAULT_GIN], bindings, paths)
   inputs_lib.import_modules(gin_config.query_macro("MIXTURE_OR_TASK_MODULE"))
   lengths = gin_config.query_macro("TASK_FEATURE_LENGTHS")

@@ -34,6 +34,7 @@ class Measured:
   timings: timing.Timings  # 'ar' and 'spec' passes
   compile_s: Dict[str, float]  # the first run of each less its median pass (calibration apart)
   costs: Any  # the 'auto' cost table the speculative decode used (None otherwise)
+  draft_cost: Optional[float] = None  # c, measured only when most rounds did not speculate
 
 
 def load(plan: Plan) -> Loaded:
@@ -101,5 +102,27 @@ def measure(plan: Plan, loaded: Loaded, console: Console,
   timings = timing.interleaved(fns, plan.settings["timing_repeats"], warmup=False)
   compile_s = {"ar": max(ar_first_s - timings.median("ar"), 0.0),
                "spec": max(spec_first_s - timings.median("spec") - calibrated_s, 0.0)}
-  return Measured(ar=timings.outputs["ar"], spec=timings.outputs["spec"], timings=timings,
-                  compile_s=compile_s, costs=costs)
+  spec = timings.outputs["spec"]
+  by_gamma = spec.gamma_hist.sum(0)
+  cost = draft_cost(plan, loaded) if by_gamma[1:].sum() < 0.5 * by_gamma.sum() else None
+  return Measured(ar=timings.outputs["ar"], spec=spec, timings=timings, compile_s=compile_s,
+                  costs=costs, draft_cost=cost)
+
+
+def draft_cost(plan: Plan, loaded: Loaded, tokens: int = 16) -> Optional[float]:
+  """c: the draft model's autoregressive time per token over the target's, on the first
+  input (a short decode each, compiled once, three interleaved passes); None for a drafter
+  without a model."""
+  if plan.draft is None:
+    return None
+  first, lengths = plan.inputs[:1], None
+  if plan.prompt_lengths is not None:
+    lengths = plan.prompt_lengths[:1]
+  budget = min(tokens, plan.settings["max_new_tokens"])
+  run = lambda model, params: lambda: autoregressive_decode(
+      model, params, first, max_new_tokens=budget, rng=jax.random.PRNGKey(0),
+      config=dataclasses.replace(plan.config, eos_id=-1, cache_len=None), prompt_lengths=lengths,
+      partitioner=plan.settings["partitioner"])
+  timings = timing.interleaved({"draft": run(plan.draft, loaded.draft_params),
+                                "target": run(plan.target, loaded.target_params)}, 3)
+  return timings.ratio("draft", "target")[0]

@@ -7,7 +7,7 @@ as [+y+].
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 from rich.console import Console
@@ -20,7 +20,8 @@ from specjax.verify import describe
 
 
 def trace_rounds(result: DecodeResult, row: int) -> List[Dict]:
-  """Per round of one row: {'accepted': [ids], 'rejected': id or None, 'correction': id}."""
+  """Per round of one row: {'gamma': guesses offered, 'accepted': [ids], 'rejected': id or
+  None, 'correction': id or None}."""
   trace = result.trace
   if trace is None:
     raise ValueError("the result has no trace: decode with DecodeConfig(trace=True)")
@@ -30,7 +31,8 @@ def trace_rounds(result: DecodeResult, row: int) -> List[Dict]:
     guesses = [int(t) for t in np.asarray(trace.guesses[row, r, :n])]
     rejected = int(trace.guesses[row, r, n]) if n < gamma else None
     keep = max(0, min(n, length - total))
-    entry = {"accepted": guesses[:keep], "rejected": rejected if keep == n else None,
+    entry = {"gamma": gamma, "accepted": guesses[:keep],
+             "rejected": rejected if keep == n else None,
              "correction": int(trace.correction[row, r]) if total + n < length else None}
     rounds.append(entry)
     total += n + 1
@@ -82,6 +84,29 @@ def print_trace(console: Console, rounds, piece, plain: bool) -> None:
     console.print(render_trace(rounds, piece))
 
 
+def decode_figures(name: str, result: DecodeResult, seconds: float) -> Dict:
+  """One decode's tokens (total and per row) and milliseconds per emitted token."""
+  lengths = np.asarray(result.lengths)
+  total = int(lengths.sum())
+  return {f"{name}_tokens": total,
+          f"{name}_tokens_per_row": f"{lengths.mean():.1f} ({lengths.min()}-{lengths.max()})",
+          f"{name}_ms_per_token": 1e3 * seconds / max(total, 1)}
+
+
+def speculation_rounds(result: DecodeResult) -> tuple:
+  """(rounds with γ > 0, all rounds) over every row of a speculative result."""
+  by_gamma = np.asarray(result.gamma_hist).sum(0)
+  return int(by_gamma[1:].sum()), int(by_gamma.sum())
+
+
+def per_token_speedup(timings, ar_tokens: int, spec_tokens: int) -> tuple:
+  """Pass by pass, the autoregressive decode's seconds per emitted token over the speculative
+  one's: (median, min, max). At T = 0 both emit the same tokens; at T > 0 they differ."""
+  ratio, low, high = timings.ratio("ar", "spec")
+  scale = spec_tokens / max(ar_tokens, 1)
+  return ratio * scale, low * scale, high * scale
+
+
 def summarize(plan, measured) -> Dict:
   """The summary dict of a main job run (what the table prints and summary.json holds)."""
   settings, spec_out, ar_out = plan.settings, measured.spec, measured.ar
@@ -91,31 +116,75 @@ def summarize(plan, measured) -> Dict:
       np.array_equal(np.asarray(ar_out.tokens[i, :int(ar_out.lengths[i])]),
                      np.asarray(spec_out.tokens[i, :int(spec_out.lengths[i])]))
       for i in range(len(plan.examples)))
-  ratio, low, high = timings.ratio("ar", "spec")
-  gamma_rounds = np.asarray(spec_out.gamma_hist).sum(0)
   ar_s, spec_s = timings.median("ar"), timings.median("spec")
-  return {
+  ar, spec = decode_figures("autoregressive", ar_out, ar_s), decode_figures(
+      "speculative", spec_out, spec_s)
+  speedup, low, high = per_token_speedup(timings, ar["autoregressive_tokens"],
+                                         spec["speculative_tokens"])
+  speculated, rounds = speculation_rounds(spec_out)
+  gamma_rounds = np.asarray(spec_out.gamma_hist).sum(0)
+  summary = {
       "examples": len(plan.examples), "gamma": settings["gamma"],
       "gamma_policy": settings["gamma_policy"], "drafter": settings["drafter"],
       "weights_dtype": settings["weights_dtype"],
       "draft_weights_dtype": settings["draft_weights_dtype"],
       "verifier": describe(verifier),
       "temperature": sampling.temperature, "lenience": lenience,
+      **ar, **spec,
+      "speedup": speedup if speculated else "n/a: speculation was off (below)",
+      "speedup_range": f"{low:.2f}-{high:.2f}",
+      "speedup_is": (f"ms per emitted token, autoregressive / speculative, median of "
+                     f"{settings['timing_repeats']} interleaved passes"),
+      "speculating_rounds": f"{speculated} of {rounds} ({speculated / max(rounds, 1):.0%})",
       "alpha": float(np.sum(spec_out.alpha_sum) / max(int(np.sum(spec_out.alpha_count)), 1)),
       "tokens_per_target_call": float(np.sum(spec_out.lengths)
                                       / max(int(np.sum(spec_out.target_calls)), 1)),
+      "greedy_identical": (identical if sampling.greedy and lenience == 1.0
+                           and verifier.exact else "n/a (sampling or not exact)"),
       "autoregressive_s": ar_s, "speculative_s": spec_s,
-      "speedup": ar_s / max(spec_s, 1e-9),
       "timing_repeats": settings["timing_repeats"],
-      "speedup_range": f"{low:.2f}-{high:.2f}",
       "compile_ar_s": measured.compile_s["ar"], "compile_spec_s": measured.compile_s["spec"],
       "slot_utilization": spec_out.slot_utilization,
       "slot_utilization_ar": ar_out.slot_utilization,
-      "greedy_identical": (identical if sampling.greedy and lenience == 1.0
-                           and verifier.exact else "n/a (sampling or not exact)"),
       "rounds_by_gamma": ", ".join(f"{g}: {int(n)}" for g, n in enumerate(gamma_rounds) if n),
       **(costs.summary() if costs is not None else {}),
   }
+  if speculated < 0.5 * rounds:
+    summary["speculation_off"] = speculation_off(speculated, rounds, costs, measured.draft_cost)
+  return summary
+
+
+def break_even_alpha(round_cost: float, gamma: int) -> Optional[float]:
+  """The α above which a round of `gamma` guesses costing `round_cost` autoregressive steps
+  emits more tokens per step than the autoregressive loop: Σ_{i ≤ γ} α^i = round_cost
+  (Eq. 1); None when even α = 1 does not pay."""
+  expected = lambda a: sum(a ** i for i in range(gamma + 1))
+  if expected(1.0) <= round_cost:
+    return None
+  low, high = 0.0, 1.0
+  for _ in range(60):
+    mid = 0.5 * (low + high)
+    low, high = (mid, high) if expected(mid) < round_cost else (low, mid)
+  return high
+
+
+def speculation_off(speculated: int, rounds: int, costs, draft_cost: Optional[float]) -> str:
+  """Why most rounds played γ = 0, in words, from the 'auto' policy's measurements."""
+  text = f"speculation was off in {rounds - speculated} of {rounds} rounds"
+  if costs is not None:
+    bucket = costs.buckets[0]
+    round_cost = costs.relative()[bucket]
+    alpha = costs.alpha
+    even = break_even_alpha(round_cost, bucket)
+    text += (f": the 'auto' policy measured α = {alpha:.2f}" if alpha is not None
+             else ": the 'auto' policy had no measured α")
+    if draft_cost is not None:
+      text += f", a draft step costs c = {draft_cost:.2f} target steps"
+    text += (f", and a γ = {bucket} round costs {round_cost:.2f} autoregressive steps, so "
+             + (f"speculating pays only above α = {even:.2f}" if even is not None
+                else "no α makes it pay"))
+  return (text + ". The two decodes above are then both autoregressive: their time ratio is "
+          "noise, not a speedup. To speculate anyway: --gin.GAMMA_POLICY=\"'constant'\"")
 
 
 def example_records(plan, measured, scores=None) -> List[Dict]:
@@ -144,5 +213,12 @@ def print_run(console: Console, plan, measured, recs: Sequence[Dict], summary: D
                 "blue correction; one line per target call):")
   vocab = plan.vocab
   piece = lambda t: vocab.decode([t]) if t != vocab.eos_id else "</s>"
-  print_trace(console, trace_rounds(measured.spec, 0), lambda t: piece(t) + " ", plain)
+  rounds = trace_rounds(measured.spec, 0)
+  print_trace(console, rounds, lambda t: piece(t) + " ", plain)
+  wide = sum(1 for r in rounds if r["gamma"] > 0)
+  emitted = int(measured.spec.lengths[0])
+  console.print(f"{len(rounds)} target calls, {wide} of them speculating (γ > 0), "
+                f"{emitted / max(len(rounds), 1):.2f} tokens per call", highlight=False)
   console.print(summary_table(summary))
+  if "speculation_off" in summary:
+    console.print(f"Note: {summary['speculation_off']}", markup=False, highlight=False)

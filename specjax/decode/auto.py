@@ -235,18 +235,23 @@ class CostTable:
         data = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
       raise ValueError(f"cost table '{path}' cannot be read: {e}") from e
+    return CostTable.from_json(data, f"cost table '{path}'")
+
+  @staticmethod
+  def from_json(data: Any, what: str = "cost table") -> "CostTable":
+    """The table of `to_json`'s dict; ValueError naming what is wrong with it."""
     if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
-      raise ValueError(f"cost table '{path}' is not a specjax cost table (version "
+      raise ValueError(f"{what} is not a specjax cost table (version "
                        f"{' or '.join(map(str, READABLE_VERSIONS))})")
     fields = {f.name for f in dataclasses.fields(CostTable)}
     unknown = set(data) - fields - {"version"}
     if unknown:
-      raise ValueError(f"cost table '{path}' has unknown fields {sorted(unknown)}")
+      raise ValueError(f"{what} has unknown fields {sorted(unknown)}")
     try:
       return CostTable(**{k: (tuple(v) if isinstance(v, list) else v)
                           for k, v in data.items() if k != "version"})
     except TypeError as e:
-      raise ValueError(f"cost table '{path}' is incomplete: {e}") from e
+      raise ValueError(f"{what} is incomplete: {e}") from e
 
 
 # ---------------------------------------------------------------------------- the policy

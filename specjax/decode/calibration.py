@@ -10,11 +10,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import json
 from typing import Callable, Hashable, Optional, Tuple
 
 import jax
 import numpy as np
 
+from specjax import distributed
 from specjax.decode import auto
 
 
@@ -76,6 +78,9 @@ def calibrate(prepared: PreparedDecode, rounds: int = 6, repeats: int = 3) -> au
   table = auto.calibrate(run, batch=prepared.batch, cache_len=prepared.cache_len,
                          max_gamma=prepared.max_gamma, buckets=prepared.buckets,
                          models=prepared.models, rounds=rounds, repeats=repeats)
+  if jax.process_count() > 1:  # every process decides with process 0's table, in lockstep
+    table = auto.CostTable.from_json(json.loads(distributed.broadcast_text(
+        json.dumps(table.to_json()))), "process 0's cost table")
   CALIBRATED.put(prepared.key, table)
   return table
 

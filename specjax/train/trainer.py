@@ -469,19 +469,7 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
   optimizer = optimizer if optimizer is not None else gin.get_configurable(OptimizerConfig)()
   config = config if config is not None else gin.get_configurable(TrainConfig)()
   train_batches, eval_batches = make_batches(data, model_config)
-  if os.path.exists(config.model_dir) and not os.path.isdir(config.model_dir):
-    raise ValueError(f"TrainConfig.model_dir {config.model_dir} is a file, not a folder")
-  os.makedirs(config.model_dir, exist_ok=True)
-  check_model_gin(config.model_dir, model_config, write=False)
-  teacher, teacher_params = (load_teacher(distill, model_config) if distill is not None
-                             else (None, None))
-  trainer = get_trainer(model_config, optimizer, config.num_steps, config.z_loss, teacher)
-  trainer.teacher_params = teacher_params
-  model = trainer.model
-  fingerprint = resume_fingerprint(model_config, data, optimizer, config, distill)
-  state = restore(config.model_dir, trainer, fingerprint, config.allow_changed_training)
-  if state is None:
-    state = trainer.init_state(initial_params(model, model_config, config))
+  trainer, fingerprint, state = _start(model_config, data, optimizer, config, distill)
   start = int(state.step)
   # The run is accepted: only now is anything in model_dir written.
   check_model_gin(config.model_dir, model_config)
@@ -501,18 +489,9 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
   columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
              TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
              TimeRemainingColumn())
-  pending, timed_tokens, timed_seconds, t_last, paused = [], 0.0, 0.0, None, 0.0
+  pending, meter = [], _Throughput()
   with Progress(*columns, disable=not config.progress) as bar:
     task_id = bar.add_task("train", total=config.num_steps, completed=start, loss="-", tps="-")
-
-    def run_eval(step):
-      metrics = dict(trainer.evaluate(state.params, eval_batches.eval_batches(config.eval_batches)),
-                     step=step)
-      result.evals.append(metrics)
-      _append_metrics(config.model_dir, dict(metrics, split="validation"))
-      if config.progress:
-        bar.console.print(f"step {step}: validation loss {metrics['loss']:.4f} "
-                          f"perplexity {metrics['perplexity']:.2f} accuracy {metrics['accuracy']:.3f}")
 
     for step in range(start, config.num_steps):
       state, sums = trainer.train_step(state, train_batches.batch(step))
@@ -520,14 +499,7 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
       done = step + 1
       if done == start + 1 or done % config.log_every == 0 or done == config.num_steps:
         window = jax.device_get(pending)
-        now = time.perf_counter()
-        tokens = sum(float(s["weight_sum"]) for s in window)
-        tps = float("nan")
-        if t_last is not None:  # the first window holds the compilation
-          timed_tokens += tokens
-          timed_seconds += now - t_last - paused
-          tps = tokens / max(now - t_last - paused, 1e-9)
-        t_last, paused = now, 0.0
+        tps = meter.window(sum(float(s["weight_sum"]) for s in window))
         total = {k: sum(float(s[k]) for s in window) for k in window[0]}
         record = dict(summarize(total), step=done, tokens_per_second=tps,
                       grad_norm=float(window[-1]["grad_norm"]),
@@ -543,22 +515,77 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
       # Evaluate before the checkpoint: once checkpoint_N exists, metrics.jsonl
       # holds every line up to N (a resume from it truncates to N).
       if done == config.num_steps or (config.eval_every and done % config.eval_every == 0):
-        run_eval(done)
-      if ((done == config.num_steps or done % config.checkpoint_every == 0)
-          and not trainer.params_finite(state.params)):
-        _diverged(config.model_dir, done, "the parameters hold NaN or inf")
-      if done == config.num_steps:
-        result.checkpoint = save_checkpoint(config.model_dir, state, config.final_dtype,
-                                            config.keep_checkpoints, fingerprint)
-      elif done % config.checkpoint_every == 0:
-        save_checkpoint(config.model_dir, state, "float32", config.keep_checkpoints,
-                        fingerprint)
-      paused += time.perf_counter() - t0
+        result.evals.append(_evaluate(config, trainer, state, eval_batches, done, bar.console))
+      saved = _checkpoint(config, trainer, state, done, fingerprint)
+      result.checkpoint = saved if done == config.num_steps else result.checkpoint
+      meter.paused += time.perf_counter() - t0
   result.step = int(state.step)
   result.params = jax.device_get(state.params)
-  if timed_seconds > 0:
-    result.tokens_per_second = timed_tokens / timed_seconds
+  if meter.seconds > 0:
+    result.tokens_per_second = meter.tokens / meter.seconds
   return result
+
+
+def _evaluate(config: TrainConfig, trainer, state, eval_batches, step: int, console) -> Dict:
+  """Validation metrics at `step`, appended to metrics.jsonl (and printed with progress)."""
+  metrics = dict(trainer.evaluate(state.params, eval_batches.eval_batches(config.eval_batches)),
+                 step=step)
+  _append_metrics(config.model_dir, dict(metrics, split="validation"))
+  if config.progress:
+    console.print(f"step {step}: validation loss {metrics['loss']:.4f} "
+                  f"perplexity {metrics['perplexity']:.2f} accuracy {metrics['accuracy']:.3f}")
+  return metrics
+
+
+def _checkpoint(config: TrainConfig, trainer, state, done: int, fingerprint) -> Optional[str]:
+  """checkpoint_N at every checkpoint_every-th step (float32) and the last (final_dtype),
+  after checking the parameters are finite; None at other steps."""
+  last = done == config.num_steps
+  if not (last or done % config.checkpoint_every == 0):
+    return None
+  if not trainer.params_finite(state.params):
+    _diverged(config.model_dir, done, "the parameters hold NaN or inf")
+  return save_checkpoint(config.model_dir, state, config.final_dtype if last else "float32",
+                         config.keep_checkpoints, fingerprint)
+
+
+class _Throughput:
+  """Tokens per second over log windows, the first (compilation) and pauses (evaluation,
+  checkpoints) left out."""
+
+  def __init__(self):
+    self.tokens, self.seconds, self.paused, self._last = 0.0, 0.0, 0.0, None
+
+  def window(self, tokens: float) -> float:
+    """Closes a window of `tokens`; its tokens per second (NaN for the first window)."""
+    now = time.perf_counter()
+    tps = float("nan")
+    if self._last is not None:
+      spent = now - self._last - self.paused
+      self.tokens += tokens
+      self.seconds += spent
+      tps = tokens / max(spent, 1e-9)
+    self._last, self.paused = now, 0.0
+    return tps
+
+
+def _start(model_config: Any, data: DataConfig, optimizer: OptimizerConfig,
+           config: TrainConfig, distill: Optional[DistillConfig]):
+  """The trainer, the run's resume fingerprint and its state: restored from model_dir's
+  latest checkpoint when the run matches it, else initialized. Writes nothing yet."""
+  if os.path.exists(config.model_dir) and not os.path.isdir(config.model_dir):
+    raise ValueError(f"TrainConfig.model_dir {config.model_dir} is a file, not a folder")
+  os.makedirs(config.model_dir, exist_ok=True)
+  check_model_gin(config.model_dir, model_config, write=False)
+  teacher, teacher_params = (load_teacher(distill, model_config) if distill is not None
+                             else (None, None))
+  trainer = get_trainer(model_config, optimizer, config.num_steps, config.z_loss, teacher)
+  trainer.teacher_params = teacher_params
+  fingerprint = resume_fingerprint(model_config, data, optimizer, config, distill)
+  state = restore(config.model_dir, trainer, fingerprint, config.allow_changed_training)
+  if state is None:
+    state = trainer.init_state(initial_params(trainer.model, model_config, config))
+  return trainer, fingerprint, state
 
 
 def initial_params(model: Any, model_config: Any, config: TrainConfig) -> Any:

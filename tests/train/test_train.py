@@ -22,6 +22,7 @@ import pytest
 from specjax.train import batches as td
 from specjax import checkpoints
 from specjax import train as T
+from specjax.app import train_main
 from specjax.models import build_model
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
@@ -76,7 +77,7 @@ def run_cli(gin_text, model_dir, tmp_dir):
     f.write(gin_text)
   gin.clear_config()
   try:
-    return T.main([f"--gin_file={path}", f"--gin.MODEL_DIR='{model_dir}'"])
+    return train_main.main([f"--gin_file={path}", f"--gin.MODEL_DIR='{model_dir}'"])
   finally:
     gin.clear_config()
 
@@ -556,6 +557,6 @@ def test_bad_configs_raise(tmp_path):
   with pytest.raises(ValueError, match="model config must be"):
     build_model(object())
   with pytest.raises(ValueError, match="unknown arguments"):
-    T.main(["--gin_file=runs/train_lm.gin", "--steps=3"])
+    train_main.main(["--gin_file=runs/train_lm.gin", "--steps=3"])
   with pytest.raises(ValueError, match="run file"):
-    T.main([])
+    train_main.main([])
