@@ -148,12 +148,7 @@ def run(cli: common.Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
   for pair in cli.pairs:
     ex = common.examples(pair, num_examples, max_input_len)
     cache_len = max_input_len + max_new_tokens + max(gammas) + 1
-    pos = max_input_len // 2 if not pair.target.is_encoder_decoder else 8
-    target_t = common.step_times(pair.target, pair.target_params, ex.inputs[:1], [1],
-                                 cache_len=cache_len, position=pos, repeats=step_repeats)[1]
-    draft_t = common.step_times(pair.draft, pair.draft_params, ex.inputs[:1], [1],
-                                cache_len=cache_len, position=pos, repeats=step_repeats)[1]
-    c = draft_t / target_t
+    c = common.cost_ratios(pair, ex.inputs[:1], (), cache_len, step_repeats)["c"]
     notes.append(f"{pair.name}: measured c = {c:.3f} (given to the optimal policy)")
     for temp in temperatures:
       rows = adaptive(pair, ex, temp, gammas, max_new_tokens, repeats, c)
