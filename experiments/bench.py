@@ -292,9 +292,8 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
     bounds: also the bounds table (random-init pair, three drafts; `--bounds` runs only it);
       bounds_vocab: its vocabulary size.
   """
-  for name, value in (("gamma", gamma), ("repeats", repeats), ("max_new_tokens", max_new_tokens),
-                      *(("batches", b) for b in batches)):
-    common.check_int(name, value, low=1)
+  common.check_counts(gamma=gamma, repeats=repeats, max_new_tokens=max_new_tokens,
+                      batches=tuple(batches))
   bounds = common.check_bool("bounds", bounds) or cli.flags.get("bounds", False)
   rows, notes, streamed = [], [], []
   for pair in cli.pairs:

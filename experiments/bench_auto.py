@@ -123,6 +123,8 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
       batches of different examples, each with its own seed (one sampled row is luck).
     max_input_len: encoder input / prompt width.
   """
+  common.check_counts(batches=tuple(batches), gammas=tuple(gammas),
+                      max_new_tokens=max_new_tokens, repeats=repeats, min_rows=min_rows)
   rows, timings, md = [], [], ""
   for pair in cli.pairs:
     for batch in batches:

@@ -144,6 +144,9 @@ def run(cli: common.Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
     max_input_len: encoder input / prompt width.
     hier_gamma, inner_gamma: γ of the target round and of the draft's inner rounds.
   """
+  common.check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens,
+                      gammas=tuple(gammas), repeats=repeats, step_repeats=step_repeats,
+                      hier_gamma=hier_gamma, inner_gamma=inner_gamma)
   adaptive_rows, hier_rows, notes = [], [], []
   for pair in cli.pairs:
     ex = common.examples(pair, num_examples, max_input_len)

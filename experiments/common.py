@@ -225,8 +225,7 @@ class Examples:
 def examples(pair: Pair, num: int, max_input_len: int = 32, prompt_words: int = 8,
              skip: int = 0) -> Examples:
   """The first `num` examples (after `skip`) of the pair's bundled split."""
-  if num < 1:
-    raise ValueError(f"num examples must be >= 1, got {num}")
+  check_int("num examples", num, low=1)
   vocab = load_vocab()
   data = load_bundled(pair.task)[skip: skip + num]
   if pair.task == "lm_ddtp_en":
@@ -316,6 +315,13 @@ def check_int(name: str, value: Any, *, low: Optional[int] = None,
   if high is not None and value > high:
     raise ValueError(f"{name} must be <= {high}, got {value!r}")
   return int(value)
+
+
+def check_counts(**named: Any) -> None:
+  """Each keyword an integer >= 1, or a tuple / list of them (`check_int`)."""
+  for name, value in named.items():
+    for item in (value if isinstance(value, (tuple, list)) else (value,)):
+      check_int(name, item, low=1)
 
 
 def check_bool(name: str, value: Any) -> bool:

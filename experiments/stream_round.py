@@ -114,8 +114,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--output_dir", default=None,
                       help="also write the table to OUTPUT_DIR/stream_round.md")
   args = parser.parse_args(argv)
-  for gamma in args.gammas:
-    common.check_int("gammas", gamma, low=1)
+  common.check_counts(gammas=args.gammas, slots=args.slots, inputs=args.inputs,
+                      repeats=args.repeats)
   common.check_int("new_tokens (the slope's short run is new_tokens // 8)", args.new_tokens,
                    low=8)
   pair = common.with_weights(common.load_pair("lm"), args.weights_dtype,

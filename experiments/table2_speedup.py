@@ -75,8 +75,8 @@ def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
     repeats: timed runs per example and decoder (median); step_repeats: for c and r(γ).
     max_input_len: encoder input / prompt width.
   """
-  for g in gammas:
-    common.check_int("gammas", g, low=1)
+  common.check_counts(gammas=tuple(gammas), num_examples=num_examples,
+                      max_new_tokens=max_new_tokens, repeats=repeats, step_repeats=step_repeats)
   rows = []
   for pair in cli.pairs:
     ex = common.examples(pair, num_examples, max_input_len)

@@ -51,6 +51,8 @@ def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, ga
     leniences: l values at temperature 1; argmax_leniences: at temperature 0 (A.5).
     repeats: timed runs (median); max_input_len: input width.
   """
+  common.check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, gamma=gamma,
+                      repeats=repeats)
   rows = []
   for pair in cli.pairs:
     ex = common.examples(pair, num_examples, max_input_len)
