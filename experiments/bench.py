@@ -103,6 +103,33 @@ def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: 
   return result
 
 
+def peer_rows(pair: common.Pair, ex: common.Examples, t: timing.Timings, *, gamma: int,
+              max_new_tokens: int, repeats: int, notes: List[str]) -> List[Dict]:
+  """The HF rows of one batch (`hf_peer`; batch 1 only, an 'n/a' row otherwise) beside specjax's
+  timings `t` of it; the export check, or why the peer was skipped, goes to `notes`."""
+  batch = len(ex.inputs)
+  if batch != 1:
+    return [{"pair": pair.name, "batch": batch, "decoder": "HF assisted", "compile_s": "n/a",
+             "steady_s": "n/a (HF assisted generation: batch 1 only)"}]
+  greedy = [[int(x) for x in r] for r in np.asarray(t.outputs[AR].tokens)]
+  hf = hf_peer(pair, ex, gamma, max_new_tokens, repeats, greedy)
+  if "error" in hf:
+    print(hf["error"])
+    notes.append(hf["error"])
+    return []
+  notes.append(f"HF export check: max |logits_HF − logits_specjax| = "
+               f"{hf['logits_max_abs_diff']:.2e}")
+  rows = []
+  for name in ("hf_greedy", "hf_assisted"):
+    label = f"assisted γ={gamma}" if "assist" in name else "greedy"
+    rows.append({"pair": pair.name, "batch": batch, "decoder": f"HF {label}",
+                 "compile_s": hf[name]["compile_s"], "steady_s": hf[name]["steady_s"],
+                 "ms_per_token": 1e3 * hf[name]["steady_s"] / max_new_tokens,
+                 "vs_ar": t.median(AR) / hf[name]["steady_s"],
+                 "same_as_specjax": hf[name]["same_as_specjax"]})
+  return rows
+
+
 def _padded_batches(decode, inputs: np.ndarray, keys, batch: int) -> DecodeResult:
   """`decode(rows, keys)` over consecutive batches of `batch` rows (the last padded by
   repeating its last row: one compiled shape), joined; `rounds` = Σ the batches' slowest row
@@ -261,8 +288,8 @@ def bounds_rows(*, vocab: int, batches: Sequence[int], gamma: int, max_new_token
     rows += batch_rows(pair.name, pair.target, pair.target_params, drafts,
                        prompts.astype(np.int32), gamma=gamma, max_new_tokens=max_new_tokens,
                        repeats=repeats, config=config)[0]
-  note = (f"bounds pair: random-init decoder-only target {count_params(pair.target_params) / 1e6:.1f}M "
-          f"params, drafts {count_params(pair.draft_params) / 1e6:.1f}M, vocabulary {vocab}, "
+  note = (f"bounds pair: random-init decoder-only target "
+          f"{count_params(pair.target_params) / 1e6:.1f}M params, drafts {count_params(pair.draft_params) / 1e6:.1f}M, vocabulary {vocab}, "
           f"random {BOUNDS_PROMPT_LEN}-token prompts")
   return rows, pair, note
 
@@ -305,25 +332,8 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
                                   max_new_tokens=max_new_tokens, repeats=repeats, config=config)
       rows += batch_table
       if pair.target.is_encoder_decoder and peer:
-        if batch != 1:
-          rows.append({"pair": pair.name, "batch": batch, "decoder": "HF assisted",
-                       "compile_s": "n/a", "steady_s": "n/a (HF assisted generation: batch 1 only)"})
-          continue
-        greedy = [[int(x) for x in r] for r in np.asarray(t.outputs[AR].tokens)]
-        hf = hf_peer(pair, ex, gamma, max_new_tokens, repeats, greedy)
-        if "error" in hf:
-          print(hf["error"])
-          notes.append(hf["error"])
-          continue
-        notes.append(f"HF export check: max |logits_HF − logits_specjax| = "
-                     f"{hf['logits_max_abs_diff']:.2e}")
-        for name in ("hf_greedy", "hf_assisted"):
-          rows.append({"pair": pair.name, "batch": batch,
-                       "decoder": f"HF {'assisted γ=' + str(gamma) if 'assist' in name else 'greedy'}",
-                       "compile_s": hf[name]["compile_s"], "steady_s": hf[name]["steady_s"],
-                       "ms_per_token": 1e3 * hf[name]["steady_s"] / max_new_tokens,
-                       "vs_ar": t.median(AR) / hf[name]["steady_s"],
-                       "same_as_specjax": hf[name]["same_as_specjax"]})
+        rows += peer_rows(pair, ex, t, gamma=gamma, max_new_tokens=max_new_tokens,
+                          repeats=repeats, notes=notes)
     if stream_inputs:
       streamed += stream_rows(pair, inputs=stream_inputs, slots=slots,
                               max_new_tokens=max_new_tokens,
@@ -359,11 +369,10 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
   return rows + streamed
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "bench", needs_pairs=lambda flags: not flags["bounds"],
-                         flags={"--bounds": dict(action="store_true", help=(
-                             "only the bounds table: a random-init pair with three drafts"))})
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(
+    run, "bench", __doc__, FAST, needs_pairs=lambda flags: not flags["bounds"],
+    flags={"--bounds": dict(action="store_true",
+                            help="only the bounds table: a random-init pair with three drafts")})
 
 
 if __name__ == "__main__":

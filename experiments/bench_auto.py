@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import gin
 import jax
@@ -192,9 +192,7 @@ def _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas) -
   return md
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "bench_auto")
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "bench_auto", __doc__, FAST)
 
 
 if __name__ == "__main__":

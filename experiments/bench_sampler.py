@@ -31,7 +31,6 @@ import numpy as np
 from experiments import common
 from specjax import sampling, timing
 from specjax.decode import autoregressive_decode, speculative_decode
-from specjax.params import WEIGHTS_DTYPES
 
 # Every module that calls `categorical` by the name it imported.
 _DRAWING_MODULES = ("specjax.sampling", "specjax.verify.step", "specjax.verify.block",
@@ -132,13 +131,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--gamma", type=int, default=3)
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="bfloat16")
+  common.add_weights_flags(parser, default="bfloat16")
   parser.add_argument("--output_dir", default=None,
                       help="also write the tables to OUTPUT_DIR/bench_sampler.md")
   args = parser.parse_args(argv)
-  pair = common.load_pair("lm")
-  if args.weights_dtype != "float32":
-    pair = common.with_weights(pair, args.weights_dtype)
+  pair = common.with_weights(common.load_pair("lm"), args.weights_dtype,
+                             args.draft_weights_dtype)
   text = ("One draw (jitted loop of 200, median of 7)\n\n"
           + common.markdown_table(micro(args.batches, args.vocabs))
           + f"\n\nLM pair ({args.weights_dtype} target), batch 1, T = 1, {args.examples} prompts "

@@ -20,7 +20,7 @@ are identical to the target's autoregressive ones.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import gin
 import jax
@@ -180,13 +180,11 @@ def run(cli: common.Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
         "pair", "temperature", "decoder", "gamma", "alpha", "tokens_per_call", "ms_per_token",
         "speedup", "greedy_identical"])
   out.tables(md, adaptive_rows + hier_rows, cli.pairs)
-  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  out.announce()
   return adaptive_rows + hier_rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "bench_variants")
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "bench_variants", __doc__, FAST)
 
 
 if __name__ == "__main__":

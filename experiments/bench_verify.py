@@ -199,6 +199,20 @@ def end_to_end(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
   return rows
 
 
+def _pooled(runs: Sequence[Sequence[Any]], real: Sequence[int]) -> Dict[str, Any]:
+  """Totals over runs (each a list of per-batch DecodeResults) of the first `real[i]` rows of
+  batch i: tokens, target calls, α sum and count, the accepted-count histogram."""
+  st: Dict[str, Any] = dict(tokens=0, calls=0, alpha_sum=0.0, alpha_count=0, hist=0)
+  for outs in runs:
+    for out, k in zip(outs, real):
+      st["tokens"] += int(np.asarray(out.lengths)[:k].sum())
+      st["calls"] += int(np.asarray(out.target_calls)[:k].sum())
+      st["alpha_sum"] += float(np.asarray(out.alpha_sum)[:k].sum())
+      st["alpha_count"] += int(np.asarray(out.alpha_count)[:k].sum())
+      st["hist"] = st["hist"] + np.asarray(out.accepted_hist)[:k].sum(0)
+  return st
+
+
 def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
                   gammas: Sequence[int] = (2, 4, 6), num_examples: int = 8,
                   max_new_tokens: int = 48, repeats: int = 3,
@@ -231,11 +245,10 @@ def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
 
         def run(name, seed):
           cfg = dataclasses.replace(config, verifier=get_verifier(name))
-          outs = [speculative_decode(pair.target, pair.target_params, drafter, dparams, chunk,
+          return [speculative_decode(pair.target, pair.target_params, drafter, dparams, chunk,
                                      max_new_tokens=max_new_tokens, gamma=gamma,
                                      rng=jax.random.PRNGKey(1000 * seed + c), config=cfg)
                   for c, chunk in enumerate(chunks)]
-          return outs
 
         # Each verifier's r-th timed run decodes with seed r (its warm-up with seed 10 000),
         # so the verifiers of one pass decode alike; every timed run's outputs are kept.
@@ -250,17 +263,7 @@ def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
 
         t = timing.interleaved({n: functools.partial(seeded, n, itertools.count(-1))
                                 for n in verifiers}, repeats)
-        stats = {n: dict(tokens=0, calls=0, alpha_sum=0.0, alpha_count=0, hist=0)
-                 for n in verifiers}
-        for name in verifiers:
-          st = stats[name]
-          for outs in kept[name]:
-            for out, k in zip(outs, real):
-              st["tokens"] += int(np.asarray(out.lengths)[:k].sum())
-              st["calls"] += int(np.asarray(out.target_calls)[:k].sum())
-              st["alpha_sum"] += float(np.asarray(out.alpha_sum)[:k].sum())
-              st["alpha_count"] += int(np.asarray(out.alpha_count)[:k].sum())
-              st["hist"] = st["hist"] + np.asarray(out.accepted_hist)[:k].sum(0)
+        stats = {n: _pooled(kept[n], real) for n in verifiers}
         base = stats[verifiers[0]]
         for name in verifiers:
           st = stats[name]

@@ -12,6 +12,7 @@ Where a pair comes from (in this order):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -172,11 +173,7 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
   parser.add_argument("--fast", action="store_true", help="tiny settings (tests, smoke runs)")
   parser.add_argument("--output_dir", default=f"out/experiments/{name}")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32",
-                      help="run the target's dense kernels and embedding in this dtype "
-                      "(cast once)")
-  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
-                      default="float32", help="the same for the draft model")
+  add_weights_flags(parser)
   actions = [parser.add_argument(flag, **kwargs) for flag, kwargs in (flags or {}).items()]
   args = parser.parse_args(rest)
   own = {action.dest: getattr(args, action.dest) for action in actions}
@@ -200,6 +197,26 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
       reparse()
   pairs = [with_weights(pair, args.weights_dtype, args.draft_weights_dtype) for pair in pairs]
   return Cli(pairs=pairs, output_dir=Path(args.output_dir), fast=args.fast, flags=own)
+
+
+def add_weights_flags(parser: argparse.ArgumentParser, default: str = "float32") -> None:
+  """--weights_dtype (the target's, default `default`) and --draft_weights_dtype: the dtypes
+  the pair's dense kernels and embedding run in (`with_weights`)."""
+  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default=default,
+                      help="run the target's dense kernels and embedding in this dtype "
+                      "(cast once)")
+  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
+                      default="float32", help="the same for the draft model")
+
+
+def cli_main(run: Callable[..., Any], name: str, description: str, fast: Dict[str, Any],
+             **parse_kwargs: Any) -> Callable[[Optional[Sequence[str]]], Any]:
+  """The `main(argv=None)` of a gin-configured experiment: `parse_cli(argv, description, name,
+  **parse_kwargs)`, then `run(cli)`, with the `fast` settings under --fast."""
+  def main(argv: Optional[Sequence[str]] = None) -> Any:
+    cli = parse_cli(argv, description, name, **parse_kwargs)
+    return run(cli, **(fast if cli.fast else {}))
+  return main
 
 
 def gin_overrides(argv: Optional[Sequence[str]], runs: str) -> Tuple[List[str], List[str]]:
@@ -540,6 +557,17 @@ class Output:
     figure.savefig(self.path(filename), dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
     plt.close(figure)
+
+  @contextlib.contextmanager
+  def figure(self, filename: str, figsize: Tuple[float, float], ncols: int = 1):
+    """A new figure's axes (one, or a tuple of `ncols`), saved as `filename` on exit."""
+    fig, axes = pyplot().subplots(1, ncols, figsize=figsize)
+    yield axes
+    self.png(fig, filename)
+
+  def announce(self) -> None:
+    """Prints the files written so far."""
+    print(f"wrote {', '.join(str(p) for p in self.written)}")
 
 
 def _json_default(x):

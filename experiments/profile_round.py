@@ -37,13 +37,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import (decode_config, decode_loop, examples, load_pair, markdown_table,
-                                ms_per_call, propose_loop, verify_loop, with_weights)
+from experiments.common import (add_weights_flags, decode_config, decode_loop, examples,
+                                load_pair, markdown_table, ms_per_call, propose_loop, verify_loop,
+                                with_weights)
 from specjax import timing
 from specjax.analysis import expected_tokens
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
-from specjax.params import WEIGHTS_DTYPES
 
 PROMPT_LEN = 16
 
@@ -77,11 +77,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32",
-                      help="run the target's dense kernels and embedding in this dtype "
-                      "(cast once)")
-  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
-                      default="float32", help="the same for the draft model")
+  add_weights_flags(parser)
   args = parser.parse_args(argv)
   for length in args.cache_lens:
     if length < PROMPT_LEN + args.new_tokens + max(args.gammas) + 1:

@@ -37,7 +37,6 @@ from experiments import common
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.decode.stream import Streaming
 from specjax.draft import ModelDrafter
-from specjax.params import WEIGHTS_DTYPES
 
 PROMPT_LEN = 48
 
@@ -108,9 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2])
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32")
-  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
-                      default="float32")
+  common.add_weights_flags(parser)
   parser.add_argument("--output_dir", default=None,
                       help="also write the table to OUTPUT_DIR/stream_round.md")
   args = parser.parse_args(argv)

@@ -19,11 +19,10 @@ jitted and compiled before timing, runs interleaved, median of `repeats`):
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import gin
 import jax
-import numpy as np
 
 from experiments import common
 from specjax import analysis
@@ -112,28 +111,24 @@ def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
                                              "spec_ms_per_token"])
   out.tables(md, rows, cli.pairs)
   _plot(out, rows)
-  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  out.announce()
   return rows
 
 
 def _plot(out: common.Output, rows: List[Dict]) -> None:
-  plt = common.pyplot()
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
-    sel = [r for r in rows if (r["pair"], r["temperature"]) == key]
-    g = [r["gamma"] for r in sel]
-    line = ax.plot(g, [r["EMP"] for r in sel], "o-", label=f"{key[0]} T={key[1]:g} EMP")[0]
-    ax.plot(g, [r["EXP_CPU"] for r in sel], "--", color=line.get_color(), label="EXP-CPU")
-    ax.plot(g, [r["EXP"] for r in sel], ":", color=line.get_color(), label="EXP")
-  ax.axhline(1.0, color="gray", lw=0.5)
-  ax.set(xlabel="γ", ylabel="speedup vs autoregressive", title="Walltime speedup (batch 1)")
-  ax.legend(fontsize=7)
-  out.png(fig, "table2_speedup.png")
+  with out.figure("table2_speedup.png", (6, 4)) as ax:
+    for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
+      sel = [r for r in rows if (r["pair"], r["temperature"]) == key]
+      g = [r["gamma"] for r in sel]
+      line = ax.plot(g, [r["EMP"] for r in sel], "o-", label=f"{key[0]} T={key[1]:g} EMP")[0]
+      ax.plot(g, [r["EXP_CPU"] for r in sel], "--", color=line.get_color(), label="EXP-CPU")
+      ax.plot(g, [r["EXP"] for r in sel], ":", color=line.get_color(), label="EXP")
+    ax.axhline(1.0, color="gray", lw=0.5)
+    ax.set(xlabel="γ", ylabel="speedup vs autoregressive", title="Walltime speedup (batch 1)")
+    ax.legend(fontsize=7)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "table2_speedup")
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "table2_speedup", __doc__, FAST)
 
 
 if __name__ == "__main__":

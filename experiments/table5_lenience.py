@@ -14,7 +14,7 @@ of one temperature interleaved).
 from __future__ import annotations
 
 import functools
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import gin
 import jax
@@ -92,22 +92,19 @@ def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, ga
   md += "\n" + common.markdown_table(rows, ["pair", "temperature", "lenience", "alpha",
                                             "tokens_per_call", "speedup", "perplexity", "bleu"])
   out.tables(md, rows, cli.pairs)
-  plt = common.pyplot()
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
-    sel = [r for r in rows if (r["pair"], r["temperature"]) == key and r["lenience"] != "AR"]
-    ax.plot([r["lenience"] for r in sel], [r["alpha"] for r in sel], "o-",
-            label=f"{key[0]} T={key[1]:g}")
-  ax.set(xlabel="lenience l", ylabel="α", xscale="log", title="α vs lenience")
-  ax.legend(fontsize=7)
-  out.png(fig, "table5_lenience.png")
-  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  with out.figure("table5_lenience.png", (5, 3.5)) as ax:
+    for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
+      sel = [r for r in rows if (r["pair"], r["temperature"]) == key and r["lenience"] != "AR"]
+      ax.plot([r["lenience"] for r in sel], [r["alpha"] for r in sel], "o-",
+              label=f"{key[0]} T={key[1]:g}")
+    ax.set(xlabel="lenience l", ylabel="α", xscale="log", title="α vs lenience")
+    ax.legend(fontsize=7)
+  out.announce()
   return rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "table5_lenience", default_pairs=("translate", "lm"))
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "table5_lenience", __doc__, FAST,
+                       default_pairs=("translate", "lm"))
 
 
 if __name__ == "__main__":
