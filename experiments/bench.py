@@ -2,6 +2,9 @@
 
   python -m experiments.bench [--pair lm --pair translate] [--fast]
       [--gin_file=experiments/bench.gin]
+  python -m experiments.bench --bounds [--gin.bench.run.batches="(1,)"]
+      [--gin.bench.run.max_new_tokens=64] [--gin.bench.run.gamma=4]
+      [--gin.bench.run.repeats=5] [--gin.bench.run.bounds_vocab=8192]
 
 Streaming (in-flight batching, `slots=`): `stream_inputs` bundled inputs through `slots`
 slots, with real EOS and with EOS ignored (every row runs the full budget), against today's
@@ -9,8 +12,19 @@ padded batches of the same size (each runs until its slowest row is done): wallt
 ratio to streaming autoregressive (median and range of the per-repeat ratios, interleaved),
 and slot utilization = useful rounds / rounds run.
 
-For each pair and batch size: compile (+ first run) time apart from steady-state
-time, the median of `repeats` interleaved runs, greedy. Peer, in the same run and
+For each pair and batch size: compile time (the warm-up run less the median run) apart from
+steady-state time, the median of `repeats` interleaved runs (`specjax.timing`), greedy.
+
+Bounds (`--bounds`, or `bench.run.bounds = True` beside the pairs): a random-init
+decoder-only pair (13.8M target, 1.4M drafts, vocabulary `bounds_vocab`, random 16-token
+prompts) with three drafts:
+- the target itself: every guess is accepted, but c = 1;
+- a small random draft with tied embeddings: at random init both models mostly predict
+  "repeat the last token", so they agree (α ≈ 1) at c ≈ 0.1: the upper bound of the
+  speedup for this pair;
+- a small random draft with untied logits: α ≈ 0, the lower bound (the pure overhead of
+  speculation).
+`--bounds` alone runs only this table (no bundled pairs, no streaming, no peer). Peer, in the same run and
 on the SAME translation weights: HuggingFace transformers assisted generation
 (PyTorch CPU, `generate(assistant_model=...)`, greedy, constant γ), on the target
 and draft exported by `specjax.app.export_hf` (the export is checked by matching
@@ -21,28 +35,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import statistics
-import time
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import gin
 import jax
 import numpy as np
 
 from experiments import common
+from specjax import timing
 from specjax.decode import DecodeResult, Streaming, autoregressive_decode, speculative_decode
 from specjax.data import load_vocab
+from specjax.draft import ModelDrafter
+from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
+from specjax.params import count_params
 
 FAST = dict(batches=(1,), max_new_tokens=6, repeats=1, gamma=2, stream_inputs=3, slots=1,
             stream_modes=("forced",), min_slots=None)  # padded: the batch-1 loops above
+AR = "specjax autoregressive"
 PEER_MISSING = ("WARNING: HF PEER SKIPPED: torch/transformers are not installed "
                 "(pip install torch==2.13.0 transformers)")
-
-
-def _median_times(runs: Dict, repeats: int) -> Dict:
-  """name -> (compile + first run seconds, median seconds, first output), interleaved."""
-  compile_s, times, outs = _interleaved(runs, repeats)
-  return {name: (compile_s[name], statistics.median(times[name]), outs[name]) for name in runs}
 
 
 def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: int,
@@ -77,24 +88,46 @@ def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: 
     return outs
 
   result = {"logits_max_abs_diff": max_diff}
-  for name, assisted in (("hf_greedy", False), ("hf_assisted", True)):
-    start = time.perf_counter()
-    outs = generate(assisted)
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      generate(assisted)
-      times.append(time.perf_counter() - start)
-    hf_ids = [o[0, 1:].tolist() for o in outs]
-    # specjax runs past EOS (every decoder does the same work) and emits EOS as a token;
-    # HF's min_new_tokens forbids EOS instead, so the two agree up to the first EOS.
-    eos = load_vocab().eos_id
-    upto = [s.index(eos) if eos in s else len(s) for s in specjax_greedy]
+  names = {"hf_greedy": False, "hf_assisted": True}
+  t = timing.interleaved({name: functools.partial(generate, assisted)
+                          for name, assisted in names.items()}, repeats)
+  # specjax runs past EOS (every decoder does the same work) and emits EOS as a token;
+  # HF's min_new_tokens forbids EOS instead, so the two agree up to the first EOS.
+  eos = load_vocab().eos_id
+  upto = [s.index(eos) if eos in s else len(s) for s in specjax_greedy]
+  for name in names:
+    hf_ids = [o[0, 1:].tolist() for o in t.outputs[name]]
     same = sum(h[:n] == s[:n] for h, s, n in zip(hf_ids, specjax_greedy, upto))
-    result[name] = {"first_s": first, "steady_s": statistics.median(times),
+    result[name] = {"compile_s": t.compile_s[name], "steady_s": t.median(name),
                     "same_as_specjax": f"{same}/{len(rows)}"}
   return result
+
+
+def peer_rows(pair: common.Pair, ex: common.Examples, t: timing.Timings, *, gamma: int,
+              max_new_tokens: int, repeats: int, notes: List[str]) -> List[Dict]:
+  """The HF rows of one batch (`hf_peer`; batch 1 only, an 'n/a' row otherwise) beside specjax's
+  timings `t` of it; the export check, or why the peer was skipped, goes to `notes`."""
+  batch = len(ex.inputs)
+  if batch != 1:
+    return [{"pair": pair.name, "batch": batch, "decoder": "HF assisted", "compile_s": "n/a",
+             "steady_s": "n/a (HF assisted generation: batch 1 only)"}]
+  greedy = [[int(x) for x in r] for r in np.asarray(t.outputs[AR].tokens)]
+  hf = hf_peer(pair, ex, gamma, max_new_tokens, repeats, greedy)
+  if "error" in hf:
+    print(hf["error"])
+    notes.append(hf["error"])
+    return []
+  notes.append(f"HF export check: max |logits_HF − logits_specjax| = "
+               f"{hf['logits_max_abs_diff']:.2e}")
+  rows = []
+  for name in ("hf_greedy", "hf_assisted"):
+    label = f"assisted γ={gamma}" if "assist" in name else "greedy"
+    rows.append({"pair": pair.name, "batch": batch, "decoder": f"HF {label}",
+                 "compile_s": hf[name]["compile_s"], "steady_s": hf[name]["steady_s"],
+                 "ms_per_token": 1e3 * hf[name]["steady_s"] / max_new_tokens,
+                 "vs_ar": t.median(AR) / hf[name]["steady_s"],
+                 "same_as_specjax": hf[name]["same_as_specjax"]})
+  return rows
 
 
 def _padded_batches(decode, inputs: np.ndarray, keys, batch: int) -> DecodeResult:
@@ -152,23 +185,23 @@ def stream_rows(pair: common.Pair, *, inputs: int, slots: int, max_new_tokens: i
       for g, spec in specs.items():
         runs[f"{kind} speculative γ={g}"] = functools.partial(spec, ex.inputs, keys,
                                                               slots=streaming)
-    compile_s, times, outs = _interleaved(runs, repeats)
-    for name, out in outs.items():
+    t = timing.interleaved(runs, repeats)
+    for name, out in t.outputs.items():
       kind = (name.split(" autoregressive")[0].split(" speculative")[0]
               if name.startswith("stream") else "stream")
-      ratios = [b / t for b, t in zip(times[f"{kind} autoregressive"], times[name])]
+      ratio, low, high = t.ratio(f"{kind} autoregressive", name)
       tokens = int(np.sum(out.lengths))
       rows.append({
           "pair": pair.name, "mode": mode, "inputs": inputs, "slots": slots, "decoder": name,
-          "compile_s": compile_s[name], "steady_s": statistics.median(times[name]),
-          "ms_per_token": 1e3 * statistics.median(times[name]) / tokens,
-          "vs_stream_ar": statistics.median(ratios),
-          "vs_stream_ar_range": f"{min(ratios):.2f}–{max(ratios):.2f}",
+          "compile_s": t.compile_s[name], "steady_s": t.median(name),
+          "ms_per_token": 1e3 * t.median(name) / tokens,
+          "vs_stream_ar": ratio, "vs_stream_ar_range": f"{low:.2f}–{high:.2f}",
           "slot_utilization": out.slot_utilization, "tokens": tokens,
           "tokens_per_call": tokens / max(int(np.sum(out.target_calls)), 1),
           "alpha": (float(np.sum(out.alpha_sum) / max(np.sum(out.alpha_count), 1))
                     if "speculative" in name else None),
-          "same_tokens": bool(np.array_equal(out.tokens, outs["padded autoregressive"].tokens))})
+          "same_tokens": bool(np.array_equal(out.tokens,
+                                             t.outputs["padded autoregressive"].tokens))})
   return rows
 
 
@@ -189,21 +222,76 @@ def _speculative(pair: common.Pair, gamma: Union[int, str], config, max_new_toke
                                                rng=k, config=config, **kw)
 
 
-def _interleaved(runs: Dict, repeats: int):
-  """(compile + first run seconds, all timed seconds, first outputs) per run, interleaved."""
-  compile_s, outs = {}, {}
-  for name, fn in runs.items():
-    outs[name], compile_s[name] = common.timed(fn)
-  times = {name: [] for name in runs}
-  for _ in range(repeats):
-    for name, fn in runs.items():
-      times[name].append(common.timed(fn)[1])
-  return compile_s, times, outs
-
-
 STREAM_COLUMNS = ["pair", "mode", "inputs", "slots", "decoder", "compile_s", "steady_s",
                   "ms_per_token", "vs_stream_ar", "vs_stream_ar_range", "slot_utilization",
                   "tokens", "tokens_per_call", "alpha", "same_tokens"]
+
+
+def batch_rows(pair_name: str, target, target_params, drafts: Dict[str, Tuple[Any, Any]],
+               inputs: np.ndarray, *, gamma: int, max_new_tokens: int, repeats: int,
+               config) -> Tuple[List[Dict], timing.Timings]:
+  """One row per decoder: autoregressive, then speculative with each of `drafts` (label ->
+  (draft model, its params); label '' for the pair's own draft), on one batch of `inputs`
+  [B, W], all interleaved (`specjax.timing`). Returns the rows and the timings."""
+  key = jax.random.PRNGKey(0)
+  runs = {AR: lambda: autoregressive_decode(target, target_params, inputs,
+                                            max_new_tokens=max_new_tokens, rng=key,
+                                            config=config)}
+  for label, (draft, dparams) in drafts.items():
+    drafter = ModelDrafter(draft, max_gamma=gamma)
+    runs[f"specjax speculative γ={gamma}" + (f", {label}" if label else "")] = functools.partial(
+        speculative_decode, target, target_params, drafter, dparams, inputs,
+        max_new_tokens=max_new_tokens, gamma=gamma, rng=key, config=config)
+  t = timing.interleaved(runs, repeats)
+  rows = []
+  for name, out in t.outputs.items():
+    rows.append({"pair": pair_name, "batch": len(inputs), "decoder": name,
+                 "compile_s": t.compile_s[name], "steady_s": t.median(name),
+                 "ms_per_token": 1e3 * t.median(name) / (len(inputs) * max_new_tokens),
+                 "vs_ar": t.median(AR) / t.median(name),
+                 "alpha": float(np.mean(out.alpha)) if name != AR else None,
+                 "tokens_per_call": float(np.mean(out.tokens_per_call))})
+  return rows, t
+
+
+BOUNDS_PROMPT_LEN = 16
+"""Random prompt tokens per row of the bounds table."""
+
+
+def bounds_models(vocab: int) -> Tuple[common.Pair, Dict[str, Tuple[Any, Any]]]:
+  """The bounds table's random-init decoder-only pair (13.8M target, 1.4M draft at vocab 8192)
+  and its drafts: label -> (model, params)."""
+  def lm(emb, layers, heads, mlp, seed, tied=True):
+    model = DecoderOnlyModel(DecoderOnlyConfig(vocab_size=vocab, emb_dim=emb, num_heads=heads,
+                                               num_layers=layers, head_dim=64, mlp_dim=mlp,
+                                               logits_via_embedding=tied))
+    return model, model.init(jax.random.PRNGKey(seed))
+
+  target, target_params = lm(384, 6, 6, 1024, 0)
+  draft, draft_params = lm(128, 2, 2, 256, 1)
+  untied = lm(128, 2, 2, 256, 2, tied=False)
+  pair = common.Pair("bounds", "random prompts", target, target_params, draft, draft_params,
+                     "random-init weights on purpose: the speedup's bounds")
+  return pair, {"draft = target (upper bound)": (target, target_params),
+                "small agreeing draft (upper bound)": (draft, draft_params),
+                "small disagreeing draft (lower bound)": untied}
+
+
+def bounds_rows(*, vocab: int, batches: Sequence[int], gamma: int, max_new_tokens: int,
+                repeats: int) -> Tuple[List[Dict], common.Pair, str]:
+  """The bounds table (see the module docstring): rows, its pair and a note on the sizes."""
+  pair, drafts = bounds_models(vocab)
+  config = common.decode_config(0.0, BOUNDS_PROMPT_LEN + max_new_tokens + gamma + 1)
+  rows = []
+  for batch in batches:
+    prompts = np.random.default_rng(0).integers(2, vocab, size=(batch, BOUNDS_PROMPT_LEN))
+    rows += batch_rows(pair.name, pair.target, pair.target_params, drafts,
+                       prompts.astype(np.int32), gamma=gamma, max_new_tokens=max_new_tokens,
+                       repeats=repeats, config=config)[0]
+  note = (f"bounds pair: random-init decoder-only target "
+          f"{count_params(pair.target_params) / 1e6:.1f}M params, drafts {count_params(pair.draft_params) / 1e6:.1f}M, vocabulary {vocab}, "
+          f"random {BOUNDS_PROMPT_LEN}-token prompts")
+  return rows, pair, note
 
 
 @gin.configurable(module="bench")
@@ -212,7 +300,8 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
         stream_inputs: int = 64, slots: int = 8,
         stream_modes: Sequence[str] = ("eos", "forced"),
         min_slots: Optional[int] = 1,
-        stream_gammas: Optional[Sequence[Union[int, str]]] = None) -> List[Dict]:
+        stream_gammas: Optional[Sequence[Union[int, str]]] = None,
+        bounds: bool = False, bounds_vocab: int = 8192) -> List[Dict]:
   """Writes bench.{md,csv,json}; returns the rows (one per pair, batch and decoder, then the
   streaming rows: one per pair, EOS mode and decoder).
 
@@ -227,63 +316,45 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
     min_slots: also stream with the tail shrink (B, B/2, ... ≥ min_slots slots); None: not.
     stream_gammas: the streaming comparison's speculative decoders: fixed γ values and/or
       'auto'; None: (gamma,).
+    bounds: also the bounds table (random-init pair, three drafts; `--bounds` runs only it);
+      bounds_vocab: its vocabulary size.
   """
+  common.check_counts(gamma=gamma, repeats=repeats, max_new_tokens=max_new_tokens,
+                      batches=tuple(batches))
+  bounds = common.check_bool("bounds", bounds) or cli.flags.get("bounds", False)
   rows, notes, streamed = [], [], []
   for pair in cli.pairs:
-    key = jax.random.PRNGKey(0)
     config = common.decode_config(0.0, max_input_len + max_new_tokens + gamma + 1)
-    drafter, dparams = common.model_drafter(pair, gamma)
     for batch in batches:
       ex = common.examples(pair, batch, max_input_len)
-      runs = {
-          "specjax autoregressive": lambda: autoregressive_decode(
-              pair.target, pair.target_params, ex.inputs, max_new_tokens=max_new_tokens,
-              rng=key, config=config),
-          f"specjax speculative γ={gamma}": lambda: speculative_decode(
-              pair.target, pair.target_params, drafter, dparams, ex.inputs,
-              max_new_tokens=max_new_tokens, gamma=gamma, rng=key, config=config)}
-      timing = _median_times(runs, repeats)
-      base = timing["specjax autoregressive"][1]
-      for name, (compile_s, steady, out) in timing.items():
-        rows.append({"pair": pair.name, "batch": batch, "decoder": name,
-                     "compile_s": compile_s, "steady_s": steady,
-                     "ms_per_token": 1e3 * steady / (batch * max_new_tokens),
-                     "vs_ar": base / steady,
-                     "alpha": float(np.mean(out.alpha)) if "speculative" in name else None})
+      batch_table, t = batch_rows(pair.name, pair.target, pair.target_params,
+                                  {"": (pair.draft, pair.draft_params)}, ex.inputs, gamma=gamma,
+                                  max_new_tokens=max_new_tokens, repeats=repeats, config=config)
+      rows += batch_table
       if pair.target.is_encoder_decoder and peer:
-        if batch != 1:
-          rows.append({"pair": pair.name, "batch": batch, "decoder": "HF assisted",
-                       "compile_s": "n/a", "steady_s": "n/a (HF assisted generation: batch 1 only)"})
-          continue
-        greedy = [[int(t) for t in r] for r in np.asarray(timing["specjax autoregressive"][2].tokens)]
-        hf = hf_peer(pair, ex, gamma, max_new_tokens, repeats, greedy)
-        if "error" in hf:
-          print(hf["error"])
-          notes.append(hf["error"])
-          continue
-        notes.append(f"HF export check: max |logits_HF − logits_specjax| = "
-                     f"{hf['logits_max_abs_diff']:.2e}")
-        for name in ("hf_greedy", "hf_assisted"):
-          rows.append({"pair": pair.name, "batch": batch,
-                       "decoder": f"HF {'assisted γ=' + str(gamma) if 'assist' in name else 'greedy'}",
-                       "compile_s": hf[name]["first_s"], "steady_s": hf[name]["steady_s"],
-                       "ms_per_token": 1e3 * hf[name]["steady_s"] / max_new_tokens,
-                       "vs_ar": base / hf[name]["steady_s"],
-                       "same_as_specjax": hf[name]["same_as_specjax"]})
+        rows += peer_rows(pair, ex, t, gamma=gamma, max_new_tokens=max_new_tokens,
+                          repeats=repeats, notes=notes)
     if stream_inputs:
       streamed += stream_rows(pair, inputs=stream_inputs, slots=slots,
                               max_new_tokens=max_new_tokens,
                               gammas=tuple(stream_gammas or (gamma,)), repeats=repeats,
                               max_input_len=max_input_len, modes=stream_modes,
                               min_slots=min_slots)
+  pairs = list(cli.pairs)
+  if bounds:
+    bounded, bounds_pair, note = bounds_rows(vocab=bounds_vocab, batches=batches, gamma=gamma,
+                                             max_new_tokens=max_new_tokens, repeats=repeats)
+    rows += bounded
+    pairs.append(bounds_pair)
+    notes.append(note)
   out = common.Output(cli.output_dir, "bench")
-  md = common.header("Benchmark: autoregressive vs speculative (greedy)", cli.pairs, [
+  md = common.header("Benchmark: autoregressive vs speculative (greedy)", pairs, [
       f"{max_new_tokens} new tokens per row, median of {repeats} interleaved runs; "
-      "compile_s = compile + first run (HF: first run)", *notes])
+      "compile_s = the warm-up run less the median run", *notes])
   if rows:
     md += "\n" + common.markdown_table(rows, ["pair", "batch", "decoder", "compile_s", "steady_s",
                                               "ms_per_token", "vs_ar", "alpha",
-                                              "same_as_specjax"])
+                                              "tokens_per_call", "same_as_specjax"])
   if streamed:
     md += (f"\n\n## Streaming: {stream_inputs} inputs through {slots} slots vs padded batches of "
            f"{slots}\n\nvs_stream_ar: the time of streaming autoregressive (of the same kind: "
@@ -293,14 +364,15 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
            "tokens generated (with EOS: up to each row's EOS); same_tokens: equal to padded "
            "autoregressive.\n\n"
            + common.markdown_table(streamed, STREAM_COLUMNS))
-  out.tables(md, rows + streamed, cli.pairs, notes=notes)
+  out.tables(md, rows + streamed, pairs, notes=notes)
   print(md)
   return rows + streamed
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "bench")
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(
+    run, "bench", __doc__, FAST, needs_pairs=lambda flags: not flags["bounds"],
+    flags={"--bounds": dict(action="store_true",
+                            help="only the bounds table: a random-init pair with three drafts")})
 
 
 if __name__ == "__main__":

@@ -15,21 +15,21 @@ decoder's compile). Runs are interleaved (every decoder once per repeat), the me
 `repeats` (more in cheap cells: at least `min_seconds` of runs); then a duel of AR, the
 best fixed decoder and auto, alternating order, for another `min_seconds`. Per cell: auto /
 AR and auto / best of {AR, fixed γ} as speed ratios (≥ 1 is faster; the median of the
-ratios of runs in the same repeat), the issue's bar (both ≥ 0.95), the rounds auto ran at
+ratios of runs in the same repeat), the bar (both ≥ 0.95), the rounds auto ran at
 each γ (0 = plain target steps) and its measured round costs relative to a γ = 0 round.
 """
 from __future__ import annotations
 
 import dataclasses
 import gc
-import statistics
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import gin
 import jax
 import numpy as np
 
 from experiments import common
+from specjax import timing
 from specjax.decode import autoregressive_decode, calibrate_costs, speculative_decode
 
 FAST = dict(batches=(1,), temperatures=(0.0,), gammas=(1,), max_new_tokens=8, repeats=1,
@@ -66,22 +66,20 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
                                                    fparams, x, max_new_tokens=max_new_tokens,
                                                    gamma=g, rng=k, config=base))
   # Calibration compiles the auto loop (the decode reuses that executable), then times it.
-  (costs, calibrate_s) = common.timed(lambda: calibrate_costs(
+  (costs, calibrate_s) = timing.timed(lambda: calibrate_costs(
       pair.target, pair.target_params, drafter, dparams, inputs,
       max_new_tokens=max_new_tokens, config=auto_config, rng=key))
   runs["auto"] = over_draws(lambda x, k: speculative_decode(
       pair.target, pair.target_params, drafter, dparams, x, max_new_tokens=max_new_tokens,
       rng=k, config=auto_config, costs=costs))
-  first = {name: common.timed(fn) for name, fn in runs.items()}  # compile + first run
-  times: Dict[str, List[float]] = {name: [] for name in runs}
+  # A warm-up (compile) and one pass, which sizes the rest.
+  probe = timing.interleaved(runs, 1)
   # Cheap cells get more repeats: at least min_seconds of timed runs in all (a batch-1 round
   # of every decoder takes ~1 s here, and ±10% host noise needs many of them).
-  one_round = sum(common.timed(fn)[1] for fn in runs.values())
-  repeats = max(repeats, int(np.ceil(min_seconds / max(one_round, 1e-9))))
-  for _ in range(repeats):
-    for name, fn in runs.items():
-      times[name].append(common.timed(fn)[1])
-  steady = {name: statistics.median(t) for name, t in times.items()}
+  one_round = sum(t[0] for t in probe.samples.values())
+  repeats = common.passes_for(one_round, min_seconds, low=repeats)
+  t = timing.interleaved(runs, repeats, warmup=False)
+  steady = {name: t.median(name) for name in runs}
   fixed_names = [f"γ={g}" for g in gammas]
   best = min(["autoregressive"] + fixed_names, key=steady.get)
   # The bar's ratios come from adjacent runs (host noise drifts over seconds): a duel of
@@ -89,20 +87,19 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
   # min_seconds; each ratio is the median of its per-repeat ratios over both phases.
   # (Identical loops measured 0.942x as a ratio of 7-run medians, 1.007x over 40 pairs.)
   duel = list(dict.fromkeys(["autoregressive", best, "auto"]))
-  duel_repeats = int(np.ceil(min_seconds / max(sum(steady[n] for n in duel), 1e-9)))
-  for i in range(duel_repeats):
-    for name in (duel if i % 2 else duel[::-1]):
-      times[name].append(common.timed(runs[name])[1])
-  ratio = {n: float(np.median(np.divide(times[n], times["auto"]))) for n in duel}
-  outs = first["auto"][0]  # one DecodeResult per draw
+  duel_repeats = common.passes_for(sum(steady[n] for n in duel), min_seconds, low=0)
+  if duel_repeats:
+    t = t.extended(timing.interleaved({n: runs[n] for n in duel}, duel_repeats, warmup=False))
+  ratio = {n: t.ratio(n, "auto")[0] for n in duel}
+  outs = t.outputs["auto"]  # one DecodeResult per draw
   rounds = sum(np.asarray(out.gamma_hist).sum(0) for out in outs)
   tokens = sum(int(np.sum(out.lengths)) for out in outs)
   calls = sum(int(np.sum(out.target_calls)) for out in outs)
   return {
-      "steady": steady, "spread": {n: (min(t), max(t)) for n, t in times.items()},
-      "compile": {n: s - steady[n] for n, (_, s) in first.items()}, "best": best,
+      "steady": steady, "spread": {n: t.spread(n) for n in runs},
+      "compile": dict(probe.compile_s), "best": best,
       "costs": costs, "calibrate_call_s": calibrate_s, "draws": draws,
-      "alpha": {n: float(np.mean([np.mean(o.alpha) for o in first[n][0]])) for n in fixed_names},
+      "alpha": {n: float(np.mean([np.mean(o.alpha) for o in t.outputs[n]])) for n in fixed_names},
       "auto_rounds": {g: int(n) for g, n in enumerate(rounds) if n},
       "auto_tokens_per_call": tokens / max(calls, 1),
       "repeats": repeats, "duel_repeats": duel_repeats, "ratio": ratio,
@@ -126,6 +123,8 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
       batches of different examples, each with its own seed (one sampled row is luck).
     max_input_len: encoder input / prompt width.
   """
+  common.check_counts(batches=tuple(batches), gammas=tuple(gammas),
+                      max_new_tokens=max_new_tokens, repeats=repeats, min_rows=min_rows)
   rows, timings, md = [], [], ""
   for pair in cli.pairs:
     for batch in batches:
@@ -178,7 +177,7 @@ def _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas) -
       f"{tuple(gammas)} each with max_gamma = "
       f"γ; auto with max_gamma = {max(gammas)}, its cost table calibrated on the cell's inputs "
       "first (on its first draw; calibration_s; compile_auto_s is the loop's compile, excluded "
-      "like every decoder's compile_s: its first run less its median run)",
+      "like every decoder's compile_s: its warm-up run less its first timed run)",
       "then a duel of autoregressive, the best fixed decoder and auto in alternating order "
       "(`duel_repeats`, as many as hold the same minimum of seconds)",
       "auto_vs_ar = median over both phases of AR time / auto time of the same repeat, "
@@ -193,9 +192,7 @@ def _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas) -
   return md
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "bench_auto")
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "bench_auto", __doc__, FAST)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def child(argv: Sequence[str]) -> None:
   import jax
   import numpy as np
   from jax.experimental import multihost_utils
-  from specjax import bundled
+  from specjax.app import bundled
   from specjax.checkpoints import load_sharded
   from specjax.models import build_model, read_model_gin
   from specjax.sharding import Partitioner

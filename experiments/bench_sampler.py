@@ -9,7 +9,8 @@ race over all V ids (`specjax.sampling.race` on the whole row, what `categorical
 before) needs V. Both are exact; this measures what the draws cost, side by side in one
 process:
 
-1. one draw from [B, V] weights in a jitted loop of 200 draws (B = 1, 8; V = 8192, 32768);
+1. one draw from [B, V] weights in a jitted loop of 200 draws (B = 1, 8; V = 8192, 32768),
+   the two samplers interleaved (`specjax.timing`), median of 7;
 2. the bundled LM pair at batch 1, T = 1, `examples` prompts × `new_tokens` (EOS ignored):
    autoregressive and speculative (γ, the model drafter) with each sampler, all four
    decoders interleaved per prompt (`common.time_interleaved`, median of `repeats`). The
@@ -20,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
-import time
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 from unittest import mock
 
@@ -31,9 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common
-from specjax import sampling
+from specjax import sampling, timing
 from specjax.decode import autoregressive_decode, speculative_decode
-from specjax.params import WEIGHTS_DTYPES
 
 # Every module that calls `categorical` by the name it imported.
 _DRAWING_MODULES = ("specjax.sampling", "specjax.verify.step", "specjax.verify.block",
@@ -53,8 +50,9 @@ def drawing_with(sampler):
     yield
 
 
-def draw_us(sampler, batch: int, vocab: int, repeats: int = 7, draws: int = 200) -> float:
-  """Median µs of one draw from [batch, vocab] weights, in a jitted loop of `draws`."""
+def draw_loop(sampler, batch: int, vocab: int, draws: int = 200):
+  """A zero-argument jitted loop of `draws` draws from [batch, vocab] weights (compiles on its
+  first call)."""
   weights = jax.nn.softmax(jnp.asarray(np.random.default_rng(0).normal(size=(batch, vocab)) * 3,
                                        jnp.float32))
 
@@ -64,21 +62,18 @@ def draw_us(sampler, batch: int, vocab: int, repeats: int = 7, draws: int = 200)
       return acc + sampler(jax.random.fold_in(jax.random.PRNGKey(0), i),
                            w + 0 * acc.astype(jnp.float32)).sum()
     return jax.lax.fori_loop(0, draws, body, jnp.int32(0))
-
-  jax.block_until_ready(loop(weights))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(loop(weights))
-    times.append((time.perf_counter() - start) / draws * 1e6)
-  return statistics.median(times)
+  return lambda: loop(weights)
 
 
-def micro(batches: Sequence[int], vocabs: Sequence[int]) -> List[Dict]:
+def micro(batches: Sequence[int], vocabs: Sequence[int], repeats: int = 7,
+          draws: int = 200) -> List[Dict]:
+  """Median µs of one draw per sampler, (V, B) by (V, B), the samplers interleaved."""
   rows = []
   for vocab in vocabs:
     for batch in batches:
-      us = {name: draw_us(fn, batch, vocab) for name, fn in SAMPLERS.items()}
+      t = timing.interleaved({name: draw_loop(fn, batch, vocab, draws)
+                              for name, fn in SAMPLERS.items()}, repeats)
+      us = {name: t.median(name) / draws * 1e6 for name in SAMPLERS}
       rows.append({"V": vocab, "B": batch, "one race µs": round(us["one race"], 1),
                    "two-stage µs": round(us["two-stage"], 1),
                    "ratio": round(us["one race"] / us["two-stage"], 1)})
@@ -104,25 +99,25 @@ def end_to_end(pair: common.Pair, *, examples: int, new_tokens: int, gamma: int,
       with drawing_with(sampler):
         return speculative_decode(pair.target, pair.target_params, drafter, dparams, row,
                                   max_new_tokens=new_tokens, gamma=gamma, rng=key, config=config)
-    runs[("ar", name)], runs[("spec", name)] = ar, spec
+    runs[f"ar {name}"], runs[f"spec {name}"] = ar, spec
   compile_s, seconds, stats = common.time_interleaved(runs, ex.inputs, repeats)
   # Both samplers are exact but draw different tokens from the same key: equal tokens would
   # mean a variant was not traced with its own sampler (a cached inner trace).
   for kind in ("ar", "spec"):
-    first = [np.asarray(runs[(kind, name)](ex.inputs[:1]).tokens) for name in SAMPLERS]
+    first = [np.asarray(runs[f"{kind} {name}"](ex.inputs[:1]).tokens) for name in SAMPLERS]
     if np.array_equal(*first):
       raise RuntimeError(f"{kind}: the two samplers drew the same tokens; the patch did not take")
   total = examples * new_tokens
   rows = []
   for name in SAMPLERS:
-    st = stats[("spec", name)]
+    st = stats[f"spec {name}"]
     rows.append({
         "sampler": name,
-        "AR ms/token": round(seconds[("ar", name)] / total * 1e3, 3),
-        f"spec γ={gamma} ms/token": round(seconds[("spec", name)] / total * 1e3, 3),
-        "speedup": round(seconds[("ar", name)] / seconds[("spec", name)], 3),
+        "AR ms/token": round(seconds[f"ar {name}"] / total * 1e3, 3),
+        f"spec γ={gamma} ms/token": round(seconds[f"spec {name}"] / total * 1e3, 3),
+        "speedup": round(seconds[f"ar {name}"] / seconds[f"spec {name}"], 3),
         "α": round(st["alpha_sum"] / max(st["alpha_count"], 1), 3),
-        "compile AR / spec s": f"{compile_s[('ar', name)]:.1f} / {compile_s[('spec', name)]:.1f}",
+        "compile AR / spec s": f"{compile_s[f'ar {name}']:.1f} / {compile_s[f'spec {name}']:.1f}",
     })
   return rows
 
@@ -136,13 +131,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--gamma", type=int, default=3)
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="bfloat16")
+  common.add_weights_flags(parser, default="bfloat16")
   parser.add_argument("--output_dir", default=None,
                       help="also write the tables to OUTPUT_DIR/bench_sampler.md")
   args = parser.parse_args(argv)
-  pair = common.load_pair("lm")
-  if args.weights_dtype != "float32":
-    pair = common.with_weights(pair, args.weights_dtype)
+  pair = common.with_weights(common.load_pair("lm"), args.weights_dtype,
+                             args.draft_weights_dtype)
   text = ("One draw (jitted loop of 200, median of 7)\n\n"
           + common.markdown_table(micro(args.batches, args.vocabs))
           + f"\n\nLM pair ({args.weights_dtype} target), batch 1, T = 1, {args.examples} prompts "
@@ -152,9 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                              repeats=args.repeats)))
   print(text)
   if args.output_dir:
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_sampler.md").write_text(text + "\n", encoding="utf-8")
+    common.Output(args.output_dir, "bench_sampler").markdown(text)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Throughput of the decode loops on 1 vs N devices (specjax issue 10).
+"""Throughput of the decode loops on 1 vs N devices.
 
   python -m experiments.bench_sharding                  # 1 vs 8 forced host (CPU) devices
   python -m experiments.bench_sharding --devices 8 --num_partitions 2
@@ -10,7 +10,8 @@ the same cores, so CPU numbers are only a smoke test of the sharded path, not a
 measure of scaling; run on a TPU/GPU slice for real numbers (there the device
 count is the hardware's and `--devices` only picks the mesh).
 
-Prints one row per (devices, mesh, loop): tokens/s after a compile-and-warm-up call.
+Prints one row per (devices, mesh, loop): tokens/s over the median of `--repeats` runs after
+a compile-and-warm-up call, the two loops interleaved (`specjax.timing`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+from experiments import common
 
 
 def _measure(args) -> list:
@@ -27,10 +29,10 @@ def _measure(args) -> list:
   # pylint: disable=import-outside-toplevel
   import jax
   import numpy as np
-  from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+  from specjax import timing
+  from specjax.decode import autoregressive_decode, speculative_decode
   from specjax.draft import ModelDrafter
   from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
-  from specjax.sampling import Sampling
   from specjax.sharding import Partitioner
 
   def build(layers, emb, seed):
@@ -46,8 +48,7 @@ def _measure(args) -> list:
     target_params = partitioner.shard_params(target_params)
     draft_params = partitioner.shard_params(draft_params)
   prompts = np.random.default_rng(0).integers(2, 512, size=(args.batch, 16)).astype(np.int32)
-  config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1,
-                        cache_len=16 + args.new_tokens + 8)
+  config = common.decode_config(0.0, 16 + args.new_tokens + 8)
   key = jax.random.PRNGKey(0)
   loops = {
       "autoregressive": lambda: autoregressive_decode(
@@ -59,17 +60,11 @@ def _measure(args) -> list:
           partitioner=partitioner),
   }
   mesh = "none" if partitioner is None else "x".join(map(str, partitioner.mesh.shape.values()))
-  rows = []
-  for name, run in loops.items():
-    jax.block_until_ready(run().tokens)  # compile and warm up
-    start = time.perf_counter()
-    out = run()
-    jax.block_until_ready(out.tokens)
-    seconds = time.perf_counter() - start
-    rows.append({"devices": jax.device_count(), "platform": jax.devices()[0].platform,
-                 "mesh": mesh, "loop": name, "batch": args.batch,
-                 "tokens_per_s": float(np.asarray(out.lengths).sum()) / seconds})
-  return rows
+  t = timing.interleaved(loops, args.repeats)
+  return [{"devices": jax.device_count(), "platform": jax.devices()[0].platform, "mesh": mesh,
+           "loop": name, "batch": args.batch,
+           "tokens_per_s": float(np.asarray(t.outputs[name].lengths).sum()) / t.median(name)}
+          for name in loops]
 
 
 def main(argv=None):
@@ -81,6 +76,7 @@ def main(argv=None):
   parser.add_argument("--new_tokens", type=int, default=32)
   parser.add_argument("--layers", type=int, default=2)
   parser.add_argument("--emb", type=int, default=128)
+  parser.add_argument("--repeats", type=int, default=1, help="timed runs of each loop (median)")
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--sharded", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -93,18 +89,16 @@ def main(argv=None):
     if devices > 1:
       env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                           f" --xla_force_host_platform_device_count={devices}").strip()
-    cmd = [sys.executable, "-m", "experiments.bench_sharding", "--child",
+    cmd = ([sys.executable, "-m", "experiments.bench_sharding", "--child",
            "--num_partitions", str(args.num_partitions if sharded else 1), "--batch",
            str(args.batch), "--new_tokens", str(args.new_tokens), "--layers", str(args.layers),
-           "--emb", str(args.emb)] + (["--sharded"] if sharded else [])
+           "--emb", str(args.emb), "--repeats", str(args.repeats)]
+           + (["--sharded"] if sharded else []))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode:
       raise SystemExit(proc.stderr[-3000:])
     rows += json.loads(proc.stdout.strip().splitlines()[-1])
-  print(f"{'devices':>7} {'platform':>8} {'mesh':>6} {'loop':>15} {'batch':>5} {'tokens/s':>10}")
-  for r in rows:
-    print(f"{r['devices']:>7} {r['platform']:>8} {r['mesh']:>6} {r['loop']:>15} "
-          f"{r['batch']:>5} {r['tokens_per_s']:>10.1f}")
+  print(common.markdown_table(rows))
   if rows[0]["platform"] == "cpu":
     print("CPU host devices share the same cores: a smoke test of the sharded path, "
           "not a scaling measurement.")

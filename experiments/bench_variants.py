@@ -20,7 +20,7 @@ are identical to the target's autoregressive ones.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import gin
 import jax
@@ -144,16 +144,14 @@ def run(cli: common.Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
     max_input_len: encoder input / prompt width.
     hier_gamma, inner_gamma: γ of the target round and of the draft's inner rounds.
   """
+  common.check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens,
+                      gammas=tuple(gammas), repeats=repeats, step_repeats=step_repeats,
+                      hier_gamma=hier_gamma, inner_gamma=inner_gamma)
   adaptive_rows, hier_rows, notes = [], [], []
   for pair in cli.pairs:
     ex = common.examples(pair, num_examples, max_input_len)
     cache_len = max_input_len + max_new_tokens + max(gammas) + 1
-    pos = max_input_len // 2 if not pair.target.is_encoder_decoder else 8
-    target_t = common.step_times(pair.target, pair.target_params, ex.inputs[:1], [1],
-                                 cache_len=cache_len, position=pos, repeats=step_repeats)[1]
-    draft_t = common.step_times(pair.draft, pair.draft_params, ex.inputs[:1], [1],
-                                cache_len=cache_len, position=pos, repeats=step_repeats)[1]
-    c = draft_t / target_t
+    c = common.cost_ratios(pair, ex.inputs[:1], (), cache_len, step_repeats)["c"]
     notes.append(f"{pair.name}: measured c = {c:.3f} (given to the optimal policy)")
     for temp in temperatures:
       rows = adaptive(pair, ex, temp, gammas, max_new_tokens, repeats, c)
@@ -182,13 +180,11 @@ def run(cli: common.Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
         "pair", "temperature", "decoder", "gamma", "alpha", "tokens_per_call", "ms_per_token",
         "speedup", "greedy_identical"])
   out.tables(md, adaptive_rows + hier_rows, cli.pairs)
-  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  out.announce()
   return adaptive_rows + hier_rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "bench_variants")
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "bench_variants", __doc__, FAST)
 
 
 if __name__ == "__main__":

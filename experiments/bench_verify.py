@@ -4,7 +4,8 @@
   python -m experiments.bench_verify --vocab 8192 --gamma 5 --batch 8 --output out/bench.json
 
 What is timed: one jitted, vmapped verification step over a batch, compile
-excluded (median of repeated calls), in two settings:
+excluded (median of repeated calls, the verifiers interleaved: `specjax.timing`), in two
+settings:
 - ``verify``: from the probabilities the loop already has (p [B, γ+1, V],
   q [B, γ, V]); the sigmoid verifier reads the raw logits instead.
 - ``from logits``: softmax of the target's γ+1 and the draft's γ logit rows
@@ -21,7 +22,7 @@ temperature 1), compile apart, median of `--repeats`.
 
     python -m experiments.bench_verify --pair lm --pair translate --output_dir out/bv
 
-Block vs reference verification (`--compare block`, issue 18): on the bundled pairs at
+Block vs reference verification (`--compare block`): on the bundled pairs at
 temperature 1, batch 1 and 8, γ ∈ {2, 4, 6}, `compare_block` reports tokens per target
 call (the robust figure: it does not depend on the machine) and whole-decode walltime,
 the two verifiers interleaved repeat by repeat (median and min–max over repeats); each
@@ -35,16 +36,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import itertools
 import json
 import os
-import statistics
-import time
 from typing import Any, Callable, Dict, List, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import common
+from specjax import timing
 from specjax.verify import FusedVerifier, Verifier, describe, get_verifier
 
 
@@ -78,18 +81,6 @@ def step_fn(verifier: Verifier, from_logits: bool) -> Callable[..., Any]:
                                    d["draft_logits"], d["p"], d["q"]))
 
 
-def median_seconds(fn: Callable[[], Any], min_repeats: int = 5, min_total_s: float = 0.5,
-                   max_repeats: int = 100) -> float:
-  """Median wall time of fn() after one warm-up call (which compiles)."""
-  jax.block_until_ready(fn())
-  times: List[float] = []
-  while len(times) < min_repeats or (sum(times) < min_total_s and len(times) < max_repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def device_note() -> str:
   """Which device the timings are from; says so loudly when no accelerator is present."""
   dev = jax.devices()[0]
@@ -114,10 +105,15 @@ def candidates() -> Dict[str, Verifier]:
   return out
 
 
+MAX_REPEATS = 100
+"""The most timed calls of one verification step."""
+
+
 def bench(vocabs: Sequence[int], gammas: Sequence[int], batches: Sequence[int],
           settings: Sequence[str] = ("verify", "from logits"), min_repeats: int = 5,
           min_total_s: float = 0.5) -> List[Dict[str, Any]]:
-  """One row per (setting, V, γ, B) with milliseconds per step for each verifier."""
+  """One row per (setting, V, γ, B) with the median milliseconds per step of each verifier,
+  the verifiers interleaved (`specjax.timing`), compile excluded."""
   rows = []
   verifiers = candidates()
   for vocab in vocabs:
@@ -126,10 +122,15 @@ def bench(vocabs: Sequence[int], gammas: Sequence[int], batches: Sequence[int],
         inputs = make_inputs(batch, gamma, vocab)
         for setting in settings:
           row: Dict[str, Any] = dict(setting=setting, V=vocab, gamma=gamma, B=batch)
-          for name, verifier in verifiers.items():
-            fn = step_fn(verifier, setting == "from logits")
-            row[name] = 1e3 * median_seconds(lambda: fn(inputs), min_repeats=min_repeats,
-                                             min_total_s=min_total_s)
+          fns = {name: functools.partial(step_fn(verifier, setting == "from logits"), inputs)
+                 for name, verifier in verifiers.items()}
+          # A warm-up (compile) and one pass, then enough passes that the fastest verifier's
+          # calls hold min_total_s (between min_repeats and MAX_REPEATS).
+          probe = timing.interleaved(fns, 1)
+          passes = common.passes_for(min(t[0] for t in probe.samples.values()), min_total_s,
+                                     low=min_repeats, high=MAX_REPEATS)
+          t = timing.interleaved(fns, passes, warmup=False)
+          row.update({name: 1e3 * t.median(name) for name in fns})
           rows.append(row)
           print(format_row(row, list(verifiers)), flush=True)
         del inputs
@@ -158,27 +159,22 @@ def time_decode(run: Callable[[Verifier], Any],
     run: called with a verifier, runs one whole decode with it and returns its
       output (e.g. ``lambda v: speculative_decode(..., config=DecodeConfig(..., verifier=v))``).
     verifiers: registry names.
-    repeats: timed runs after the compiling one (the median is reported).
+    repeats: timed runs after the compiling one (the median is reported), the verifiers
+      interleaved.
   Returns:
-    One dict per verifier: name, label (says NOT EXACT where it applies), compile_s, decode_s.
+    One dict per verifier: name, label (says NOT EXACT where it applies), compile_s (the
+    warm-up run less the median run), decode_s.
   """
-  rows = []
-  for name in verifiers:
-    verifier = get_verifier(name)
-    start = time.perf_counter()
-    jax.block_until_ready(run(verifier))
-    compile_s = time.perf_counter() - start
-    decode_s = median_seconds(lambda: run(verifier), min_repeats=repeats, min_total_s=0.0,
-                              max_repeats=repeats)
-    rows.append(dict(name=name, label=describe(verifier), compile_s=compile_s, decode_s=decode_s))
-  return rows
+  t = timing.interleaved({name: functools.partial(run, get_verifier(name)) for name in verifiers},
+                         repeats)
+  return [dict(name=name, label=describe(get_verifier(name)), compile_s=t.compile_s[name],
+               decode_s=t.median(name)) for name in verifiers]
 
 
 def end_to_end(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
                temperatures: Sequence[float] = (0.0, 1.0), gamma: int = 4,
                max_new_tokens: int = 48, repeats: int = 5) -> List[Dict[str, Any]]:
   """Whole-decode walltime per verifier on the bundled pairs (bundled examples)."""
-  from experiments import common  # pylint: disable=import-outside-toplevel
   from specjax.decode import speculative_decode  # pylint: disable=import-outside-toplevel
   rows = []
   for name in pair_names:
@@ -203,6 +199,20 @@ def end_to_end(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
   return rows
 
 
+def _pooled(runs: Sequence[Sequence[Any]], real: Sequence[int]) -> Dict[str, Any]:
+  """Totals over runs (each a list of per-batch DecodeResults) of the first `real[i]` rows of
+  batch i: tokens, target calls, α sum and count, the accepted-count histogram."""
+  st: Dict[str, Any] = dict(tokens=0, calls=0, alpha_sum=0.0, alpha_count=0, hist=0)
+  for outs in runs:
+    for out, k in zip(outs, real):
+      st["tokens"] += int(np.asarray(out.lengths)[:k].sum())
+      st["calls"] += int(np.asarray(out.target_calls)[:k].sum())
+      st["alpha_sum"] += float(np.asarray(out.alpha_sum)[:k].sum())
+      st["alpha_count"] += int(np.asarray(out.alpha_count)[:k].sum())
+      st["hist"] = st["hist"] + np.asarray(out.accepted_hist)[:k].sum(0)
+  return st
+
+
 def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
                   gammas: Sequence[int] = (2, 4, 6), num_examples: int = 8,
                   max_new_tokens: int = 48, repeats: int = 3,
@@ -219,7 +229,6 @@ def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
   theory), decode_s (median over repeats of the summed batch times) with its min and max,
   ms_per_token, and the ratios to the first verifier (tokens per call; walltime speedup).
   """
-  from experiments import common  # pylint: disable=import-outside-toplevel
   from specjax import analysis  # pylint: disable=import-outside-toplevel
   from specjax.decode import speculative_decode  # pylint: disable=import-outside-toplevel
   rows = []
@@ -236,26 +245,25 @@ def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
 
         def run(name, seed):
           cfg = dataclasses.replace(config, verifier=get_verifier(name))
-          outs = [speculative_decode(pair.target, pair.target_params, drafter, dparams, chunk,
+          return [speculative_decode(pair.target, pair.target_params, drafter, dparams, chunk,
                                      max_new_tokens=max_new_tokens, gamma=gamma,
                                      rng=jax.random.PRNGKey(1000 * seed + c), config=cfg)
                   for c, chunk in enumerate(chunks)]
-          return jax.block_until_ready(outs)
 
-        stats = {n: dict(tokens=0, calls=0, alpha_sum=0.0, alpha_count=0, times=[], hist=0,
-                         compile_s=common.timed(lambda n=n: run(n, 10_000))[1])
-                 for n in verifiers}
-        for r in range(repeats):
-          for name in verifiers:
-            outs, seconds = common.timed(lambda name=name: run(name, r))
-            st = stats[name]
-            st["times"].append(seconds)
-            for out, k in zip(outs, real):
-              st["tokens"] += int(np.asarray(out.lengths)[:k].sum())
-              st["calls"] += int(np.asarray(out.target_calls)[:k].sum())
-              st["alpha_sum"] += float(np.asarray(out.alpha_sum)[:k].sum())
-              st["alpha_count"] += int(np.asarray(out.alpha_count)[:k].sum())
-              st["hist"] = st["hist"] + np.asarray(out.accepted_hist)[:k].sum(0)
+        # Each verifier's r-th timed run decodes with seed r (its warm-up with seed 10 000),
+        # so the verifiers of one pass decode alike; every timed run's outputs are kept.
+        kept = {n: [] for n in verifiers}
+
+        def seeded(name, seeds):
+          seed = next(seeds)
+          outs = run(name, 10_000 if seed < 0 else seed)
+          if seed >= 0:
+            kept[name].append(outs)
+          return outs
+
+        t = timing.interleaved({n: functools.partial(seeded, n, itertools.count(-1))
+                                for n in verifiers}, repeats)
+        stats = {n: _pooled(kept[n], real) for n in verifiers}
         base = stats[verifiers[0]]
         for name in verifiers:
           st = stats[name]
@@ -266,16 +274,16 @@ def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
           made = np.arange(1, len(counts) + 1)
           mean = (counts * made).sum() / counts.sum()
           se = np.sqrt((counts * (made - mean) ** 2).sum() / counts.sum() / counts.sum())
-          median = statistics.median(st["times"])
+          median = t.median(name)
           rows.append(dict(
               pair=pair_name, gamma=gamma, batch=batch, verifier=describe(get_verifier(name)),
               tokens_per_call=tpc, tokens_per_call_se=float(se), alpha=alpha,
               eq1_tokens_per_call=float(analysis.expected_tokens(min(alpha, 1.0), gamma)),
               tokens_per_call_vs_first=tpc / (base["tokens"] / max(base["calls"], 1)),
-              decode_s=median, decode_s_min=min(st["times"]), decode_s_max=max(st["times"]),
+              decode_s=median, decode_s_min=t.spread(name)[0], decode_s_max=t.spread(name)[1],
               ms_per_token=1e3 * median / (num_examples * max_new_tokens),
-              speedup_vs_first=statistics.median(base["times"]) / median,
-              compile_s=st["compile_s"]))
+              speedup_vs_first=t.median(verifiers[0]) / median,
+              compile_s=t.compile_s[name]))
           print({k: common.fmt(v) for k, v in rows[-1].items()}, flush=True)
   return rows
 
@@ -303,7 +311,6 @@ def main(argv=None) -> List[Dict[str, Any]]:
   args = parser.parse_args(argv)
   print(device_note())
   if args.compare == "block":
-    from experiments import common  # pylint: disable=import-outside-toplevel
     repeats = args.repeats or 3
     gammas = args.gamma or [2, 4, 6]
     pair_names = args.pair or ["lm", "translate"]
@@ -325,7 +332,6 @@ def main(argv=None) -> List[Dict[str, Any]]:
     print(md)
     return rows
   if args.pair:
-    from experiments import common  # pylint: disable=import-outside-toplevel
     rows = end_to_end(args.pair, repeats=args.repeats or 5)
     pairs = [common.load_pair(name) for name in args.pair]
     md = common.header("End-to-end decode walltime per verifier", pairs, [

@@ -12,22 +12,25 @@ Where a pair comes from (in this order):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
+import functools
 import io
 import json
+import numbers
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import timing
+from specjax.checks import check_bool, check_int  # noqa: F401  (experiments' argument checks)
 from specjax.app import bundled, gin_config
 from specjax.data import load_bundled
 from specjax.app import build_model, encode_inputs, load_model
@@ -73,7 +76,9 @@ class Pair:
     return f"{self.name} ({self.source})"
 
 
-def _from_gin(seed: int) -> Pair:
+def pair_from_gin(seed: int) -> Pair:
+  """The pair gin names: TARGET_MODEL / DRAFT_MODEL, TARGET_CHECKPOINT / DRAFT_CHECKPOINT
+  (None: random init) and PAIR_TASK (default: by model family)."""
   target_ckpt = gin_config.query_macro("TARGET_CHECKPOINT")
   draft_ckpt = gin_config.query_macro("DRAFT_CHECKPOINT")
   for name, value in (("TARGET_CHECKPOINT", target_ckpt), ("DRAFT_CHECKPOINT", draft_ckpt)):
@@ -145,15 +150,21 @@ class Cli:
   pairs: List[Pair]
   output_dir: Path
   fast: bool
+  flags: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  """The module's own flags (`parse_cli`'s `flags`), by destination name."""
 
 
 def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
-              default_pairs: Sequence[str] = ("lm", "translate"), needs_pairs: bool = True) -> Cli:
+              default_pairs: Sequence[str] = ("lm", "translate"),
+              needs_pairs: Union[bool, Callable[[Dict[str, Any]], bool]] = True,
+              flags: Optional[Dict[str, Dict[str, Any]]] = None) -> Cli:
   """gin flags (T5X style) plus --pair (repeatable), --fast and --output_dir.
 
   `--fast` asks for the module's FAST settings (tests, smoke runs); they win over
   gin. Pairs are loaded before the experiment's own gin settings are parsed
   again, since a preset pair parses its own model gin files.
+  flags: the module's own flags, '--name' -> `argparse.add_argument` keywords (in Cli.flags);
+  needs_pairs: whether pairs are loaded, or a function of those flags that says so.
   """
   argv = sys.argv[1:] if argv is None else list(argv)
   files, bindings, paths, rest = gin_config.split_gin_args(argv)
@@ -164,12 +175,12 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
   parser.add_argument("--fast", action="store_true", help="tiny settings (tests, smoke runs)")
   parser.add_argument("--output_dir", default=f"out/experiments/{name}")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32",
-                      help="run the target's dense kernels and embedding in this dtype "
-                      "(cast once)")
-  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
-                      default="float32", help="the same for the draft model")
+  add_weights_flags(parser)
+  actions = [parser.add_argument(flag, **kwargs) for flag, kwargs in (flags or {}).items()]
   args = parser.parse_args(rest)
+  own = {action.dest: getattr(args, action.dest) for action in actions}
+  if callable(needs_pairs):
+    needs_pairs = needs_pairs(own)
 
   def reparse():
     gin.clear_config()
@@ -181,13 +192,42 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
     if isinstance(gin_config.query_macro("TARGET_MODEL"), str):
       if args.pair:
         raise ValueError("give either --pair or TARGET_MODEL/DRAFT_MODEL in gin, not both")
-      pairs = [_from_gin(args.seed)]
+      pairs = [pair_from_gin(args.seed)]
     else:
       for pair_name in args.pair or default_pairs:
         pairs.append(load_pair(pair_name, args.seed))
       reparse()
   pairs = [with_weights(pair, args.weights_dtype, args.draft_weights_dtype) for pair in pairs]
-  return Cli(pairs=pairs, output_dir=Path(args.output_dir), fast=args.fast)
+  return Cli(pairs=pairs, output_dir=Path(args.output_dir), fast=args.fast, flags=own)
+
+
+def add_weights_flags(parser: argparse.ArgumentParser, default: str = "float32") -> None:
+  """--weights_dtype (the target's, default `default`) and --draft_weights_dtype: the dtypes
+  the pair's dense kernels and embedding run in (`with_weights`)."""
+  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default=default,
+                      help="run the target's dense kernels and embedding in this dtype "
+                      "(cast once)")
+  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
+                      default="float32", help="the same for the draft model")
+
+
+def cli_main(run: Callable[..., Any], name: str, description: str, fast: Dict[str, Any],
+             **parse_kwargs: Any) -> Callable[[Optional[Sequence[str]]], Any]:
+  """The `main(argv=None)` of a gin-configured experiment: `parse_cli(argv, description, name,
+  **parse_kwargs)`, then `run(cli)`, with the `fast` settings under --fast."""
+  def main(argv: Optional[Sequence[str]] = None) -> Any:
+    cli = parse_cli(argv, description, name, **parse_kwargs)
+    return run(cli, **(fast if cli.fast else {}))
+  return main
+
+
+def gin_overrides(argv: Optional[Sequence[str]], runs: str) -> Tuple[List[str], List[str]]:
+  """(--gin.NAME=VALUE bindings, the other arguments) of a module whose gin run files are
+  fixed (`runs` names them in the error); ValueError on --gin_file."""
+  files, bindings, _, rest = gin_config.split_gin_args(sys.argv[1:] if argv is None else argv)
+  if files:
+    raise ValueError(f"the run files are fixed ({runs}); pass --gin.NAME=VALUE overrides only")
+  return list(bindings), list(rest)
 
 
 # ------------------------------------------------------------------------ inputs
@@ -204,8 +244,7 @@ class Examples:
 def examples(pair: Pair, num: int, max_input_len: int = 32, prompt_words: int = 8,
              skip: int = 0) -> Examples:
   """The first `num` examples (after `skip`) of the pair's bundled split."""
-  if num < 1:
-    raise ValueError(f"num examples must be >= 1, got {num}")
+  check_int("num examples", num, low=1)
   vocab = load_vocab()
   data = load_bundled(pair.task)[skip: skip + num]
   if pair.task == "lm_ddtp_en":
@@ -281,54 +320,74 @@ def perplexity(pair: Pair, inputs: np.ndarray, outputs: Sequence[Sequence[int]])
   return float(np.exp(total / max(count, 1)))
 
 
+# ------------------------------------------------------------------------ checks
+
+
+def check_counts(**named: Any) -> None:
+  """Each keyword an integer >= 1, or a tuple / list of them (`check_int`)."""
+  for name, value in named.items():
+    for item in (value if isinstance(value, (tuple, list)) else (value,)):
+      check_int(name, item, low=1)
+
+
 # ------------------------------------------------------------------------ timing
 
 
-def timed(fn: Callable[[], Any]) -> Tuple[Any, float]:
-  """(result, seconds), with every array of the result ready."""
-  start = time.perf_counter()
-  out = fn()
-  jax.block_until_ready(out)
-  return out, time.perf_counter() - start
+def passes_for(seconds_per_pass: float, min_seconds: float, *, low: int = 1,
+               high: Optional[int] = None) -> int:
+  """Timed passes that hold at least `min_seconds` when one takes `seconds_per_pass`,
+  clipped to [low, high]."""
+  passes = max(int(np.ceil(min_seconds / max(seconds_per_pass, 1e-9))), low)
+  return passes if high is None else min(passes, high)
 
 
-def time_interleaved(runs: Dict[Any, Callable[[np.ndarray], Any]], inputs: np.ndarray,
-                     repeats: int) -> Tuple[Dict[Any, float], Dict[Any, float], Dict[Any, Dict]]:
+def time_interleaved(runs: Dict[str, Callable[[np.ndarray], Any]], inputs: np.ndarray,
+                     repeats: int) -> Tuple[Dict[str, float], Dict[str, float], Dict[str, Dict]]:
   """Batch-1 timings of several decoders over the rows of `inputs`, interleaved.
 
-  runs: name -> fn(row int32 [1, W]) returning a DecodeResult. Each is compiled
-  (and timed) once on the first row; then every row is decoded `repeats` times
-  by each decoder in turn, and the per-row medians are summed.
-  Returns (compile seconds, summed median seconds, per-name totals of the first
-  run of each row: tokens, target_calls, alpha_sum, alpha_count).
+  runs: name -> fn(row int32 [1, W]) returning a DecodeResult. Each row is decoded by every
+  decoder in `repeats` passes (`specjax.timing.interleaved`; the first row's warm-up compiles),
+  and the per-row medians are summed.
+  Returns (compile seconds: the first row's warm-up less its median run, summed median
+  seconds, per-name totals of one run of each row: tokens, target_calls, alpha_sum,
+  alpha_count).
   """
-  compile_s = {name: timed(lambda: fn(inputs[:1]))[1] for name, fn in runs.items()}
+  compile_s: Dict[str, float] = {}
   seconds = {name: 0.0 for name in runs}
   stats = {name: dict(tokens=0, target_calls=0, alpha_sum=0.0, alpha_count=0) for name in runs}
   for i in range(len(inputs)):
     row = inputs[i:i + 1]
-    times = {name: [] for name in runs}
-    for _ in range(repeats):
-      for name, fn in runs.items():
-        out, sec = timed(lambda: fn(row))
-        times[name].append(sec)
-        if len(times[name]) == 1:
-          st = stats[name]
-          st["tokens"] += int(out.lengths[0])
-          st["target_calls"] += int(out.target_calls[0])
-          st["alpha_sum"] += float(out.alpha_sum[0])
-          st["alpha_count"] += int(out.alpha_count[0])
+    t = timing.interleaved({name: functools.partial(fn, row) for name, fn in runs.items()},
+                           repeats, warmup=i == 0)
+    compile_s = compile_s or dict(t.compile_s)
     for name in runs:
-      seconds[name] += statistics.median(times[name])
+      seconds[name] += t.median(name)
+      out, st = t.outputs[name], stats[name]
+      st["tokens"] += int(out.lengths[0])
+      st["target_calls"] += int(out.target_calls[0])
+      st["alpha_sum"] += float(out.alpha_sum[0])
+      st["alpha_count"] += int(out.alpha_count[0])
   return compile_s, seconds, stats
 
 
+Run = Tuple[Callable[[], Any], int]
+"""(a zero-argument call, the model calls / steps it makes): `decode_loop`, `propose_loop`,
+`verify_loop`."""
+
+
+def ms_per_call(runs: Dict[str, Run], repeats: int) -> Tuple[Dict[str, float], timing.Timings]:
+  """Median ms per model call of each run (`specjax.timing.interleaved`, warm-up apart), and the
+  timings themselves (the runs' outputs among them)."""
+  t = timing.interleaved({name: fn for name, (fn, _) in runs.items()}, repeats)
+  return {name: 1e3 * t.median(name) / calls for name, (_, calls) in runs.items()}, t
+
+
 def decode_loop(model, params, batch: int, cache_len: int, k: int, *, encoded: Any = None,
-                position: int = 20, calls: int = 40) -> Callable[[], Any]:
-  """A compiled zero-argument run of `calls` k-token `model.decode` calls at `batch` rows,
-  in one jitted `fori_loop` with the cache carried: the calls as the decode loops make
-  them (loop-invariant work hoisted out of the loop, dispatch not counted). Rows sit at slots `position` + 0..7, apart; results are folded into the carry
-  so that XLA cannot drop them."""
+                position: int = 20, calls: int = 40) -> Run:
+  """`calls` k-token `model.decode` calls at `batch` rows, in one jitted `fori_loop` with the
+  cache carried: the calls as the decode loops make them (loop-invariant work hoisted out of
+  the loop, dispatch not counted). Rows sit at slots `position` + 0..7, apart; results are
+  folded into the carry so that XLA cannot drop them. Compiles on its first call."""
   cache = model.init_cache(batch, cache_len)
 
   @jax.jit
@@ -341,28 +400,80 @@ def decode_loop(model, params, batch: int, cache_len: int, k: int, *, encoded: A
       return cache, acc + jnp.argmax(logits[:, -1], -1).sum().astype(jnp.float32)
     return jax.lax.fori_loop(0, calls, body, (cache, 0.0))[1]
 
-  jax.block_until_ready(loop(params, cache, encoded))  # compile
-  return lambda: jax.block_until_ready(loop(params, cache, encoded))
+  return (lambda: loop(params, cache, encoded)), calls
 
 
-def step_times(model, params, inputs: np.ndarray, ks: Sequence[int], *, cache_len: int,
-               position: int, repeats: int = 5, calls: int = 40) -> Dict[int, float]:
-  """Median seconds of one in-loop k-token `model.decode` call at batch 1, per k
-  (`decode_loop`; the ks' loops timed in turn `repeats` times).
+def propose_loop(drafter, params, prompts: np.ndarray, cache_len: int, gamma: int,
+                 n: int = 30) -> Run:
+  """n drafter proposals of `gamma` guesses per row (catch-up window included), greedy, in one
+  jitted loop. prompts: int32 [B, W]. Compiles on its first call."""
+  from specjax.sampling import Sampling  # pylint: disable=import-outside-toplevel
+  batch = prompts.shape[0]
+  seq = np.zeros((batch, cache_len), np.int32)
+  seq[:, :prompts.shape[1]] = prompts
+  length = jnp.full((batch,), prompts.shape[1], jnp.int32)
+  gammas = jnp.full((batch,), gamma, jnp.int32)
 
-  inputs: int32 [1, W] (encoded once for an encoder-decoder); the k tokens sit at
-  `position` (+ 0..7), as in a generation's middle.
+  @jax.jit
+  def loop(params, seq, length):
+    state = drafter.init(params, jnp.asarray(prompts), seq, length, cache_len)
+    keys = jax.random.split(jax.random.PRNGKey(0), batch)
+
+    def body(i, carry):
+      state, acc = carry
+      proposal, state = drafter.propose(params, state, seq, length + i, gammas, keys,
+                                       Sampling(temperature=0.0))
+      state = drafter.update(state, jnp.full((batch,), 2, jnp.int32), gammas)
+      return state, acc + proposal.probs[:, 0, 0].sum() + proposal.tokens[:, 0].sum()
+    return jax.lax.fori_loop(0, n, body, (state, 0.0))[1]
+  return (lambda: loop(params, seq, length)), n
+
+
+def verify_loop(config, batch: int, gamma: int, vocab: int, n: int = 50) -> Run:
+  """n verification steps (Algorithm 1 on γ+1 target and γ draft distributions per row) of
+  `config`'s verifier, in one jitted loop. Compiles on its first call."""
+  from specjax.verify import verify_batch  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(batch, gamma + 1, vocab)).astype(np.float32))
+  q = jax.nn.softmax(jnp.asarray(rng.normal(size=(batch, gamma, vocab)).astype(np.float32)), -1)
+  guesses = jnp.zeros((batch, gamma), jnp.int32)
+  keys = jax.random.split(jax.random.PRNGKey(0), batch)
+
+  @jax.jit
+  def loop(logits, q):
+    def body(i, acc):
+      n_acc, _, overlap = verify_batch(config.sampling, config.verifier, config.lenience, keys,
+                                       jnp.full((batch,), 10 + i, jnp.int32), guesses, q,
+                                       logits + acc, jnp.full((batch,), gamma, jnp.int32))
+      return acc + 1e-6 * n_acc.sum().astype(jnp.float32) + overlap[0, 0]
+    return jax.lax.fori_loop(0, n, body, 0.0)
+  return (lambda: loop(logits, q)), n
+
+
+def cost_ratios(pair: Pair, inputs: np.ndarray, gammas: Sequence[int], cache_len: int,
+                repeats: int, calls: int = 40) -> Dict:
+  """c = draft step / target step (k = 1) and r(γ) = target (γ+1)-token call / 1-token call,
+  from in-loop `decode` calls at batch 1 (`decode_loop`), all interleaved, medians of `repeats`.
+
+  inputs: int32 [1, W] (encoded once per model for an encoder-decoder); the k tokens sit in a
+  generation's middle: at W // 2 (+ 0..7) for an LM, at 8 for an encoder-decoder's decoder.
+  Returns {'c', 'target_step_s', 'draft_step_s', 'r': {γ: r(γ)}}.
   """
-  encoded = model.encode(params, jnp.asarray(inputs)) if model.is_encoder_decoder else None
-  loops = {k: decode_loop(model, params, 1, cache_len, k, encoded=encoded, position=position,
-                          calls=calls) for k in ks}
-  runs: Dict[int, List[float]] = {k: [] for k in ks}
-  for _ in range(repeats):
-    for k, run in loops.items():
-      start = time.perf_counter()
-      run()
-      runs[k].append((time.perf_counter() - start) / calls)
-  return {k: statistics.median(t) for k, t in runs.items()}
+  position = 8 if pair.target.is_encoder_decoder else inputs.shape[1] // 2
+
+  def loop(model, params, k):
+    encoded = model.encode(params, jnp.asarray(inputs)) if model.is_encoder_decoder else None
+    return decode_loop(model, params, 1, cache_len, k, encoded=encoded, position=position,
+                       calls=calls)
+
+  ks = sorted({1, *[g + 1 for g in gammas]})
+  runs = {f"target k={k}": loop(pair.target, pair.target_params, k) for k in ks}
+  runs["draft k=1"] = loop(pair.draft, pair.draft_params, 1)
+  ms, _ = ms_per_call(runs, repeats)
+  target = {k: ms[f"target k={k}"] / 1e3 for k in ks}
+  draft = ms["draft k=1"] / 1e3
+  return {"c": draft / target[1], "target_step_s": target[1], "draft_step_s": draft,
+          "r": {g: target[g + 1] / target[1] for g in gammas}}
 
 
 # ------------------------------------------------------------------------ output
@@ -375,13 +486,16 @@ def fmt(value: Any) -> str:
   return str(value)
 
 
-def markdown_table(rows: Sequence[Dict[str, Any]], columns: Optional[Sequence[str]] = None) -> str:
-  """A GitHub markdown table of dict rows (columns: the first row's keys by default)."""
+def markdown_table(rows: Sequence[Dict[str, Any]], columns: Optional[Sequence[str]] = None,
+                   cell: Optional[Callable[[Any], str]] = None) -> str:
+  """A GitHub markdown table of dict rows (columns: the first row's keys by default; cells
+  written by `cell`, default `fmt`)."""
+  cell = cell or fmt
   if not rows:
     raise ValueError("markdown_table needs at least one row")
   columns = list(columns or rows[0].keys())
   lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-  lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+  lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
   return "\n".join(lines)
 
 
@@ -425,6 +539,17 @@ class Output:
     figure.savefig(self.path(filename), dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
     plt.close(figure)
+
+  @contextlib.contextmanager
+  def figure(self, filename: str, figsize: Tuple[float, float], ncols: int = 1):
+    """A new figure's axes (one, or a tuple of `ncols`), saved as `filename` on exit."""
+    fig, axes = pyplot().subplots(1, ncols, figsize=figsize)
+    yield axes
+    self.png(fig, filename)
+
+  def announce(self) -> None:
+    """Prints the files written so far."""
+    print(f"wrote {', '.join(str(p) for p in self.written)}")
 
 
 def _json_default(x):

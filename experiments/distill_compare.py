@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import gin
 
+from experiments import common
+from specjax import timing
 from specjax.app import bundled, gin_config
 from specjax.models import read_model_gin
 from specjax import train as train_lib
@@ -79,10 +79,7 @@ def evaluate(pair: str, folder: str, data_dir: str, eval_batches: Optional[int])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  files, bindings, _, rest = gin_config.split_gin_args(
-      sys.argv[1:] if argv is None else argv)
-  if files:
-    raise ValueError("the run files are fixed; pass --gin.NAME=VALUE overrides only")
+  bindings, rest = common.gin_overrides(argv, "see RUN_FILES")
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--pair", required=True, choices=sorted(RUN_FILES))
   p.add_argument("--data_dir", required=True)
@@ -108,9 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
       continue
     data_dir = {"data": args.data_dir, "teacher": args.teacher_data}[source]
     _parse(args.pair, str(model_dir), data_dir, args.steps, divergence, bindings)
-    start = time.perf_counter()
-    gin.get_configurable(train_lib.train)()
-    seconds[recipe] = time.perf_counter() - start
+    seconds[recipe] = timing.timed(gin.get_configurable(train_lib.train))[1]
     seconds_path.write_text(json.dumps(seconds, indent=1))
   eval_data = args.eval_data or args.data_dir
   rows = [_row("shipped draft", evaluate(args.pair, str(bundled.PAIRS_DIR / args.pair / "draft"),
@@ -122,11 +117,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
                      evaluate(args.pair, model_dir, eval_data, args.eval_batches),
                      seconds.get(recipe), args.steps))
     print(json.dumps(rows[-1]), flush=True)
-  (out / "compare.json").write_text(json.dumps(rows, indent=1))
-  cols = list(rows[0])
-  md = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] +
-                 ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows])
-  (out / "compare.md").write_text(md + "\n")
+  written = common.Output(out, "compare")
+  written.json(rows)
+  md = common.markdown_table(rows, cell=str)
+  written.markdown(md)
   print(md)
   return rows
 

@@ -175,13 +175,11 @@ def run(cli: common.Cli, *, alpha_tokens: int = 10000, alpha_batch: int = 64,
          f"{bleu_examples} bundled examples.)\n\n")
   md += common.markdown_table(rows, columns)
   out.tables(md, rows, cli.pairs, alpha=details)
-  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  out.announce()
   return rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "eval_pairs")
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "eval_pairs", __doc__, FAST)
 
 
 if __name__ == "__main__":

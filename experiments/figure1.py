@@ -8,7 +8,7 @@ through), the target's correction blue. Writes figure1.txt (plain: [-rejected-],
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict
 
 import gin
 import jax
@@ -61,13 +61,11 @@ def run(cli: common.Cli, *, example: int = 0, gamma: int = 5, temperature: float
                                  "correction": piece(r["correction"])
                                  if r["correction"] is not None else None}} for r in rounds]}
   out.json(record)
-  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  out.announce()
   return record
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict:
-  cli = common.parse_cli(argv, __doc__, "figure1", default_pairs=("translate",))
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "figure1", __doc__, FAST, default_pairs=("translate",))
 
 
 if __name__ == "__main__":

@@ -31,38 +31,34 @@ with the α the run measured, beside the measured AR / speculative time.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import decode_loop as common_decode_loop
-from experiments.common import examples, load_pair, markdown_table, with_weights
+from experiments.common import (add_weights_flags, decode_config, decode_loop, examples,
+                                load_pair, markdown_table, ms_per_call, propose_loop, verify_loop,
+                                with_weights)
+from specjax import timing
 from specjax.analysis import expected_tokens
-from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
-from specjax.params import WEIGHTS_DTYPES
-from specjax.verify import verify_batch
-from specjax.sampling import Sampling
 
 PROMPT_LEN = 16
-Run = Tuple[Callable[[], Any], int]  # (a compiled zero-argument call, model calls it makes)
 
 
 def memcpy_gbps(megabytes: int = 256, repeats: int = 5) -> float:
   """Measured bandwidth in GB/s: bytes read + written per second by a jitted pass over
   a large float32 array, updated in place (donated), so no fresh pages are faulted in."""
   step = jax.jit(lambda a: a + 1.0, donate_argnums=0)
-  x = jax.block_until_ready(step(jnp.zeros((megabytes * 2**20 // 4,), jnp.float32)))
-  nbytes, times = x.nbytes, []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    x = jax.block_until_ready(step(x))
-    times.append(time.perf_counter() - start)
-  return 2 * nbytes / statistics.median(times) / 1e9
+  box = [jnp.zeros((megabytes * 2**20 // 4,), jnp.float32)]
+
+  def run():
+    box[0] = step(box[0])
+    return box[0]
+  seconds = timing.interleaved({"copy": run}, repeats).median("copy")
+  return 2 * box[0].nbytes / seconds / 1e9
 
 
 def read_gbps(megabytes: int = 256, repeats: int = 5) -> float:
@@ -70,77 +66,7 @@ def read_gbps(megabytes: int = 256, repeats: int = 5) -> float:
   array (what a weight-bound step does with its weights: read them once, write little)."""
   total = jax.jit(jnp.sum)
   x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
-  jax.block_until_ready(total(x))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(total(x))
-    times.append(time.perf_counter() - start)
-  return x.nbytes / statistics.median(times) / 1e9
-
-
-def _compiled(fn: Callable, *args) -> Callable[[], Any]:
-  jax.block_until_ready(fn(*args))  # compile
-  return lambda: jax.block_until_ready(fn(*args))
-
-
-def decode_loop(model, params, batch: int, cache_len: int, k: int, n: int = 40) -> Run:
-  """n k-token decode calls of `model` at `batch` rows, in a jitted loop."""
-  return common_decode_loop(model, params, batch, cache_len, k, calls=n), n
-
-
-def propose_loop(drafter: ModelDrafter, params, prompts: np.ndarray, cache_len: int,
-                 gamma: int, n: int = 30) -> Run:
-  """n drafter proposals of `gamma` guesses per row (catch-up window included), jitted."""
-  batch = prompts.shape[0]
-  seq = np.zeros((batch, cache_len), np.int32)
-  seq[:, :prompts.shape[1]] = prompts
-  length = jnp.full((batch,), prompts.shape[1], jnp.int32)
-  gammas = jnp.full((batch,), gamma, jnp.int32)
-
-  @jax.jit
-  def loop(params, seq, length):
-    state = drafter.init(params, jnp.asarray(prompts), seq, length, cache_len)
-    keys = jax.random.split(jax.random.PRNGKey(0), batch)
-
-    def body(i, carry):
-      state, acc = carry
-      proposal, state = drafter.propose(params, state, seq, length + i, gammas, keys,
-                                       Sampling(temperature=0.0))
-      state = drafter.update(state, jnp.full((batch,), 2, jnp.int32), gammas)
-      return state, acc + proposal.probs[:, 0, 0].sum() + proposal.tokens[:, 0].sum()
-    return jax.lax.fori_loop(0, n, body, (state, 0.0))[1]
-  return _compiled(loop, params, seq, length), n
-
-
-def verify_loop(config: DecodeConfig, batch: int, gamma: int, vocab: int, n: int = 50) -> Run:
-  """n verification steps (Algorithm 1 on γ+1 target and γ draft distributions per row)."""
-  rng = np.random.default_rng(0)
-  logits = jnp.asarray(rng.normal(size=(batch, gamma + 1, vocab)).astype(np.float32))
-  q = jax.nn.softmax(jnp.asarray(rng.normal(size=(batch, gamma, vocab)).astype(np.float32)), -1)
-  guesses = jnp.zeros((batch, gamma), jnp.int32)
-  keys = jax.random.split(jax.random.PRNGKey(0), batch)
-
-  @jax.jit
-  def loop(logits, q):
-    def body(i, acc):
-      n_acc, _, overlap = verify_batch(config.sampling, config.verifier, config.lenience, keys,
-                                       jnp.full((batch,), 10 + i, jnp.int32), guesses, q,
-                                       logits + acc, jnp.full((batch,), gamma, jnp.int32))
-      return acc + 1e-6 * n_acc.sum().astype(jnp.float32) + overlap[0, 0]
-    return jax.lax.fori_loop(0, n, body, 0.0)
-  return _compiled(loop, logits, q), n
-
-
-def interleaved_ms(runs: Dict[str, Run], repeats: int) -> Dict[str, float]:
-  """Median ms per call of each (compiled) run, timed in turn `repeats` times."""
-  times: Dict[str, list] = {name: [] for name in runs}
-  for _ in range(repeats):
-    for name, (fn, calls) in runs.items():
-      start = time.perf_counter()
-      fn()
-      times[name].append(1e3 * (time.perf_counter() - start) / calls)
-  return {name: statistics.median(t) for name, t in times.items()}
+  return x.nbytes / timing.interleaved({"sum": lambda: total(x)}, repeats).median("sum") / 1e9
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -151,11 +77,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32",
-                      help="run the target's dense kernels and embedding in this dtype "
-                      "(cast once)")
-  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
-                      default="float32", help="the same for the draft model")
+  add_weights_flags(parser)
   args = parser.parse_args(argv)
   for length in args.cache_lens:
     if length < PROMPT_LEN + args.new_tokens + max(args.gammas) + 1:
@@ -178,33 +100,32 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "repeated runs, not one table).")
   step_rows, round_rows = [], []
   for cache_len in args.cache_lens:
-    config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=cache_len)
+    config = decode_config(0.0, cache_len)
     for batch in args.batches:
       prompts, plen = prompts_all[:batch], lengths_all[:batch]
       key = jax.random.PRNGKey(0)
       half = args.new_tokens // 2
-      ar = lambda budget: _compiled(lambda: autoregressive_decode(
+      ar = lambda budget: (lambda: autoregressive_decode(
           target, tparams, prompts, max_new_tokens=budget, rng=key, config=config,
-          prompt_lengths=plen).tokens)
+          prompt_lengths=plen), 1)
       # Whole calls (1 "call" each): the budget is data, so both budgets share one compile.
       runs = {"t1": decode_loop(target, tparams, batch, cache_len, 1),
               "d1": decode_loop(draft, dparams, batch, cache_len, 1),
-              "ar": (ar(args.new_tokens), 1), "ar_half": (ar(half), 1)}
-      stats = {}
+              "ar": ar(args.new_tokens), "ar_half": ar(half)}
       for gamma in args.gammas:
         drafter = ModelDrafter(draft, gamma)  # max_gamma sizes the target call: γ + 1 tokens
-        spec = lambda budget, d=drafter, g=gamma: speculative_decode(
+        spec = lambda budget, d=drafter, g=gamma: (lambda: speculative_decode(
             target, tparams, d, dparams, prompts, max_new_tokens=budget, gamma=g,
-            rng=key, config=config, prompt_lengths=plen)
-        full, short = spec(args.new_tokens), spec(half)
-        rounds = lambda result: int(np.asarray(result.target_calls).max())  # loop iterations
-        stats[gamma] = rounds(full), rounds(short), float(np.asarray(full.alpha).mean())
+            rng=key, config=config, prompt_lengths=plen), 1)
         runs[f"tk{gamma}"] = decode_loop(target, tparams, batch, cache_len, gamma + 1)
         runs[f"prop{gamma}"] = propose_loop(drafter, dparams, prompts, cache_len, gamma)
         runs[f"ver{gamma}"] = verify_loop(config, batch, gamma, target.vocab_size)
-        runs[f"spec{gamma}"] = (_compiled(lambda s=spec: s(args.new_tokens).tokens), 1)
-        runs[f"spechalf{gamma}"] = (_compiled(lambda s=spec: s(half).tokens), 1)
-      ms = interleaved_ms(runs, args.repeats)
+        runs[f"spec{gamma}"] = spec(args.new_tokens)
+        runs[f"spechalf{gamma}"] = spec(half)
+      ms, t = ms_per_call(runs, args.repeats)
+      rounds = lambda name: int(np.asarray(t.outputs[name].target_calls).max())  # iterations
+      stats = {g: (rounds(f"spec{g}"), rounds(f"spechalf{g}"),
+                   float(np.asarray(t.outputs[f"spec{g}"].alpha).mean())) for g in args.gammas}
       t1, d1, c = ms["t1"], ms["d1"], ms["d1"] / ms["t1"]
       # Per step / round: the slope between the two budgets, so the per-call fixed part
       # (prefill, drafter start, dispatch, the NaN check's sync, the result's copy) is

@@ -8,7 +8,8 @@ prompts streamed through `slots` slots (`specjax.decode.stream`), autoregressive
 speculative at each γ. A round (a step) is a slope, (a stream of `new_tokens` − one of
 `new_tokens // 8`) / the rounds between them, so the refills (prefill, drafter start)
 and the call's fixed part cancel out. Beside it, in the same process and interleaved
-(`experiments.profile_round`'s jitted loops, same cache length): the target's 1-token
+(the jitted loops of `experiments.common`, as in `experiments.profile_round`, same cache
+length): the target's 1-token
 and (γ+1)-token calls at B rows, one drafter proposal of γ guesses, one verification.
 
 Printed per γ:
@@ -27,65 +28,54 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import jax
 import numpy as np
 
-from experiments.common import examples, load_pair, markdown_table, model_drafter, with_weights
-from experiments.profile_round import decode_loop, interleaved_ms, propose_loop, verify_loop
+from experiments import common
 from specjax.decode import autoregressive_decode, speculative_decode
-from specjax.decode.config import DecodeConfig
 from specjax.decode.stream import Streaming
 from specjax.draft import ModelDrafter
-from specjax.params import WEIGHTS_DTYPES
-from specjax.sampling import Sampling
 
 PROMPT_LEN = 48
-
-
-def _stream(decode):
-  """A timed run of the zero-argument `decode` (compiled by a first run) and its rounds."""
-  out = decode()
-  jax.block_until_ready(out.tokens)
-  return (lambda: jax.block_until_ready(decode().tokens), 1), int(out.rounds)
 
 
 def measure(pair, *, slots: int, inputs: int, gammas: Sequence[int], new_tokens: int,
             repeats: int) -> List[Dict]:
   """One row per γ (see the module docstring); all runs of the pair interleaved."""
-  ex = examples(pair, inputs, PROMPT_LEN)
+  ex = common.examples(pair, inputs, PROMPT_LEN)
   keys = jax.random.split(jax.random.PRNGKey(0), inputs)
   cache_len = PROMPT_LEN + new_tokens + max(gammas) + 1
-  config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=cache_len)
+  config = common.decode_config(0.0, cache_len)
   short = max(new_tokens // 8, 1)
   streaming = Streaming(slots)
   target, tparams = pair.target, pair.target_params
 
-  runs, rounds = {}, {}
+  runs = {}
   for budget in (new_tokens, short):
-    runs[("ar", budget)], rounds[("ar", budget)] = _stream(
-        lambda b=budget: autoregressive_decode(target, tparams, ex.inputs, max_new_tokens=b,
-                                               rng=keys, config=config, slots=streaming))
+    runs[f"ar@{budget}"] = (lambda b=budget: autoregressive_decode(
+        target, tparams, ex.inputs, max_new_tokens=b, rng=keys, config=config,
+        slots=streaming), 1)
     for gamma in gammas:
-      drafter, dparams = model_drafter(pair, gamma)  # max_gamma = γ: a (γ+1)-token target call
-      runs[(gamma, budget)], rounds[(gamma, budget)] = _stream(
-          lambda b=budget, g=gamma, d=drafter, dp=dparams: speculative_decode(
-              target, tparams, d, dp, ex.inputs, max_new_tokens=b, gamma=g, rng=keys,
-              config=config, slots=streaming))
+      drafter, dparams = common.model_drafter(pair, gamma)  # max_gamma = γ: (γ+1)-token calls
+      runs[f"{gamma}@{budget}"] = (lambda b=budget, g=gamma, d=drafter, dp=dparams:
+                                   speculative_decode(target, tparams, d, dp, ex.inputs,
+                                                      max_new_tokens=b, gamma=g, rng=keys,
+                                                      config=config, slots=streaming), 1)
   prompts = np.asarray(ex.inputs)[:slots]
-  runs["t1"] = decode_loop(target, tparams, slots, cache_len, 1)
+  runs["t1"] = common.decode_loop(target, tparams, slots, cache_len, 1)
   for gamma in gammas:
-    runs[f"t{gamma + 1}"] = decode_loop(target, tparams, slots, cache_len, gamma + 1)
-    runs[f"propose{gamma}"] = propose_loop(ModelDrafter(pair.draft, gamma), pair.draft_params,
-                                           prompts, cache_len, gamma)
-    runs[f"verify{gamma}"] = verify_loop(config, slots, gamma, target.vocab_size)
-  ms = interleaved_ms(runs, repeats)
+    runs[f"t{gamma + 1}"] = common.decode_loop(target, tparams, slots, cache_len, gamma + 1)
+    runs[f"propose{gamma}"] = common.propose_loop(ModelDrafter(pair.draft, gamma),
+                                                  pair.draft_params, prompts, cache_len, gamma)
+    runs[f"verify{gamma}"] = common.verify_loop(config, slots, gamma, target.vocab_size)
+  ms, t = common.ms_per_call(runs, repeats)
+  rounds = {name: int(out.rounds) for name, out in t.outputs.items() if "@" in name}
 
   def slope(name):
-    return ((ms[(name, new_tokens)] - ms[(name, short)])
-            / max(rounds[(name, new_tokens)] - rounds[(name, short)], 1))
+    return ((ms[f"{name}@{new_tokens}"] - ms[f"{name}@{short}"])
+            / max(rounds[f"{name}@{new_tokens}"] - rounds[f"{name}@{short}"], 1))
 
   ar_step, t1 = slope("ar"), ms["t1"]
   weights = sum(x.size for x in jax.tree_util.tree_leaves(tparams))
@@ -94,7 +84,7 @@ def measure(pair, *, slots: int, inputs: int, gammas: Sequence[int], new_tokens:
     round_ms = slope(gamma)
     tk, propose, verify = ms[f"t{gamma + 1}"], ms[f"propose{gamma}"], ms[f"verify{gamma}"]
     parts = tk + propose + verify
-    tokens = inputs * new_tokens / slots / rounds[(gamma, new_tokens)]  # per row and round
+    tokens = inputs * new_tokens / slots / rounds[f"{gamma}@{new_tokens}"]  # per row and round
     r = tk / t1
     extra_gflops = 2 * weights * slots * gamma / max(tk - t1, 1e-9) / 1e6
     rows.append({
@@ -117,29 +107,26 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2])
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default="float32")
-  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
-                      default="float32")
+  common.add_weights_flags(parser)
   parser.add_argument("--output_dir", default=None,
                       help="also write the table to OUTPUT_DIR/stream_round.md")
   args = parser.parse_args(argv)
-  if min(args.gammas) < 1:
-    raise ValueError(f"gammas must be >= 1, got {args.gammas}")
-  if args.new_tokens < 8:
-    raise ValueError(f"new_tokens must be >= 8 (the slope's short run is new_tokens // 8), "
-                     f"got {args.new_tokens}")
-  pair = with_weights(load_pair("lm"), args.weights_dtype, args.draft_weights_dtype)
+  common.check_counts(gammas=args.gammas, slots=args.slots, inputs=args.inputs,
+                      repeats=args.repeats)
+  common.check_int("new_tokens (the slope's short run is new_tokens // 8)", args.new_tokens,
+                   low=8)
+  pair = common.with_weights(common.load_pair("lm"), args.weights_dtype,
+                             args.draft_weights_dtype)
   rows = measure(pair, slots=args.slots, inputs=args.inputs, gammas=args.gammas,
                  new_tokens=args.new_tokens, repeats=args.repeats)
   text = (f"{pair.label}; {args.inputs} inputs through {args.slots} slots, greedy, "
           f"{args.new_tokens} tokens each (EOS ignored); medians of {args.repeats}, "
-          "interleaved.\n\n" + markdown_table(rows) + "\n")
+          "interleaved.\n\n" + common.markdown_table(rows) + "\n")
   print(text)
   if args.output_dir:
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stream_round.md").write_text(text)
-    print(f"wrote {out / 'stream_round.md'}")
+    out = common.Output(args.output_dir, "stream_round")
+    out.markdown(text)
+    print(f"wrote {out.written[0]}")
   print("median measured speedup:",
         f"{statistics.median(row['measured speedup'] for row in rows):.3f}")
 

@@ -11,7 +11,7 @@ No model is run: the numbers are exact functions of (α, γ, c, ĉ).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import gin
 import numpy as np
@@ -56,44 +56,38 @@ def run(cli: common.Cli, *, rows: Sequence[Tuple[float, int]] = PAPER_ROWS, c: f
   out.json({"c": c, "c_hat": c_hat, "rows": table})
   _figures(out, fig2_gammas, fig3_costs, fig4_gammas, fig4_c, fig4_c_hat)
   print("\n".join(md))
-  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  out.announce()
   return table
 
 
 def _figures(out: common.Output, fig2_gammas, fig3_costs, fig4_gammas, c, c_hat) -> None:
-  plt = common.pyplot()
   alphas = np.linspace(0.0, 0.99, 100)
-  fig, ax = plt.subplots(figsize=(5, 4))
-  for g in fig2_gammas:
-    ax.plot(alphas, analysis.expected_tokens(alphas, g), label=f"γ={g}")
-  ax.plot(alphas, 1 / (1 - alphas), "k--", label="γ=∞")
-  ax.set(xlabel="α", ylabel="expected tokens per iteration", ylim=(1, 12),
-         title="Figure 2: E[#tokens] (Eq. 1)")
-  ax.legend()
-  out.png(fig, "figure2.png")
+  with out.figure("figure2.png", (5, 4)) as ax:
+    for g in fig2_gammas:
+      ax.plot(alphas, analysis.expected_tokens(alphas, g), label=f"γ={g}")
+    ax.plot(alphas, 1 / (1 - alphas), "k--", label="γ=∞")
+    ax.set(xlabel="α", ylabel="expected tokens per iteration", ylim=(1, 12),
+           title="Figure 2: E[#tokens] (Eq. 1)")
+    ax.legend()
 
-  fig, ax = plt.subplots(figsize=(5, 4))
-  for cost in fig3_costs:
-    ax.step(alphas, analysis.optimal_gamma(alphas, cost, 64), where="mid", label=f"c={cost}")
-  ax.set(xlabel="α", ylabel="optimal γ", yscale="log", title="Figure 3: optimal γ (§3.5)")
-  ax.legend()
-  out.png(fig, "figure3.png")
+  with out.figure("figure3.png", (5, 4)) as ax:
+    for cost in fig3_costs:
+      ax.step(alphas, analysis.optimal_gamma(alphas, cost, 64), where="mid", label=f"c={cost}")
+    ax.set(xlabel="α", ylabel="optimal γ", yscale="log", title="Figure 3: optimal γ (§3.5)")
+    ax.legend()
 
-  fig, (left, right) = plt.subplots(1, 2, figsize=(9, 4))
-  for g in fig4_gammas:
-    left.plot(alphas, analysis.walltime_improvement(alphas, g, c), label=f"γ={g}")
-    right.plot(alphas, analysis.operations_factor(alphas, g, c_hat), label=f"γ={g}")
-  left.set(xlabel="α", ylabel="speed improvement", title=f"Figure 4: speed (c={c})")
-  right.set(xlabel="α", ylabel="arithmetic operations factor",
-            title=f"Figure 4: operations (ĉ={c_hat})")
-  left.legend()
-  right.legend()
-  out.png(fig, "figure4.png")
+  with out.figure("figure4.png", (9, 4), ncols=2) as (left, right):
+    for g in fig4_gammas:
+      left.plot(alphas, analysis.walltime_improvement(alphas, g, c), label=f"γ={g}")
+      right.plot(alphas, analysis.operations_factor(alphas, g, c_hat), label=f"γ={g}")
+    left.set(xlabel="α", ylabel="speed improvement", title=f"Figure 4: speed (c={c})")
+    right.set(xlabel="α", ylabel="arithmetic operations factor",
+              title=f"Figure 4: operations (ĉ={c_hat})")
+    left.legend()
+    right.legend()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "table1", needs_pairs=False)
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "table1", __doc__, FAST, needs_pairs=False)
 
 
 if __name__ == "__main__":

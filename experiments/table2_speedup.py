@@ -9,7 +9,7 @@ jitted and compiled before timing, runs interleaved, median of `repeats`):
 - r(γ): target `decode` with k=γ+1 tokens / with k=1 (1 on an idle accelerator,
   more on a CPU, where verifying γ+1 tokens costs more than one);
   both in-loop: calls inside a jitted loop, as the decode loops make them
-  (`common.step_times`), not single dispatched calls;
+  (`common.cost_ratios`), not single dispatched calls;
 - EXP: the paper's Thm 3.8, (1 − α^{γ+1}) / ((1 − α)(γc + 1));
 - EXP-CPU: E[tokens](α, γ) / (γc + r(γ)), Thm 3.8 with the verify cost r(γ) for 1;
 - EXP-CPU-obs: measured tokens per round / (γc + r(γ)): EXP-CPU without Eq. 1's i.i.d.
@@ -19,11 +19,10 @@ jitted and compiled before timing, runs interleaved, median of `repeats`):
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import gin
 import jax
-import numpy as np
 
 from experiments import common
 from specjax import analysis
@@ -31,18 +30,6 @@ from specjax.decode import autoregressive_decode, speculative_decode
 
 FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 3), temperatures=(0.0,), repeats=1,
             step_repeats=2)
-
-
-def cost_ratios(pair: common.Pair, inputs: np.ndarray, gammas: Sequence[int], cache_len: int,
-                position: int, repeats: int) -> Dict:
-  """c and r(γ) from in-loop `decode` calls (batch 1), median of `repeats`."""
-  ks = sorted({1, *[g + 1 for g in gammas]})
-  target = common.step_times(pair.target, pair.target_params, inputs, ks,
-                             cache_len=cache_len, position=position, repeats=repeats)
-  draft = common.step_times(pair.draft, pair.draft_params, inputs, [1], cache_len=cache_len,
-                            position=position, repeats=repeats)
-  return {"c": draft[1] / target[1], "target_step_s": target[1], "draft_step_s": draft[1],
-          "r": {g: target[g + 1] / target[1] for g in gammas}}
 
 
 def time_decoders(pair: common.Pair, ex: common.Examples, temperature: float,
@@ -60,15 +47,15 @@ def time_decoders(pair: common.Pair, ex: common.Examples, temperature: float,
     # wide whatever the round's γ (γ is data), so one drafter of max_gamma = max(gammas)
     # made every γ pay the widest call (γ = 1 rounds: 2.76 vs 2.36 ms on the bundled LM).
     drafter, dparams = common.model_drafter(pair, g)
-    runs[g] = (lambda g, drafter, dparams: lambda row: speculative_decode(
+    runs[f"γ={g}"] = (lambda g, drafter, dparams: lambda row: speculative_decode(
         pair.target, pair.target_params, drafter, dparams, row, max_new_tokens=max_new_tokens,
         gamma=g, rng=key, config=config))(g, drafter, dparams)
   compile_s, seconds, stats = common.time_interleaved(runs, ex.inputs, repeats)
   total = len(ex.inputs) * max_new_tokens  # eos_id -1: every row generates the full budget
   out = {"ar": seconds["ar"] / total, "compile_s": compile_s}
   for g in gammas:
-    st = stats[g]
-    out[g] = (seconds[g] / total, st["alpha_sum"] / max(st["alpha_count"], 1),
+    st = stats[f"γ={g}"]
+    out[g] = (seconds[f"γ={g}"] / total, st["alpha_sum"] / max(st["alpha_count"], 1),
               total / max(st["target_calls"], 1))
   return out
 
@@ -87,15 +74,13 @@ def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
     repeats: timed runs per example and decoder (median); step_repeats: for c and r(γ).
     max_input_len: encoder input / prompt width.
   """
-  if min(gammas) < 1:
-    raise ValueError(f"gammas must be >= 1, got {gammas}")
+  common.check_counts(gammas=tuple(gammas), num_examples=num_examples,
+                      max_new_tokens=max_new_tokens, repeats=repeats, step_repeats=step_repeats)
   rows = []
   for pair in cli.pairs:
     ex = common.examples(pair, num_examples, max_input_len)
     cache_len = max_input_len + max_new_tokens + max(gammas) + 1
-    costs = cost_ratios(pair, ex.inputs[:1], gammas, cache_len,
-                        max_input_len // 2 if not pair.target.is_encoder_decoder else 8,
-                        step_repeats)
+    costs = common.cost_ratios(pair, ex.inputs[:1], gammas, cache_len, step_repeats)
     for temp in temperatures:
       timing = time_decoders(pair, ex, temp, gammas, max_new_tokens, repeats)
       for g in gammas:
@@ -109,14 +94,14 @@ def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
             "EXP_CPU_obs": per_call / (g * c + r),
             "EMP": timing["ar"] / per_token,
             "ar_ms_per_token": 1e3 * timing["ar"], "spec_ms_per_token": 1e3 * per_token,
-            "compile_ar_s": timing["compile_s"]["ar"], "compile_spec_s": timing["compile_s"][g]})
+            "compile_ar_s": timing["compile_s"]["ar"], "compile_spec_s": timing["compile_s"][f"γ={g}"]})
         print(f"{pair.name} T={temp} γ={g}: α={alpha:.2f} c={c:.3f} r={r:.2f} "
               f"EXP={rows[-1]['EXP']:.2f} EXP-CPU={rows[-1]['EXP_CPU']:.2f} "
               f"EMP={rows[-1]['EMP']:.2f}")
   out = common.Output(cli.output_dir, "table2_speedup")
   md = common.header("Tables 2/4 analog: walltime speedup, batch 1", cli.pairs, [
       f"{num_examples} examples × {max_new_tokens} tokens, median of {repeats} interleaved "
-      "runs, compile excluded",
+      "runs (`specjax.timing`), compile excluded",
       "c = draft step / target step (k=1); r = target step with k=γ+1 / k=1; both in-loop",
       "EXP = Thm 3.8; EXP-CPU = E[tokens]/(γc + r); EXP-CPU-obs = measured tokens per round / "
       "(γc + r); EMP = measured"])
@@ -126,28 +111,24 @@ def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
                                              "spec_ms_per_token"])
   out.tables(md, rows, cli.pairs)
   _plot(out, rows)
-  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  out.announce()
   return rows
 
 
 def _plot(out: common.Output, rows: List[Dict]) -> None:
-  plt = common.pyplot()
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
-    sel = [r for r in rows if (r["pair"], r["temperature"]) == key]
-    g = [r["gamma"] for r in sel]
-    line = ax.plot(g, [r["EMP"] for r in sel], "o-", label=f"{key[0]} T={key[1]:g} EMP")[0]
-    ax.plot(g, [r["EXP_CPU"] for r in sel], "--", color=line.get_color(), label="EXP-CPU")
-    ax.plot(g, [r["EXP"] for r in sel], ":", color=line.get_color(), label="EXP")
-  ax.axhline(1.0, color="gray", lw=0.5)
-  ax.set(xlabel="γ", ylabel="speedup vs autoregressive", title="Walltime speedup (batch 1)")
-  ax.legend(fontsize=7)
-  out.png(fig, "table2_speedup.png")
+  with out.figure("table2_speedup.png", (6, 4)) as ax:
+    for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
+      sel = [r for r in rows if (r["pair"], r["temperature"]) == key]
+      g = [r["gamma"] for r in sel]
+      line = ax.plot(g, [r["EMP"] for r in sel], "o-", label=f"{key[0]} T={key[1]:g} EMP")[0]
+      ax.plot(g, [r["EXP_CPU"] for r in sel], "--", color=line.get_color(), label="EXP-CPU")
+      ax.plot(g, [r["EXP"] for r in sel], ":", color=line.get_color(), label="EXP")
+    ax.axhline(1.0, color="gray", lw=0.5)
+    ax.set(xlabel="γ", ylabel="speedup vs autoregressive", title="Walltime speedup (batch 1)")
+    ax.legend(fontsize=7)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "table2_speedup")
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "table2_speedup", __doc__, FAST)
 
 
 if __name__ == "__main__":

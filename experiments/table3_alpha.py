@@ -11,7 +11,7 @@ train split (or, without data/, on bundled examples the table does not evaluate)
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import gin
 import jax
@@ -82,23 +82,19 @@ def run(cli: common.Cli, *, num_examples: int = 64, max_new_tokens: int = 32, ga
                                              "tokens_per_call"])
   out.tables(md, rows, cli.pairs)
   _plot(out, rows)
-  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  out.announce()
   return rows
 
 
 def _plot(out: common.Output, rows: List[Dict]) -> None:
-  plt = common.pyplot()
-  fig, ax = plt.subplots(figsize=(6, 3.5))
   labels = [f"{r['pair']}/{r['draft']}\nT={r['temperature']:g}" for r in rows]
-  ax.bar(range(len(rows)), [r["alpha"] for r in rows])
-  ax.set_xticks(range(len(rows)), labels, fontsize=7)
-  ax.set(ylabel="α", ylim=(0, 1), title="α by draft (Table 3 analog)")
-  out.png(fig, "table3_alpha.png")
+  with out.figure("table3_alpha.png", (6, 3.5)) as ax:
+    ax.bar(range(len(rows)), [r["alpha"] for r in rows])
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set(ylabel="α", ylim=(0, 1), title="α by draft (Table 3 analog)")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "table3_alpha")
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "table3_alpha", __doc__, FAST)
 
 
 if __name__ == "__main__":

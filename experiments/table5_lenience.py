@@ -8,17 +8,19 @@ the argmax lenience of A.5 (a guess is accepted when p(guess) ≥ l · max p). l
 exact. Lenience changes the output distribution, so each row also reports quality:
 perplexity of the generated text under the target (teacher forced) and, for the
 translation pair, corpus BLEU against the bundled references. Speedup: autoregressive
-over speculative time per token (all examples in one batch, median of `repeats`).
+over speculative time per token (all examples in one batch, median of `repeats`, the decoders
+of one temperature interleaved).
 """
 from __future__ import annotations
 
-import statistics
-from typing import Dict, List, Optional, Sequence
+import functools
+from typing import Dict, List, Sequence
 
 import gin
 import jax
 
 from experiments import common
+from specjax import timing
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.data import load_vocab
 
@@ -49,6 +51,8 @@ def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, ga
     leniences: l values at temperature 1; argmax_leniences: at temperature 0 (A.5).
     repeats: timed runs (median); max_input_len: input width.
   """
+  common.check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, gamma=gamma,
+                      repeats=repeats)
   rows = []
   for pair in cli.pairs:
     ex = common.examples(pair, num_examples, max_input_len)
@@ -59,50 +63,48 @@ def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, ga
       if not ls:
         continue
       ar_config = common.decode_config(temp, cache_len)
-      ar = lambda: autoregressive_decode(pair.target, pair.target_params, ex.inputs,
-                                         max_new_tokens=max_new_tokens, rng=key,
-                                         config=ar_config)
-      ar_out, _ = common.timed(ar)
-      ar_s = statistics.median(common.timed(ar)[1] for _ in range(repeats))
-      rows.append({"pair": pair.name, "temperature": temp, "lenience": "AR", "alpha": None,
-                   "tokens_per_call": 1.0, "speedup": 1.0, **_quality(pair, ex, ar_out)})
+      runs = {"AR": lambda: autoregressive_decode(pair.target, pair.target_params, ex.inputs,
+                                                  max_new_tokens=max_new_tokens, rng=key,
+                                                  config=ar_config)}
       for l in ls:
-        config = common.decode_config(temp, cache_len, lenience=l)
-        spec = lambda: speculative_decode(pair.target, pair.target_params, drafter, dparams,
-                                          ex.inputs, max_new_tokens=max_new_tokens,
-                                          gamma=gamma, rng=key, config=config)
-        out, _ = common.timed(spec)
-        spec_s = statistics.median(common.timed(spec)[1] for _ in range(repeats))
+        runs[f"l={l}"] = functools.partial(
+            speculative_decode, pair.target, pair.target_params, drafter, dparams, ex.inputs,
+            max_new_tokens=max_new_tokens, gamma=gamma, rng=key,
+            config=common.decode_config(temp, cache_len, lenience=l))
+      t = timing.interleaved(runs, repeats)
+      rows.append({"pair": pair.name, "temperature": temp, "lenience": "AR", "alpha": None,
+                   "tokens_per_call": 1.0, "speedup": 1.0,
+                   **_quality(pair, ex, t.outputs["AR"])})
+      for l in ls:
+        out = t.outputs[f"l={l}"]
         calls = int(out.target_calls.sum())
         rows.append({"pair": pair.name, "temperature": temp, "lenience": l,
                      "alpha": float(out.alpha_sum.sum() / max(int(out.alpha_count.sum()), 1)),
                      "tokens_per_call": float(out.lengths.sum()) / max(calls, 1),
-                     "speedup": ar_s / spec_s, **_quality(pair, ex, out)})
+                     "speedup": t.median("AR") / t.median(f"l={l}"), **_quality(pair, ex, out)})
         print({k: common.fmt(v) for k, v in rows[-1].items()})
   out = common.Output(cli.output_dir, "table5_lenience")
   md = common.header("Table 5 analog: lenience", cli.pairs, [
       f"{num_examples} examples × {max_new_tokens} tokens in one batch, γ={gamma}; "
       "l = 1 is exact, l < 1 is NOT (quality columns show the cost)",
-      "temperature 0 rows use the argmax lenience of A.5"])
+      "temperature 0 rows use the argmax lenience of A.5",
+      f"speedup: AR / speculative median time of {repeats} interleaved runs"])
   md += "\n" + common.markdown_table(rows, ["pair", "temperature", "lenience", "alpha",
                                             "tokens_per_call", "speedup", "perplexity", "bleu"])
   out.tables(md, rows, cli.pairs)
-  plt = common.pyplot()
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
-    sel = [r for r in rows if (r["pair"], r["temperature"]) == key and r["lenience"] != "AR"]
-    ax.plot([r["lenience"] for r in sel], [r["alpha"] for r in sel], "o-",
-            label=f"{key[0]} T={key[1]:g}")
-  ax.set(xlabel="lenience l", ylabel="α", xscale="log", title="α vs lenience")
-  ax.legend(fontsize=7)
-  out.png(fig, "table5_lenience.png")
-  print(f"wrote {', '.join(str(p) for p in out.written)}")
+  with out.figure("table5_lenience.png", (5, 3.5)) as ax:
+    for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
+      sel = [r for r in rows if (r["pair"], r["temperature"]) == key and r["lenience"] != "AR"]
+      ax.plot([r["lenience"] for r in sel], [r["alpha"] for r in sel], "o-",
+              label=f"{key[0]} T={key[1]:g}")
+    ax.set(xlabel="lenience l", ylabel="α", xscale="log", title="α vs lenience")
+    ax.legend(fontsize=7)
+  out.announce()
   return rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = common.parse_cli(argv, __doc__, "table5_lenience", default_pairs=("translate", "lm"))
-  return run(cli, **(FAST if cli.fast else {}))
+main = common.cli_main(run, "table5_lenience", __doc__, FAST,
+                       default_pairs=("translate", "lm"))
 
 
 if __name__ == "__main__":

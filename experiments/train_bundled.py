@@ -37,15 +37,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
 
-from specjax import checkpoints
+from experiments import common
+from specjax import checkpoints, timing
 from specjax.app import bundled, gin_config
 from specjax import train as train_lib
 from specjax.params import count_params
@@ -158,9 +157,7 @@ def run_one(name: str, model_dir: str, data_dir: Optional[str],
               "TrainConfig.eval_batches = 1", "TrainConfig.log_every = 1",
               "TrainConfig.final_dtype = 'float32'"]
   gin_config.parse(list(_files(name)), [*extra, *bindings])
-  start = time.perf_counter()
-  result = gin.get_configurable(train_lib.train)()
-  seconds = time.perf_counter() - start
+  result, seconds = timing.timed(gin.get_configurable(train_lib.train))
   steps = result.step - result.start_step
   tokens = sum(h["tokens"] for h in result.history)
   summary = {
@@ -181,9 +178,7 @@ def run_one(name: str, model_dir: str, data_dir: Optional[str],
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
   """CLI (see the module docstring)."""
-  files, bindings, _, rest = gin_config.split_gin_args(sys.argv[1:] if argv is None else argv)
-  if files:
-    raise ValueError("the runs are fixed (see RUNS); pass --gin.NAME=VALUE overrides only")
+  bindings, rest = common.gin_overrides(argv, "see RUNS")
   parser = argparse.ArgumentParser(prog="python -m experiments.train_bundled",
                                    description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)

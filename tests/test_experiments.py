@@ -151,7 +151,7 @@ def test_stream_round_sets_the_stream_beside_its_parts(tmp_path, capsys):
   for name in ("AR step ms", "round ms", "gap %", "measured speedup", "speedup at parts"):
     assert math.isfinite(float(row[name])), name
   assert "| B | γ |" in (tmp_path / "stream_round.md").read_text()
-  with pytest.raises(ValueError, match="gammas must be >= 1"):
+  with pytest.raises(ValueError, match="gammas must be an integer >= 1"):
     stream_round.main(["--gammas", "0"])
 
 

@@ -160,3 +160,42 @@ def test_wheel_has_no_top_level_experiments_package(wheel):
   assert "experiments" not in tops
   assert "specjax" in tops
   assert "specjax/assets/spm/specjax_8k.model" in wheel
+
+
+def _experiment_imports(path: pathlib.Path):
+  """The experiments.* modules a file imports (anywhere in it, lazy imports included)."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names if a.name.startswith("experiments.")}
+    elif isinstance(node, ast.ImportFrom):
+      # `from . import x` / `from .x import y` inside experiments/ name experiments.x
+      module = ("experiments" + (f".{node.module}" if node.module else "") if node.level == 1
+                else node.module or "")
+      if module == "experiments":
+        out |= {f"experiments.{a.name}" for a in node.names}
+      elif module.startswith("experiments."):
+        out.add(module)
+  return out
+
+
+def test_experiment_scripts_import_no_other_script():
+  """experiments/common.py is the shared module; no script imports another script."""
+  shared = {"experiments.common"}
+  offenders = {}
+  for path in sorted((ROOT / "experiments").glob("*.py")):
+    own = f"experiments.{path.stem}"
+    others = _experiment_imports(path) - shared - {own}
+    if others:
+      offenders[own] = sorted(others)
+  assert not offenders, f"experiment scripts importing other scripts: {offenders}"
+
+
+def test_experiment_import_check_sees_every_form(tmp_path):
+  source = tmp_path / "x.py"
+  source.write_text("import experiments.a\nfrom experiments import b, common\n"
+                    "from experiments.c import f\ndef g():\n  from experiments.d import h\n"
+                    "from . import e\nfrom .f import k\nfrom os import path\n")
+  assert _experiment_imports(source) == {"experiments.a", "experiments.b", "experiments.common",
+                                         "experiments.c", "experiments.d", "experiments.e",
+                                         "experiments.f"}
