@@ -14,8 +14,10 @@ from specjax.decode.config import GAMMA_POLICIES, DecodeConfig
 from specjax.decode.speculative import SpeculativeLoop, calibrate_costs, speculative_decode
 from specjax.decode.state import DecodeResult, LoopState, Trace
 from specjax.decode.stream import Streaming, stream_decode
+from specjax.decode.tree import TreeLoop, tree_decode
 
 __all__ = ["DecodeConfig", "DecodeResult", "Trace", "LoopState", "GAMMA_POLICIES",
            "autoregressive_decode", "speculative_decode", "beam_search",
            "speculative_beam_search", "BeamResult", "NEG_INF", "CostTable", "calibrate_costs",
-           "AutoregressiveLoop", "SpeculativeLoop", "Streaming", "stream_decode"]
+           "AutoregressiveLoop", "SpeculativeLoop", "Streaming", "stream_decode",
+           "tree_decode", "TreeLoop"]

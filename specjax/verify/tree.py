@@ -65,7 +65,7 @@ def _normalized(weights: jax.Array, fallback: jax.Array) -> jax.Array:
   return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), fallback)
 
 
-def tree_verify(uniforms: jax.Array, correction_key: jax.Array, tokens: jax.Array,
+def tree_verify(uniforms: jax.Array, correction_keys: jax.Array, tokens: jax.Array,
                 parent: jax.Array, depth: jax.Array, valid: jax.Array, draft_probs: jax.Array,
                 target_probs: jax.Array, *, iid: bool = False, greedy: bool = False,
                 max_depth: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
@@ -73,7 +73,7 @@ def tree_verify(uniforms: jax.Array, correction_key: jax.Array, tokens: jax.Arra
 
   Args:
     uniforms: float32 [N], u_j ~ U[0, 1) for node j.
-    correction_key: the PRNG key of the token drawn after the accepted path.
+    correction_keys: PRNG keys [D + 1]; key n draws the token after n accepted nodes.
     tokens: int32 [N]; parent int32 [N] (-1: child of the root); depth int32 [N] (1-based);
       valid bool [N] (invalid nodes are never accepted). Nodes in level order.
     draft_probs: float32 [N + 1, V]: q at the root (row 0) and at node j (row j + 1).
@@ -116,7 +116,7 @@ def tree_verify(uniforms: jax.Array, correction_key: jax.Array, tokens: jax.Arra
   path = jnp.where(jnp.arange(max_depth) < n, path, -1)
   if greedy:
     return n, path, argmax(target_probs[cur])
-  return n, path, categorical(correction_key, p)
+  return n, path, categorical(correction_keys[n], p)
 
 
 def path_tokens(tokens: jax.Array, path: jax.Array, n: jax.Array, next_token: jax.Array

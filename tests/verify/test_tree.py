@@ -38,7 +38,7 @@ def _wrong_verify(uniforms, key, tokens, parent, depth, valid, q_all, p_all, *, 
     return jnp.where(accept, j + 1, cur), path, jnp.where(accept, depth[j], n)
   cur, path, n = jax.lax.fori_loop(0, tokens.shape[0], body,
                                    (0, jnp.full((max_depth,), -1, jnp.int32), 0))
-  return n, jnp.where(jnp.arange(max_depth) < n, path, -1), categorical(key, p_all[cur])
+  return n, jnp.where(jnp.arange(max_depth) < n, path, -1), categorical(key[n], p_all[cur])
 
 
 def _one_row(tree: StaticTree, target, draft, key, wrong=False, greedy=False):
@@ -68,7 +68,8 @@ def _one_row(tree: StaticTree, target, draft, key, wrong=False, greedy=False):
   uniforms = jax.random.uniform(keys[-1], (size,))
   verify = functools.partial(_wrong_verify if wrong else tree_verify, max_depth=tree.max_depth)
   extra = {} if wrong else {"iid": tree.iid, "greedy": greedy}
-  n, path, nxt = verify(uniforms, keys[-2], tokens, parent, depth, valid, q_all, p_all, **extra)
+  correction_keys = jax.random.split(keys[-2], tree.max_depth + 1)
+  n, path, nxt = verify(uniforms, correction_keys, tokens, parent, depth, valid, q_all, p_all, **extra)
   out = path_tokens(tokens, path, n, nxt)
   # Complete to D + 1 tokens with exact target draws (after the emitted ones).
   prev, cur, done = PREFIX[0], PREFIX[1], []
