@@ -265,7 +265,7 @@ class TreeModelDrafter:
       lo, hi = starts[d - 1], starts[d]
       if d > 1:  # the level above's logits, from one call over its nodes
         plo, phi = starts[d - 2], starts[d - 1]
-        attention = level_call(parent, depth, length, plo, phi, _cache_len(cache, seq))
+        attention = level_call(parent, depth, length, plo, phi, _cache_len(cache))
         level_logits, cache = self.model.decode(params, cache, tokens[:, plo:phi], length + plo,
                                                 state.encoded, tree=attention)
         level_ids = jnp.broadcast_to(jnp.arange(plo, phi) + 1, (batch, phi - plo))
@@ -321,7 +321,7 @@ class TreeModelDrafter:
     return state.replace(cache=cache, fed=length + jnp.minimum(n, self.tree.max_depth - 1))
 
 
-def _cache_len(cache, seq) -> int:
+def _cache_len(cache) -> int:
   """The cache's slots per row (a KVCache or a table model's token buffer)."""
   return cache.max_len if hasattr(cache, "max_len") else cache.shape[1]
 

@@ -59,11 +59,11 @@ def test_greedy_draft_equal_to_target_accepts_whole_paths(tables):
   assert int(got.draft_calls[0]) == 9
 
 
-# Power: 3 tokens over V = 4 give 64 outcomes; with N = 150,000 rows a correct sampler's
-# TV is about 0.006 (≤ 0.0083 for a uniform law); the bound is 0.015. The draft's own law
+# Power: 3 tokens over V = 4 give 64 outcomes; with N = 100,000 rows a correct sampler's
+# TV is about 0.007 (≤ 0.010 for a uniform law); the bound is 0.018. The draft's own law
 # is > 0.05 away (asserted), and a verifier without the residual update is 0.44 away at
 # the step (tests/verify/test_tree.py).
-N = 150_000
+N = 100_000
 STEPS = 3
 SAMPLED = {"static": StaticTree.from_branching((2, 2)),
            "dynamic": DynamicTree(branch=2, expand=1, max_depth=2),
@@ -85,7 +85,7 @@ def test_sampled_tree_joint_of_first_three_tokens_matches_target(tables, name):
                        max_new_tokens=STEPS, rng=jax.random.PRNGKey(0), config=config,
                        tree=SAMPLED[name])
   law = exact_joint(np.asarray(target_table), sampling, [2, 3], STEPS)
-  assert _joint_tv(result.tokens, law) < 0.015
+  assert _joint_tv(result.tokens, law) < 0.018
   assert _joint_tv(result.tokens, exact_joint(np.asarray(draft_table), sampling, [2, 3],
                                               STEPS)) > 0.05
 
@@ -108,10 +108,10 @@ def pairs():
   return {name: bundled.load_pair(name) for name in bundled.PAIRS}
 
 
-@pytest.mark.parametrize("name", ["lm", "translate"])
-@pytest.mark.parametrize("tree", [StaticTree.from_branching((3, 2, 1)),
-                                  DynamicTree(branch=3, expand=2, max_depth=3)],
-                         ids=["static", "dynamic"])
+@pytest.mark.parametrize("name,tree", [("lm", StaticTree.from_branching((3, 2, 1))),
+                                       ("translate", DynamicTree(branch=3, expand=2,
+                                                                 max_depth=3))],
+                         ids=["lm_static", "translate_dynamic"])
 def test_greedy_tree_equals_autoregressive_on_bundled_pairs(pairs, name, tree):
   pair, vocab = pairs[name], load_vocab()
   data = load_bundled(pair.task)[:4]
