@@ -27,7 +27,7 @@ from experiments import common
 from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
 from specjax.draft import DynamicTree, StaticTree, TreeModelDrafter
 
-FAST = dict(examples=2, new=8, widths=(8,), repeats=1, trees=1)
+FAST = dict(examples=1, new=8, widths=(8,), repeats=1, trees=1)
 FULL = dict(examples=8, new=48, widths=(8, 16, 32), repeats=3, trees=None)
 
 
