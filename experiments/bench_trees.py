@@ -40,28 +40,32 @@ def spine(depth: int, sides: int, side_depth: int = 1) -> StaticTree:
   return StaticTree.from_paths(paths)
 
 
+MAX_DEPTH = 8
+"""Deepest tree tried: the drafter makes one call per level, unrolled in the compiled loop."""
+
+
 def static_trees(width: int) -> Dict[str, StaticTree]:
-  """Static trees of at most width - 1 nodes, by name."""
+  """Static trees of at most width - 1 nodes and depth <= MAX_DEPTH, by name."""
   nodes, out = width - 1, {}
-  for sides in (1, 2, 3, 4):
-    for side_depth in (1, 2):
-      depth = nodes - sides * side_depth
-      if depth >= sides and depth >= 2:
-        out[f"spine({depth},{sides},{side_depth})"] = spine(depth, sides, side_depth)
-  for k in (2, 3, 4):
-    if nodes // k >= 2:
-      out[f"stem({k}x{nodes // k})"] = StaticTree.from_branching((k,) + (1,) * (nodes // k - 1))
+  for depth in (4, 6, MAX_DEPTH):
+    rest = nodes - depth
+    if rest < 1:
+      continue
+    sides = min(depth, rest)
+    side_depth = min(depth - 1, rest // sides)
+    out[f"spine({depth},{sides},{side_depth})"] = spine(depth, sides, side_depth)
+  k = -(-nodes // MAX_DEPTH)
+  if k > 1 and nodes // k >= 2:
+    out[f"stem({k}x{nodes // k})"] = StaticTree.from_branching((k,) + (1,) * (nodes // k - 1))
   return out
 
 
 def dynamic_trees(width: int) -> Dict[str, DynamicTree]:
-  """Dynamic trees of at most width - 1 nodes: for each (branch, expand), the deepest."""
+  """Dynamic trees of at most width - 1 nodes and depth <= MAX_DEPTH."""
   out = {}
-  for branch, expand in ((2, 1), (3, 1), (2, 2), (3, 2), (4, 2)):
-    if branch > width - 1:
-      continue
-    depth = 1 + (width - 1 - branch) // (branch * expand)
-    if depth >= 2:
+  for branch, expand in ((2, 1), (3, 1), (2, 2), (4, 2)):
+    depth = min(MAX_DEPTH, 1 + (width - 1 - branch) // (branch * expand))
+    if branch <= width - 1 and depth >= 2:
       out[f"dyn(b{branch},e{expand},d{depth})"] = DynamicTree(branch, expand, depth)
   return out
 
