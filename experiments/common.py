@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import io
 import json
-import numbers
 import os
 import sys
 from pathlib import Path

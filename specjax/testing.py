@@ -41,13 +41,37 @@ class TableModel:
   def init_cache(self, batch, max_len):
     return jnp.zeros((batch, max_len), jnp.int32)  # the tokens written so far
 
-  def decode(self, params, cache, tokens, positions, encoded, **unused):
+  def decode(self, params, cache, tokens, positions, encoded, *, tree=None, **unused):
     k = tokens.shape[1]
+    old = cache
     cache = jax.vmap(lambda c, t, p: jax.lax.dynamic_update_slice(c, t, (p,)))(
         cache, tokens, positions)
+    if tree is not None:
+      return params[_tree_prev(old, tokens, positions, tree), tokens], cache
     slots = positions[:, None] + jnp.arange(k)[None, :]  # [B, k]
     prev = jnp.where(slots > 0, jnp.take_along_axis(cache, jnp.maximum(slots - 1, 0), 1), 0)
     return params[prev, tokens], cache
+
+  def move_slots(self, cache, src, dst):
+    """Copies each row's slots src[b, i] to dst[b] + i (src int32 [B, n], dst int32 [B])."""
+    moved = jnp.take_along_axis(cache, src, axis=1)
+    return jax.vmap(lambda c, t, p: jax.lax.dynamic_update_slice(c, t, (p,)))(cache, moved, dst)
+
+
+def _tree_prev(cache, tokens, positions, tree):
+  """The token before each token of a tree call: the visible token one position earlier,
+  among the call's tokens or the cache before it (0 at position 0). -> int32 [B, k]."""
+  pos = tree.token_pos  # [B, k]
+  want = pos - 1
+  in_call = tree.visible & (pos[:, None, :] == want[:, :, None])  # [B, k, k]
+  slots = jnp.arange(cache.shape[1])[None, :]
+  cache_pos = jnp.broadcast_to(slots, cache.shape) if tree.cache_pos is None else tree.cache_pos
+  seen = (tree.cache_visible if tree.cache_visible is not None
+          else (slots < positions[:, None])[:, None, :])
+  in_cache = seen & (cache_pos[:, None, :] == want[:, :, None])  # [B, k, S]
+  from_call = jnp.sum(jnp.where(in_call, tokens[:, None, :], 0), axis=2)
+  from_cache = jnp.sum(jnp.where(in_cache, cache[:, None, :], 0), axis=2)
+  return jnp.where(want >= 0, from_call + from_cache, 0)
 
 
 def random_table(seed: int, vocab: int, sharpness: float = 1.5) -> jnp.ndarray:

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from experiments import bench, common, figure1, table1, table2_speedup, table3_alpha, \
-    table5_lenience
+from experiments import bench, bench_trees, common, figure1, table1, table2_speedup, \
+    table3_alpha, table5_lenience
 from tests.test_analysis import TABLE1
 
 
@@ -174,3 +174,15 @@ def test_bench_sampler_sets_the_two_samplers_side_by_side(tmp_path, capsys):
     assert float(row["AR ms/token"]) > 0 and float(row["spec γ=2 ms/token"]) > 0
     assert 0 <= float(row["α"]) <= 1
   assert "one race" in (tmp_path / "bench_sampler.md").read_text()
+
+
+def test_bench_trees_lm(tmp_path):
+  rows = bench_trees.main(["--fast", "--pair", "lm", "--no_timing", "--output_dir",
+                           str(tmp_path)])
+  _files(tmp_path, "bench_trees", png=False)
+  assert [r["kind"] for r in rows] == ["chain", "static", "dynamic"]
+  for r in rows:
+    assert r["tokens_per_call"] >= 1 and r["r"] > 0 and r["c"] > 0 and "ms_per_token" not in r
+    assert r["predicted_speedup"] == pytest.approx(
+        r["tokens_per_call"] / (r["r"] + r["c"] * r["draft_calls_per_round"]))
+  assert "Best tree vs best chain" in (tmp_path / "bench_trees.md").read_text()

@@ -30,8 +30,9 @@ from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
                                    RMSNorm, after, cached_attention, check_logits_at,
                                    check_positions, check_prefix_lengths, check_tokens,
-                                   key_layout, mask_to_bias, mlp_kernel_init,
+                                   check_tree, key_layout, mask_to_bias, mlp_kernel_init,
                                    validate_config, value_layout, write_rows)
+from specjax.models.tree import TreeAttention
 
 
 # ----------------------------------------------------------------------------
@@ -190,7 +191,8 @@ class DecoderStack(nn.Module):
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
                   prefix_lengths: Optional[Array] = None,
                   encoded: Optional[EncodedInputs] = None,
-                  logits_at: Optional[Array] = None) -> Tuple[Array, KVCache]:
+                  logits_at: Optional[Array] = None, tree: Optional[TreeAttention] = None
+                  ) -> Tuple[Array, KVCache]:
     """Writes tokens[b] at slots positions[b] + (0..k-1) and returns their logits.
 
     Args:
@@ -200,27 +202,46 @@ class DecoderStack(nn.Module):
       prefix_lengths: int32 [B] or None; as in `forward` (prefill of a prefix LM).
       encoded: cross-attention inputs (T5) or None.
       logits_at: int32 [B] or None: only the logits of tokens[b, logits_at[b]].
+      tree: None (a chain: token i at position positions + i, causal), or the call's
+        `TreeAttention` (positions and visibility of a token tree).
 
     Returns:
       (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated KVCache).
     """
     k = tokens.shape[1]
-    query_pos = positions[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [B, k]
-    # Over the cache before this call: every query sees the slots before the
-    # row's position (later slots are stale or about to be written).
     slots = jnp.arange(cache.max_len, dtype=jnp.int32)
-    old_visible = (slots[None, :] < positions[:, None])[:, None, None, :]  # [B, 1, 1, max_len]
-    old_bias = self.relpos_bias(query_pos, slots, False) + mask_to_bias(old_visible)
-    # Over this call's own keys: causal; key j minus query i is j - i in every row.
-    new = jnp.arange(k, dtype=jnp.int32)
-    visible = (new[None, :] <= new[:, None])[None]  # [1, k, k]
-    if prefix_lengths is not None:
-      visible = visible | (query_pos[:, None, :] < prefix_lengths[:, None, None])
-    new_bias = self.relpos_bias(new[None], new, False) + mask_to_bias(visible)[:, None]
+    if tree is None:
+      query_pos = positions[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [B, k]
+      # Over the cache before this call: every query sees the slots before the
+      # row's position (later slots are stale or about to be written).
+      old_visible = (slots[None, :] < positions[:, None])[:, None, None, :]  # [B, 1, 1, max_len]
+      old_bias = self.relpos_bias(query_pos, slots, False) + mask_to_bias(old_visible)
+      # Over this call's own keys: causal; key j minus query i is j - i in every row.
+      new = jnp.arange(k, dtype=jnp.int32)
+      visible = (new[None, :] <= new[:, None])[None]  # [1, k, k]
+      if prefix_lengths is not None:
+        visible = visible | (query_pos[:, None, :] < prefix_lengths[:, None, None])
+      new_bias = self.relpos_bias(new[None], new, False) + mask_to_bias(visible)[:, None]
+    else:
+      old_bias, new_bias = self._tree_bias(tree, positions, slots)
     caches = list(zip(cache.keys, cache.values))
     logits, out = self._run(tokens, (old_bias, new_bias), caches, positions, encoded,
                             logits_at)
     return logits, KVCache(keys=tuple(c[0] for c in out), values=tuple(c[1] for c in out))
+
+
+  def _tree_bias(self, tree: TreeAttention, positions: Array, slots: Array):
+    """(bias over the old cache [B, H, k, S], bias over the call's keys [B, H, k, k])."""
+    old_visible = tree.cache_visible
+    if old_visible is None:
+      old_visible = jnp.broadcast_to(slots[None, None, :] < positions[:, None, None],
+                                     tree.visible.shape[:2] + slots.shape)
+    key_pos = slots if tree.cache_pos is None else tree.cache_pos
+    old_bias = (self.relpos_bias(tree.token_pos, key_pos, False)
+                + mask_to_bias(old_visible)[:, None])
+    new_bias = (self.relpos_bias(tree.token_pos, tree.token_pos, False)
+                + mask_to_bias(tree.visible)[:, None])
+    return old_bias, new_bias
 
 
 # ----------------------------------------------------------------------------
@@ -290,9 +311,11 @@ class DecoderOnlyNetwork(nn.Module):
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
                   prefix_lengths: Optional[Array] = None,
-                  logits_at: Optional[Array] = None) -> Tuple[Array, KVCache]:
+                  logits_at: Optional[Array] = None, tree: Optional[TreeAttention] = None
+                  ) -> Tuple[Array, KVCache]:
     """Cached step; see `DecoderStack.decode_step`."""
-    return self.decoder.decode_step(tokens, positions, cache, prefix_lengths, None, logits_at)
+    return self.decoder.decode_step(tokens, positions, cache, prefix_lengths, None, logits_at,
+                                    tree)
 
 
 class DecoderOnlyModel(NetworkModel):
@@ -345,8 +368,8 @@ class DecoderOnlyModel(NetworkModel):
     return self._apply("forward", params, tokens, prefix_lengths)
 
   def decode(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
-             encoded: Any = None, *, prefix_lengths: Any = None, logits_at: Any = None
-             ) -> Tuple[Array, KVCache]:
+             encoded: Any = None, *, prefix_lengths: Any = None, logits_at: Any = None,
+             tree: Optional[TreeAttention] = None) -> Tuple[Array, KVCache]:
     """Writes k tokens per row at the row's own position; returns their logits.
 
     Args:
@@ -364,6 +387,9 @@ class DecoderOnlyModel(NetworkModel):
       logits_at: int32 [B] in [0, k) or None: return only the logits of
         tokens[b, logits_at[b]] (the others' final norm and vocabulary product
         are not computed), as [B, 1, V].
+      tree: None (a chain call), or a `specjax.models.tree.TreeAttention`: the k tokens
+        are a token tree (each attends to the visible cache and its ancestors only, at
+        its own sequence position); not with prefix_lengths.
 
     Returns:
       (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated cache).
@@ -379,5 +405,6 @@ class DecoderOnlyModel(NetworkModel):
     else:
       prefix_lengths = None
     logits_at = check_logits_at(logits_at, batch, k)
+    check_tree(tree, batch, k, cache.max_len, prefix_lengths)
     return self._apply("decode_step", params, tokens, positions, cache, prefix_lengths,
-                       logits_at)
+                       logits_at, tree)

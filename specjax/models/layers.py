@@ -56,6 +56,7 @@ import numpy as np
 from jax import lax
 
 from specjax.checks import check_bool, check_int
+from specjax.models.tree import TreeAttention, gather_slots
 from specjax.params import check_params_match
 
 Array = jax.Array
@@ -274,7 +275,7 @@ class RelativePositionBias(nn.Module):
 
     Args:
       query_positions: int32 [B, q] (B may be 1 to broadcast).
-      key_positions: int32 [kv], shared by every row.
+      key_positions: int32 [kv], shared by every row, or [B, kv] per row (a tree call).
       bidirectional: True in the encoder, False in decoders.
 
     Returns:
@@ -282,7 +283,8 @@ class RelativePositionBias(nn.Module):
     """
     table = self.param("rel_embedding", relpos_init,
                        (self.num_heads, self.num_buckets), jnp.float32)
-    rel = key_positions[None, None, :] - query_positions[:, :, None]
+    keys = key_positions[None] if key_positions.ndim == 1 else key_positions
+    rel = keys[:, None, :] - query_positions[:, :, None]
     buckets = relative_position_bucket(rel, bidirectional, self.num_buckets,
                                        self.max_distance)  # [B, q, kv]
     return jnp.moveaxis(jnp.take(table.T, buckets, axis=0), -1, 1)
@@ -601,6 +603,23 @@ def check_logits_at(logits_at: Any, batch: int, k: int) -> Optional[Array]:
   return logits_at.astype(jnp.int32)
 
 
+def check_tree(tree: Any, batch: int, k: int, max_len: int, prefix_lengths: Any) -> None:
+  """ValueError unless tree is None or a TreeAttention for a [batch, k] call (no prefix LM)."""
+  if tree is None:
+    return
+  if not isinstance(tree, TreeAttention):
+    raise ValueError(f"tree must be a specjax.models.tree.TreeAttention, got "
+                     f"{type(tree).__name__}")
+  if prefix_lengths is not None:
+    raise ValueError("a tree call cannot take prefix_lengths (the prefill is a chain call)")
+  want = {"token_pos": (batch, k), "visible": (batch, k, k),
+          "cache_visible": (batch, k, max_len), "cache_pos": (batch, max_len)}
+  for name, shape in want.items():
+    value = getattr(tree, name)
+    if value is not None and tuple(value.shape) != shape:
+      raise ValueError(f"tree.{name} must have shape {list(shape)}, got {list(value.shape)}")
+
+
 def check_prefix_lengths(prefix_lengths: Any, batch: int, limit: Optional[Array]) -> Array:
   """Returns int32 [B] prefix lengths; ValueError outside [0, limit[b]]."""
   prefix_lengths = _row_ints(prefix_lengths, batch, "prefix_lengths")
@@ -702,6 +721,19 @@ class NetworkModel:
 
   def _apply(self, method: str, params: Any, *args: Any) -> Any:
     return apply_network(self._net, method, params, *args)
+
+  def move_slots(self, cache: KVCache, src: Any, dst: Any) -> KVCache:
+    """Copies each row's cache slots src[b, i] to dst[b] + i (all read before any write).
+
+    src: int32 [B, n]; dst: int32 [B]. After a tree call, the accepted path's slots move
+    to the slots after the committed tokens (`specjax.models.tree`).
+    """
+    src, dst = jnp.asarray(src, jnp.int32), jnp.asarray(dst, jnp.int32)
+    keys = tuple(write_rows(k, gather_slots(k, src, KEY_SLOT_AXIS), dst, KEY_SLOT_AXIS)
+                 for k in cache.keys)
+    values = tuple(write_rows(v, gather_slots(v, src, VALUE_SLOT_AXIS), dst, VALUE_SLOT_AXIS)
+                   for v in cache.values)
+    return KVCache(keys=keys, values=values)
 
   def _check_cache(self, cache: Any, batch: int) -> None:
     cfg = self.config

@@ -37,7 +37,8 @@ from specjax.models.decoder_only import DecoderStack
 from specjax.models.layers import (DTYPES, Array, EncodedInputs, Embed, KVCache, MlpBlock,
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
                                    RMSNorm, check_logits_at, check_positions, check_tokens,
-                                   mask_to_bias, validate_config)
+                                   check_tree, mask_to_bias, validate_config)
+from specjax.models.tree import TreeAttention
 
 T5Encoded = EncodedInputs  # what `T5Model.encode` returns
 
@@ -127,10 +128,10 @@ class T5Network(nn.Module):
     return self.decoder.forward(decoder_input_tokens, None, self.encode(inputs))
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
-                  encoded: EncodedInputs, logits_at: Optional[Array] = None
-                  ) -> Tuple[Array, KVCache]:
+                  encoded: EncodedInputs, logits_at: Optional[Array] = None,
+                  tree: Optional[TreeAttention] = None) -> Tuple[Array, KVCache]:
     """Cached step; see `DecoderStack.decode_step`."""
-    return self.decoder.decode_step(tokens, positions, cache, None, encoded, logits_at)
+    return self.decoder.decode_step(tokens, positions, cache, None, encoded, logits_at, tree)
 
 
 class T5Model(NetworkModel):
@@ -186,7 +187,8 @@ class T5Model(NetworkModel):
     return self._apply("forward", params, inputs, decoder_input_tokens)
 
   def decode(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
-             encoded: EncodedInputs, *, logits_at: Any = None) -> Tuple[Array, KVCache]:
+             encoded: EncodedInputs, *, logits_at: Any = None,
+             tree: Optional[TreeAttention] = None) -> Tuple[Array, KVCache]:
     """Writes k decoder tokens per row at the row's own position; returns their logits.
 
     Args:
@@ -199,6 +201,9 @@ class T5Model(NetworkModel):
       encoded: what `encode` returned for these rows.
       logits_at: int32 [B] in [0, k) or None: return only the logits of
         tokens[b, logits_at[b]], as [B, 1, V].
+      tree: None (a chain call), or a `specjax.models.tree.TreeAttention`: the k tokens
+        are a token tree (each attends to the visible cache and its ancestors only, at
+        its own sequence position).
 
     Returns:
       (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated cache).
@@ -217,4 +222,6 @@ class T5Model(NetworkModel):
                        f"{encoded.mask.shape[0]} rows; decode has {batch} rows and the "
                        f"model {self.config.num_decoder_layers} decoder layers")
     logits_at = check_logits_at(logits_at, batch, k)
-    return self._apply("decode_step", params, tokens, positions, cache, encoded, logits_at)
+    check_tree(tree, batch, k, cache.max_len, None)
+    return self._apply("decode_step", params, tokens, positions, cache, encoded, logits_at,
+                       tree)

@@ -1,0 +1,193 @@
+"""Benchmark: chains vs static token trees vs dynamic token trees at equal target-call width.
+
+  python -m experiments.bench_trees [--pair lm] [--batch 1 --batch 8] [--temperature 0
+      --temperature 1] [--width 8 --width 16 --width 32] [--no_timing] [--fast]
+
+For each pair, batch, temperature and width w (the target call scores w positions), runs
+- the chain: `speculative_decode` with γ = w - 1;
+- static trees of at most w - 1 nodes (spines with side branches, k-ary stems);
+- dynamic trees (`DynamicTree`: the most probable nodes of each level expanded);
+and reports tokens per target call, draft calls per round, the call cost r(w) (the
+target's w-token call time over its 1-token call, chain calls, batch 1), ms/token and the
+speedup over autoregressive (all decodes of one setting timed in turn, medians), with the
+theory's prediction beside the measurement: speedup = tokens per round / (r(w) + c ·
+draft calls per round), c the draft's 1-token call over the target's (Leviathan et al.
+Thm 3.8 with the measured tokens per round in place of (1 - α^(γ+1)) / (1 - α)).
+Tokens per call is not a timing; timings on a loaded machine are not claims.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Dict, List, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from experiments import common
+from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
+from specjax.draft import DynamicTree, StaticTree, TreeModelDrafter
+
+FAST = dict(examples=1, new=8, widths=(8,), repeats=1, trees=1)
+FULL = dict(examples=8, new=48, widths=(8, 16, 32), repeats=3, trees=None)
+
+
+def spine(depth: int, sides: int, side_depth: int = 1) -> StaticTree:
+  """The draft's top-1 path of `depth` nodes, plus a second-choice branch of `side_depth`
+  nodes under each of the first `sides` places of that path (the root included)."""
+  paths = [(0,) * i for i in range(1, depth + 1)]
+  for i in range(sides):
+    paths += [(0,) * i + (1,) + (0,) * j for j in range(side_depth)]
+  return StaticTree.from_paths(paths)
+
+
+MAX_DEPTH = 8
+"""Deepest tree tried: the drafter makes one call per level, unrolled in the compiled loop."""
+
+
+def static_trees(width: int) -> Dict[str, StaticTree]:
+  """Static trees of at most width - 1 nodes and depth <= MAX_DEPTH, by name."""
+  nodes, out = width - 1, {}
+  for depth in (4, 6, MAX_DEPTH):
+    rest = nodes - depth
+    if rest < 1:
+      continue
+    sides = min(depth, rest)
+    side_depth = min(depth - 1, rest // sides)
+    out[f"spine({depth},{sides},{side_depth})"] = spine(depth, sides, side_depth)
+  k = -(-nodes // MAX_DEPTH)
+  if k > 1 and nodes // k >= 2:
+    out[f"stem({k}x{nodes // k})"] = StaticTree.from_branching((k,) + (1,) * (nodes // k - 1))
+  return out
+
+
+def dynamic_trees(width: int) -> Dict[str, DynamicTree]:
+  """Dynamic trees of at most width - 1 nodes and depth <= MAX_DEPTH."""
+  out = {}
+  for branch, expand in ((2, 1), (3, 1), (2, 2), (4, 2)):
+    depth = min(MAX_DEPTH, 1 + (width - 1 - branch) // (branch * expand))
+    if branch <= width - 1 and depth >= 2:
+      out[f"dyn(b{branch},e{expand},d{depth})"] = DynamicTree(branch, expand, depth)
+  return out
+
+
+def _time(runs: Dict[str, callable], repeats: int) -> Dict[str, float]:
+  """Median seconds per run, the runs timed in turn (each compiled before)."""
+  times: Dict[str, List[float]] = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, fn in runs.items():
+      times[name].append(common.timed(fn)[1])
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, new: int,
+             repeats: int, timing: bool, costs: Tuple[Dict[int, float], float],
+             trees_per_kind=None) -> List[dict]:
+  """Every decoder of one setting over `batches` (each one call of the decoder)."""
+  cache_len = batches[0].shape[1] + new + width + 1
+  config = common.decode_config(temperature, cache_len)
+  key = jax.random.PRNGKey(0)
+  decoders = {"chain": ("chain", lambda x: speculative_decode(
+      pair.target, pair.target_params, *common.model_drafter(pair, width - 1), x,
+      max_new_tokens=new, gamma=width - 1, rng=key, config=config))}
+  for kind, trees in (("static", static_trees(width)), ("dynamic", dynamic_trees(width))):
+    for name, tree in list(trees.items())[:trees_per_kind]:
+      decoders[name] = (kind, lambda x, t=tree: tree_decode(
+          pair.target, pair.target_params, TreeModelDrafter(pair.draft, t), pair.draft_params,
+          x, max_new_tokens=new, rng=key, config=config))
+  ar = lambda x: autoregressive_decode(pair.target, pair.target_params, x, max_new_tokens=new,
+                                       rng=key, config=config)
+  every = lambda fn: [fn(x) for x in batches]
+  results = {name: every(fn) for name, (_, fn) in decoders.items()}  # compile + stats
+  seconds = {}
+  if timing:
+    every(ar)
+    runs = {name: (lambda fn=fn: [r.tokens for r in every(fn)])
+            for name, (_, fn) in decoders.items()}
+    runs["AR"] = lambda: [r.tokens for r in every(ar)]
+    seconds = _time(runs, repeats)
+  total = lambda res, field: float(sum(np.asarray(getattr(r, field)).sum() for r in res))
+  step, c = costs
+  r = step[width] / step[1]
+  rows = []
+  for name, (kind, _) in decoders.items():
+    res = results[name]
+    calls = total(res, "target_calls")
+    per_call = total(res, "lengths") / calls
+    drafts = total(res, "draft_calls") / calls
+    row = dict(pair=pair.name, batch=batches[0].shape[0], temperature=temperature, width=width,
+               kind=kind, decoder=name, tokens_per_call=per_call, draft_calls_per_round=drafts,
+               r=r, c=c, predicted_speedup=per_call / (r + c * drafts))
+    if timing:
+      tokens = total(res, "lengths")
+      row.update(ms_per_token=1000 * seconds[name] / tokens,
+                 speedup=seconds["AR"] / seconds[name])
+    rows.append(row)
+  return rows
+
+
+def _costs(pair, inputs: np.ndarray, widths: Sequence[int], new: int):
+  """(target step seconds by width, c) from in-loop batch-1 chain calls."""
+  cache_len = inputs.shape[1] + new + max(widths) + 1
+  position = inputs.shape[1] + new // 2
+  step = common.step_times(pair.target, pair.target_params, inputs[:1], [1, *widths],
+                           cache_len=cache_len, position=position, repeats=3, calls=10)
+  draft = common.step_times(pair.draft, pair.draft_params, inputs[:1], [1], cache_len=cache_len,
+                            position=position, repeats=3, calls=10)
+  return step, draft[1] / step[1]
+
+
+def main(argv=None) -> List[dict]:
+  import argparse  # pylint: disable=import-outside-toplevel
+  parser = argparse.ArgumentParser(add_help=False)
+  parser.add_argument("--batch", type=int, action="append")
+  parser.add_argument("--temperature", type=float, action="append")
+  parser.add_argument("--width", type=int, action="append")
+  parser.add_argument("--no_timing", action="store_true")
+  own, rest = parser.parse_known_args(argv)
+  cli = common.parse_cli(rest, __doc__, "bench_trees")
+  settings = FAST if cli.fast else FULL
+  widths = tuple(own.width or settings["widths"])
+  batches = tuple(own.batch or ((1,) if cli.fast else (1, 8)))
+  temperatures = tuple(own.temperature or ((0.0,) if cli.fast else (0.0, 1.0)))
+  rows = []
+  for pair in cli.pairs:
+    inputs = common.examples(pair, max(settings["examples"], max(batches))).inputs
+    costs = _costs(pair, inputs, widths, settings["new"])
+    for batch in batches:
+      for temperature in temperatures:
+        for width in widths:
+          batches = ([inputs[:batch]] if batch > 1 else
+                     [inputs[i:i + 1] for i in range(settings["examples"])])
+          rows += _setting(pair, batches, width, temperature, settings["new"],
+                           settings["repeats"], not own.no_timing, costs, settings["trees"])
+  best = _best(rows)
+  out = common.Output(cli.output_dir, "bench_trees")
+  md = common.header("Chains vs token trees at equal target-call width", cli.pairs, [
+      "tokens per call: generated tokens / target calls; r: w-token call / 1-token call "
+      "(batch 1, chain calls); predicted = tokens per call / (r + c x draft calls per round)",
+      "batch 1: each example decoded alone; batch B: the first B examples in one call"])
+  md += "\n" + common.markdown_table(rows) + "\n\n## Best tree vs best chain\n\n"
+  md += common.markdown_table(best) + "\n"
+  out.tables(md, rows, cli.pairs, best=best)
+  print(md)
+  return rows
+
+
+def _best(rows: List[dict]) -> List[dict]:
+  """Per (pair, batch, temperature, width): the chain's and the best tree's tokens per call."""
+  out = []
+  keys = sorted({(r["pair"], r["batch"], r["temperature"], r["width"]) for r in rows})
+  for key in keys:
+    group = [r for r in rows if (r["pair"], r["batch"], r["temperature"], r["width"]) == key]
+    chain = next(r for r in group if r["kind"] == "chain")
+    trees = [r for r in group if r["kind"] != "chain"]
+    tree = max(trees, key=lambda r: r["tokens_per_call"])
+    out.append(dict(pair=key[0], batch=key[1], temperature=key[2], width=key[3],
+                    chain=chain["tokens_per_call"], best_tree=tree["decoder"],
+                    tree=tree["tokens_per_call"],
+                    ratio=tree["tokens_per_call"] / chain["tokens_per_call"]))
+  return out
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,176 @@
+"""The tree loop: many guesses per round, verified exactly in ONE target call per round.
+
+A round over the loop state:
+  draft   the tree drafter proposes N nodes (one draft call per level)   (`TreeProposal`)
+  score   the target scores the root and every node in ONE tree call    (logits [B, N+1, V])
+  verify  `specjax.verify.tree` per row accepts a path of n nodes and draws one more token
+  commit  the path's cache slots move into place (target and draft); the row advances n + 1
+  record  per-row statistics
+
+Rows advance independently and finish at their own EOS or budget, as in the chain loop.
+Randomness is tied to (row, absolute position, stream): node j of depth d is tested with
+`fold_in(position_key(row, length - 1 + d, ACCEPT_STREAM), j)`, the token after n accepted
+nodes is drawn with `position_key(row, length + n, CORRECTION_STREAM)` (the key a plain
+target step at that position uses), and the drafter's keys are in `specjax.draft.tree`.
+`alpha_sum` / `alpha_count` stay 0 (no per-position α for a tree).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from specjax.decode.config import DecodeConfig
+from specjax.decode.inputs import (cache_length, check_cache_size, check_config, check_count,
+                                   check_inputs, check_nan, initial_seq, prefix_lengths)
+from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
+from specjax.decode.state import DecodeResult, LoopState
+from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
+from specjax.models import DecodingModel, check_same_vocab
+from specjax.models.tree import tree_call
+from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, position_key, row_keys
+from specjax.verify import ReferenceVerifier
+from specjax.verify.tree import path_tokens, tree_verify
+
+
+def _node_uniforms(keys, length, depth):
+  """float32 [B, N]: node j's accept uniform (keys [B], length [B], depth int32 [N])."""
+  def row(key, l):
+    def node(j, d):
+      return jax.random.uniform(jax.random.fold_in(position_key(key, l - 1 + d, ACCEPT_STREAM),
+                                                   j), dtype=jnp.float32)
+    return jax.vmap(node)(jnp.arange(depth.shape[0]), depth)
+  return jax.vmap(row)(keys, length)
+
+
+def _correction_keys(keys, length, max_depth: int):
+  """Keys [B, D + 1]: key n draws the token at position length + n."""
+  offsets = jnp.arange(max_depth + 1)
+  return jax.vmap(lambda k, l: jax.vmap(
+      lambda o: position_key(k, l + o, CORRECTION_STREAM))(offsets))(keys, length)
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeLoop:
+  """The tree loop's start and round (static, hashable); params = (target, drafter)."""
+
+  target: DecodingModel
+  drafter: TreeModelDrafter
+  config: DecodeConfig
+
+  def start(self, params, inputs, seq, length):
+    """-> (LoopState, encoded): the target encoded / prefilled, the drafter started."""
+    target_params, drafter_params = params
+    tree = self.drafter.tree
+    state, encoded = start_loop(self.target, target_params, inputs, seq, length, seq.shape[1],
+                                tree.max_depth + 1)
+    return state.replace(drafter_state=self.drafter.init(drafter_params, inputs, seq, length,
+                                                         seq.shape[1])), encoded
+
+  def round(self, params, state: LoopState, keys, encoded, prefix_len, max_new_tokens
+            ) -> LoopState:
+    target_params, drafter_params = params
+    config, tree = self.config, self.drafter.tree
+    proposal, drafter_state = self.drafter.propose(drafter_params, state.drafter_state,
+                                                   state.seq, state.length, keys, config.sampling)
+    logits, cache = self._score(target_params, state, proposal, encoded)
+    n, path, token = self._verify(keys, state, proposal, logits)
+    cache = move_path(self.target, cache, state.length, path, n)
+    drafter_state = self.drafter.update(drafter_state, state.length, path, n)
+    emitted = jax.vmap(path_tokens)(proposal.tokens, path, n, token)  # [B, D + 1]
+    seq, length, done = advance(state, emitted, n + 1, prefix_len, max_new_tokens,
+                                config.eos_id)
+    active = ~state.done
+    bad = bad_logits(logits) | jnp.any(jnp.isnan(proposal.probs), axis=(1, 2))
+    return state.replace(
+        seq=seq, length=length, done=done, cache=cache, drafter_state=drafter_state,
+        target_calls=state.target_calls + active,
+        draft_calls=state.draft_calls + jnp.where(active, proposal.calls, 0),
+        accepted_hist=state.accepted_hist + (
+            jax.nn.one_hot(n, tree.max_depth + 1, dtype=jnp.int32) * active[:, None]),
+        nan=state.nan | (active & bad))
+
+  def _score(self, target_params, state: LoopState, proposal: TreeProposal, encoded):
+    """The target's logits [B, N + 1, V] at the root and every node, in one call."""
+    batch = proposal.tokens.shape[0]
+    depth = jnp.broadcast_to(jnp.asarray(self.drafter.tree.depth), (batch, self.drafter.size))
+    tokens = jnp.concatenate([last_tokens(state), proposal.tokens], axis=1)
+    return self.target.decode(target_params, state.cache, tokens, state.length - 1, encoded,
+                              tree=tree_call(proposal.parent, depth, state.length))
+
+  def _verify(self, keys, state: LoopState, proposal: TreeProposal, logits):
+    tree, sampling = self.drafter.tree, self.config.sampling
+    depth = jnp.asarray(tree.depth)
+    uniforms = _node_uniforms(keys, state.length, depth)
+    correction = _correction_keys(keys, state.length, tree.max_depth)
+    verify = functools.partial(tree_verify, iid=tree.iid, greedy=sampling.greedy,
+                               max_depth=tree.max_depth)
+    return jax.vmap(verify, in_axes=(0, 0, 0, 0, None, 0, 0, 0))(
+        uniforms, correction, proposal.tokens, proposal.parent, depth, proposal.valid,
+        proposal.probs, sampling.probs(logits))
+
+
+@functools.partial(jax.jit, static_argnames=("loop",))
+def _tree_decode(loop: TreeLoop, params, inputs, seq, length, keys, max_new_tokens):
+  prefix_len = length
+  state, encoded = loop.start(params, inputs, seq, length)
+  body = lambda s: loop.round(params, s, keys, encoded, prefix_len, max_new_tokens)
+  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
+  return finish(state, prefix_len)
+
+
+def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter_params: Any,
+                inputs, *, max_new_tokens: int, rng: jax.Array,
+                config: DecodeConfig = DecodeConfig(), tree: Any = None,
+                prompt_lengths=None) -> DecodeResult:
+  """Speculative decoding with token trees, exact for the target's distribution.
+
+  Each round the drafter proposes a tree of N nodes, the target scores the root and all
+  nodes in ONE tree-masked `decode` call, `specjax.verify.tree` accepts a root-to-node
+  path of n nodes and draws one more token, and the row advances by n + 1.
+
+  Args:
+    target: the target `DecodingModel`.
+    target_params: its parameters.
+    drafter: a `specjax.draft.tree.TreeModelDrafter`, or a draft `DecodingModel` with `tree`.
+    drafter_params: the draft model's parameters.
+    inputs: int32 [B, L]: encoder inputs (T5) or left-aligned prompts (decoder-only), 0-padded.
+    max_new_tokens: generation budget per row (data).
+    rng: one PRNG key, or one key per row [B].
+    config: static settings: sampling, eos_id, cache_len (lenience 1, the reference verifier
+      and the constant γ policy only: the tree rule replaces them).
+    tree: a `StaticTree` or `DynamicTree` when `drafter` is a model.
+    prompt_lengths: optional int [B] for decoder-only prompts.
+  Returns:
+    A `DecodeResult`: tokens [B, max_new_tokens]; accepted_hist [B, D + 1] counts rounds by
+    accepted nodes; draft_calls counts one call per tree level.
+  """
+  if tree is not None:
+    if not isinstance(tree, (StaticTree, DynamicTree)):
+      raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
+    drafter = TreeModelDrafter(drafter, tree)
+  if not isinstance(drafter, TreeModelDrafter):
+    raise ValueError("tree_decode needs a TreeModelDrafter, or a draft model with tree=..., "
+                     f"got {type(drafter).__name__}")
+  if (config.lenience != 1.0 or config.gamma_policy != "constant"
+      or not isinstance(config.verifier, ReferenceVerifier)):
+    raise ValueError("tree_decode verifies with the exact tree rule: it takes lenience=1, "
+                     "gamma_policy='constant' and the reference verifier only")
+  check_config(target, config)
+  check_same_vocab(target, drafter.vocab_size)
+  max_new_tokens = check_count("max_new_tokens", max_new_tokens)
+  inputs = check_inputs(target, inputs)
+  length = prefix_lengths(target, inputs, prompt_lengths)
+  cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens,
+                           drafter.size + 1)
+  check_cache_size([target, drafter.model], inputs.shape[0], cache_len, None)
+  seq = initial_seq(target, inputs, cache_len)
+  loop = TreeLoop(target, drafter, config)
+  result, nan = _tree_decode(loop, (target_params, drafter_params), jnp.asarray(inputs),
+                             jnp.asarray(seq), jnp.asarray(length),
+                             row_keys(rng, inputs.shape[0]), jnp.int32(max_new_tokens))
+  check_nan(nan)
+  return result.replace(tokens=result.tokens[:, :max_new_tokens])

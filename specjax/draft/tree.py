@@ -1,0 +1,335 @@
+"""Token trees: their static shapes and a model drafter that drafts one level per call.
+
+A tree of N nodes lies in level order: the nodes of depth 1, then those of depth 2, ...;
+the children of one node are contiguous and in the order they were drawn. Shapes are
+static (`StaticTree`: branching per depth or an explicit path list, as Medusa's and
+EAGLE's "choices"; `DynamicTree`: nodes per level fixed, parents chosen by the draft).
+At temperature > 0 a node's children are an ordered draw WITHOUT replacement from its q
+(Gumbel-top-k), or i.i.d. draws from it (`iid=True`); at temperature 0 they are the top
+tokens of the draft's logits. `specjax.verify.tree` verifies them exactly; its docstring
+says why a dynamic tree chooses which nodes to expand but never prunes drawn children.
+
+Randomness: the children of a node at depth d - 1 (the root at depth 0) are drawn from
+`fold_in(position_key(row_key, length - 1 + d, DRAFT_STREAM), node)` (node 0 the root,
+j + 1 node j), so a row's tree does not depend on its batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.draft.base import check_sizes
+from specjax.draft.model import catch_up_cache
+from specjax.models import DecodingModel, start_model
+from specjax.models.protocol import decode_logits_at
+from specjax.models.tree import level_call
+from specjax.rows import take_rows
+from specjax.sampling import DRAFT_STREAM, Sampling, position_key
+
+
+def _level_starts(levels: Sequence[int]) -> Tuple[int, ...]:
+  return tuple(int(x) for x in np.concatenate([[0], np.cumsum(levels)]))
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticTree:
+  """A fixed tree: node j is child number `ranks[j]` (in draw order) of node `parents[j]`.
+
+  Build it with `StaticTree.from_branching((3, 2, 1))` (every depth-d node has that many
+  children) or `StaticTree.from_paths([(0,), (1,), (0, 0), ...])` (each path the ranks
+  from the root, Medusa / EAGLE "choices"; a node's children must be ranks 0..c-1).
+  """
+
+  parents: Tuple[int, ...]
+  """Parent node of each node (-1: the root), in level order."""
+  ranks: Tuple[int, ...]
+  """Each node's place among its parent's children (0 first drawn)."""
+  iid: bool = False
+  """Children drawn i.i.d. from the parent's q (may repeat a token) instead of without
+  replacement."""
+
+  def __post_init__(self):
+    if not self.parents or len(self.parents) != len(self.ranks):
+      raise ValueError(f"a tree needs one rank per node and at least one node, got parents "
+                       f"{self.parents!r} and ranks {self.ranks!r}")
+    depth = []
+    for j, (p, r) in enumerate(zip(self.parents, self.ranks)):
+      if not -1 <= p < j:
+        raise ValueError(f"node {j}'s parent {p} must be -1 or an earlier node")
+      depth.append(1 if p < 0 else depth[p] + 1)
+    if depth != sorted(depth):
+      raise ValueError("nodes must be in level order (every depth-d node before depth d+1)")
+    for p in set(self.parents):
+      got = [r for q, r in zip(self.parents, self.ranks) if q == p]
+      if got != list(range(len(got))):
+        raise ValueError(f"the children of node {p} must have ranks 0..{len(got) - 1} in "
+                         f"order, got {got}")
+
+  @classmethod
+  def from_branching(cls, branching: Sequence[int], iid: bool = False) -> "StaticTree":
+    """Every node of depth d - 1 (the root at 0) gets branching[d - 1] children."""
+    if not branching or any(not isinstance(b, (int, np.integer)) or isinstance(b, bool)
+                            or b < 1 for b in branching):
+      raise ValueError(f"branching must be positive integers, got {branching!r}")
+    parents, ranks, frontier = [], [], [-1]
+    for b in branching:
+      level = []
+      for p in frontier:
+        for r in range(int(b)):
+          level.append(len(parents))
+          parents.append(p)
+          ranks.append(r)
+      frontier = level
+    return cls(tuple(parents), tuple(ranks), iid)
+
+  @classmethod
+  def from_paths(cls, paths: Sequence[Sequence[int]], iid: bool = False) -> "StaticTree":
+    """One node per path of child ranks from the root; every prefix must be a path too."""
+    paths = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
+    if not paths or not paths[0]:
+      raise ValueError(f"paths must be non-empty rank tuples, got {paths!r}")
+    index = {p: j for j, p in enumerate(paths)}
+    missing = [p for p in paths if len(p) > 1 and p[:-1] not in index]
+    if missing:
+      raise ValueError(f"path {missing[0]} has no parent path {missing[0][:-1]}")
+    return cls(tuple(index[p[:-1]] if len(p) > 1 else -1 for p in paths),
+               tuple(p[-1] for p in paths), iid)
+
+  @property
+  def depth(self) -> np.ndarray:
+    """int32 [N]: each node's depth (1-based)."""
+    out = []
+    for p in self.parents:
+      out.append(1 if p < 0 else out[p] + 1)
+    return np.asarray(out, np.int32)
+
+  @property
+  def levels(self) -> Tuple[int, ...]:
+    """Nodes per depth."""
+    return tuple(int(c) for c in np.bincount(self.depth)[1:])
+
+  @property
+  def size(self) -> int:
+    return len(self.parents)
+
+  @property
+  def max_depth(self) -> int:
+    return len(self.levels)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+  """A tree grown by the draft's own probabilities: the root gets `branch` children; at
+  each later depth the `expand` nodes of the level above with the highest path
+  probability (product of q along the path; at temperature 0 of the draft's
+  temperature-1 softmax) get `branch` children each (EAGLE-2's expansion). Drawn
+  children are never pruned by their own probability (`specjax.verify.tree`)."""
+
+  branch: int
+  """Children per expanded node."""
+  expand: int
+  """Nodes expanded per level (at most the level's size)."""
+  max_depth: int
+  """Levels."""
+  iid: bool = False
+  """Children drawn i.i.d. instead of without replacement."""
+
+  def __post_init__(self):
+    check_sizes(self, branch=1, expand=1, max_depth=1)
+    if self.max_depth > 1 and self.expand > self.branch:
+      raise ValueError(f"DynamicTree.expand={self.expand} exceeds the first level's "
+                       f"{self.branch} nodes")
+
+  @property
+  def levels(self) -> Tuple[int, ...]:
+    return (self.branch,) + (self.branch * self.expand,) * (self.max_depth - 1)
+
+  @property
+  def depth(self) -> np.ndarray:
+    return np.repeat(np.arange(1, self.max_depth + 1), self.levels).astype(np.int32)
+
+  @property
+  def size(self) -> int:
+    return sum(self.levels)
+
+
+@flax.struct.dataclass
+class TreeProposal:
+  """What a tree drafter hands the target for one round."""
+
+  tokens: jax.Array  # int32 [B, N]: the nodes' tokens, level order
+  parent: jax.Array  # int32 [B, N]: each node's parent (-1: the root)
+  valid: jax.Array  # bool [B, N]: nodes that are real draws
+  probs: jax.Array  # float32 [B, N + 1, V]: q at the root and at each node (0 at leaves)
+  calls: jax.Array  # int32 [B]: draft model calls spent
+
+
+def draw_children(key: jax.Array, logits: jax.Array, count: int, sampling: Sampling,
+                  iid: bool) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """`count` children of one node from the draft's logits [V].
+
+  Returns (tokens int32 [count], q float32 [V] they were drawn from, rank_q float32 [V]
+  the probabilities that rank paths). Temperature 0: the top `count` tokens by logit
+  (ties to the lowest id). Otherwise Gumbel-top-k (an ordered draw without replacement)
+  or `count` i.i.d. draws from q.
+  """
+  if sampling.greedy:
+    return jax.lax.top_k(logits, count)[1].astype(jnp.int32), jnp.zeros_like(logits), \
+        jax.nn.softmax(logits.astype(jnp.float32))
+  q = sampling.probs(logits)
+  if iid:
+    tokens = jax.random.categorical(key, jnp.log(q), shape=(count,))
+  else:
+    gumbel = jax.random.gumbel(key, q.shape, jnp.float32)
+    score = jnp.where(q > 0, jnp.log(jnp.maximum(q, 1e-38)) + gumbel, -jnp.inf)
+    tokens = jax.lax.top_k(score, count)[1]
+  return tokens.astype(jnp.int32), q, q
+
+
+def _children_keys(row_keys, length, depth: int, nodes: jax.Array):
+  """Keys [B, n] for the children at `depth` of node ids nodes int32 [B, n] (0 = root)."""
+  def row(key, l, ids):
+    base = position_key(key, l - 1 + depth, DRAFT_STREAM)
+    return jax.vmap(lambda i: jax.random.fold_in(base, i))(ids)
+  return jax.vmap(row)(row_keys, length, nodes)
+
+
+@flax.struct.dataclass
+class TreeDrafterState:
+  cache: Any  # the draft model's KV cache
+  encoded: Any  # the draft's encoder output (None for decoder-only)
+  fed: jax.Array  # int32 [B]: cache slots 0..fed-1 hold the row's committed tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeModelDrafter:
+  """A specjax model drafts a token tree, ONE draft call per level (static shapes).
+
+  The first call feeds the catch-up window ending at the last committed token (as
+  `ModelDrafter`) and yields the root's q; the call for level d feeds all level-d nodes
+  at slots length + j (each sees the committed cache and its ancestors), yielding the q
+  of their children. After verification `update` moves the accepted path's draft cache
+  slots into place, as the target's.
+  """
+
+  model: DecodingModel
+  tree: Any  # StaticTree or DynamicTree
+  window: int = 2
+  catch_up: int = 8
+
+  def __post_init__(self):
+    check_sizes(self, window=2, catch_up=1)
+    if not isinstance(self.tree, (StaticTree, DynamicTree)):
+      raise ValueError(f"tree must be a StaticTree or DynamicTree, got {self.tree!r}")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  @property
+  def size(self) -> int:
+    return self.tree.size
+
+  def init(self, params, inputs, seq, length, cache_len):
+    cache, encoded, fed = start_model(self.model, params, inputs, length, cache_len)
+    return TreeDrafterState(cache=cache, encoded=encoded, fed=fed)
+
+  def propose(self, params, state: TreeDrafterState, seq, length, row_keys, sampling: Sampling
+              ) -> Tuple[TreeProposal, TreeDrafterState]:
+    """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state)."""
+    tree, batch = self.tree, seq.shape[0]
+    cache, fed = catch_up_cache(self.model, params, state.cache, state.encoded, seq, length,
+                                state.fed, self.window, self.catch_up)
+    lag = jnp.clip(length - 1 - fed, 0, self.window - 1)
+    begin = length - 1 - lag
+    window = take_rows(seq, begin[:, None] + jnp.arange(self.window)[None, :])
+    logits, cache = decode_logits_at(self.model, params, cache, window, begin, state.encoded,
+                                     lag)  # [B, V]
+    starts = _level_starts(tree.levels)
+    size, vocab = tree.size, logits.shape[-1]
+    depth = jnp.broadcast_to(jnp.asarray(tree.depth), (batch, size))
+    tokens = jnp.zeros((batch, size), jnp.int32)
+    parent = jnp.full((batch, size), -1, jnp.int32)
+    valid = jnp.zeros((batch, size), jnp.bool_)
+    probs = jnp.zeros((batch, size + 1, vocab), jnp.float32)
+    path_logq = jnp.zeros((batch, size), jnp.float32)
+    # Level 1: the root's children.
+    level_logits, level_ids = logits[:, None], jnp.zeros((batch, 1), jnp.int32)
+    parent_logq, q_row = jnp.zeros((batch, 1), jnp.float32), 0
+    for d in range(1, tree.max_depth + 1):
+      lo, hi = starts[d - 1], starts[d]
+      if d > 1:  # the level above's logits, from one call over its nodes
+        plo, phi = starts[d - 2], starts[d - 1]
+        attention = level_call(parent, depth, length, plo, phi, _cache_len(cache))
+        level_logits, cache = self.model.decode(params, cache, tokens[:, plo:phi], length + plo,
+                                                state.encoded, tree=attention)
+        level_ids = jnp.broadcast_to(jnp.arange(plo, phi) + 1, (batch, phi - plo))
+        parent_logq, q_row = path_logq[:, plo:phi], plo + 1
+      new_tokens, new_parent, new_valid, new_logq, q = self._level(
+          d, row_keys, length, level_logits, level_ids, parent_logq, hi - lo, sampling)
+      tokens = tokens.at[:, lo:hi].set(new_tokens)
+      parent = parent.at[:, lo:hi].set(new_parent)
+      valid = valid.at[:, lo:hi].set(new_valid)
+      path_logq = path_logq.at[:, lo:hi].set(new_logq)
+      probs = probs.at[:, q_row:q_row + q.shape[1]].set(q)
+    fed = length  # slots < length hold the committed tokens; the tree's slots are junk
+    proposal = TreeProposal(tokens=tokens, parent=parent, valid=valid, probs=probs,
+                            calls=jnp.full((batch,), tree.max_depth, jnp.int32))
+    return proposal, state.replace(cache=cache, fed=fed)
+
+  def _level(self, d, row_keys, length, logits, ids, parent_logq, width, sampling):
+    """Draws level d from the level above: logits [B, m, V] at nodes ids [B, m] (0 = root),
+    their path log-probabilities [B, m] -> (tokens, parent, valid, path log q) [B, width]
+    and q [B, m, V]."""
+    tree = self.tree
+    batch, m = logits.shape[:2]
+    per = tree.branch if isinstance(tree, DynamicTree) else int(
+        max(r for r, dd in zip(tree.ranks, tree.depth) if dd == d)) + 1
+    keys = _children_keys(row_keys, length, d, ids)  # [B, m]
+    draw = jax.vmap(jax.vmap(lambda k, l: draw_children(k, l, per, sampling, tree.iid)))
+    children, q, rank_q = draw(keys, logits)  # [B, m, per], [B, m, V], [B, m, V]
+    child_logq = parent_logq[:, :, None] + jnp.log(
+        jnp.maximum(jnp.take_along_axis(rank_q, children, axis=2), 1e-38))
+    valid = jnp.ones_like(children, jnp.bool_) if sampling.greedy else (
+        jnp.take_along_axis(q, children, axis=2) > 0)
+    if isinstance(tree, StaticTree):
+      starts = _level_starts(tree.levels)
+      lo = starts[d - 1]
+      parents = np.asarray(tree.parents[lo:lo + width])  # static, global node indices
+      local = parents + 1 if d == 1 else parents - starts[d - 2]  # index in the level above
+      pick = jnp.asarray(local * per + np.asarray(tree.ranks[lo:lo + width]))
+      flat = lambda x: x.reshape(batch, -1)[:, pick]
+      parent = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (batch, width))
+      return flat(children), parent, flat(valid), flat(child_logq), q
+    # Dynamic: the `expand` nodes of the level above with the highest path log q.
+    _, top = jax.lax.top_k(parent_logq, min(tree.expand, m))
+    top = jnp.sort(top, axis=1)  # keep level order among the expanded nodes
+    gather = lambda x: jnp.take_along_axis(x, top[:, :, None], axis=1).reshape(batch, -1)
+    parent = jnp.repeat(jnp.take_along_axis(ids, top, axis=1) - 1, per, axis=1)
+    return gather(children), parent, gather(valid), gather(child_logq), q
+
+  def update(self, state: TreeDrafterState, length, path, n) -> TreeDrafterState:
+    """After verification: length int32 [B] the round's start, path int32 [B, D] accepted
+    nodes, n int32 [B]. The path's slots move to length.. and the fed count covers the
+    path nodes that were fed (all but a deepest-level node)."""
+    cache = move_path(self.model, state.cache, length, path, n)
+    return state.replace(cache=cache, fed=length + jnp.minimum(n, self.tree.max_depth - 1))
+
+
+def _cache_len(cache) -> int:
+  """The cache's slots per row (a KVCache or a table model's token buffer)."""
+  return cache.max_len if hasattr(cache, "max_len") else cache.shape[1]
+
+
+def move_path(model: DecodingModel, cache, length, path, n):
+  """Moves each row's accepted path nodes' slots (node j at slot length + j) to slots
+  length .. length + n - 1; the slots past n are copied onto themselves."""
+  offsets = jnp.arange(path.shape[1])[None, :]
+  src = jnp.where(offsets < n[:, None], length[:, None] + jnp.maximum(path, 0),
+                  length[:, None] + offsets)
+  return model.move_slots(cache, src, length)

@@ -1,0 +1,88 @@
+"""Tree attention: one model call over a token tree, and moving a path's cache slots.
+
+A tree call writes its k tokens at slots `positions[b] .. positions[b] + k - 1`, as any
+`decode` call, but a token's sequence position is not its slot and it attends only to
+what `TreeAttention` makes visible: the committed cache and its own ancestors. After the
+tree is verified, `move_slots` copies the accepted path's keys and values to the slots
+right after the committed tokens, so the cache is the one a chain of calls would have
+written (slots past a row's length are masked by every later call).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+@flax.struct.dataclass
+class TreeAttention:
+  """Who each token of a tree call attends to, and where it sits in its sequence."""
+
+  token_pos: jax.Array  # int32 [B, k]: each token's position in the sequence (relative bias)
+  visible: jax.Array  # bool [B, k, k]: token i attends to token j of this call (i to itself)
+  cache_visible: Optional[jax.Array] = None  # bool [B, k, S]: over the cache before the call;
+  # None: the slots before the call's first slot (`positions`), as a chain call
+  cache_pos: Optional[jax.Array] = None  # int32 [B, S]: the positions of the keys the cache
+  # slots hold; None: a slot's position is its index
+
+
+def ancestors(parent: jax.Array) -> jax.Array:
+  """parent int32 [N] (index of the parent node, -1 for a child of the root; parents come
+  before children) -> bool [N, N]: node i descends from node j or is j."""
+  size = parent.shape[0]
+  eye = jnp.eye(size, dtype=jnp.bool_)
+  up = jax.nn.one_hot(parent, size, dtype=jnp.bool_)  # [N, N]: j is i's parent
+
+  def step(_, reach):  # reach[i, j]: j is an ancestor of i within the steps so far
+    return reach | jnp.any(reach[:, :, None] & up[None, :, :], axis=1)
+  return lax.fori_loop(0, size, step, eye)
+
+
+def tree_call(parent: jax.Array, depth: jax.Array, length: jax.Array) -> TreeAttention:
+  """The target's call over [root, node_0 .. node_{N-1}] written from slot length - 1.
+
+  parent int32 [B, N] (-1: child of the root), depth int32 [B, N] (1-based), length
+  int32 [B] (the root, the last committed token, sits at position length - 1).
+  Returns a TreeAttention over k = N + 1 tokens (the cache before length - 1 visible).
+  """
+  batch, size = parent.shape
+  anc = jax.vmap(ancestors)(parent)  # [B, N, N]
+  visible = jnp.ones((batch, size + 1, size + 1), jnp.bool_)
+  visible = visible.at[:, 0, 1:].set(False).at[:, 1:, 1:].set(anc)
+  token_pos = (length - 1)[:, None] + jnp.concatenate(
+      [jnp.zeros((batch, 1), jnp.int32), depth.astype(jnp.int32)], axis=1)
+  return TreeAttention(token_pos=token_pos, visible=visible)
+
+
+def level_call(parent: jax.Array, depth: jax.Array, length: jax.Array, start: int, stop: int,
+               max_len: int) -> TreeAttention:
+  """A draft call over nodes start..stop-1 (one level) of a tree whose node j sits at slot
+  length + j and whose earlier levels are already in the cache.
+
+  parent, depth: int32 [B, N]; length int32 [B]. Node i sees the committed slots (< length)
+  and its ancestors' slots, and itself among the call's tokens.
+  """
+  batch, size = parent.shape
+  anc = jax.vmap(ancestors)(parent)  # [B, N, N]
+  own = anc[:, start:stop]  # [B, k, N]
+  slots = jnp.arange(max_len, dtype=jnp.int32)
+  node = slots[None, :] - length[:, None]  # [B, S]: the node a slot holds (if in range)
+  in_tree = (node >= 0) & (node < start)
+  held = jnp.take_along_axis(own, jnp.clip(node, 0, size - 1)[:, None, :].repeat(
+      stop - start, axis=1), axis=2)  # [B, k, S]
+  cache_visible = (slots[None, None, :] < length[:, None, None]) | (in_tree[:, None, :] & held)
+  node_depth = jnp.take_along_axis(depth, jnp.clip(node, 0, size - 1), axis=1)
+  cache_pos = jnp.where(in_tree, length[:, None] - 1 + node_depth, slots[None, :])
+  return TreeAttention(token_pos=length[:, None] - 1 + depth[:, start:stop],
+                       visible=own[:, :, start:stop], cache_visible=cache_visible,
+                       cache_pos=cache_pos.astype(jnp.int32))
+
+
+def gather_slots(buffer: jax.Array, src: jax.Array, axis: int) -> jax.Array:
+  """buffer [B, ..., S (at axis), ...], src int32 [B, n] -> the n slots src[b] of each row."""
+  shape = [1] * buffer.ndim
+  shape[0], shape[axis] = src.shape[0], src.shape[1]
+  return jnp.take_along_axis(buffer, src.reshape(shape), axis=axis)
