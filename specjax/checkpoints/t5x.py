@@ -42,12 +42,14 @@ fallback_to_scratch=True)` so the optimizer state starts fresh.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import re
 import shutil
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorstore as ts
@@ -121,6 +123,17 @@ def list_checkpoint_dirs(model_dir: str) -> List[Tuple[int, str]]:
   return out
 
 
+class _Moved(FileNotFoundError):
+  """A checkpoint folder that was listed went away before it was opened (a save moved it)."""
+
+
+def _located(folder: str, step: Optional[int]) -> CheckpointLocation:
+  found = _in_folder(folder)
+  if found is None:
+    raise _Moved(f"checkpoint folder {folder} went away while it was being opened")
+  return CheckpointLocation(found[0], found[1], step)
+
+
 def find_checkpoint(path: str) -> CheckpointLocation:
   """Resolves a model folder, a `checkpoint_N` folder or a `checkpoint` file.
 
@@ -141,8 +154,7 @@ def find_checkpoint(path: str) -> CheckpointLocation:
     for folder in (_commit.old_folders(parent).get(step, [])
                    if os.path.isdir(parent) else []):
       if _holds_checkpoint(folder):
-        found = _in_folder(folder)
-        return CheckpointLocation(found[0], found[1], step)
+        return _located(folder, step)
   if not os.path.exists(path):
     raise FileNotFoundError(f"checkpoint path does not exist: {path}")
   if os.path.isfile(path):
@@ -157,8 +169,7 @@ def find_checkpoint(path: str) -> CheckpointLocation:
   steps = list_checkpoint_dirs(path)
   if steps:
     step, folder = steps[-1]
-    found = _in_folder(folder)
-    return CheckpointLocation(found[0], found[1], step)
+    return _located(folder, step)
   raise FileNotFoundError(
       f"no T5X checkpoint in {path}: expected a 'checkpoint' msgpack file, "
       "'state/_METADATA' (Orbax) or checkpoint_N folders holding one")
@@ -305,20 +316,65 @@ def _expected_shapes(model: Any) -> Dict[str, Tuple[int, ...]]:
   return {name: tuple(leaf.shape) for name, leaf in flatten(model.param_shapes())}
 
 
-def load_flat(path: str, where: str,
+_SNAPSHOT_TRIES = 20
+"""Times a reader resolves a checkpoint name again after a save moved it away."""
+
+
+def _checkpoint_folder(location: CheckpointLocation) -> str:
+  """The folder a save renames as a whole: `checkpoint_N` (or the item folder itself)."""
+  item = os.path.abspath(location.path)
+  if location.format == LEGACY or os.path.basename(item) == "state":
+    return os.path.dirname(item)
+  return item
+
+
+@contextlib.contextmanager
+def snapshot(path: str, where: str) -> Iterator[CheckpointLocation]:
+  """The checkpoint at `path`, held for reading as one save while the block runs.
+
+  The checkpoint folder is found and share-locked (`_commit.reading`), so no
+  `save_t5x(overwrite=True)`, pruning or recovery renames or deletes it until
+  the block ends; if a save moved the name before the lock was taken, the name
+  is resolved again. Every read of the block thus comes from one save.
+
+  Raises:
+    FileNotFoundError: as `find_checkpoint`.
+    ValueError: saves kept replacing the checkpoint (_SNAPSHOT_TRIES times).
+  """
+  for attempt in range(_SNAPSHOT_TRIES):
+    try:
+      location = find_checkpoint(path)
+    except _Moved:
+      continue
+    except FileNotFoundError:
+      # A model folder listed in the instant an overwrite's old folder went away.
+      if attempt >= 2 or not os.path.isdir(path):
+        raise
+      time.sleep(0.01)
+      continue
+    with _commit.reading(_checkpoint_folder(location)) as same:
+      if same:
+        yield location
+        return
+  raise ValueError(f"{where}: the checkpoint was replaced by another save each of the "
+                   f"{_SNAPSHOT_TRIES} times it was opened; retry when the writer is done")
+
+
+def read_flat(location: CheckpointLocation, where: str,
               expected: Optional[Mapping[str, Tuple[int, ...]]] = None,
               read_arrays: Callable[..., List[Any]] = _io.read_zarr_arrays
               ) -> Dict[str, Any]:
-  """The target leaves of the checkpoint at `path` as {'a/b/kernel': array}.
+  """The target leaves of the checkpoint at `location` as {'a/b/kernel': array}.
+
+  Call it inside `snapshot` (which gives `location`) so every read is of one save.
 
   Args:
-    path: as for `load_t5x`.
+    location: from `snapshot` / `find_checkpoint`.
     where: how messages name the checkpoint.
     expected: {name: shape} the model expects; checked before arrays are read.
     read_arrays: reads legacy zarr arrays (`specjax.checkpoints.sharded` opens them
-      lazily).
+      lazily, and reads them before its `snapshot` ends).
   """
-  location = find_checkpoint(path)
   if location.format == ORBAX:
     flat = _orbax.load_target(location.path, where, expected)
   else:
@@ -326,6 +382,13 @@ def load_flat(path: str, where: str,
   if not flat:
     raise ValueError(f"{where}: the checkpoint's target tree is empty")
   return flat
+
+
+def load_flat(path: str, where: str,
+              expected: Optional[Mapping[str, Tuple[int, ...]]] = None) -> Dict[str, Any]:
+  """`read_flat` of the checkpoint at `path` (as for `load_t5x`), read as one save."""
+  with snapshot(path, where) as location:
+    return read_flat(location, where, expected)
 
 
 def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
