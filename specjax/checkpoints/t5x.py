@@ -54,6 +54,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorstore as ts
 
+from specjax import files
 from specjax.checks import check_int
 from specjax.checkpoints import _commit
 from specjax.checkpoints import _io
@@ -144,6 +145,7 @@ def find_checkpoint(path: str) -> CheckpointLocation:
 
   Raises:
     FileNotFoundError: `path` does not exist or holds no checkpoint.
+    ValueError: `path` is a FIFO, device or socket.
   """
   path = os.fspath(path)
   match = _STEP_DIR.fullmatch(os.path.basename(os.path.normpath(path)))
@@ -157,6 +159,8 @@ def find_checkpoint(path: str) -> CheckpointLocation:
         return _located(folder, step)
   if not os.path.exists(path):
     raise FileNotFoundError(f"checkpoint path does not exist: {path}")
+  if not os.path.isdir(path):
+    files.check_regular(path, "the checkpoint path")  # a FIFO would block its reader
   if os.path.isfile(path):
     found = _in_folder(os.path.dirname(os.path.abspath(path)))
     if found is None or (found[0] == LEGACY and
@@ -226,7 +230,7 @@ def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str, where: str,
   checked, source = ((shape, "the checkpoint declares") if shape is not None
                      else (expected, "the model config expects"))
   zarray = _io.check_zarr_folder(ckpt_dir, folder, name, where, meta,
-                                 shape=checked, shape_source=source)
+                                 shape=checked, shape_source=source, dtype=dtype)
   open_spec: Dict[str, Any] = {"driver": "zarr",
                                "kvstore": {"driver": "file", "path": folder + "/"}}
   if zarray is None:  # rebuild the array metadata from the msgpack's spec
@@ -259,8 +263,7 @@ def load_legacy_target(ckpt_file: str, where: str,
   """
   ckpt_dir = os.path.dirname(os.path.abspath(ckpt_file))
   _io.check_inside(ckpt_dir, ckpt_file, "the checkpoint file", where)
-  with open(ckpt_file, "rb") as f:
-    data = f.read()
+  data = files.read_bytes(ckpt_file, _io.max_array_bytes(), "the checkpoint file")
   if data.startswith(b"model_checkpoint_path"):
     raise ValueError(f"{ckpt_file} is a TensorFlow checkpoint index, not a T5X "
                      "checkpoint; convert it with T5X first")
@@ -273,7 +276,8 @@ def load_legacy_target(ckpt_file: str, where: str,
   out: Dict[str, Any] = {}
   specs: Dict[str, Dict[str, Any]] = {}
 
-  def walk(node: Dict[Any, Any], prefix: str) -> None:
+  def walk(node: Dict[Any, Any], prefix: str, depth: int = 0) -> None:
+    _io.check_depth(depth, where)
     for key, value in node.items():
       if not isinstance(key, str) or not key or "/" in key:
         raise ValueError(f"{where}: invalid parameter name {key!r} under "
@@ -283,7 +287,7 @@ def load_legacy_target(ckpt_file: str, where: str,
         specs[name] = value
         out[name] = None
       elif isinstance(value, dict):
-        walk(value, name)
+        walk(value, name, depth + 1)
       elif isinstance(value, (np.ndarray, np.generic, int, float, complex)):
         out[name] = np.asarray(value)
       else:
