@@ -295,10 +295,11 @@ def read_model_file(path: str, paths: Sequence[str] = ()) -> Tuple[str, Dict[str
     FileNotFoundError: the file or an include is not found.
   """
   all_paths = list(paths) or search_paths()
-  return parse_model_file(path, lambda name, _including: resolve(name, all_paths))
+  return parse_model_file(path, lambda name, _including: resolve(name, all_paths), all_paths)
 
 
 def model_config_from_file(path: str, paths: Sequence[str] = ()) -> Any:
   """The T5Config / DecoderOnlyConfig a model gin file describes (`read_model_file`)."""
   all_paths = list(paths) or search_paths()
-  return config_from_model_file(path, lambda name, _including: resolve(name, all_paths))
+  return config_from_model_file(path, lambda name, _including: resolve(name, all_paths),
+                                all_paths)
