@@ -50,7 +50,10 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 STALE_SECONDS = 24 * 3600
 """Leftovers of writers whose liveness cannot be checked are removed after this."""
-LEFTOVER = re.compile(r"checkpoint_(\d+)\.(tmp|old|del)-(.+)")
+LEFTOVER = re.compile(r"checkpoint_(\d+)\.(tmp|old|del)-([0-9a-f]{32}(?:-\d+-[A-Za-z0-9._]+)?)")
+"""A writer's own leftover: its token is a UUID (older writers) or UUID-PID-HOST; a user's
+folder such as `checkpoint_5.old-backup` never matches, so it is never read, moved or
+deleted."""
 _TOKEN = re.compile(r"[0-9a-f]{32}-(\d+)-([A-Za-z0-9._]+)")
 _STEP_DIR = re.compile(r"checkpoint_(\d+)")
 _HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"

@@ -84,14 +84,42 @@ def count_non_finite(arr: Any) -> int:
   return int(arr.size - np.count_nonzero(np.isfinite(arr)))
 
 
+def _named_counts(counts: Mapping[str, int], sizes: Mapping[str, int]) -> Tuple[int, str]:
+  """(how many parameters have a count, "'a' (3 of 10), ... and N more")."""
+  bad = sorted(name for name, n in counts.items() if n)
+  shown = ", ".join(f"'{n}' ({counts[n]} of {sizes[n]})" for n in bad[:8])
+  return len(bad), shown + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+
+
 def warn_non_finite(where: str, counts: Mapping[str, int], sizes: Mapping[str, int]) -> None:
   """Logs one warning naming the parameters that hold NaN or inf ({name: count})."""
-  bad = sorted(name for name, n in counts.items() if n)
-  if bad:
-    shown = ", ".join(f"'{n}' ({counts[n]} of {sizes[n]})" for n in bad[:8])
-    more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
-    logging.warning("%s: %d parameter(s) hold NaN or inf values: %s%s; the model's outputs "
-                    "will be NaN wherever they are read", where, len(bad), shown, more)
+  n, shown = _named_counts(counts, sizes)
+  if n:
+    logging.warning("%s: %d parameter(s) hold NaN or inf values: %s; the model's outputs "
+                    "will be NaN wherever they are read", where, n, shown)
+
+
+def cast_float(arr: Any, cast: Optional[np.dtype]) -> Tuple[np.ndarray, int]:
+  """(`arr` cast to `cast` if both are floating-point, else as is; how many of its finite
+  values the cast turned into ±inf because they lie outside `cast`'s range)."""
+  arr = np.asarray(arr)
+  if cast is None or not is_floating(arr.dtype):
+    return arr, 0
+  with np.errstate(over="ignore"):  # counted and warned about below, by name
+    out = arr.astype(cast)
+  if ml_dtypes.finfo(cast).max >= ml_dtypes.finfo(arr.dtype).max:
+    return out, 0  # a cast that cannot overflow is not scanned
+  return out, int(np.count_nonzero(np.isfinite(arr) & ~np.isfinite(out)))
+
+
+def warn_overflow(where: str, cast: Optional[np.dtype], counts: Mapping[str, int],
+                  sizes: Mapping[str, int]) -> None:
+  """Logs one warning naming the parameters whose finite values a cast made ±inf."""
+  n, shown = _named_counts(counts, sizes)
+  if n:
+    logging.warning("%s: casting to %s turned finite values into inf in %d parameter(s): %s; "
+                    "they exceed %s's largest value %g", where, np.dtype(cast).name, n, shown,
+                    np.dtype(cast).name, float(ml_dtypes.finfo(cast).max))
 
 
 # ----------------------------------------------------------------------------

@@ -64,7 +64,7 @@ def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = No
     if differ:
       raise ValueError(f"{where}: parameter '{differ[0]}' is " + (
           "missing from the checkpoint" if differ[0] in want else "not in the shardings tree"))
-    out, bad = {}, {}
+    out, bad, overflowed = {}, {}, {}
     for name, arr in flat.items():
       seen: Dict[str, np.ndarray] = {}
 
@@ -73,10 +73,13 @@ def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = No
         if key not in seen:
           x = np.asarray(arr[index])
           bad[name] = bad.get(name, 0) + _io.count_non_finite(x)
-          seen[key] = x.astype(cast) if cast is not None and _io.is_floating(x.dtype) else x
+          seen[key], n = _io.cast_float(x, cast)
+          overflowed[name] = overflowed.get(name, 0) + n
         return seen[key]
       out[name] = jax.make_array_from_callback(tuple(arr.shape), want[name], read)
-    _io.warn_non_finite(where, bad, {n: int(np.prod(a.shape)) for n, a in flat.items()})
+    sizes = {n: int(np.prod(a.shape)) for n, a in flat.items()}
+    _io.warn_non_finite(where, bad, sizes)
+    _io.warn_overflow(where, cast, overflowed, sizes)
   return unflatten(out)
 
 

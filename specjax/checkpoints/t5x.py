@@ -104,16 +104,28 @@ def list_checkpoint_dirs(model_dir: str) -> List[Tuple[int, str]]:
 
   The folder is `checkpoint_N`, or, when a save that overwrote it crashed
   between its two renames (no `checkpoint_N` holds a checkpoint), the
-  `checkpoint_N.old-*` folder it left, which holds the previous complete one.
-  Temporary `.tmp-*` / `.del-*` folders never count.
+  `checkpoint_N.old-TOKEN` folder it left, which holds the previous complete one.
+  Temporary `.tmp-*` / `.del-*` folders never count, nor folders of other names.
+  Where two names give one N (`checkpoint_010`, `checkpoint_10`), `checkpoint_N`
+  wins; two other spellings are a ValueError naming both.
   """
   if not os.path.isdir(model_dir):
     return []
-  finals = {}
-  for entry in os.listdir(model_dir):
+  finals: Dict[int, str] = {}
+  for entry in sorted(os.listdir(model_dir)):
     match = _STEP_DIR.fullmatch(entry)
-    if match:
-      finals[int(match.group(1))] = os.path.join(model_dir, entry)
+    if not match:
+      continue
+    step, path = int(match.group(1)), os.path.join(model_dir, entry)
+    if step in finals and _holds_checkpoint(path) and _holds_checkpoint(finals[step]):
+      names = sorted({os.path.basename(finals[step]), entry})
+      if f"checkpoint_{step}" not in names:
+        raise ValueError(f"{model_dir}: {names[0]} and {names[1]} are both step {step}; "
+                         f"rename one (checkpoint_{step} is the name T5X writes)")
+      path = os.path.join(model_dir, f"checkpoint_{step}")  # the name T5X writes wins
+    elif step in finals and not _holds_checkpoint(path):
+      continue
+    finals[step] = path
   olds = _commit.old_folders(model_dir)
   out = []
   for step in sorted(set(finals) | set(olds)):
@@ -436,8 +448,10 @@ def _load(path: str, dtype: Any, model: Any) -> Dict[str, Any]:
   _io.warn_non_finite(where, {n: _io.count_non_finite(a) for n, a in flat.items()},
                       {n: int(np.size(a)) for n, a in flat.items()})
   if cast is not None:
-    flat = {name: arr.astype(cast) if _io.is_floating(arr.dtype) else arr
-            for name, arr in flat.items()}
+    cast_and_count = {name: _io.cast_float(arr, cast) for name, arr in flat.items()}
+    flat = {name: arr for name, (arr, _) in cast_and_count.items()}
+    _io.warn_overflow(where, cast, {n: c for n, (_, c) in cast_and_count.items()},
+                      {n: int(np.size(a)) for n, a in flat.items()})
   params = unflatten(flat)
   if model is not None:
     check_params_match(params, model.param_shapes(), what=where)
@@ -513,9 +527,9 @@ def _build_target(node: Mapping[Any, Any], prefix: str, cast: Optional[np.dtype]
     if isinstance(value, Mapping):
       out[key] = _build_target(value, name, cast, ckpt_dir, writes, folders)
       continue
-    arr = _as_array(value, name)
-    if cast is not None and _io.is_floating(arr.dtype):
-      arr = arr.astype(cast)
+    arr, overflowed = _io.cast_float(_as_array(value, name), cast)
+    if overflowed:
+      _io.warn_overflow("save_t5x", cast, {name: overflowed}, {name: int(arr.size)})
     if arr.ndim == 0:
       out[key] = arr
       continue

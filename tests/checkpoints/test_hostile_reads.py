@@ -197,3 +197,51 @@ def test_a_deeply_nested_msgpack_is_a_value_error(tmp_path):
         + b"\x81" + msgpack.packb("target") + inner)
     with pytest.raises(ValueError, match=message):
       checkpoints.load_t5x(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------
+# Folder names, casts
+
+
+def test_which_of_two_spellings_of_a_step_wins_does_not_depend_on_listing_order(tmp_path):
+  path = str(tmp_path / "model")
+  checkpoints.save_t5x(_params(0.0), path, step=10, dtype=None)
+  checkpoints.save_t5x(_params(1.0), path, step=11, dtype=None)
+  os.rename(os.path.join(path, "checkpoint_11"), os.path.join(path, "checkpoint_010"))
+  # checkpoint_10 (the name T5X writes) wins over checkpoint_010, whatever the listing order.
+  assert checkpoints.list_checkpoint_dirs(path) == [(10, os.path.join(path, "checkpoint_10"))]
+  assert float(checkpoints.load_t5x(path)["layer_0"]["kernel"][0, 0]) == 0.0
+  os.rename(os.path.join(path, "checkpoint_10"), os.path.join(path, "checkpoint_0010"))
+  with pytest.raises(ValueError, match="checkpoint_0010 and checkpoint_010 are both step 10"):
+    checkpoints.load_t5x(path)
+
+
+def test_a_users_folder_named_like_a_leftover_is_never_read_moved_or_deleted(tmp_path):
+  # A user's checkpoint_9.old-backup was loaded as the newest step and later renamed.
+  path = tmp_path / "model"
+  checkpoints.save_t5x(_params(0.0), str(path), step=5, dtype=None)
+  checkpoints.save_t5x(_params(1.0), str(path), step=9, dtype=None)
+  os.rename(path / "checkpoint_9", path / "checkpoint_9.old-backup")
+  day_ago = time.time() - 3 * 24 * 3600
+  os.utime(path / "checkpoint_9.old-backup", (day_ago, day_ago))
+  assert checkpoints.find_checkpoint(str(path)).step == 5
+  checkpoints.save_t5x(_params(0.0), str(path), step=6, dtype=None)  # recovery runs here
+  assert sorted(os.listdir(path)) == ["checkpoint_5", "checkpoint_6", "checkpoint_9.old-backup"]
+
+
+def test_a_cast_that_overflows_is_warned_naming_the_parameter(tmp_path, caplog):
+  params = {"big": {"kernel": np.array([1.0, 7e4, -1e5], np.float32)},
+            "small": {"kernel": np.ones(3, np.float32)}}
+  path = str(tmp_path / "model")
+  checkpoints.save_t5x(params, path, step=1, dtype="float16")
+  assert "save_t5x: casting to float16 turned finite values into inf in 1 parameter(s): " \
+         "'big/kernel' (2 of 3)" in caplog.text
+  caplog.clear()
+  checkpoints.save_t5x(params, path, step=2, dtype="float32")
+  loaded = checkpoints.load_t5x(path, dtype="float16")
+  assert np.isinf(loaded["big"]["kernel"]).sum() == 2
+  assert "casting to float16 turned finite values into inf in 1 parameter(s): 'big/kernel'" \
+      in caplog.text
+  caplog.clear()
+  checkpoints.load_t5x(path, dtype="bfloat16")  # bfloat16 holds 1e5: nothing to say
+  assert "casting" not in caplog.text
