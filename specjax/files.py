@@ -7,6 +7,7 @@ larger than `limit` before reading it; the messages name the file and the limit.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from typing import Optional
@@ -66,6 +67,16 @@ def read_text(path: str, limit: int, what: str, encoding: Optional[str] = "utf-8
     return data.decode(encoding)
   except UnicodeDecodeError as e:
     raise ValueError(f"{what} {path} is not {encoding} text (byte {e.start})") from None
+
+
+def sha256(path: str) -> str:
+  """The sha256 of a regular file's bytes (hex), read in 1 MiB blocks."""
+  check_regular(path, "the file")
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(MIB), b""):
+      digest.update(block)
+  return digest.hexdigest()
 
 
 def _size(n: int) -> str:

@@ -46,6 +46,7 @@ import jax
 import numpy as np
 
 from specjax import checkpoints
+from specjax import files
 from specjax.data import load_vocab
 from specjax.data import splits as data_lib
 from specjax.decode import DecodeConfig, autoregressive_decode
@@ -109,15 +110,6 @@ def _texts(task: str, examples: Sequence, heads: List[List[int]], tokens: np.nda
 
 
 MANIFEST = "manifest.json"
-
-
-def file_sha256(path: Path) -> str:
-  """The sha256 of a file's bytes, read in 1 MiB blocks."""
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def params_sha256(params: Any) -> str:
@@ -215,8 +207,8 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
       "task": task, "temperature": float(temperature), "seed": int(seed), "limit": limit,
       "chunk": int(chunk), "inputs_length": int(inputs_length),
       "max_new_tokens": int(max_new_tokens), "prompt_tokens": int(prompt_tokens),
-      "vocab_sha256": file_sha256(Path(VOCAB_MODEL)),
-      "sources_sha256": {p.name: file_sha256(p) for p in sorted(src_dir.glob(f"*.{ext}"))
+      "vocab_sha256": files.sha256(Path(VOCAB_MODEL)),
+      "sources_sha256": {p.name: files.sha256(p) for p in sorted(src_dir.glob(f"*.{ext}"))
                          if p.stem in data_lib.SPLITS}})
   key = jax.random.PRNGKey(seed)
   t_start, done = time.perf_counter(), 0
