@@ -98,3 +98,32 @@ def test_export_hf_model_gin_is_a_file_name_not_gin_text(tmp_path):
                           text=True, timeout=120)
   assert not (tmp_path / "IMPORTED").exists()
   assert result.returncode != 0 and "not found" in result.stderr, result.stderr[-1500:]
+
+
+def test_export_hf_out_is_checked_first_and_an_earlier_export_is_replaced_whole(tmp_path):
+  pytest.importorskip("torch")
+  import jax  # pylint: disable=import-outside-toplevel
+  from specjax import export_hf  # pylint: disable=import-outside-toplevel
+  from specjax.models.t5 import T5Config, T5Model  # pylint: disable=import-outside-toplevel
+  afile = tmp_path / "afile"
+  afile.write_text("mine")
+  with pytest.raises(ValueError, match="--out .*afile is a file or a link, not a folder"):
+    export_hf.main(["--checkpoint", str(tmp_path / "none"), "--model_gin",
+                    "models/no_such.gin", "--out", str(afile)])  # before the model is read
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "todo.txt").write_text("mine")
+  with pytest.raises(ValueError, match="holds no HF model .* refusing to replace it"):
+    export_hf.check_out_dir(str(notes))
+  # An earlier export's stale files went on sitting beside the new ones.
+  config = T5Config(vocab_size=32, emb_dim=8, num_heads=1, num_encoder_layers=1,
+                    num_decoder_layers=1, head_dim=8, mlp_dim=8)
+  params = T5Model(config).init(jax.random.PRNGKey(0))
+  out = tmp_path / "hf"
+  export_hf.save_hf(config, params, str(out))
+  (out / "model-00001-of-00002.safetensors").write_text("stale")
+  export_hf.save_hf(config, params, str(out))
+  assert "model-00001-of-00002.safetensors" not in os.listdir(out)
+  assert {"config.json", "model.safetensors"} <= set(os.listdir(out))
+  assert afile.read_text() == "mine" and (notes / "todo.txt").read_text() == "mine"
+  assert sorted(os.listdir(tmp_path)) == ["afile", "hf", "notes"]  # no temporary folder left
