@@ -1,16 +1,24 @@
-"""Reading files that may be hostile: regular files only, never more than a stated size.
+"""Files that may be hostile, read safely; outputs written so they are never torn.
 
 A path may name a FIFO (opening it for reading waits forever), a device such as
 /dev/zero (endless), or a file far larger than the reader means to hold. `read_bytes`
 opens without blocking, checks that what it opened is a regular file, and refuses one
 larger than `limit` before reading it; the messages name the file and the limit.
+
+`write_atomic` writes each output under a temporary name in its own folder and renames
+it into place, so a destination is its old content or the whole new one (never torn by a
+full disk or a file size limit), and a symlink planted under its name is replaced, not
+followed. `check_destination` refuses such a name (a link, a folder) before the work that
+produces the output.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
-from typing import Optional
+import tempfile
+from typing import Mapping, Optional
 
 MIB = 2**20
 
@@ -77,6 +85,44 @@ def sha256(path: str) -> str:
     for block in iter(lambda: f.read(MIB), b""):
       digest.update(block)
   return digest.hexdigest()
+
+
+def check_destination(path: str, what: str) -> None:
+  """ValueError naming `path` if an output cannot replace it: a symlink or a folder."""
+  if os.path.islink(path):
+    raise ValueError(f"{what} {path} is a symlink; refusing to write through it (remove it)")
+  if os.path.isdir(path):
+    raise ValueError(f"{what} {path} is a folder, not a file to write")
+
+
+def write_atomic(outputs: Mapping[str, bytes]) -> None:
+  """Writes {path: bytes}: every file under a temporary name first, then each renamed into
+  place, so a failure leaves every destination as it was.
+
+  Raises:
+    OSError: naming the destination that could not be written (its temporary is removed).
+  """
+  done = {}
+  try:
+    for path, payload in outputs.items():
+      folder = os.path.dirname(os.path.abspath(path))
+      fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                 dir=folder)
+      done[path] = tmp
+      try:
+        with os.fdopen(fd, "wb") as f:
+          f.write(payload)
+          f.flush()
+          os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide an ordinary output
+      except OSError as e:
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from e
+    for path, tmp in done.items():
+      os.replace(tmp, path)
+  finally:
+    for tmp in done.values():
+      with contextlib.suppress(OSError):
+        os.unlink(tmp)  # a temporary not renamed into place
 
 
 def _size(n: int) -> str:

@@ -124,6 +124,20 @@ def _a_file(path: str) -> str:
   return path
 
 
+_UNBOUND_MACRO = re.compile(r"macro\(\) missing 1 required positional argument.*?"
+                            r"in scope '([^']*)'", re.S)
+
+
+def unbound_macro(error: BaseException) -> Optional[ValueError]:
+  """gin's TypeError for a `%NAME` that nothing binds, as one line naming NAME (else None)."""
+  match = _UNBOUND_MACRO.search(str(error))
+  if match is None:
+    return None
+  name = match.group(1)
+  return ValueError(f"gin macro %{name} is used but never bound: bind it (--gin.{name}=... or "
+                    f"'{name} = ...' in a gin file) or remove the reference")
+
+
 def query_macro(name: str, default=None):
   """The value of a gin macro, or `default` when it is unbound."""
   try:

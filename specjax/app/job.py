@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 import gin
 from rich.console import Console
 
-from specjax.app import records, report
+from specjax.app import display, records, report
 from specjax.app.measure import load, measure
 from specjax.app.plan import make_plan
 from specjax.app.scoring import sequence_scores
@@ -97,8 +97,9 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
             if write_scores else None)
   recs = report.example_records(plan, measured, scores)
   summary = report.summarize(plan, measured)
+  if output_dir:  # written before anything is shown: a display problem cannot lose them
+    records.write(output_dir, recs, summary)
   report.print_run(console, plan, measured, recs, summary, plain)
   if output_dir:
-    records.write(output_dir, recs, summary)
-    console.print(f"wrote {output_dir}/results.jsonl and summary.json")
+    console.print(display.text(f"wrote {output_dir}/results.jsonl and summary.json"))
   return summary

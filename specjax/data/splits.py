@@ -1,11 +1,11 @@
 """The bundled tasks' split files: names, format, reading and writing."""
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
+
+from specjax import files
 
 TASK_FILES = {
     "lm_ddtp_en": "txt",
@@ -31,30 +31,16 @@ def write_split(path: Path, examples: Sequence[Example]) -> None:
     if "\t" in src or "\n" in src or (tgt is not None and ("\t" in tgt or "\n" in tgt)):
       raise ValueError(f"example text must be cleaned (tab/newline): {src[:60]!r}")
     lines.append(src + "\n" if tgt is None else f"{src}\t{tgt}\n")
-  _replace(Path(path), "".join(lines).encode("utf-8"))
+  Path(path).parent.mkdir(parents=True, exist_ok=True)
+  files.write_atomic({str(path): "".join(lines).encode("utf-8")})
 
 
 def copy_split(src: Path, dst: Path) -> None:
   """Copies a split file to `dst` the way `write_split` writes (temporary name, rename)."""
   if Path(dst).exists() and os.path.samefile(src, dst):
     raise ValueError(f"cannot copy {src} onto itself")
-  _replace(Path(dst), Path(src).read_bytes())
-
-
-def _replace(path: Path, payload: bytes) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(payload)
-      f.flush()
-      os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.unlink(tmp)
-    raise
+  Path(dst).parent.mkdir(parents=True, exist_ok=True)
+  files.write_atomic({str(dst): Path(src).read_bytes()})
 
 
 def read_split(path: Path) -> List[Example]:

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from specjax import gin_config
+from specjax.app import gin_config
 from specjax.models import read_model_gin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,7 +34,7 @@ def test_dev_zero_as_a_model_gin_or_an_include_is_refused(tmp_path, model_file, 
   # Both were read until memory ran out.
   (tmp_path / "model.gin").write_text(LM + "include '/dev/zero'\n")
   code = f"""
-      from specjax import gin_config
+      from specjax.app import gin_config
       try:
         gin_config.parse([], ["TARGET_MODEL = {model_file!r}"])
       except ValueError as e:
@@ -92,7 +92,7 @@ def test_export_hf_model_gin_is_a_file_name_not_gin_text(tmp_path):
   (tmp_path / "planted.py").write_text("open('IMPORTED', 'w').close()\n")
   crafted = "models/t5_1_1_small.gin'\nimport planted\nX = '"
   env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
-  result = subprocess.run([sys.executable, "-m", "specjax.export_hf", "--checkpoint",
+  result = subprocess.run([sys.executable, "-m", "specjax.app.export_hf", "--checkpoint",
                            str(tmp_path / "none"), "--model_gin", crafted, "--out",
                            str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -103,7 +103,7 @@ def test_export_hf_model_gin_is_a_file_name_not_gin_text(tmp_path):
 def test_export_hf_out_is_checked_first_and_an_earlier_export_is_replaced_whole(tmp_path):
   pytest.importorskip("torch")
   import jax  # pylint: disable=import-outside-toplevel
-  from specjax import export_hf  # pylint: disable=import-outside-toplevel
+  from specjax.app import export_hf  # pylint: disable=import-outside-toplevel
   from specjax.models.t5 import T5Config, T5Model  # pylint: disable=import-outside-toplevel
   afile = tmp_path / "afile"
   afile.write_text("mine")
