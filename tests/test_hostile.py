@@ -23,7 +23,7 @@ def _clear_gin():
 def no_weights(monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("weights were loaded or initialized before the check")
-  monkeypatch.setattr(main, "load_params", fail)
+  monkeypatch.setattr("specjax.app.measure.load_params", fail)
 
 
 def _run(tmp_path, *args, gin_file=TINY, prompt=("--prompt", "x")):

@@ -152,7 +152,7 @@ def test_unwritable_output_dir_is_found_before_decoding(monkeypatch, tmp_path):
 def test_a_cache_beyond_memory_is_refused_before_loading_weights(monkeypatch, tmp_path):
   def fail(*args, **kwargs):
     raise AssertionError("weights were loaded before the cache size was checked")
-  monkeypatch.setattr(main, "load_params", fail, raising=False)
+  monkeypatch.setattr("specjax.app.measure.load_params", fail)
   monkeypatch.setattr(main, "load_model", fail)
   with pytest.raises(ValueError, match=r"KV caches would take [\d.]+ GiB .* above the limit"):
     run([f"--gin_file={TINY}", "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}'",
@@ -265,8 +265,8 @@ def test_model_gin_imports_run_no_code(tmp_path, monkeypatch):
   (tmp_path / "evil_gin_payload.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
   monkeypatch.syspath_prepend(str(tmp_path))
   path = _model_dir(tmp_path, "import evil_gin_payload\n" + TINY_LM)
-  with pytest.raises(ValueError, match="model.gin:1: 'import evil_gin_payload' is not "
-                     "allowed in a model gin file.*restricted parser"):
+  with pytest.raises(ValueError, match="model.gin:1: this line is not allowed in a model gin "
+                     "file.*restricted parser"):
     gin_config.parse([], [f"TARGET_MODEL='{path}'"])
   assert not marker.exists()
 
@@ -342,5 +342,5 @@ def test_read_model_gin_of_a_folder_uses_the_restricted_parser(tmp_path):
   config = read_model_gin(str(path.parent))
   assert (config.emb_dim, config.num_heads) == (16, 4)
   path.write_text(TINY_LM + "import os\n")
-  with pytest.raises(ValueError, match="model.gin:8: 'import os' is not allowed"):
+  with pytest.raises(ValueError, match="model.gin:8: this line is not allowed"):
     read_model_gin(str(path.parent))

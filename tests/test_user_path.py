@@ -289,7 +289,8 @@ def test_decoder_only_task_with_specjax_vocab_and_extra_ids(world, tmp_path, mon
 ])
 def test_user_errors_are_one_line_with_status_2(world, capsys, monkeypatch, name, args, message):
   monkeypatch.syspath_prepend(str(world["dir"]))
-  monkeypatch.setattr(main, "load_params", lambda *a, **k: pytest.fail("weights were loaded"))
+  monkeypatch.setattr("specjax.app.measure.load_params",
+                      lambda *a, **k: pytest.fail("weights were loaded"))
   argv = [f"--gin_file={world['dir'] / (name + '.gin')}", "--prompt", "x",
           f"--gin.MIXTURE_OR_TASK_MODULE='{TASK_MODULE}'", *args]
   assert main.cli(argv) == 2

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from specjax import distributed
+from specjax.app import display
 from specjax.app.gin_config import GIN_DIR
 
 USAGE_ERRORS = (ValueError, OSError, NameError, ImportError)
@@ -22,10 +23,11 @@ _GIN_CONTEXT = re.compile(r"^\s*In call to configurable ")
 
 
 def one_line(error: BaseException) -> str:
-  """The error's message on one line, without gin's 'In call to configurable' notes."""
+  """The error's message on one line, without gin's 'In call to configurable' notes, its
+  control characters shown as escapes (a message may quote user text)."""
   lines = [l.strip() for l in str(error).splitlines()
            if l.strip() and not _GIN_CONTEXT.match(l)]
-  return " ".join(lines) or type(error).__name__
+  return display.printable(" ".join(lines) or type(error).__name__)
 
 
 def _first_comment(path: Path) -> str:

@@ -32,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Dict, Mapping
 
 import numpy as np
@@ -130,21 +132,55 @@ def to_hf(config: T5Config, params: Mapping[str, Any]):
   return hf.eval()
 
 
+def check_out_dir(out_dir: str) -> str:
+  """`out_dir` as a path that `save_hf` may fill or replace; ValueError naming it if it is a
+  file, or a folder that holds something other than an HF model (no config.json)."""
+  out_dir = os.path.abspath(os.fspath(out_dir))
+  if os.path.islink(out_dir) or (os.path.lexists(out_dir) and not os.path.isdir(out_dir)):
+    raise ValueError(f"--out {out_dir} is a file or a link, not a folder to export into")
+  if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(
+      os.path.join(out_dir, "config.json")):
+    raise ValueError(f"--out {out_dir} is a folder that holds no HF model (no config.json); "
+                     "refusing to replace it: give a new or an earlier export's folder")
+  return out_dir
+
+
 def save_hf(config: T5Config, params: Mapping[str, Any], out_dir: str) -> str:
   """Writes an HF model folder (`config.json`, `model.safetensors`); returns out_dir.
 
   `config.json` keeps `tie_word_embeddings` as the T5X model has it, so
   `T5ForConditionalGeneration.from_pretrained(out_dir)` rebuilds the same function.
+  The folder is written under a temporary sibling name and renamed into place, so an
+  earlier export there is replaced whole (none of its files stay) or, on failure, kept.
   """
+  out_dir = check_out_dir(out_dir)
   hf = to_hf(config, params)
-  hf.save_pretrained(out_dir)
-  path = os.path.join(out_dir, "config.json")
-  with open(path, encoding="utf-8") as f:
-    data = json.load(f)
-  data["tie_word_embeddings"] = bool(config.logits_via_embedding)
-  data.pop("scale_decoder_outputs", None)
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(data, f, indent=2)
+  parent = os.path.dirname(out_dir)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+  old = None
+  try:
+    hf.save_pretrained(tmp)
+    path = os.path.join(tmp, "config.json")
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+    data["tie_word_embeddings"] = bool(config.logits_via_embedding)
+    data.pop("scale_decoder_outputs", None)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(data, f, indent=2)
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; an export folder is an ordinary one
+    if os.path.isdir(check_out_dir(out_dir)):
+      old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
+      os.rename(out_dir, os.path.join(old, "previous"))
+    os.rename(tmp, out_dir)
+  except BaseException:
+    if old is not None and not os.path.lexists(out_dir):
+      os.rename(os.path.join(old, "previous"), out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  finally:
+    if old is not None:
+      shutil.rmtree(old, ignore_errors=True)
   return out_dir
 
 
@@ -157,11 +193,14 @@ def main(argv=None) -> None:
   parser.add_argument("--out", required=True, help="output folder")
   args = parser.parse_args(argv)
   from specjax.app import gin_config  # pylint: disable=import-outside-toplevel
-  from specjax.app.loading import load_model  # pylint: disable=import-outside-toplevel
-  gin_config.parse([], [f"TARGET_MODEL = '{args.model_gin}'"])
-  model, params = load_model(args.checkpoint, "target", 0)
-  if not isinstance(model, T5Model):
+  from specjax.app.loading import load_params  # pylint: disable=import-outside-toplevel
+  check_out_dir(args.out)  # before any weights are read
+  # Read with the restricted model-gin parser: the argument is a file name, never gin text.
+  config = gin_config.model_config_from_file(args.model_gin)
+  if not isinstance(config, T5Config):
     raise ValueError(f"{args.model_gin} is not a T5 model: only T5 exports to HF T5")
+  model = T5Model(config)
+  params = load_params(model, args.checkpoint, 0)
   save_hf(model.config, params, args.out)
   print(f"wrote {args.out} ({len(list(flatten(params)))} T5X arrays)")
 

@@ -125,6 +125,20 @@ def _a_file(path: str) -> str:
   return path
 
 
+_UNBOUND_MACRO = re.compile(r"macro\(\) missing 1 required positional argument.*?"
+                            r"in scope '([^']*)'", re.S)
+
+
+def unbound_macro(error: BaseException) -> Optional[ValueError]:
+  """gin's TypeError for a `%NAME` that nothing binds, as one line naming NAME (else None)."""
+  match = _UNBOUND_MACRO.search(str(error))
+  if match is None:
+    return None
+  name = match.group(1)
+  return ValueError(f"gin macro %{name} is used but never bound: bind it (--gin.{name}=... or "
+                    f"'{name} = ...' in a gin file) or remove the reference")
+
+
 def query_macro(name: str, default=None):
   """The value of a gin macro, or `default` when it is unbound."""
   try:
@@ -321,10 +335,11 @@ def read_model_file(path: str, paths: Sequence[str] = ()) -> Tuple[str, Dict[str
     FileNotFoundError: the file or an include is not found.
   """
   all_paths = list(paths) or search_paths()
-  return parse_model_file(path, lambda name, _including: resolve(name, all_paths))
+  return parse_model_file(path, lambda name, _including: resolve(name, all_paths), all_paths)
 
 
 def model_config_from_file(path: str, paths: Sequence[str] = ()) -> Any:
   """The T5Config / DecoderOnlyConfig a model gin file describes (`read_model_file`)."""
   all_paths = list(paths) or search_paths()
-  return config_from_model_file(path, lambda name, _including: resolve(name, all_paths))
+  return config_from_model_file(path, lambda name, _including: resolve(name, all_paths),
+                                all_paths)

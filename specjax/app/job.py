@@ -14,7 +14,7 @@ import gin
 from rich.console import Console
 
 from specjax import distributed
-from specjax.app import records, report
+from specjax.app import display, records, report
 from specjax.app.measure import load, measure
 from specjax.app.plan import make_plan
 from specjax.app.scoring import sequence_scores
@@ -79,9 +79,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
     on_batch: a progress hook, on_batch(examples_done, examples_total) after every
       batch_size examples of the first speculative decode; Ctrl-C between two stops the job.
   Every setting, the vocabulary, the output folder and the caches' size are checked before
-  any weights load.
-  Returns:
-    The summary dict.
+  any weights load. Returns the summary dict.
   """
   console = console or Console()
   if not distributed.is_writer():  # many processes: process 0 alone prints and writes
@@ -99,8 +97,9 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
             if write_scores else None)
   recs = report.example_records(plan, measured, scores)
   summary = report.summarize(plan, measured)
+  if output_dir:  # written before anything is shown: a display problem cannot lose them
+    records.write(output_dir, recs, summary)
   report.print_run(console, plan, measured, recs, summary, plain)
   if output_dir:
-    records.write(output_dir, recs, summary)
-    console.print(f"wrote {output_dir}/results.jsonl and summary.json")
+    console.print(display.text(f"wrote {output_dir}/results.jsonl and summary.json"))
   return summary

@@ -51,7 +51,8 @@ def read_inputs(args, feature_lengths: Optional[Mapping[str, int]] = None
   language-modelling documents are cut to their first `--prompt_words` words.
   Returns (inputs, the task's vocabulary or None).
   """
-  found = [inputs_lib.DecodeInput(p) for p in (args.prompt or [])]
+  found = [inputs_lib.DecodeInput(check_utf8(p, f"--prompt {i + 1}"))
+           for i, p in enumerate(args.prompt or [])]
   if args.input_file:
     found += [inputs_lib.DecodeInput(t) for t in inputs_lib.read_input_file(args.input_file)]
   task_vocabulary = None
@@ -61,6 +62,17 @@ def read_inputs(args, feature_lengths: Optional[Mapping[str, int]] = None
         feature_lengths)
     found += task_found
   return found, task_vocabulary
+
+
+def check_utf8(text: str, what: str) -> str:
+  """`text` if it is valid Unicode; ValueError naming the first byte that was not UTF-8
+  (Python keeps such argv bytes as lone surrogates, which the tokenizer cannot take)."""
+  for pos, ch in enumerate(text):
+    if 0xD800 <= ord(ch) <= 0xDFFF:
+      byte = f"0x{ord(ch) - 0xDC00:02x}" if ord(ch) >= 0xDC80 else "a lone surrogate"
+      raise ValueError(f"{what} is not UTF-8: character {pos} is the byte {byte} (is the "
+                       "terminal's encoding Latin-1? pass UTF-8 text)")
+  return text
 
 
 def read_texts(args) -> List[str]:
@@ -91,8 +103,14 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   if not examples:
     raise ValueError("no inputs: give --prompt, --input_file or --task (or bind "
                      "MIXTURE_OR_TASK_NAME)")
-  return gin.get_configurable(decode_job)(examples, plain=args.plain,
-                                          task_vocabulary=task_vocabulary)
+  try:
+    return gin.get_configurable(decode_job)(examples, plain=args.plain,
+                                            task_vocabulary=task_vocabulary)
+  except TypeError as e:
+    unbound = gin_config.unbound_macro(e)
+    if unbound is None:
+      raise
+    raise unbound from e
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

@@ -53,10 +53,10 @@ def load(plan: Plan) -> Loaded:
 
 def decoders(plan: Plan, loaded: Loaded, costs) -> Dict[str, Callable[..., DecodeResult]]:
   """{'ar': ..., 'spec': ...}: each decodes every input (keyword: on_progress) through
-  batch_size slots (in-flight batching), one key per example."""
+  min(batch_size, inputs) slots (in-flight batching), one key per example."""
   settings = plan.settings
   keys = jax.random.split(jax.random.PRNGKey(settings["seed"]), len(plan.examples))
-  stream = dict(rng=keys, partitioner=settings["partitioner"], slots=settings["batch_size"],
+  stream = dict(rng=keys, partitioner=settings["partitioner"], slots=settings["slots"],
                 prompt_lengths=plan.prompt_lengths, max_new_tokens=settings["max_new_tokens"])
   spec_config = dataclasses.replace(plan.config, trace=True)
   return {

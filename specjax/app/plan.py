@@ -6,7 +6,7 @@ import dataclasses
 import os
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from specjax.app import gin_config, prompts
+from specjax.app import gin_config, prompts, records
 from specjax.app.loading import check_checkpoints, check_models, job_vocabulary
 from specjax.checks import check_count, check_int
 from specjax.data import inputs as inputs_lib
@@ -60,7 +60,8 @@ def check_settings(*, drafter: str, gamma: Any, max_gamma: Any, max_new_tokens: 
 
 
 def prepare_output_dir(output_dir: Optional[str]) -> None:
-  """Creates `output_dir` and checks a file can be written there (before any decoding)."""
+  """Creates `output_dir` and checks a file can be written there and that its output files
+  can be replaced (not symlinks or folders), before any decoding."""
   if not output_dir:
     return
   if not isinstance(output_dir, (str, os.PathLike)):
@@ -73,6 +74,7 @@ def prepare_output_dir(output_dir: Optional[str]) -> None:
     os.remove(probe)
   except OSError as e:
     raise ValueError(f"output_dir '{output_dir}' is not writable: {e}") from e
+  records.check_destinations(output_dir)
 
 
 def cost_table_file(path: Optional[str], gamma_policy: str) -> Optional[CostTable]:
@@ -145,13 +147,15 @@ def make_plan(texts: Sequence[Any], *, target_checkpoint: Optional[str],
   inputs, prompt_lengths = prompts.frame(target, rows, max_len=max_input_len,
                                          eos_id=vocab.eos_id, round_to=16)
   prefix_lengths(target, check_inputs(target, inputs), prompt_lengths)  # empty prompts, ids
-  bos = int(prompts.convention(target) == "t5x")
   if verifier is None:
     verifier = default_verifier(sampling, lenience)
+  # Sized by the work, not the settings' upper bounds: a slot per input at most, and a
+  # cache as long as the longest framed input (<= max_input_len + BOS) and the budget.
+  slots = min(batch_size, len(examples))
   config = DecodeConfig(sampling=sampling, eos_id=vocab.eos_id, lenience=lenience,
                         verifier=verifier, gamma_policy=gamma_policy,
-                        cache_len=max_input_len + bos + max_new_tokens + max_gamma + 1)
-  cache_size = check_cache_size([target, *drafter_models(the_drafter)], batch_size,
+                        cache_len=inputs.shape[1] + max_new_tokens + max_gamma + 1)
+  cache_size = check_cache_size([target, *drafter_models(the_drafter)], slots,
                                 config.cache_len, partitioner)
   check_checkpoints(checkpoints)
   check_memory(list(models.values()), cache_size, partitioner)
@@ -160,6 +164,7 @@ def make_plan(texts: Sequence[Any], *, target_checkpoint: Optional[str],
               checkpoints=checkpoints, costs=costs,
               settings=dict(settings, drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens,
                             sampling=sampling, lenience=lenience, batch_size=batch_size,
+                            slots=slots,
                             seed=seed, verifier=verifier, gamma_policy=gamma_policy,
                             cost_table=cost_table, output_dir=output_dir,
                             partitioner=partitioner, timing_repeats=timing_repeats,

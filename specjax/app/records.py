@@ -18,6 +18,8 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
+from specjax import files
+
 
 def record(inp: Any, input_tokens: Sequence[int], ar_ids: Sequence[int],
            spec_ids: Sequence[int], vocab: Any, *, target_calls: int, alpha: float,
@@ -46,11 +48,24 @@ def record(inp: Any, input_tokens: Sequence[int], ar_ids: Sequence[int],
   return out
 
 
+OUTPUT_FILES = ("results.jsonl", "summary.json")
+"""What `write` puts in the output folder."""
+
+
+def check_destinations(output_dir: str) -> None:
+  """ValueError naming an output file that `write` could not replace (a symlink, a
+  folder); run before anything is decoded."""
+  for name in OUTPUT_FILES:
+    files.check_destination(os.path.join(output_dir, name), "the output file")
+
+
 def write(output_dir: str, records: List[Dict[str, Any]], summary: Dict[str, Any]) -> None:
-  """`output_dir/results.jsonl` (one record a line) and `summary.json`."""
+  """`output_dir/results.jsonl` (one record a line) and `summary.json`, together: both are
+  written under temporary names first and then renamed into place, so a failure (a full
+  disk, a file size limit) leaves the previous pair as it was; the error names the file."""
   os.makedirs(output_dir, exist_ok=True)
-  with open(os.path.join(output_dir, "results.jsonl"), "w", encoding="utf-8") as f:
-    for rec in records:
-      f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-  with open(os.path.join(output_dir, "summary.json"), "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=1)
+  check_destinations(output_dir)
+  results = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
+  files.write_atomic({os.path.join(output_dir, OUTPUT_FILES[0]): results.encode("utf-8"),
+                      os.path.join(output_dir, OUTPUT_FILES[1]):
+                          json.dumps(summary, indent=1).encode("utf-8")})

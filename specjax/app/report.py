@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specjax.app import records
+from specjax.app import display, records
 from specjax.decode import DecodeResult
 from specjax.verify import describe
 
@@ -72,7 +72,8 @@ def summary_table(summary: Dict, title: str = "specjax summary") -> Table:
   table.add_column("metric")
   table.add_column("value", justify="right")
   for key, value in summary.items():
-    table.add_row(str(key), f"{value:.3g}" if isinstance(value, float) else str(value))
+    table.add_row(display.text(key),
+                  display.text(f"{value:.3g}" if isinstance(value, float) else value))
   return table
 
 
@@ -206,13 +207,13 @@ def example_records(plan, measured, scores=None) -> List[Dict]:
 def print_run(console: Console, plan, measured, recs: Sequence[Dict], summary: Dict,
               plain: bool) -> None:
   """The outputs, the first example's Figure-1 trace and the summary table."""
-  for rec in recs:
-    console.print(f"[bold]>[/bold] {rec['input']}", markup=True, highlight=False)
-    console.print(f"  {rec['speculative']}", markup=False, highlight=False)
+  for rec in recs:  # user and model text shown as data: no markup, no control bytes
+    console.print(Text.assemble(("> ", "bold"), display.text(rec["input"])), highlight=False)
+    console.print(display.text(f"  {rec['speculative']}"), highlight=False)
   console.print("\nFigure-1 trace of the first example (green accepted, red rejected, "
                 "blue correction; one line per target call):")
   vocab = plan.vocab
-  piece = lambda t: vocab.decode([t]) if t != vocab.eos_id else "</s>"
+  piece = lambda t: display.printable(vocab.decode([t])) if t != vocab.eos_id else "</s>"
   rounds = trace_rounds(measured.spec, 0)
   print_trace(console, rounds, lambda t: piece(t) + " ", plain)
   wide = sum(1 for r in rounds if r["gamma"] > 0)

@@ -21,6 +21,14 @@ can tell a dead writer's leftovers from a live one's.
 - Folders that go away (replaced or pruned checkpoints) are first renamed to
   `checkpoint_N.del-TOKEN`, then deleted, so a half-deleted folder never keeps
   a checkpoint's name.
+- Readers and writers of one folder take turns through `flock`s on the folder itself:
+  a reader holds a shared lock on the checkpoint folder it reads from (`reading`)
+  and checks, once it holds it, that the name still names that folder; every
+  rename or deletion of a checkpoint folder (`commit` overwriting, `discard`,
+  `recover`) holds an exclusive lock on it. A reader therefore reads one save
+  from start to end and never a mix of two; a save that replaces the folder a
+  reader is reading waits for that reader. Where the file system has no
+  `flock` the renames still happen, unlocked.
 - `recover` (run by every save) removes the `.tmp-`/`.old-`/`.del-` folders of
   writers that are gone: same host and the PID no longer runs (or it is this
   process and the folder is no longer in use), or (another host, or a name
@@ -28,19 +36,24 @@ can tell a dead writer's leftovers from a live one's.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import re
 import shutil
 import socket
 import time
 import uuid
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 STALE_SECONDS = 24 * 3600
 """Leftovers of writers whose liveness cannot be checked are removed after this."""
-LEFTOVER = re.compile(r"checkpoint_(\d+)\.(tmp|old|del)-(.+)")
+LEFTOVER = re.compile(r"checkpoint_(\d+)\.(tmp|old|del)-([0-9a-f]{32}(?:-\d+-[A-Za-z0-9._]+)?)")
+"""A writer's own leftover: its token is a UUID (older writers) or UUID-PID-HOST; a user's
+folder such as `checkpoint_5.old-backup` never matches, so it is never read, moved or
+deleted."""
 _TOKEN = re.compile(r"[0-9a-f]{32}-(\d+)-([A-Za-z0-9._]+)")
 _STEP_DIR = re.compile(r"checkpoint_(\d+)")
 _HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"
@@ -113,8 +126,68 @@ def rename_noreplace(src: str, dst: str) -> None:
     raise
 
 
+def _same(path: str, fd: int) -> bool:
+  """Whether `path` (followed) is the open file `fd` and still linked."""
+  try:
+    st = os.stat(path)
+  except OSError:
+    return False
+  held = os.fstat(fd)
+  return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino) and held.st_nlink > 0
+
+
+def _flock(fd: int, mode: int) -> None:
+  try:
+    fcntl.flock(fd, mode)
+  except OSError as e:  # no flock on this file system: go on unlocked
+    if e.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK, errno.EINVAL,
+                       errno.EBADF):
+      raise
+
+
+@contextlib.contextmanager
+def held(path: str, shared: bool) -> Iterator[bool]:
+  """Holds a shared (reader) or exclusive (writer) lock on the folder `path`.
+
+  Yields whether `path` still names the locked folder once the lock is held
+  (False: it was renamed or removed meanwhile, or it does not exist). When it
+  exists but cannot be opened (no permission), nothing is locked and True is
+  yielded: the caller's own access then fails with its own error. Opened with
+  O_NONBLOCK, so a FIFO under the name cannot make it wait.
+  """
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+  except (FileNotFoundError, NotADirectoryError):
+    yield False
+    return
+  except OSError:
+    yield True
+    return
+  try:
+    _flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+    yield _same(path, fd)
+  finally:
+    os.close(fd)  # releases the lock
+
+
+def reading(folder: str) -> "contextlib.AbstractContextManager[bool]":
+  """A reader's hold on a checkpoint folder: while held (and True), no save renames or
+  deletes it; False when the name moved before the lock was taken (resolve it again)."""
+  return held(folder, shared=True)
+
+
+def _rename_held(src: str, dst: str) -> bool:
+  """Renames the folder `src` to `dst` once no reader reads it; False if `src` moved."""
+  with held(src, shared=False) as same:
+    if not same:
+      return False
+    os.rename(src, dst)
+    return True
+
+
 def discard(path: str) -> None:
-  """Removes a folder: renamed to `.del-` first, so it loses its name in one step."""
+  """Removes a folder: renamed to `.del-` first (once no reader holds it), so it loses its
+  name in one step."""
   match = LEFTOVER.fullmatch(os.path.basename(path)) or _STEP_DIR.fullmatch(
       os.path.basename(path))
   target = path
@@ -122,10 +195,15 @@ def discard(path: str) -> None:
     base = os.path.join(os.path.dirname(path), f"checkpoint_{match.group(1)}")
     target = new_name(base, "del")
     try:
-      os.rename(path, target)
+      moved = _rename_held(path, target)
     except FileNotFoundError:
-      release(target)
-      return
+      moved = False
+    if not moved:
+      if os.path.lexists(path) and not os.path.isdir(path):
+        os.rename(path, target)  # a stray file or dangling link under the name
+      else:
+        release(target)
+        return
   try:
     shutil.rmtree(target, ignore_errors=True)
   finally:
@@ -147,28 +225,36 @@ def commit(tmp: str, final: str, overwrite: bool) -> None:
   for _ in range(100):
     old = None
     try:
-      if os.path.lexists(final):
-        old = new_name(final, "old")
-        try:
-          os.rename(final, old)
-        except FileNotFoundError:  # another overwriting writer moved it first
-          old = None
-      try:
-        rename_noreplace(tmp, final)
-      except FileExistsError:  # another writer committed meanwhile: replace it in turn
-        if old is not None:
-          discard(old)
-        continue
-      except BaseException:  # interrupted or failed: put the previous one back
-        if old is not None and not os.path.lexists(final):
+      # Both renames under the old folder's exclusive lock: a reader of it finishes first,
+      # and no reader finds the step between the two.
+      with held(final, shared=False) as same:
+        if os.path.lexists(final):
+          if not same and os.path.isdir(final):
+            continue  # another overwriting writer replaced it meanwhile: lock the new one
+          old = new_name(final, "old")
           try:
-            rename_noreplace(old, final)
-          except OSError:
-            pass  # readers still find it as `.old-`; the next save restores it
-        raise
-      fsync_dir(parent)
+            os.rename(final, old)
+          except FileNotFoundError:  # another overwriting writer moved it first
+            release(old)
+            old = None
+        try:
+          rename_noreplace(tmp, final)
+        except FileExistsError:  # another writer committed meanwhile: replace it in turn
+          committed = False
+        except BaseException:  # interrupted or failed: put the previous one back
+          if old is not None and not os.path.lexists(final):
+            try:
+              rename_noreplace(old, final)
+            except OSError:
+              pass  # readers still find it as `.old-`; the next save restores it
+          raise
+        else:
+          committed = True
       if old is not None:
         discard(old)
+      if not committed:
+        continue
+      fsync_dir(parent)
       return
     finally:
       if old is not None:
@@ -239,11 +325,14 @@ def recover(model_dir: str, holds_checkpoint: Callable[[str], bool]) -> List[str
     for path in paths:
       if os.path.lexists(final) or not is_stale(path) or not holds_checkpoint(path):
         continue
-      try:
-        rename_noreplace(path, final)
-        changed.append(f"restored {path} -> {final}")
-      except FileExistsError:
-        pass
+      with held(path, shared=False) as same:  # a reader may be reading it as the step
+        if not same:
+          continue
+        try:
+          rename_noreplace(path, final)
+          changed.append(f"restored {path} -> {final}")
+        except FileExistsError:
+          pass
   for entry in sorted(os.listdir(model_dir)):
     path = os.path.join(model_dir, entry)
     if LEFTOVER.fullmatch(entry) and os.path.lexists(path) and is_stale(path):

@@ -11,7 +11,13 @@
   zarr v2 folders are also checked up front. Metadata is checked before any
   chunk is touched (shape against the declared / expected one, at most
   MAX_CHUNKS chunks), so a hostile .zarray costs nothing.
-- Symlinks: every file read must resolve inside the checkpoint folder.
+- Sizes: an array's declared shape x dtype, and its chunk's, must fit
+  `max_array_bytes()` (SPECJAX_MAX_ARRAY_BYTES), and each zarr v2 chunk file
+  must be large enough to hold its chunk under its compressor (gzip/zlib at most
+  1032:1, none 1:1), all before tensorstore allocates anything.
+- Symlinks and special files: every file read must resolve inside the
+  checkpoint folder and be a regular file (a FIFO would block, a device never end).
+- Trees: nested at most MAX_DEPTH levels.
 
 Public API lives in `specjax.checkpoints`; nothing here is meant for users.
 """
@@ -30,6 +36,7 @@ import msgpack
 import numpy as np
 import tensorstore as ts
 
+from specjax import files
 from specjax.checks import is_int
 from specjax.params import check_params_match, unflatten
 
@@ -77,14 +84,42 @@ def count_non_finite(arr: Any) -> int:
   return int(arr.size - np.count_nonzero(np.isfinite(arr)))
 
 
+def _named_counts(counts: Mapping[str, int], sizes: Mapping[str, int]) -> Tuple[int, str]:
+  """(how many parameters have a count, "'a' (3 of 10), ... and N more")."""
+  bad = sorted(name for name, n in counts.items() if n)
+  shown = ", ".join(f"'{n}' ({counts[n]} of {sizes[n]})" for n in bad[:8])
+  return len(bad), shown + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+
+
 def warn_non_finite(where: str, counts: Mapping[str, int], sizes: Mapping[str, int]) -> None:
   """Logs one warning naming the parameters that hold NaN or inf ({name: count})."""
-  bad = sorted(name for name, n in counts.items() if n)
-  if bad:
-    shown = ", ".join(f"'{n}' ({counts[n]} of {sizes[n]})" for n in bad[:8])
-    more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
-    logging.warning("%s: %d parameter(s) hold NaN or inf values: %s%s; the model's outputs "
-                    "will be NaN wherever they are read", where, len(bad), shown, more)
+  n, shown = _named_counts(counts, sizes)
+  if n:
+    logging.warning("%s: %d parameter(s) hold NaN or inf values: %s; the model's outputs "
+                    "will be NaN wherever they are read", where, n, shown)
+
+
+def cast_float(arr: Any, cast: Optional[np.dtype]) -> Tuple[np.ndarray, int]:
+  """(`arr` cast to `cast` if both are floating-point, else as is; how many of its finite
+  values the cast turned into ±inf because they lie outside `cast`'s range)."""
+  arr = np.asarray(arr)
+  if cast is None or not is_floating(arr.dtype):
+    return arr, 0
+  with np.errstate(over="ignore"):  # counted and warned about below, by name
+    out = arr.astype(cast)
+  if ml_dtypes.finfo(cast).max >= ml_dtypes.finfo(arr.dtype).max:
+    return out, 0  # a cast that cannot overflow is not scanned
+  return out, int(np.count_nonzero(np.isfinite(arr) & ~np.isfinite(out)))
+
+
+def warn_overflow(where: str, cast: Optional[np.dtype], counts: Mapping[str, int],
+                  sizes: Mapping[str, int]) -> None:
+  """Logs one warning naming the parameters whose finite values a cast made ±inf."""
+  n, shown = _named_counts(counts, sizes)
+  if n:
+    logging.warning("%s: casting to %s turned finite values into inf in %d parameter(s): %s; "
+                    "they exceed %s's largest value %g", where, np.dtype(cast).name, n, shown,
+                    np.dtype(cast).name, float(ml_dtypes.finfo(cast).max))
 
 
 # ----------------------------------------------------------------------------
@@ -133,10 +168,22 @@ def _ext_hook(code: int, data: bytes) -> Any:
                    "numpy array, numpy scalar and complex encodings are allowed)")
 
 
-def _unchunk(node: Any) -> Any:
+MAX_DEPTH = 64
+"""Deepest tree of dicts a checkpoint may hold (T5X trees are under 10 deep)."""
+
+
+def check_depth(depth: int, where: str) -> None:
+  """ValueError once a tree walk goes past MAX_DEPTH levels."""
+  if depth > MAX_DEPTH:
+    raise ValueError(f"{where}: the parameter tree is nested more than {MAX_DEPTH} levels "
+                     "deep")
+
+
+def _unchunk(node: Any, depth: int = 0) -> Any:
   """Reassembles flax's `__msgpack_chunked_array__` leaves (arrays over 1 GiB)."""
   if not isinstance(node, dict):
     return node
+  check_depth(depth, "msgpack")
   if node.get("__msgpack_chunked_array__") is True:
     shape_d, chunks_d = node.get("shape"), node.get("chunks")
     if not isinstance(shape_d, dict) or not isinstance(chunks_d, dict):
@@ -151,7 +198,7 @@ def _unchunk(node: Any) -> Any:
     if flat.size != math.prod(shape):
       raise ValueError(f"chunked array has {flat.size} values for shape {shape}")
     return flat.reshape(shape)
-  return {k: _unchunk(v) for k, v in node.items()}
+  return {k: _unchunk(v, depth + 1) for k, v in node.items()}
 
 
 def _unpacker(data: bytes) -> msgpack.Unpacker:
@@ -170,6 +217,12 @@ def _expect_end(unpacker: msgpack.Unpacker) -> None:
   raise ValueError("extra data after the top-level object")
 
 
+def _reason(e: Exception) -> str:
+  if isinstance(e, msgpack.StackError):
+    return "nested too deep"
+  return str(e) or type(e).__name__
+
+
 def decode_all(data: bytes, where: str) -> Any:
   """Decodes a whole msgpack file (an Orbax aggregate file) safely."""
   try:
@@ -180,7 +233,7 @@ def decode_all(data: bytes, where: str) -> Any:
   except msgpack.OutOfData as e:
     raise ValueError(f"corrupt msgpack in {where}: the file is truncated") from e
   except (ValueError, TypeError, msgpack.UnpackException) as e:
-    raise ValueError(f"corrupt msgpack in {where}: {e}") from e
+    raise ValueError(f"corrupt msgpack in {where}: {_reason(e)}") from e
 
 
 def decode_t5x_target(data: bytes, where: str) -> Tuple[int, Any]:
@@ -217,7 +270,7 @@ def decode_t5x_target(data: bytes, where: str) -> Tuple[int, Any]:
   except msgpack.OutOfData as e:
     raise ValueError(f"corrupt msgpack in {where}: the file is truncated") from e
   except (ValueError, TypeError, msgpack.UnpackException) as e:
-    raise ValueError(f"corrupt msgpack in {where}: {e}") from e
+    raise ValueError(f"corrupt msgpack in {where}: {_reason(e)}") from e
   if not has_optimizer:
     raise ValueError(f"{where} is not a T5X checkpoint: its msgpack has no "
                      f"'optimizer' entry (top-level keys: {keys})")
@@ -249,6 +302,59 @@ def encode(tree: Any) -> bytes:
 
 # ----------------------------------------------------------------------------
 # Paths and zarr arrays
+
+MAX_ARRAY_BYTES_ENV = "SPECJAX_MAX_ARRAY_BYTES"
+DEFAULT_MAX_ARRAY_BYTES = 2**35
+"""32 GiB: the largest array (and chunk) a checkpoint may declare unless
+SPECJAX_MAX_ARRAY_BYTES says otherwise (mT5-XXL's largest is 4 GiB)."""
+DEFLATE_MAX_RATIO = 1032
+"""Deflate (gzip, zlib) cannot shrink data more than 1032:1 (258 bytes per 2 bits)."""
+_MAX_RATIO = {None: 1, "gzip": DEFLATE_MAX_RATIO, "zlib": DEFLATE_MAX_RATIO}
+METADATA_BYTES = 256 * files.MIB
+"""Largest JSON metadata file read (.zarray, Orbax _METADATA)."""
+
+
+def max_array_bytes() -> int:
+  """The byte ceiling on one declared array: $SPECJAX_MAX_ARRAY_BYTES, else 32 GiB."""
+  raw = os.environ.get(MAX_ARRAY_BYTES_ENV, "").strip()
+  if not raw:
+    return DEFAULT_MAX_ARRAY_BYTES
+  try:
+    value = int(raw)
+  except ValueError:
+    value = 0
+  if value <= 0:
+    raise ValueError(f"{MAX_ARRAY_BYTES_ENV}={raw!r} must be a positive number of bytes")
+  return value
+
+
+def check_bytes(shape: Sequence[int], chunks: Optional[Sequence[int]], dtype: Any, name: str,
+                where: str) -> None:
+  """A declared array and chunk against `max_array_bytes()`, before anything is allocated.
+
+  Args:
+    shape: the declared shape; chunks: its chunk shape (None: unknown).
+    dtype: its dtype (None or unknown: counted as 1 byte per value).
+  """
+  itemsize = _itemsize(dtype)
+  limit = max_array_bytes()
+  for what, dims in (("the array", shape), ("one chunk of the array", chunks)):
+    if dims is None:
+      continue
+    size = math.prod(int(d) for d in dims) * itemsize
+    if size > limit:
+      raise ValueError(f"{where}: {what} of parameter '{name}' declares {size} bytes (shape "
+                       f"{tuple(dims)}, {itemsize} bytes per value), more than the {limit} "
+                       f"allowed; refusing to allocate it (raise {MAX_ARRAY_BYTES_ENV} if "
+                       "the checkpoint is trusted)")
+
+
+def _itemsize(dtype: Any) -> int:
+  try:
+    return np.dtype(dtype).itemsize if dtype is not None else 1
+  except TypeError:
+    return 1
+
 
 MAX_CHUNKS = 2**20
 """Most chunks one array may declare (a T5X array of 64 MiB chunks would need
@@ -292,11 +398,12 @@ def scan_files(root: str, folder: str, what: str, where: str) -> set:
   """Relative paths ('a/b', '/'-separated) of the files under `folder`.
 
   Every symlink met on the way must resolve inside `root` (the checkpoint
-  folder), else ValueError naming it; symlinked folders are scanned once.
+  folder), and every file must be a regular one, else ValueError naming it;
+  symlinked folders are scanned once.
   """
   root_real = os.path.realpath(root)
   start = check_inside(root, folder, what, where)
-  files, seen, stack = set(), {start}, [(folder, "")]
+  found, seen, stack = set(), {start}, [(folder, "")]
   while stack:
     path, rel = stack.pop()
     try:
@@ -320,9 +427,12 @@ def scan_files(root: str, folder: str, what: str, where: str) -> set:
         if real not in seen:
           seen.add(real)
           stack.append((entry.path, sub))
-      else:
-        files.add(sub)
-  return files
+      elif entry.is_file(follow_symlinks=True):
+        found.add(sub)
+      elif os.path.lexists(entry.path):  # a FIFO would block its reader, a device never end
+        raise ValueError(f"{where}: {what} holds {entry.path}, which is not a regular file; "
+                         "refusing to read it")
+  return found
 
 
 @dataclasses.dataclass
@@ -396,13 +506,16 @@ def check_zarr_folder(root: str, folder: str, name: str, where: str,
                       spec_meta: Mapping[str, Any],
                       shape: Optional[Sequence[int]] = None,
                       shape_source: str = "the checkpoint declares",
-                      require_all_chunks: bool = True) -> Optional[Dict[str, Any]]:
+                      require_all_chunks: bool = True,
+                      dtype: Optional[np.dtype] = None) -> Optional[Dict[str, Any]]:
   """Checks a zarr v2 array folder and returns its .zarray (None when absent).
 
   In this order, so a hostile .zarray costs nothing before it is refused: the
   folder resolves inside `root`; .zarray's shape equals `shape` (when given);
-  its chunk grid is valid and at most MAX_CHUNKS; then the folder is listed
-  (no symlink may leave `root`) and every chunk must be there.
+  its chunk grid is valid and at most MAX_CHUNKS; the array and one chunk fit
+  `max_array_bytes()` (`dtype`: the spec's, where .zarray is absent); then the
+  folder is listed (no symlink may leave `root`, only regular files) and every
+  chunk must be there, each file large enough for a chunk under its compressor.
 
   Raises ValueError naming the parameter.
   """
@@ -415,8 +528,9 @@ def check_zarr_folder(root: str, folder: str, name: str, where: str,
   if os.path.lexists(zarray_path):
     check_inside(root, zarray_path, f"the .zarray of parameter '{name}'", where)
     try:
-      with open(zarray_path, "rb") as f:
-        zarray = json.loads(f.read(1 << 20))
+      zarray = json.loads(files.read_bytes(zarray_path, METADATA_BYTES, "the .zarray file"))
+    except RecursionError:
+      raise ValueError(f"{where}: {zarray_path} is nested too deep") from None
     except (OSError, ValueError) as e:
       raise ValueError(f"{where}: unreadable {zarray_path} for parameter "
                        f"'{name}': {e}") from e
@@ -431,24 +545,43 @@ def check_zarr_folder(root: str, folder: str, name: str, where: str,
   if "shape" not in meta:  # nothing to check the chunks against: tensorstore says why
     scan_files(root, folder, what, where)
     return zarray
-  grid = chunk_grid(zshape, meta.get("chunks", zshape), name, where)
+  chunks = meta.get("chunks", zshape)
+  grid = chunk_grid(zshape, chunks, name, where)
+  itemsize = _itemsize(meta.get("dtype", dtype))
+  check_bytes(zshape, chunks, meta.get("dtype", dtype), name, where)
   present = scan_files(root, folder, what, where)
   if not require_all_chunks:
     return zarray
   sep = meta.get("dimension_separator") or "."
   if sep not in (".", "/"):
     raise ValueError(f"{where}: {what} has an invalid dimension_separator {sep!r}")
+  min_size = _min_chunk_file(meta, math.prod(chunks) * itemsize)
   missing = []
   for key in iter_chunk_keys(grid, sep):
     if key not in present:
       missing.append(key)
       if len(missing) == 4:
         break
+    elif min_size:
+      size = os.stat(os.path.join(folder, key)).st_size
+      if size < min_size:
+        raise ValueError(f"{where}: {what} declares chunks of {tuple(chunks)} values, but its "
+                         f"chunk file {key} holds {size} bytes, too few to hold one under "
+                         f"its compressor (at least {min_size}); refusing to read it")
   if missing:
     hint = "" if shape is not None else f" (or its .zarray declares a wrong shape {tuple(zshape)})"
     raise ValueError(f"{where}: {what} is missing chunk file(s) {missing} in "
                      f"{folder}{hint}")
   return zarray
+
+
+def _min_chunk_file(meta: Mapping[str, Any], chunk_bytes: int) -> int:
+  """The fewest bytes a chunk file of `chunk_bytes` decoded bytes can take (0: unknown)."""
+  compressor = meta.get("compressor")
+  codec = compressor.get("id") if isinstance(compressor, dict) else compressor
+  if meta.get("filters") or codec not in _MAX_RATIO:
+    return 0  # blosc, zstd, bz2 and filters shrink data without a useful bound
+  return chunk_bytes // _MAX_RATIO[codec]
 
 
 def _ts_error(e: Exception, name: str, where: str, action: str) -> ValueError:
@@ -463,8 +596,9 @@ def _ts_error(e: Exception, name: str, where: str, action: str) -> ValueError:
 def check_store(store: Any, r: ZarrRead, where: str) -> None:
   """An opened array against what the checkpoint declares and the model expects.
 
-  Checked before any chunk is read: shape, dtype, and the number of chunks a
-  read visits (at most MAX_CHUNKS).
+  Checked before any chunk is read: shape, dtype, the number of chunks a read
+  visits (at most MAX_CHUNKS) and the bytes of the array and of one chunk
+  (`max_array_bytes()`).
   """
   got = tuple(store.shape)
   for want, source in ((r.shape, "the checkpoint declares"),
@@ -477,8 +611,10 @@ def check_store(store: Any, r: ZarrRead, where: str) -> None:
                      f"{store.dtype.name} but the checkpoint declares "
                      f"{r.dtype.name}")
   chunk = store.chunk_layout.read_chunk.shape
-  if chunk is not None and got:
-    chunk_grid(list(got), [int(c) if c else 1 for c in chunk], r.name, where)
+  chunks = None if chunk is None else [int(c) if c else 1 for c in chunk]
+  if chunks is not None and got:
+    chunk_grid(list(got), chunks, r.name, where)
+  check_bytes(got, chunks, store.dtype.numpy_dtype, r.name, where)
 
 
 def open_arrays(reads: Sequence[ZarrRead], where: str) -> List[Any]:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorstore as ts
 
+from specjax import files
 from specjax.checkpoints import _io
 
 _ARRAY_TYPES = ("jax.Array", "np.ndarray", "scalar", None)
@@ -37,8 +38,9 @@ Entry = Tuple[Tuple[str, ...], Dict[str, Any]]  # (tree keys, value metadata)
 
 def _read_json(path: str) -> Any:
   try:
-    with open(path, "rb") as f:
-      return json.loads(f.read())
+    return json.loads(files.read_bytes(path, _io.METADATA_BYTES, "the Orbax metadata"))
+  except RecursionError:
+    raise ValueError(f"unreadable Orbax metadata {path}: nested too deep") from None
   except (OSError, ValueError) as e:
     raise ValueError(f"unreadable Orbax metadata {path}: {e}") from e
 
@@ -77,6 +79,7 @@ def tree_entries(meta: Any, where: str) -> List[Entry]:
   entries = []
 
   def walk(node: Dict[str, Any], keys: Tuple[str, ...]) -> None:
+    _io.check_depth(len(keys), where)
     for key, value in node.items():
       if _is_value_meta(value):
         entries.append((keys + (str(key),), value))
@@ -126,8 +129,8 @@ def _aggregate_value(item_dir: str, keys: Tuple[str, ...], name: str,
       raise ValueError(f"{where}: parameter '{name}' is stored in the "
                        f"aggregate file {path}, which is missing")
     _io.check_inside(item_dir, path, "the aggregate file", where)
-    with open(path, "rb") as f:
-      cache["tree"] = _io.decode_all(f.read(), path)
+    cache["tree"] = _io.decode_all(
+        files.read_bytes(path, _io.max_array_bytes(), "the aggregate file"), path)
   node = cache["tree"]
   for key in keys:
     if not isinstance(node, dict) or key not in node:
@@ -166,6 +169,10 @@ def load_target(item_dir: str, where: str,
   driver = "zarr3" if use_zarr3 else "zarr"
   marker = "zarr.json" if use_zarr3 else ".zarray"
   ocdbt = os.path.isfile(os.path.join(item_dir, "manifest.ocdbt"))
+  if meta.get("use_ocdbt") is True and not ocdbt:
+    raise ValueError(f"{where}: {meta_path} says the arrays are in an OCDBT database, but "
+                     f"its manifest {os.path.join(item_dir, 'manifest.ocdbt')} is missing (or "
+                     "not a regular file)")
 
   targets = []
   for keys, value_meta in entries:

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from specjax.checkpoints import _io
-from specjax.checkpoints.t5x import check_path, load_flat
+from specjax.checkpoints.t5x import check_path, read_flat, snapshot
 from specjax.params import check_params_match, flatten, unflatten
 from specjax.sharding import Partitioner
 
@@ -57,27 +57,31 @@ def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = No
   where = check_path(path, "load_t5x_sharded")
   shapes = None if expected is None else {
       name: tuple(np.shape(leaf)) for name, leaf in flatten(expected)}
-  flat = load_flat(path, where, shapes, read_arrays=_open_lazy)
-  if expected is not None:
-    check_params_match(unflatten(flat), expected, what=where)
-  want = dict(flatten(shardings))
-  differ = sorted(set(want) ^ set(flat))
-  if differ:
-    raise ValueError(f"{where}: parameter '{differ[0]}' is " + (
-        "missing from the checkpoint" if differ[0] in want else "not in the shardings tree"))
-  out, bad = {}, {}
-  for name, arr in flat.items():
-    seen: Dict[str, np.ndarray] = {}
+  with snapshot(path, where) as location:  # every shard read from one save
+    flat = read_flat(location, where, shapes, read_arrays=_open_lazy)
+    if expected is not None:
+      check_params_match(unflatten(flat), expected, what=where)
+    want = dict(flatten(shardings))
+    differ = sorted(set(want) ^ set(flat))
+    if differ:
+      raise ValueError(f"{where}: parameter '{differ[0]}' is " + (
+          "missing from the checkpoint" if differ[0] in want else "not in the shardings tree"))
+    out, bad, overflowed = {}, {}, {}
+    for name, arr in flat.items():
+      seen: Dict[str, np.ndarray] = {}
 
-    def read(index, arr=arr, seen=seen, name=name):
-      key = repr(index)  # replicas of one slice are read once
-      if key not in seen:
-        x = np.asarray(arr[index])
-        bad[name] = bad.get(name, 0) + _io.count_non_finite(x)
-        seen[key] = x.astype(cast) if cast is not None and _io.is_floating(x.dtype) else x
-      return seen[key]
-    out[name] = jax.make_array_from_callback(tuple(arr.shape), want[name], read)
-  _io.warn_non_finite(where, bad, {n: int(np.prod(a.shape)) for n, a in flat.items()})
+      def read(index, arr=arr, seen=seen, name=name):
+        key = repr(index)  # replicas of one slice are read once
+        if key not in seen:
+          x = np.asarray(arr[index])
+          bad[name] = bad.get(name, 0) + _io.count_non_finite(x)
+          seen[key], n = _io.cast_float(x, cast)
+          overflowed[name] = overflowed.get(name, 0) + n
+        return seen[key]
+      out[name] = jax.make_array_from_callback(tuple(arr.shape), want[name], read)
+    sizes = {n: int(np.prod(a.shape)) for n, a in flat.items()}
+    _io.warn_non_finite(where, bad, sizes)
+    _io.warn_overflow(where, cast, overflowed, sizes)
   return unflatten(out)
 
 

@@ -42,16 +42,19 @@ fallback_to_scratch=True)` so the optimizer state starts fresh.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import re
 import shutil
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorstore as ts
 
+from specjax import files
 from specjax.checks import check_int
 from specjax.checkpoints import _commit
 from specjax.checkpoints import _io
@@ -101,16 +104,28 @@ def list_checkpoint_dirs(model_dir: str) -> List[Tuple[int, str]]:
 
   The folder is `checkpoint_N`, or, when a save that overwrote it crashed
   between its two renames (no `checkpoint_N` holds a checkpoint), the
-  `checkpoint_N.old-*` folder it left, which holds the previous complete one.
-  Temporary `.tmp-*` / `.del-*` folders never count.
+  `checkpoint_N.old-TOKEN` folder it left, which holds the previous complete one.
+  Temporary `.tmp-*` / `.del-*` folders never count, nor folders of other names.
+  Where two names give one N (`checkpoint_010`, `checkpoint_10`), `checkpoint_N`
+  wins; two other spellings are a ValueError naming both.
   """
   if not os.path.isdir(model_dir):
     return []
-  finals = {}
-  for entry in os.listdir(model_dir):
+  finals: Dict[int, str] = {}
+  for entry in sorted(os.listdir(model_dir)):
     match = _STEP_DIR.fullmatch(entry)
-    if match:
-      finals[int(match.group(1))] = os.path.join(model_dir, entry)
+    if not match:
+      continue
+    step, path = int(match.group(1)), os.path.join(model_dir, entry)
+    if step in finals and _holds_checkpoint(path) and _holds_checkpoint(finals[step]):
+      names = sorted({os.path.basename(finals[step]), entry})
+      if f"checkpoint_{step}" not in names:
+        raise ValueError(f"{model_dir}: {names[0]} and {names[1]} are both step {step}; "
+                         f"rename one (checkpoint_{step} is the name T5X writes)")
+      path = os.path.join(model_dir, f"checkpoint_{step}")  # the name T5X writes wins
+    elif step in finals and not _holds_checkpoint(path):
+      continue
+    finals[step] = path
   olds = _commit.old_folders(model_dir)
   out = []
   for step in sorted(set(finals) | set(olds)):
@@ -119,6 +134,17 @@ def list_checkpoint_dirs(model_dir: str) -> List[Tuple[int, str]]:
         out.append((step, folder))
         break
   return out
+
+
+class _Moved(FileNotFoundError):
+  """A checkpoint folder that was listed went away before it was opened (a save moved it)."""
+
+
+def _located(folder: str, step: Optional[int]) -> CheckpointLocation:
+  found = _in_folder(folder)
+  if found is None:
+    raise _Moved(f"checkpoint folder {folder} went away while it was being opened")
+  return CheckpointLocation(found[0], found[1], step)
 
 
 def find_checkpoint(path: str) -> CheckpointLocation:
@@ -131,6 +157,7 @@ def find_checkpoint(path: str) -> CheckpointLocation:
 
   Raises:
     FileNotFoundError: `path` does not exist or holds no checkpoint.
+    ValueError: `path` is a FIFO, device or socket.
   """
   path = os.fspath(path)
   match = _STEP_DIR.fullmatch(os.path.basename(os.path.normpath(path)))
@@ -141,10 +168,11 @@ def find_checkpoint(path: str) -> CheckpointLocation:
     for folder in (_commit.old_folders(parent).get(step, [])
                    if os.path.isdir(parent) else []):
       if _holds_checkpoint(folder):
-        found = _in_folder(folder)
-        return CheckpointLocation(found[0], found[1], step)
+        return _located(folder, step)
   if not os.path.exists(path):
     raise FileNotFoundError(f"checkpoint path does not exist: {path}")
+  if not os.path.isdir(path):
+    files.check_regular(path, "the checkpoint path")  # a FIFO would block its reader
   if os.path.isfile(path):
     found = _in_folder(os.path.dirname(os.path.abspath(path)))
     if found is None or (found[0] == LEGACY and
@@ -157,8 +185,7 @@ def find_checkpoint(path: str) -> CheckpointLocation:
   steps = list_checkpoint_dirs(path)
   if steps:
     step, folder = steps[-1]
-    found = _in_folder(folder)
-    return CheckpointLocation(found[0], found[1], step)
+    return _located(folder, step)
   raise FileNotFoundError(
       f"no T5X checkpoint in {path}: expected a 'checkpoint' msgpack file, "
       "'state/_METADATA' (Orbax) or checkpoint_N folders holding one")
@@ -215,7 +242,7 @@ def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str, where: str,
   checked, source = ((shape, "the checkpoint declares") if shape is not None
                      else (expected, "the model config expects"))
   zarray = _io.check_zarr_folder(ckpt_dir, folder, name, where, meta,
-                                 shape=checked, shape_source=source)
+                                 shape=checked, shape_source=source, dtype=dtype)
   open_spec: Dict[str, Any] = {"driver": "zarr",
                                "kvstore": {"driver": "file", "path": folder + "/"}}
   if zarray is None:  # rebuild the array metadata from the msgpack's spec
@@ -248,8 +275,7 @@ def load_legacy_target(ckpt_file: str, where: str,
   """
   ckpt_dir = os.path.dirname(os.path.abspath(ckpt_file))
   _io.check_inside(ckpt_dir, ckpt_file, "the checkpoint file", where)
-  with open(ckpt_file, "rb") as f:
-    data = f.read()
+  data = files.read_bytes(ckpt_file, _io.max_array_bytes(), "the checkpoint file")
   if data.startswith(b"model_checkpoint_path"):
     raise ValueError(f"{ckpt_file} is a TensorFlow checkpoint index, not a T5X "
                      "checkpoint; convert it with T5X first")
@@ -262,7 +288,8 @@ def load_legacy_target(ckpt_file: str, where: str,
   out: Dict[str, Any] = {}
   specs: Dict[str, Dict[str, Any]] = {}
 
-  def walk(node: Dict[Any, Any], prefix: str) -> None:
+  def walk(node: Dict[Any, Any], prefix: str, depth: int = 0) -> None:
+    _io.check_depth(depth, where)
     for key, value in node.items():
       if not isinstance(key, str) or not key or "/" in key:
         raise ValueError(f"{where}: invalid parameter name {key!r} under "
@@ -272,7 +299,7 @@ def load_legacy_target(ckpt_file: str, where: str,
         specs[name] = value
         out[name] = None
       elif isinstance(value, dict):
-        walk(value, name)
+        walk(value, name, depth + 1)
       elif isinstance(value, (np.ndarray, np.generic, int, float, complex)):
         out[name] = np.asarray(value)
       else:
@@ -305,20 +332,65 @@ def _expected_shapes(model: Any) -> Dict[str, Tuple[int, ...]]:
   return {name: tuple(leaf.shape) for name, leaf in flatten(model.param_shapes())}
 
 
-def load_flat(path: str, where: str,
+_SNAPSHOT_TRIES = 20
+"""Times a reader resolves a checkpoint name again after a save moved it away."""
+
+
+def _checkpoint_folder(location: CheckpointLocation) -> str:
+  """The folder a save renames as a whole: `checkpoint_N` (or the item folder itself)."""
+  item = os.path.abspath(location.path)
+  if location.format == LEGACY or os.path.basename(item) == "state":
+    return os.path.dirname(item)
+  return item
+
+
+@contextlib.contextmanager
+def snapshot(path: str, where: str) -> Iterator[CheckpointLocation]:
+  """The checkpoint at `path`, held for reading as one save while the block runs.
+
+  The checkpoint folder is found and share-locked (`_commit.reading`), so no
+  `save_t5x(overwrite=True)`, pruning or recovery renames or deletes it until
+  the block ends; if a save moved the name before the lock was taken, the name
+  is resolved again. Every read of the block thus comes from one save.
+
+  Raises:
+    FileNotFoundError: as `find_checkpoint`.
+    ValueError: saves kept replacing the checkpoint (_SNAPSHOT_TRIES times).
+  """
+  for attempt in range(_SNAPSHOT_TRIES):
+    try:
+      location = find_checkpoint(path)
+    except _Moved:
+      continue
+    except FileNotFoundError:
+      # A model folder listed in the instant an overwrite's old folder went away.
+      if attempt >= 2 or not os.path.isdir(path):
+        raise
+      time.sleep(0.01)
+      continue
+    with _commit.reading(_checkpoint_folder(location)) as same:
+      if same:
+        yield location
+        return
+  raise ValueError(f"{where}: the checkpoint was replaced by another save each of the "
+                   f"{_SNAPSHOT_TRIES} times it was opened; retry when the writer is done")
+
+
+def read_flat(location: CheckpointLocation, where: str,
               expected: Optional[Mapping[str, Tuple[int, ...]]] = None,
               read_arrays: Callable[..., List[Any]] = _io.read_zarr_arrays
               ) -> Dict[str, Any]:
-  """The target leaves of the checkpoint at `path` as {'a/b/kernel': array}.
+  """The target leaves of the checkpoint at `location` as {'a/b/kernel': array}.
+
+  Call it inside `snapshot` (which gives `location`) so every read is of one save.
 
   Args:
-    path: as for `load_t5x`.
+    location: from `snapshot` / `find_checkpoint`.
     where: how messages name the checkpoint.
     expected: {name: shape} the model expects; checked before arrays are read.
     read_arrays: reads the zarr arrays of either format (`specjax.checkpoints.sharded`
-      opens them lazily).
+      opens them lazily, and reads them before its `snapshot` ends).
   """
-  location = find_checkpoint(path)
   if location.format == ORBAX:
     flat = _orbax.load_target(location.path, where, expected, read_arrays)
   else:
@@ -326,6 +398,13 @@ def load_flat(path: str, where: str,
   if not flat:
     raise ValueError(f"{where}: the checkpoint's target tree is empty")
   return flat
+
+
+def load_flat(path: str, where: str,
+              expected: Optional[Mapping[str, Tuple[int, ...]]] = None) -> Dict[str, Any]:
+  """`read_flat` of the checkpoint at `path` (as for `load_t5x`), read as one save."""
+  with snapshot(path, where) as location:
+    return read_flat(location, where, expected)
 
 
 def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
@@ -369,8 +448,10 @@ def _load(path: str, dtype: Any, model: Any) -> Dict[str, Any]:
   _io.warn_non_finite(where, {n: _io.count_non_finite(a) for n, a in flat.items()},
                       {n: int(np.size(a)) for n, a in flat.items()})
   if cast is not None:
-    flat = {name: arr.astype(cast) if _io.is_floating(arr.dtype) else arr
-            for name, arr in flat.items()}
+    cast_and_count = {name: _io.cast_float(arr, cast) for name, arr in flat.items()}
+    flat = {name: arr for name, (arr, _) in cast_and_count.items()}
+    _io.warn_overflow(where, cast, {n: c for n, (_, c) in cast_and_count.items()},
+                      {n: int(np.size(a)) for n, a in flat.items()})
   params = unflatten(flat)
   if model is not None:
     check_params_match(params, model.param_shapes(), what=where)
@@ -446,9 +527,9 @@ def _build_target(node: Mapping[Any, Any], prefix: str, cast: Optional[np.dtype]
     if isinstance(value, Mapping):
       out[key] = _build_target(value, name, cast, ckpt_dir, writes, folders)
       continue
-    arr = _as_array(value, name)
-    if cast is not None and _io.is_floating(arr.dtype):
-      arr = arr.astype(cast)
+    arr, overflowed = _io.cast_float(_as_array(value, name), cast)
+    if overflowed:
+      _io.warn_overflow("save_t5x", cast, {name: overflowed}, {name: int(arr.size)})
     if arr.ndim == 0:
       out[key] = arr
       continue

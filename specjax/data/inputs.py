@@ -13,6 +13,7 @@ import importlib
 import logging
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from specjax import files
 from specjax.data.splits import TASK_FILES, load_bundled
 
 LM_TASKS = ("lm_ddtp_en", "specjax_lm_ddtp_en")
@@ -31,17 +32,22 @@ class DecodeInput:
   """The task's `*_pretokenized` features, as T5X's infer.py writes them under `inputs`."""
 
 
-def read_input_file(path: str) -> List[str]:
-  """The non-blank lines of a UTF-8 file (CRLF or LF, a BOM dropped); ValueError naming a
-  bad byte, or a file with no input at all (the job must not fall back to a default task)."""
-  with open(path, "rb") as f:
-    raw = f.read()
+INPUT_FILE_BYTES = 64 * files.MIB
+"""Largest --input_file read (the job decodes every line of it in one run)."""
+
+
+def read_input_file(path: str, limit: int = INPUT_FILE_BYTES) -> List[str]:
+  """The non-blank lines of a UTF-8 file (LF, CRLF or CR alone, a BOM dropped); ValueError
+  naming a bad byte, a file with no input at all (the job must not fall back to a default
+  task), or a path that is not a regular file of at most `limit` bytes (/dev/zero, a FIFO)."""
+  raw = files.read_bytes(path, limit, "--input_file")
   try:
     text = raw.decode("utf-8-sig")
   except UnicodeDecodeError as e:
     raise ValueError(f"--input_file '{path}' is not UTF-8: byte {e.start} "
                      f"({raw[e.start:e.start + 1]!r}) cannot be decoded ({e.reason})") from e
-  lines = [line for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
+  lines = [line for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+           if line.strip()]
   if not lines:
     raise ValueError(f"--input_file '{path}' holds no input: it is empty or only blank lines")
   return lines

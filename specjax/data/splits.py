@@ -1,8 +1,11 @@
 """The bundled tasks' split files: names, format, reading and writing."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
+
+from specjax import files
 
 TASK_FILES = {
     "lm_ddtp_en": "txt",
@@ -18,13 +21,26 @@ Example = Tuple[str, Optional[str]]  # (source or LM document, target or None)
 
 
 def write_split(path: Path, examples: Sequence[Example]) -> None:
-  """Writes one split: a document per line, or 'source<TAB>target' lines."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    for src, tgt in examples:
-      if "\t" in src or "\n" in src or (tgt is not None and ("\t" in tgt or "\n" in tgt)):
-        raise ValueError(f"example text must be cleaned (tab/newline): {src[:60]!r}")
-      f.write(src + "\n" if tgt is None else f"{src}\t{tgt}\n")
+  """Writes one split: a document per line, or 'source<TAB>target' lines.
+
+  Written under a temporary name in the same folder and renamed into place, so
+  `path` is the old file or the whole new one, never a torn mix.
+  """
+  lines = []
+  for src, tgt in examples:
+    if "\t" in src or "\n" in src or (tgt is not None and ("\t" in tgt or "\n" in tgt)):
+      raise ValueError(f"example text must be cleaned (tab/newline): {src[:60]!r}")
+    lines.append(src + "\n" if tgt is None else f"{src}\t{tgt}\n")
+  Path(path).parent.mkdir(parents=True, exist_ok=True)
+  files.write_atomic({str(path): "".join(lines).encode("utf-8")})
+
+
+def copy_split(src: Path, dst: Path) -> None:
+  """Copies a split file to `dst` the way `write_split` writes (temporary name, rename)."""
+  if Path(dst).exists() and os.path.samefile(src, dst):
+    raise ValueError(f"cannot copy {src} onto itself")
+  Path(dst).parent.mkdir(parents=True, exist_ok=True)
+  files.write_atomic({str(dst): Path(src).read_bytes()})
 
 
 def read_split(path: Path) -> List[Example]:

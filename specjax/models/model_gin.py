@@ -16,8 +16,9 @@ import io
 import os
 import re
 import tokenize
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from specjax import files
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
 
@@ -27,6 +28,10 @@ MODEL_CLASSES = {"T5Config": T5Config, "DecoderOnlyConfig": DecoderOnlyConfig}
 
 Resolver = Callable[[str, Optional[str]], str]
 """(file name as written, the file that includes it or None) -> the path to open."""
+MODEL_GIN_BYTES = files.MIB
+"""Largest model gin file read (specjax writes a few hundred bytes)."""
+MAX_INCLUDE_DEPTH = 16
+"""Deepest chain of includes followed from the file named by the user."""
 
 _BINDING = re.compile(r"^([A-Za-z_]\w*)\.([A-Za-z_]\w*)\s*=(.*)$", re.S)
 _INCLUDE = re.compile(r"""^include\s+(['"])([^'"]+)\1\s*(#.*)?$""")
@@ -85,8 +90,36 @@ def resolve_local(name: str, including: Optional[str]) -> str:
   return path
 
 
-def parse_model_file(path: str, resolve: Resolver = resolve_local,
-                     _seen: Tuple[str, ...] = (), _including: Optional[str] = None
+def _within(root: str, real: str) -> bool:
+  return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _open_include(name: str, resolve: Resolver, roots: Sequence[str],
+                  chain: Tuple[str, ...]) -> str:
+  """The real path of `name` as included by chain[-1] (None: the file the user named).
+
+  An include must resolve inside `roots` or the folder of the file the user named, must
+  not be a file of `chain` (a cycle) and may be at most MAX_INCLUDE_DEPTH deep.
+  """
+  including = chain[-1] if chain else None
+  real = os.path.realpath(resolve(name, including))
+  if not chain:
+    return real
+  if len(chain) > MAX_INCLUDE_DEPTH:
+    raise ValueError(f"{including}: includes nested more than {MAX_INCLUDE_DEPTH} deep "
+                     f"(from {chain[0]})")
+  if real in chain:
+    raise ValueError(f"{including}: include cycle: "
+                     + " -> ".join(os.path.basename(c) for c in (*chain, real)))
+  allowed = [os.path.realpath(r) for r in roots] + [os.path.dirname(chain[0])]
+  if not any(_within(root, real) for root in allowed):
+    raise ValueError(f"{including}: include '{name}' resolves to {real}, outside the gin "
+                     f"search paths and the model's folder {os.path.dirname(chain[0])}; "
+                     "refusing to read it")
+  return real
+
+
+def parse_model_file(path: str, resolve: Resolver = resolve_local, roots: Sequence[str] = ()
                      ) -> Tuple[str, Dict[str, Any]]:
   """Parses a model gin file without gin: (class name, {field: value}).
 
@@ -98,20 +131,29 @@ def parse_model_file(path: str, resolve: Resolver = resolve_local,
   registrations, `@references`, `%macros`, scopes and other configurables are
   refused. Later bindings win, as in gin.
 
+  Files are read only when they are regular files of at most MODEL_GIN_BYTES;
+  an include must lie in `roots` or the folder of `path` (nothing else on the
+  machine is read), at most MAX_INCLUDE_DEPTH deep and without a cycle.
+  Messages name the file and line, never the text of a line.
+
   Args:
     path: the file.
     resolve: finds it and its includes (`resolve_local`: beside the including
       file; `specjax.app.gin_config` passes one that searches the gin paths).
+    roots: folders besides the model's own that includes may come from (the gin
+      search paths).
   Raises:
     ValueError: naming the file, line and what is wrong.
     FileNotFoundError: the file or an include is not found.
   """
-  full = resolve(path, _including)
-  if full in _seen:
-    raise ValueError(f"gin include cycle at {full}")
+  return _parse(path, resolve, tuple(roots), ())
+
+
+def _parse(path: str, resolve: Resolver, roots: Tuple[str, ...], chain: Tuple[str, ...]
+           ) -> Tuple[str, Dict[str, Any]]:
+  full = _open_include(path, resolve, roots, chain)
   cls, values = None, {}
-  with open(full, encoding="utf-8") as f:
-    text = f.read()
+  text = files.read_text(full, MODEL_GIN_BYTES, "the model gin file")
   for lineno, stmt in _statements(text):
     line = stmt.strip()
     if not line or line.startswith("#"):
@@ -119,7 +161,7 @@ def parse_model_file(path: str, resolve: Resolver = resolve_local,
     where = f"{full}:{lineno}"
     inc = _INCLUDE.match(line)
     if inc:
-      inner_cls, inner = parse_model_file(inc.group(2), resolve, (*_seen, full), full)
+      inner_cls, inner = _parse(inc.group(2), resolve, roots, (*chain, full))
       if cls not in (None, inner_cls):
         raise ValueError(f"{where}: includes a {inner_cls} file into a {cls} file")
       cls = inner_cls
@@ -127,8 +169,9 @@ def parse_model_file(path: str, resolve: Resolver = resolve_local,
       continue
     m = _BINDING.match(line)
     if m is None or m.group(1) not in MODEL_CLASSES:
+      bound = f" (it binds {m.group(1)})" if m is not None else ""
       raise ValueError(
-          f"{where}: {line.splitlines()[0]!r} is not allowed in a model gin file; it is read "
+          f"{where}: this line is not allowed in a model gin file{bound}; it is read "
           "with a restricted parser that accepts only 'T5Config.<field> = <literal>' or "
           "'DecoderOnlyConfig.<field> = <literal>' bindings, comments and includes of such "
           "files (no imports, registrations, scopes, macros or references; put those in a "
@@ -144,8 +187,7 @@ def parse_model_file(path: str, resolve: Resolver = resolve_local,
       value = ast.literal_eval(m.group(3).strip())
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
       raise ValueError(f"{where}: the value of {name}.{field} must be a literal (number, "
-                       f"string, bool, None, or a tuple/list/dict of them), got "
-                       f"{m.group(3).strip()!r}") from e
+                       "string, bool, None, or a tuple/list/dict of them)") from e
     if not _is_plain_literal(value):
       raise ValueError(f"{where}: the value of {name}.{field} must be a number, string, "
                        f"bool, None, or a tuple/list/dict of them, got {type(value).__name__}")
@@ -157,9 +199,10 @@ def parse_model_file(path: str, resolve: Resolver = resolve_local,
   return cls, values
 
 
-def config_from_model_file(path: str, resolve: Resolver = resolve_local) -> Any:
+def config_from_model_file(path: str, resolve: Resolver = resolve_local,
+                           roots: Sequence[str] = ()) -> Any:
   """The T5Config / DecoderOnlyConfig a model gin file describes (`parse_model_file`)."""
-  cls, values = parse_model_file(path, resolve)
+  cls, values = parse_model_file(path, resolve, roots)
   try:
     return MODEL_CLASSES[cls](**values)
   except (TypeError, ValueError) as e:

@@ -302,6 +302,19 @@ class DataConfig:
     check_int(self, "seed", 0)
 
 
+def data_files(data: DataConfig) -> List[Path]:
+  """The files `make_batches` reads for `data` besides the package's own: the train and
+  validation split files under `data_dir`, and `vocab_path`."""
+  out = []
+  if data.data_dir is not None:
+    folder = TASKS[check_task(data.task)]
+    out += [Path(data.data_dir) / folder / f"{split}.{data_lib.TASK_FILES[folder]}"
+            for split in ("train", "validation")]
+  if data.vocab_path is not None:
+    out.append(Path(data.vocab_path))
+  return out
+
+
 def make_batches(data: DataConfig, model_config: Any) -> List[Batches]:
   """[train, validation] batches of `data` for a model of `model_config`.
 

@@ -29,7 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import checkpoints
+from specjax import files
 from specjax.models.model_gin import MODEL_GIN, model_gin_text, read_model_gin
+from specjax.train.batches import data_files
 
 log = logging.getLogger("specjax.train")
 OPT_STATE_FILE = "optimizer_state.npz"
@@ -162,12 +164,17 @@ def resume_fingerprint(model_config: Any, data: Any, optimizer: Any, config: Any
                        distill: Any = None) -> Dict[str, Any]:
   """Everything that must not change for a resumed run to equal an uninterrupted one.
 
-  The model, the data (batch size, lengths, seed, files...), the optimizer and
-  its schedule, the z-loss, a distillation teacher, and `num_steps` when the
-  schedule depends on it (cosine decay ends at the last step).
+  The model, the data (batch size, lengths, seed, files...) and the content of
+  its files (sha256 of the split files under data_dir and of vocab_path: a file
+  edited in place is changed data), the optimizer and its schedule, the z-loss,
+  a distillation teacher, and `num_steps` when the schedule depends on it
+  (cosine decay ends at the last step).
   """
+  hashes = {} if data is None else {
+      str(p): files.sha256(str(p)) for p in data_files(data) if p.is_file()}
   return {"model": dict(_plain(model_config), **{"class": type(model_config).__name__}),
-          "data": _plain(data), "optimizer": _plain(optimizer), "z_loss": config.z_loss,
+          "data": _plain(data), "data_sha256": hashes,
+          "optimizer": _plain(optimizer), "z_loss": config.z_loss,
           "num_steps": config.num_steps if optimizer.decay == "cosine" else None,
           "distill": _plain(distill),
           **({"init_from": os.fspath(config.init_from)}
@@ -247,7 +254,14 @@ def save_checkpoint(model_dir: str, state: Any, dtype: str = "float32",
     extra[OPT_STATE_FILE] = opt_state_bytes(state.opt_state)
   path = checkpoints.save_t5x(params, model_dir, step=step, dtype=dtype, overwrite=True,
                               extra_files=extra)
-  for old in list_checkpoints(model_dir)[:-keep]:
+  dirs = checkpoints.list_checkpoint_dirs(model_dir)
+  resumable = [s for s, folder in dirs if os.path.lexists(os.path.join(folder, OPT_STATE_FILE))]
+  for old in [s for s, _ in dirs][:-keep]:
+    if not with_opt and resumable and old == resumable[-1]:
+      log.warning("%s: keeping checkpoint_%d beyond keep_checkpoints=%d: it is the newest one "
+                  "a run can resume from (checkpoint_%d is a %s export without optimizer "
+                  "state)", model_dir, old, keep, step, dtype)
+      continue
     checkpoints.delete_checkpoint(model_dir, old)
   return path
 
@@ -306,7 +320,10 @@ def restore(model_dir: str, trainer: Any, fingerprint: Optional[Mapping[str, Any
   step, folder, marker, has_opt = _choose(model_dir)
   saved = (marker or {}).get("fingerprint")
   if isinstance(saved, dict) and fingerprint is not None:
-    diff = fingerprint_diff(saved, json.loads(json.dumps(fingerprint)))
+    now = json.loads(json.dumps(fingerprint))
+    if "data_sha256" not in saved:  # recorded before file contents were
+      now.pop("data_sha256", None)
+    diff = fingerprint_diff(saved, now)
     if any(d.startswith("model.") for d in diff):
       raise ValueError(f"{folder} was trained with another model config "
                        f"({[d for d in diff if d.startswith('model.')]}); use another "

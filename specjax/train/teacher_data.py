@@ -18,29 +18,42 @@ comparable with a run on the original data. Decoding streams the inputs through
 OUT/.parts/: an interrupted run resumes at the first missing chunk, and a chunk's
 tokens depend only on (seed, example index), not on where the run stopped.
 
+OUT/.parts/manifest.json records everything the chunks depend on: the teacher's
+config and a hash of its weights, the sampling (temperature, seed), the limit, the
+chunk size, the length settings, and content hashes of the source splits and the
+vocabulary. Chunks written under another manifest are discarded and decoded again
+(a warning names what changed), never reused. Every output is written under a
+temporary name and renamed into place, and an --out that would write over an input
+(the --data_dir's split files) is refused before any work.
+
   python -m specjax.train.teacher_data --teacher specjax/assets/pairs/translate/target \\
       --task translate --data_dir data/ --out data_kd/translate --limit 40000
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
 
 from specjax import checkpoints
+from specjax import files
 from specjax.data import load_vocab
 from specjax.data import splits as data_lib
 from specjax.decode import DecodeConfig, autoregressive_decode
 from specjax.data.inputs import cut_rows
+from specjax.data.vocab import DEFAULT_MODEL as VOCAB_MODEL
 from specjax.models import build_model
+from specjax.params import flatten
 from specjax.sampling import Sampling
 from specjax.train.batches import TASKS, check_task
 from specjax.train.checkpoints import read_trained_folder
@@ -96,6 +109,56 @@ def _texts(task: str, examples: Sequence, heads: List[List[int]], tokens: np.nda
   return out
 
 
+MANIFEST = "manifest.json"
+
+
+def params_sha256(params: Any) -> str:
+  """A sha256 over every parameter's name, dtype, shape and bytes (order-independent)."""
+  digest = hashlib.sha256()
+  for name, leaf in sorted(flatten(params), key=lambda item: item[0]):
+    arr = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
+    digest.update(arr.tobytes())
+  return digest.hexdigest()
+
+
+def check_out(src_dir: Path, out_dir: Path, ext: str) -> None:
+  """ValueError if writing `out_dir` would write over an input split file (checked first)."""
+  if out_dir.resolve() == src_dir.resolve():
+    raise ValueError(f"--out would write {out_dir}, the folder of the input split files "
+                     f"({src_dir}); give another --out (inputs are never overwritten)")
+  inputs = [src_dir / f"{split}.{ext}" for split in data_lib.SPLITS]
+  for split in data_lib.SPLITS:
+    dest = out_dir / f"{split}.{ext}"
+    for path in inputs:
+      if dest.exists() and path.exists() and os.path.samefile(dest, path):
+        raise ValueError(f"--out would write {dest}, which is the input {path}; give "
+                         "another --out (inputs are never overwritten)")
+
+
+def _reuse_parts(parts: Path, manifest: Dict[str, Any]) -> None:
+  """Keeps the chunks under `parts` only if they were written under `manifest`."""
+  path = parts / MANIFEST
+  old = None
+  if path.is_file():
+    try:
+      old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+      old = None
+  if old == manifest:
+    return
+  if parts.exists():
+    changed = (sorted(k for k in set(old) | set(manifest) if old.get(k) != manifest.get(k))
+               if isinstance(old, dict) else ["no manifest"])
+    log.warning("%s: discarding chunks of another run (it differs in %s)", parts,
+                ", ".join(changed))
+    shutil.rmtree(parts)
+  parts.mkdir(parents=True)
+  tmp = parts / f".{MANIFEST}.tmp"
+  tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
+  os.replace(tmp, path)
+
+
 def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
                         limit: Optional[int] = None, batch: int = 32, chunk: int = 2048,
                         temperature: float = 0.0, seed: int = 0, inputs_length: int = 64,
@@ -121,6 +184,7 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
   folder = TASKS[task]
   ext = data_lib.TASK_FILES[folder]
   src_dir, out_dir = Path(data_dir) / folder, Path(out) / folder
+  check_out(src_dir, out_dir, ext)
   model, params = load_folder_model(teacher)
   if (task == "lm") == model.is_encoder_decoder:
     family = "an encoder-decoder" if model.is_encoder_decoder else "a decoder-only"
@@ -138,7 +202,14 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
                         cache_len=prompt_tokens + max_new_tokens + 2 if task == "lm"
                         else max_new_tokens + 2)
   parts = out_dir / ".parts"
-  parts.mkdir(parents=True, exist_ok=True)
+  _reuse_parts(parts, {
+      "teacher_config": repr(model.config), "teacher_params_sha256": params_sha256(params),
+      "task": task, "temperature": float(temperature), "seed": int(seed), "limit": limit,
+      "chunk": int(chunk), "inputs_length": int(inputs_length),
+      "max_new_tokens": int(max_new_tokens), "prompt_tokens": int(prompt_tokens),
+      "vocab_sha256": files.sha256(Path(VOCAB_MODEL)),
+      "sources_sha256": {p.name: files.sha256(p) for p in sorted(src_dir.glob(f"*.{ext}"))
+                         if p.stem in data_lib.SPLITS}})
   key = jax.random.PRNGKey(seed)
   t_start, done = time.perf_counter(), 0
   for start in range(0, len(examples), chunk):
@@ -153,9 +224,7 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
     result = autoregressive_decode(model, params, inputs, max_new_tokens=max_new_tokens,
                                    rng=keys, config=config, slots=min(batch, len(piece)))
     rows = _texts(task, piece, heads, np.asarray(result.tokens), vocab)
-    tmp = part.with_suffix(".tmp")
-    data_lib.write_split(tmp, rows)
-    os.replace(tmp, part)
+    data_lib.write_split(part, rows)  # written under a temporary name, renamed into place
     done += len(piece)
     rate = done / max(time.perf_counter() - t_start, 1e-9)
     log.warning("%s: %d / %d examples (%.1f / s)", out_dir, start + len(piece), len(examples),
@@ -164,13 +233,11 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
   for start in range(0, len(examples), chunk):
     written += data_lib.read_split(parts / f"part_{start:08d}.{ext}")
   train = out_dir / f"train.{ext}"
-  tmp = out_dir / f".train.{ext}.tmp"
-  data_lib.write_split(tmp, written)
-  os.replace(tmp, train)
+  data_lib.write_split(train, written)
   for split in ("validation", "test"):
     path = src_dir / f"{split}.{ext}"
     if path.is_file():
-      shutil.copyfile(path, out_dir / f"{split}.{ext}")
+      data_lib.copy_split(path, out_dir / f"{split}.{ext}")
   return train
 
 
