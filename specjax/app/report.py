@@ -66,12 +66,18 @@ def plain_trace(rounds: Sequence[Dict], piece: Callable[[int], str]) -> str:
   return "\n".join(lines)
 
 
+NOT_IN_TABLE = ("speculation_off",)
+"""Summary entries printed below the table (as a note) rather than in it."""
+
+
 def summary_table(summary: Dict, title: str = "specjax summary") -> Table:
   """A two-column rich table (metric, value); floats to 3 significant digits."""
   table = Table(title=title)
   table.add_column("metric")
   table.add_column("value", justify="right")
   for key, value in summary.items():
+    if key in NOT_IN_TABLE:
+      continue
     table.add_row(display.text(key),
                   display.text(f"{value:.3g}" if isinstance(value, float) else value))
   return table
