@@ -10,14 +10,14 @@ import argparse
 import dataclasses
 import importlib
 import inspect
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's specjax, not another installed copy
+
+from experiments.readme_first_run import write_atomic  # pylint: disable=wrong-import-position
 API_PAGE = ROOT / "docs" / "api.md"
 MAIN_JOB_PAGE = ROOT / "docs" / "main_job.md"
 DECODE_GIN = ROOT / "gin" / "runs" / "decode.gin"
@@ -188,19 +188,6 @@ def main_job_page(text):
   """main_job.md's text with the block between the macro markers regenerated."""
   start, end = text.index(MACROS_START), text.index(MACROS_END)
   return text[:start + len(MACROS_START)] + "\n" + macro_table() + "\n" + text[end:]
-
-
-def write_atomic(path, text):
-  """Write `text` to a temporary file beside `path`, then rename it into place."""
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-  try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
 
 
 def stale_pages():

@@ -9,6 +9,7 @@
   CHANGELOG and docs carry no work-process words and no broken relative links.
 """
 import importlib
+import importlib.util
 import inspect
 import os
 import pkgutil
@@ -102,12 +103,10 @@ def test_a_broken_snippet_fails(tmp_path):
 
 
 def test_generated_pages_are_current():
-  sys.path.insert(0, str(ROOT / "docs"))
-  try:
-    build = importlib.import_module("build")
-    stale = build.stale_pages()
-  finally:
-    sys.path.remove(str(ROOT / "docs"))
+  spec = importlib.util.spec_from_file_location("specjax_docs_build", ROOT / "docs" / "build.py")
+  build = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(build)
+  stale = build.stale_pages()
   assert not stale, f"{sorted(str(p) for p in stale)} out of date: run python docs/build.py"
 
 
