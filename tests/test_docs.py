@@ -147,8 +147,10 @@ def test_readme_shape():
   assert any(l.strip().lower() == "## contents" for l in lines[:40]), "no table of contents"
   long_lines = [i + 1 for i, l in enumerate(lines) if len(l) > 100]
   assert not long_lines, f"README.md lines over 100 characters: {long_lines}"
+  head = "\n".join(lines[:20])
+  assert "pip install -e . && python -m specjax.main\n" in head
   assert "pip install -e '.[test,seqio,experiments,hf]' && python -m pytest -q -n 2 --dist " \
-         "loadfile tests" in "\n".join(lines[:20])
+         "loadfile tests\n" in head
   text = "\n".join(lines)
   assert "<!-- first-run:start -->" in text and "<!-- first-run:end -->" in text
 
@@ -166,3 +168,24 @@ def test_no_process_talk_and_no_broken_links(page):
     if "://" in target or Path(target).name in WRITTEN_BESIDE:
       continue
     assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
+
+
+def test_first_run_block_is_rewritten_between_the_markers():
+  """readme_first_run's block on a made-up job output: outputs cut, trace and summary kept."""
+  sys.path.insert(0, str(ROOT))
+  try:
+    first_run = importlib.import_module("experiments.readme_first_run")
+  finally:
+    sys.path.remove(str(ROOT))
+  stdout = "".join(f"> in {i}\n  out {i}\n" for i in range(6)) + \
+      "Figure-1 trace of the first example\n[+a +]\nspecjax summary\n| speedup | 1.0 |\n"
+  block = first_run.block(stdout, keep=4, date="2026-01-02")
+  assert "> in 1\n  out 1\n...\nFigure-1 trace" in block and "> in 2" not in block
+  assert "| speedup | 1.0 |\n```" in block and "2026-01-02" in block
+  text = f"top\n{first_run.START}\nold\n{first_run.END}\nbottom\n"
+  new = first_run.replace_block(text, block)
+  assert "old" not in new and new.startswith("top\n") and new.endswith(f"{first_run.END}\nbottom\n")
+  with pytest.raises(ValueError, match="markers"):
+    first_run.replace_block("no markers here", block)
+  with pytest.raises(ValueError, match="Figure-1 trace"):
+    first_run.cut_outputs("> a\n  b\n", keep=1)
