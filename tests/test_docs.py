@@ -164,10 +164,19 @@ def test_no_process_talk_and_no_broken_links(page):
   hits = [(i + 1, m.group(0)) for i, line in enumerate(text.splitlines())
           for m in PROCESS_WORDS.finditer(line)]
   assert not hits, f"{page.name}: work-process words at {hits}"
-  for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+  for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
     if "://" in target or Path(target).name in WRITTEN_BESIDE:
       continue
-    assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
+    path = page.parent / target if target else page
+    assert path.exists(), f"{page.name}: broken link {target}"
+    if anchor and path.suffix == ".md":
+      assert anchor in heading_anchors(path.read_text()), f"{page.name}: no #{anchor} in {path.name}"
+
+
+def heading_anchors(text):
+  """The anchors GitHub gives a markdown text's headings (lower case, punctuation dropped)."""
+  headings = [l.lstrip("#").strip() for l in text.splitlines() if re.match(r"^#{1,6} ", l)]
+  return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
 
 
 def test_first_run_block_is_rewritten_between_the_markers():
