@@ -133,7 +133,7 @@ def _entry(module_name, name, obj):
   lines.append(f"`{module_name}.{name}` ({kind}, defined in `{obj.__module__}`)")
   lines.append("")
   sig = _signature(name, obj)
-  if sig:
+  if sig and sig != f"{name}(\n    *args,\n    **kwargs,\n)":
     lines += ["```text", sig, "```", ""]
   doc = inspect.getdoc(obj) or ""
   if doc and not doc.startswith(f"{name}("):
@@ -150,6 +150,15 @@ def _entry(module_name, name, obj):
       first = inspect.getdoc(prop).splitlines()[0]
       lines.append(f"- `.{prop_name}`: {first}")
     if props:
+      lines.append("")
+  if inspect.isclass(obj):
+    methods = [(n, v) for n, v in vars(obj).items()
+               if inspect.isfunction(v) and not n.startswith("_") and v.__doc__]
+    for method_name, method in methods:
+      params = ", ".join(p for p in inspect.signature(method).parameters if p != "self")
+      first = inspect.getdoc(method).splitlines()[0]
+      lines.append(f"- `.{method_name}({params})`: {first}")
+    if methods:
       lines.append("")
   return lines
 
