@@ -16,6 +16,7 @@ from specjax.rows import take_rows
 
 @flax.struct.dataclass
 class ModelDrafterState:
+  """A `ModelDrafter`'s per-decode state: its KV cache and how far each row has fed it."""
   cache: Any  # the draft model's KV cache
   encoded: Any  # the draft's encoder output (None for decoder-only)
   fed: jax.Array  # int32 [B]: cache slots 0..fed-1 hold the row's committed tokens

@@ -1,0 +1,223 @@
+"""Writes the generated parts of the manual: docs/api.md and the gin macro table of main_job.md.
+
+  python docs/build.py           rewrite both from the docstrings and gin/runs/decode.gin
+  python docs/build.py --check   exit 1, naming the stale file, if either is out of date
+
+`tests/test_docs.py` runs the check, so a docstring or a macro that changes without the manual
+fails the tests until this script is rerun.
+"""
+import argparse
+import dataclasses
+import importlib
+import inspect
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's specjax, not another installed copy
+
+from experiments.readme_first_run import write_atomic  # pylint: disable=wrong-import-position
+API_PAGE = ROOT / "docs" / "api.md"
+MAIN_JOB_PAGE = ROOT / "docs" / "main_job.md"
+DECODE_GIN = ROOT / "gin" / "runs" / "decode.gin"
+MACROS_START, MACROS_END = "<!-- gin-macros:start -->", "<!-- gin-macros:end -->"
+
+# The reference covers these subpackages' `__all__` (plus single names), in this order.
+API_SECTIONS = (
+    ("specjax.decode", "The decode loops", None),
+    ("specjax.draft", "Drafters", None),
+    ("specjax.verify", "Verifiers and Algorithm 1", None),
+    ("specjax.sampling", "Sampling", ("Sampling",)),
+    ("specjax.checkpoints", "T5X checkpoints", None),
+)
+
+# What each macro of gin/runs/decode.gin means; a macro missing here still gets its row.
+MACRO_MEANING = {
+    "TARGET_CHECKPOINT": "the target's T5X checkpoint (legacy or Orbax), `'bundled:NAME'`, or "
+                         "None for random weights (smoke runs)",
+    "DRAFT_CHECKPOINT": "the draft's checkpoint, as `TARGET_CHECKPOINT`",
+    "TARGET_MODEL": "the target's model gin file (read under the scope `target/`)",
+    "DRAFT_MODEL": "the draft's model gin file (read under the scope `draft/`)",
+    "GAMMA": "guesses per round; under `'auto'` the largest γ the policy may pick",
+    "GAMMA_POLICY": "`'auto'`, `'constant'`, `'heuristic'` or `'optimal'`",
+    "COST_TABLE": "`'auto'`: a JSON cost table, reused if the file exists, else written",
+    "MAX_NEW_TOKENS": "generation budget per input",
+    "BATCH_SIZE": "decode slots the inputs stream through",
+    "OUTPUT_DIR": "where `results.jsonl` and `summary.json` go",
+    "VERIFIER": "None: block verification at T > 0 (exact), reference otherwise",
+    "NUM_PARTITIONS": "devices per model replica (the `model` mesh axis)",
+    "VOCABULARY": "the checkpoints' vocabulary (path, seqio vocabulary or `@Vocab()`)",
+    "DRAFT_VOCABULARY": "the draft's vocabulary if it has its own; compared piece by piece",
+    "MIXTURE_OR_TASK_NAME": "a seqio task or mixture to read inputs from (`'task:split'`)",
+    "MIXTURE_OR_TASK_MODULE": "a module to import that registers that task",
+    "TASK_FEATURE_LENGTHS": "`{'inputs': N, 'targets': M}`: input cut and generation budget",
+    "WRITE_SCORES": "add the target's log-likelihood of each prediction to the records",
+    "WEIGHTS_DTYPE": "`'bfloat16'` casts the target's dense kernels and embedding once",
+    "DRAFT_WEIGHTS_DTYPE": "the same for the draft",
+    "TIMING_REPEATS": "interleaved timed passes per decode; the summary reports medians",
+}
+
+
+def gin_macros(path=DECODE_GIN):
+  """[(name, default text)] of the top-level `NAME = value` bindings of a gin file, in order."""
+  macros = []
+  for line in Path(path).read_text().splitlines():
+    match = re.match(r"^([A-Z][A-Z0-9_]*)\s*=\s*(.+?)\s*(#.*)?$", line)
+    if match:
+      macros.append((match.group(1), match.group(2)))
+  return macros
+
+
+def macro_table(path=DECODE_GIN):
+  """The markdown table of every macro of `path` with its default and meaning."""
+  rows = ["| macro | default | meaning |", "|---|---|---|"]
+  for name, default in gin_macros(path):
+    default = "required" if default == "%gin.REQUIRED" else f"`{default}`"
+    rows.append(f"| `{name}` | {default} | {MACRO_MEANING.get(name, '')} |")
+  return "\n".join(rows)
+
+
+def _default_text(value):
+  text = repr(value)
+  if len(text) > 40:
+    text = f"{type(value).__name__}(...)"
+  return text
+
+
+def _signature(name, obj):
+  """`name(\n    param=default,\n ...)` with long defaults shortened."""
+  try:
+    sig = inspect.signature(obj)
+  except (TypeError, ValueError):
+    return None
+  params, kw_marked = [], False
+  for p in sig.parameters.values():
+    if p.kind == p.KEYWORD_ONLY and not kw_marked:
+      params.append("*")
+      kw_marked = True
+    if p.kind == p.VAR_POSITIONAL:
+      kw_marked = True
+      params.append(f"*{p.name}")
+      continue
+    if p.kind == p.VAR_KEYWORD:
+      params.append(f"**{p.name}")
+      continue
+    text = p.name
+    if p.default is not p.empty:
+      text += f"={_default_text(p.default)}"
+    params.append(text)
+  if not params:
+    return f"{name}()"
+  return f"{name}(\n" + "".join(f"    {p},\n" for p in params) + ")"
+
+
+def _fields(cls):
+  """[(field, type, comment)] of a dataclass, the comments read from its source lines."""
+  try:
+    source = inspect.getsource(cls)
+  except (OSError, TypeError):
+    return []
+  names = {f.name for f in dataclasses.fields(cls)}
+  rows = []
+  for line in source.splitlines():
+    match = re.match(r"^  (\w+): ([^=#]+?)\s*(?:=[^#]*)?(?:#\s*(.*))?$", line)
+    if match and match.group(1) in names:
+      rows.append((match.group(1), match.group(2).strip(), (match.group(3) or "").strip()))
+  return rows
+
+
+def _entry(module_name, name, obj):
+  lines = [f"### `{name}`", ""]
+  kind = "class" if inspect.isclass(obj) else "function"
+  lines.append(f"`{module_name}.{name}` ({kind}, defined in `{obj.__module__}`)")
+  lines.append("")
+  sig = _signature(name, obj)
+  if sig and sig != f"{name}(\n    *args,\n    **kwargs,\n)":
+    lines += ["```text", sig, "```", ""]
+  doc = inspect.getdoc(obj) or ""
+  if doc and not doc.startswith(f"{name}("):
+    lines += [doc, ""]
+  if inspect.isclass(obj) and dataclasses.is_dataclass(obj):
+    fields = _fields(obj)
+    if fields:
+      lines += ["| field | type | meaning |", "|---|---|---|"]
+      lines += [f"| `{f}` | `{t}` | {c.replace('|', '/')} |" for f, t, c in fields]
+      lines.append("")
+    props = [(n, v) for n, v in vars(obj).items()
+             if isinstance(v, property) and not n.startswith("_") and v.__doc__]
+    for prop_name, prop in props:
+      first = inspect.getdoc(prop).splitlines()[0]
+      lines.append(f"- `.{prop_name}`: {first}")
+    if props:
+      lines.append("")
+  if inspect.isclass(obj):
+    methods = [(n, v) for n, v in vars(obj).items()
+               if inspect.isfunction(v) and not n.startswith("_") and v.__doc__]
+    for method_name, method in methods:
+      params = ", ".join(p for p in inspect.signature(method).parameters if p != "self")
+      first = inspect.getdoc(method).splitlines()[0]
+      lines.append(f"- `.{method_name}({params})`: {first}")
+    if methods:
+      lines.append("")
+  return lines
+
+
+def _constant(module_name, name, value):
+  return [f"### `{name}`", "", f"`{module_name}.{name}` = `{_default_text(value)}`", ""]
+
+
+def api_page():
+  """The text of docs/api.md, generated from the public names' signatures and docstrings."""
+  lines = ["# API reference", "",
+           "Generated by `python docs/build.py` from the docstrings; do not edit by hand",
+           "(`tests/test_docs.py` fails when this page and the code disagree). Shapes are",
+           "written `[B, L]` (batch, length); `V` is the vocabulary, `γ` the guesses per round.",
+           "", "## Contents", ""]
+  body = []
+  for module_name, title, only in API_SECTIONS:
+    module = importlib.import_module(module_name)
+    names = only or module.__all__
+    anchor = re.sub(r"[^a-z0-9 -]", "", title.lower()).replace(" ", "-")
+    lines.append(f"- [{title}](#{anchor}) (`{module_name}`)")
+    body += [f"## {title}", ""]
+    summary = (inspect.getdoc(module) or "").split("\n\n")[0]
+    if summary and only is None:
+      body += [summary, ""]
+    for name in names:
+      obj = getattr(module, name)
+      if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isroutine(obj):
+        body += _entry(module_name, name, obj)
+      else:
+        body += _constant(module_name, name, obj)
+  return "\n".join(lines + [""] + body).rstrip() + "\n"
+
+
+def main_job_page(text):
+  """main_job.md's text with the block between the macro markers regenerated."""
+  start, end = text.index(MACROS_START), text.index(MACROS_END)
+  return text[:start + len(MACROS_START)] + "\n" + macro_table() + "\n" + text[end:]
+
+
+def stale_pages():
+  """{path: wanted text} for every generated page whose text on disk differs."""
+  wanted = {API_PAGE: api_page(), MAIN_JOB_PAGE: main_job_page(MAIN_JOB_PAGE.read_text())}
+  return {p: t for p, t in wanted.items() if not p.exists() or p.read_text() != t}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--check", action="store_true", help="only report stale pages")
+  args = parser.parse_args(argv)
+  stale = stale_pages()
+  for path, text in stale.items():
+    if args.check:
+      print(f"{path.relative_to(ROOT)} is out of date: run python docs/build.py")
+    else:
+      write_atomic(path, text)
+      print(f"wrote {path.relative_to(ROOT)}")
+  return 1 if (args.check and stale) else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
