@@ -126,14 +126,21 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
 
 
 def _costs(pair, inputs: np.ndarray, widths: Sequence[int], new: int):
-  """(target step seconds by width, c) from in-loop batch-1 chain calls."""
+  """(target step seconds by width, c) from in-loop batch-1 chain calls, interleaved."""
   cache_len = inputs.shape[1] + new + max(widths) + 1
-  position = inputs.shape[1] + new // 2
-  step = common.step_times(pair.target, pair.target_params, inputs[:1], [1, *widths],
-                           cache_len=cache_len, position=position, repeats=3, calls=10)
-  draft = common.step_times(pair.draft, pair.draft_params, inputs[:1], [1], cache_len=cache_len,
-                            position=position, repeats=3, calls=10)
-  return step, draft[1] / step[1]
+  position = 8 if pair.target.is_encoder_decoder else inputs.shape[1] + new // 2
+  first = jax.numpy.asarray(inputs[:1])
+
+  def loop(model, params, k):
+    encoded = model.encode(params, first) if model.is_encoder_decoder else None
+    return common.decode_loop(model, params, 1, cache_len, k, encoded=encoded,
+                              position=position, calls=10)
+
+  ks = sorted({1, *widths})
+  runs = {f"target{k}": loop(pair.target, pair.target_params, k) for k in ks}
+  runs["draft1"] = loop(pair.draft, pair.draft_params, 1)
+  ms, _ = common.ms_per_call(runs, repeats=3)
+  return {k: ms[f"target{k}"] / 1e3 for k in ks}, ms["draft1"] / ms["target1"]
 
 
 def main(argv=None) -> List[dict]:

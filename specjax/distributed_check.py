@@ -54,7 +54,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def _model_dir(name: str) -> str:
-  from specjax import bundled  # pylint: disable=import-outside-toplevel
+  from specjax.app import bundled  # pylint: disable=import-outside-toplevel
   if name.startswith(bundled.PREFIX):
     return str(bundled.checkpoint_dir(*name[len(bundled.PREFIX):].split("/", 1)).parent)
   return name

@@ -174,15 +174,7 @@ def load_target(item_dir: str, where: str,
                      f"its manifest {os.path.join(item_dir, 'manifest.ocdbt')} is missing (or "
                      "not a regular file)")
 
-  targets = []
-  for keys, value_meta in entries:
-    if keys[:len(prefix)] != prefix or len(keys) == len(prefix):
-      continue
-    name = _param_name(keys[len(prefix):], where)
-    if value_meta.get("value_type") not in _ARRAY_TYPES:
-      raise ValueError(f"{where}: parameter '{name}' has Orbax value type "
-                       f"{value_meta.get('value_type')!r}, not an array")
-    targets.append((keys, value_meta, name))
+  targets = _target_arrays(entries, prefix, where)
   if expected is not None:
     _io.check_names({name: None for _, _, name in targets}, expected, where)
   present: Optional[set] = _ocdbt_keys(item_dir, where) if ocdbt else None
@@ -198,30 +190,50 @@ def load_target(item_dir: str, where: str,
         raise ValueError(f"{where}: shape mismatch: parameter '{name}' has shape "
                          f"{out[name].shape} but the model config expects {want}")
       continue
-    stored = ".".join(keys)
-    if present is not None:
-      if f"{stored}/{marker}" not in present:
-        raise ValueError(f"{where}: the array of parameter '{name}' is missing "
-                         f"(no '{stored}/{marker}' in the OCDBT database)")
-      kvstore = {"driver": "ocdbt",
-                 "base": {"driver": "file", "path": item_dir + "/"},
-                 "path": stored + "/"}
-    else:
-      folder = _io.safe_join(item_dir, stored, name, where)
-      what = f"the array of parameter '{name}'"
-      if use_zarr3:
-        if not os.path.isfile(os.path.join(folder, marker)):
-          raise ValueError(f"{where}: {what} is missing (no {os.path.join(folder, marker)})")
-        _io.scan_files(item_dir, folder, what, where)
-      elif _io.check_zarr_folder(item_dir, folder, name, where, {}, shape=want,
-                                 shape_source="the model config expects",
-                                 require_all_chunks=not allow_missing) is None:
-        raise ValueError(f"{where}: {what} is missing its metadata "
-                         f"{os.path.join(folder, marker)}")
-      kvstore = {"driver": "file", "path": folder + "/"}
+    kvstore = _array_kvstore(item_dir, ".".join(keys), name, marker, present, want,
+                             use_zarr3, allow_missing, where)
     out[name] = None  # filled below, keeps the tree order of the metadata
     reads.append(_io.ZarrRead(name=name, spec={"driver": driver, "kvstore": kvstore},
                               expected=want, allow_missing_chunks=allow_missing))
   for read, arr in zip(reads, read_arrays(reads, where)):
     out[read.name] = arr
   return out
+
+
+def _target_arrays(entries, prefix, where: str) -> List[Tuple[Tuple[str, ...], Dict, str]]:
+  """(keys, value metadata, parameter name) of every array below the target's prefix."""
+  targets = []
+  for keys, value_meta in entries:
+    if keys[:len(prefix)] != prefix or len(keys) == len(prefix):
+      continue
+    name = _param_name(keys[len(prefix):], where)
+    if value_meta.get("value_type") not in _ARRAY_TYPES:
+      raise ValueError(f"{where}: parameter '{name}' has Orbax value type "
+                       f"{value_meta.get('value_type')!r}, not an array")
+    targets.append((keys, value_meta, name))
+  return targets
+
+
+def _array_kvstore(item_dir: str, stored: str, name: str, marker: str,
+                   present: Optional[set], want, use_zarr3: bool, allow_missing: bool,
+                   where: str) -> Dict[str, Any]:
+  """The tensorstore kvstore of one stored array (in the OCDBT database whose keys are
+  `present`, else its own folder), after checking that its metadata is there."""
+  if present is not None:
+    if f"{stored}/{marker}" not in present:
+      raise ValueError(f"{where}: the array of parameter '{name}' is missing "
+                       f"(no '{stored}/{marker}' in the OCDBT database)")
+    return {"driver": "ocdbt", "base": {"driver": "file", "path": item_dir + "/"},
+            "path": stored + "/"}
+  folder = _io.safe_join(item_dir, stored, name, where)
+  what = f"the array of parameter '{name}'"
+  if use_zarr3:
+    if not os.path.isfile(os.path.join(folder, marker)):
+      raise ValueError(f"{where}: {what} is missing (no {os.path.join(folder, marker)})")
+    _io.scan_files(item_dir, folder, what, where)
+  elif _io.check_zarr_folder(item_dir, folder, name, where, {}, shape=want,
+                             shape_source="the model config expects",
+                             require_all_chunks=not allow_missing) is None:
+    raise ValueError(f"{where}: {what} is missing its metadata "
+                     f"{os.path.join(folder, marker)}")
+  return {"driver": "file", "path": folder + "/"}

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from specjax import bundled
+from specjax.app import bundled
 from specjax.data import load_bundled, load_vocab
 from specjax.decode import DecodeConfig, autoregressive_decode, tree_decode
 from specjax.draft import DynamicTree, StaticTree, TreeModelDrafter
