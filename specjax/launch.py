@@ -1,9 +1,9 @@
 """Starts N local CPU processes of one program, joined by `specjax.distributed`.
 
     python -m specjax.launch --num_processes 2 --local_devices 2 -- \\
-        specjax.distributed_check --checkpoint bundled:lm/tiny --out /tmp/out.json
+        specjax.app.distributed_check --checkpoint bundled:lm/tiny --out /tmp/out.json
 
-runs `python -m specjax.distributed_check ...` twice, as processes 0 and 1 of one job
+runs `python -m specjax.app.distributed_check ...` twice, as processes 0 and 1 of one job
 (coordinator 127.0.0.1 on a free port, `--local_devices` CPU devices each: 4 global
 devices), with every output line prefixed `[pN] `. It exits with the first non-zero
 status of a process (the others are then stopped), else 0. Loopback only: for many

@@ -17,7 +17,7 @@ from specjax import distributed, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Fewer decodes than distributed_check runs by default (each compiles in both processes);
-# prompt lookup and beam search are checked the same way by `python -m specjax.distributed_check`.
+# prompt lookup and beam search are checked the same way by `python -m specjax.app.distributed_check`.
 DECODES = "ar_greedy,spec_greedy,spec_sampled"
 CHECK_ARGS = ["--batch", "6", "--prompt_len", "4", "--new_tokens", "6", "--gamma", "2",
               "--seed", "3", "--decodes", DECODES]
@@ -69,7 +69,7 @@ def two_process_run(model_dirs, tmp_path_factory):
   out_dir = tmp_path_factory.mktemp("out")
   out = out_dir / "tokens.json"
   command = [sys.executable, "-m", "specjax.launch", "--num_processes", "2", "--local_devices",
-             "2", "--timeout", "400", "--", "specjax.distributed_check", "--target",
+             "2", "--timeout", "400", "--", "specjax.app.distributed_check", "--target",
              model_dirs["target"], "--draft", model_dirs["draft"], "--num_partitions", "2",
              "--out", str(out)] + CHECK_ARGS
   proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=450,
@@ -81,7 +81,7 @@ def two_process_run(model_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single_run(model_dirs, tmp_path_factory):
-  from specjax import distributed_check  # pylint: disable=import-outside-toplevel
+  from specjax.app import distributed_check  # pylint: disable=import-outside-toplevel
   out = tmp_path_factory.mktemp("single") / "single.json"
   args = distributed_check.parse_args(["--target", model_dirs["target"], "--draft",
                                        model_dirs["draft"], "--single", "--out", str(out)]

@@ -10,7 +10,7 @@ from specjax.app import bundled
 from specjax.data import load_bundled, load_vocab
 from specjax.decode import DecodeConfig, autoregressive_decode, tree_decode
 from specjax.draft import DynamicTree, StaticTree, TreeModelDrafter
-from specjax.main import encode_inputs
+from specjax.app import encode_inputs
 from specjax.sampling import Sampling
 from specjax.testing import TableModel, exact_joint, random_table
 

@@ -3,7 +3,7 @@
 Run it under the launcher (any number of processes) or alone (one process, or
 `--single` for no mesh at all): the tokens must not depend on how it runs.
 
-    python -m specjax.launch --num_processes 2 --local_devices 2 -- specjax.distributed_check \\
+    python -m specjax.launch --num_processes 2 --local_devices 2 -- specjax.app.distributed_check \\
         --target bundled:lm/target --draft bundled:lm/draft --num_partitions 2 --out /tmp/d.json
 
 The prompts are drawn from `--seed` over the target's vocabulary (ids >= 2), the same in
@@ -28,7 +28,7 @@ DECODES = ("ar_greedy", "ar_sampled", "spec_greedy", "spec_sampled", "lookup_gre
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   from specjax import distributed  # pylint: disable=import-outside-toplevel
-  parser = argparse.ArgumentParser(prog="python -m specjax.distributed_check",
+  parser = argparse.ArgumentParser(prog="python -m specjax.app.distributed_check",
                                    description=__doc__.split("\n")[0])
   parser.add_argument("--target", required=True,
                       help="a model folder (model.gin + checkpoint_N/) or bundled:PAIR/ROLE")
