@@ -534,6 +534,15 @@ class Output:
     self.csv(rows)
     self.json({"pairs": {p.name: p.source for p in pairs}, **extra, "rows": rows})
 
+  def report(self, md: str, rows: Sequence[Dict[str, Any]], pairs,
+             plot: Optional[Callable[[], None]] = None) -> Sequence[Dict[str, Any]]:
+    """The tables (`tables`), the plot when given, the announcement; returns the rows."""
+    self.tables(md, rows, pairs)
+    if plot is not None:
+      plot()
+    self.announce()
+    return rows
+
   def png(self, figure, filename: str) -> None:
     figure.savefig(self.path(filename), dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel

@@ -109,10 +109,7 @@ def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
                                              "tokens_per_call", "EXP", "EXP_CPU", "EXP_CPU_obs",
                                              "EMP", "ar_ms_per_token",
                                              "spec_ms_per_token"])
-  out.tables(md, rows, cli.pairs)
-  _plot(out, rows)
-  out.announce()
-  return rows
+  return out.report(md, rows, cli.pairs, plot=lambda: _plot(out, rows))
 
 
 def _plot(out: common.Output, rows: List[Dict]) -> None:

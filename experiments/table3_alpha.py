@@ -80,10 +80,7 @@ def run(cli: common.Cli, *, num_examples: int = 64, max_new_tokens: int = 32, ga
                      [f"{num_examples} examples × {max_new_tokens} new tokens, γ={gamma}", *notes])
   md += "\n" + common.markdown_table(rows, ["pair", "draft", "temperature", "alpha",
                                              "tokens_per_call"])
-  out.tables(md, rows, cli.pairs)
-  _plot(out, rows)
-  out.announce()
-  return rows
+  return out.report(md, rows, cli.pairs, plot=lambda: _plot(out, rows))
 
 
 def _plot(out: common.Output, rows: List[Dict]) -> None:

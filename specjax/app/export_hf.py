@@ -73,6 +73,16 @@ def _mlp(out: Dict[str, np.ndarray], tree: Mapping[str, Any], prefix: str) -> No
     out[f"{prefix}.DenseReluDense.{name}.weight"] = np.asarray(node["kernel"], np.float32).T
 
 
+# The sublayers of a T5 block in HF's order: (T5X module, HF attention module or None for the
+# MLP, T5X layer norm before it).
+_ENCODER_PARTS = (("attention", "SelfAttention", "pre_attention_layer_norm"),
+                  ("mlp", None, "pre_mlp_layer_norm"))
+_DECODER_PARTS = (("self_attention", "SelfAttention", "pre_self_attention_layer_norm"),
+                  ("encoder_decoder_attention", "EncDecAttention",
+                   "pre_cross_attention_layer_norm"),
+                  ("mlp", None, "pre_mlp_layer_norm"))
+
+
 def hf_state_dict(config: T5Config, params: Mapping[str, Any]) -> Dict[str, np.ndarray]:
   """specjax T5 params (T5X names) -> HF T5 state dict as float32 numpy arrays.
 
@@ -92,22 +102,18 @@ def hf_state_dict(config: T5Config, params: Mapping[str, Any]) -> Dict[str, np.n
       np.asarray(enc["relpos_bias"]["rel_embedding"], np.float32).T
   out["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = \
       np.asarray(dec["relpos_bias"]["rel_embedding"], np.float32).T
-  for i in range(config.num_encoder_layers):
-    layer, p = enc[f"layers_{i}"], f"encoder.block.{i}.layer"
-    _attention(out, layer["attention"], f"{p}.0.SelfAttention")
-    out[f"{p}.0.layer_norm.weight"] = ln(layer["pre_attention_layer_norm"])
-    _mlp(out, layer["mlp"], f"{p}.1")
-    out[f"{p}.1.layer_norm.weight"] = ln(layer["pre_mlp_layer_norm"])
-  out["encoder.final_layer_norm.weight"] = ln(enc["encoder_norm"])
-  for i in range(config.num_decoder_layers):
-    layer, p = dec[f"layers_{i}"], f"decoder.block.{i}.layer"
-    _attention(out, layer["self_attention"], f"{p}.0.SelfAttention")
-    out[f"{p}.0.layer_norm.weight"] = ln(layer["pre_self_attention_layer_norm"])
-    _attention(out, layer["encoder_decoder_attention"], f"{p}.1.EncDecAttention")
-    out[f"{p}.1.layer_norm.weight"] = ln(layer["pre_cross_attention_layer_norm"])
-    _mlp(out, layer["mlp"], f"{p}.2")
-    out[f"{p}.2.layer_norm.weight"] = ln(layer["pre_mlp_layer_norm"])
-  out["decoder.final_layer_norm.weight"] = ln(dec["decoder_norm"])
+  for stack, tree, count, parts in (("encoder", enc, config.num_encoder_layers, _ENCODER_PARTS),
+                                    ("decoder", dec, config.num_decoder_layers, _DECODER_PARTS)):
+    for i in range(count):
+      layer = tree[f"layers_{i}"]
+      for index, (t5x, hf, norm) in enumerate(parts):
+        prefix = f"{stack}.block.{i}.layer.{index}"
+        if hf is None:
+          _mlp(out, layer[t5x], prefix)
+        else:
+          _attention(out, layer[t5x], f"{prefix}.{hf}")
+        out[f"{prefix}.layer_norm.weight"] = ln(layer[norm])
+    out[f"{stack}.final_layer_norm.weight"] = ln(tree[f"{stack}_norm"])
   if not config.logits_via_embedding:
     out["lm_head.weight"] = np.asarray(dec["logits_dense"]["kernel"], np.float32).T
   return out
