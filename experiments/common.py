@@ -53,16 +53,8 @@ RANDOM_CONFIGS = {  # tiny stand-ins with the real vocabulary
 
 
 @dataclasses.dataclass
-class Pair:
-  """A target/draft pair and where it came from."""
-  name: str
-  """'lm', 'translate' or 'gin'."""
-  task: str
-  """The bundled evaluation split: 'lm_ddtp_en' or 'translate_en_de'."""
-  target: Any
-  target_params: Any
-  draft: Any
-  draft_params: Any
+class Pair(bundled.BundledPair):
+  """A target/draft pair and where it came from ('gin' pairs as well as the bundled ones)."""
   source: str
   """Human-readable origin (checkpoint paths, or RANDOM_NOTE)."""
 
