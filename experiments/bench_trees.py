@@ -1,12 +1,16 @@
 """Benchmark: chains vs static token trees vs dynamic token trees at equal target-call width.
 
   python -m experiments.bench_trees [--pair lm] [--batch 1 --batch 8] [--temperature 0
-      --temperature 1] [--width 8 --width 16 --width 32] [--no_timing] [--fast]
+      --temperature 1] [--width 8 --width 16 --width 32] [--trees K] [--no_timing] [--fast]
 
 For each pair, batch, temperature and width w (the target call scores w positions), runs
 - the chain: `speculative_decode` with γ = w - 1;
-- static trees of at most w - 1 nodes (spines with side branches, k-ary stems);
-- dynamic trees (`DynamicTree`: the most probable nodes of each level expanded);
+- static trees of w - 1 nodes: a deep top-1 spine plus short alternatives for the first
+  token (`StaticTree.from_spines`);
+- a dynamic tree (`DynamicTree`: the most probable nodes of each level expanded; at T = 0
+  grown past the width and cut to its w - 1 most probable nodes);
+- trees given in gin by name (`--gin_file=gin/experiments/trees.gin`, `extra_trees`);
+(`--trees K`: the first K of each kind only),
 and reports tokens per target call, draft calls per round, the call cost r(w) (the
 target's w-token call time over its 1-token call, chain calls, batch 1), ms/token and the
 speedup over autoregressive (all decodes of one setting timed in turn, medians), with the
@@ -18,8 +22,9 @@ Tokens per call is not a timing; timings on a loaded machine are not claims.
 from __future__ import annotations
 
 import statistics
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import gin
 import jax
 import numpy as np
 
@@ -31,42 +36,49 @@ FAST = dict(examples=1, new=8, widths=(8,), repeats=1, trees=1)
 FULL = dict(examples=8, new=48, widths=(8, 16, 32), repeats=3, trees=None)
 
 
-def spine(depth: int, sides: int, side_depth: int = 1) -> StaticTree:
-  """The draft's top-1 path of `depth` nodes, plus a second-choice branch of `side_depth`
-  nodes under each of the first `sides` places of that path (the root included)."""
-  paths = [(0,) * i for i in range(1, depth + 1)]
-  for i in range(sides):
-    paths += [(0,) * i + (1,) + (0,) * j for j in range(side_depth)]
-  return StaticTree.from_paths(paths)
+ALTERNATIVES = ((1,), (2, 1), (5, 2, 1, 1))
+"""Spine lengths under the root's second, third, ... children; the first child's spine
+takes the rest of the width."""
 
-
-MAX_DEPTH = 8
-"""Deepest tree tried: the drafter makes one call per level, unrolled in the compiled loop."""
+MAX_DYNAMIC_DEPTH = 8
+"""Deepest dynamic tree tried (its levels are wider than a spine's, and each is one
+draft call unrolled in the compiled loop)."""
 
 
 def static_trees(width: int) -> Dict[str, StaticTree]:
-  """Static trees of at most width - 1 nodes and depth <= MAX_DEPTH, by name."""
-  nodes, out = width - 1, {}
-  for depth in (4, 6, MAX_DEPTH):
-    rest = nodes - depth
-    if rest < 1:
-      continue
-    sides = min(depth, rest)
-    side_depth = min(depth - 1, rest // sides)
-    out[f"spine({depth},{sides},{side_depth})"] = spine(depth, sides, side_depth)
-  k = -(-nodes // MAX_DEPTH)
-  if k > 1 and nodes // k >= 2:
-    out[f"stem({k}x{nodes // k})"] = StaticTree.from_branching((k,) + (1,) * (nodes // k - 1))
+  """Spine trees of width - 1 nodes: a deep top-1 spine plus short alternatives for the
+  first token (`StaticTree.from_spines`), by name."""
+  out = {}
+  for alternatives in ALTERNATIVES:
+    main = width - 1 - sum(alternatives)
+    if main > alternatives[0]:
+      lengths = (main,) + alternatives
+      out["spines(" + ",".join(map(str, lengths)) + ")"] = StaticTree.from_spines(lengths)
   return out
 
 
-def dynamic_trees(width: int) -> Dict[str, DynamicTree]:
-  """Dynamic trees of at most width - 1 nodes and depth <= MAX_DEPTH."""
-  out = {}
-  for branch, expand in ((2, 1), (3, 1), (2, 2), (4, 2)):
-    depth = min(MAX_DEPTH, 1 + (width - 1 - branch) // (branch * expand))
-    if branch <= width - 1 and depth >= 2:
-      out[f"dyn(b{branch},e{expand},d{depth})"] = DynamicTree(branch, expand, depth)
+def dynamic_trees(width: int, greedy: bool) -> Dict[str, DynamicTree]:
+  """A dynamic tree scoring at most width - 1 nodes: at temperature 0 grown with branch 2,
+  expand 2 and cut to width - 1 nodes (EAGLE-2's rerank, `keep`); otherwise (no cut is
+  exact there) branch 2, expand 1 as deep as the width allows."""
+  nodes = width - 1
+  if greedy:
+    depth = min(MAX_DYNAMIC_DEPTH, 1 + -(-(nodes - 2) // 4))
+    tree = DynamicTree(2, 2, depth, keep=min(nodes, 2 + 4 * (depth - 1)))
+    return {f"dyn(b2,e2,d{depth},keep{tree.keep})": tree}
+  depth = min(MAX_DYNAMIC_DEPTH, nodes // 2)
+  return {f"dyn(b2,e1,d{depth})": DynamicTree(2, 1, depth)}
+
+
+@gin.configurable(module="bench_trees")
+def extra_trees(trees: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+  """Trees given in gin by name (gin/experiments/trees.gin), tried beside the built-in ones
+  at every width whose call they fit."""
+  out = dict(trees or {})
+  for name, tree in out.items():
+    if not isinstance(tree, (StaticTree, DynamicTree)):
+      raise ValueError(f"bench_trees.extra_trees.trees[{name!r}] must be a StaticTree or "
+                       f"DynamicTree, got {tree!r}")
   return out
 
 
@@ -83,13 +95,16 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
              repeats: int, timing: bool, costs: Tuple[Dict[int, float], float],
              trees_per_kind=None) -> List[dict]:
   """Every decoder of one setting over `batches` (each one call of the decoder)."""
-  cache_len = batches[0].shape[1] + new + width + 1
+  cache_len = batches[0].shape[1] + new + 2 * width + 1  # a cut dynamic tree grows more
   config = common.decode_config(temperature, cache_len)
   key = jax.random.PRNGKey(0)
   decoders = {"chain": ("chain", lambda x: speculative_decode(
       pair.target, pair.target_params, *common.model_drafter(pair, width - 1), x,
       max_new_tokens=new, gamma=width - 1, rng=key, config=config))}
-  for kind, trees in (("static", static_trees(width)), ("dynamic", dynamic_trees(width))):
+  configured = {name: tree for name, tree in extra_trees().items()
+                if tree.nodes < width and (temperature == 0 or getattr(tree, "keep", None) is None)}
+  for kind, trees in (("static", static_trees(width)),
+                      ("dynamic", dynamic_trees(width, temperature == 0)), ("gin", configured)):
     for name, tree in list(trees.items())[:trees_per_kind]:
       decoders[name] = (kind, lambda x, t=tree: tree_decode(
           pair.target, pair.target_params, TreeModelDrafter(pair.draft, t), pair.draft_params,
@@ -114,8 +129,10 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
     calls = total(res, "target_calls")
     per_call = total(res, "lengths") / calls
     drafts = total(res, "draft_calls") / calls
+    hist = sum(np.asarray(r.accepted_hist).sum(0) for r in res)
     row = dict(pair=pair.name, batch=batches[0].shape[0], temperature=temperature, width=width,
                kind=kind, decoder=name, tokens_per_call=per_call, draft_calls_per_round=drafts,
+               none_accepted=hist[0] / hist.sum(), all_accepted=hist[-1] / hist.sum(),
                r=r, c=c, predicted_speedup=per_call / (r + c * drafts))
     if timing:
       tokens = total(res, "lengths")
@@ -149,6 +166,7 @@ def main(argv=None) -> List[dict]:
   parser.add_argument("--batch", type=int, action="append")
   parser.add_argument("--temperature", type=float, action="append")
   parser.add_argument("--width", type=int, action="append")
+  parser.add_argument("--trees", type=int)
   parser.add_argument("--no_timing", action="store_true")
   own, rest = parser.parse_known_args(argv)
   cli = common.parse_cli(rest, __doc__, "bench_trees")
@@ -166,7 +184,8 @@ def main(argv=None) -> List[dict]:
           batches = ([inputs[:batch]] if batch > 1 else
                      [inputs[i:i + 1] for i in range(settings["examples"])])
           rows += _setting(pair, batches, width, temperature, settings["new"],
-                           settings["repeats"], not own.no_timing, costs, settings["trees"])
+                           settings["repeats"], not own.no_timing, costs,
+                           own.trees or settings["trees"])
   best = _best(rows)
   out = common.Output(cli.output_dir, "bench_trees")
   md = common.header("Chains vs token trees at equal target-call width", cli.pairs, [

@@ -29,6 +29,7 @@ import gin
 
 from specjax.app import bundled
 from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
+from specjax.draft import DynamicTree, StaticTree
 from specjax.models import DecoderOnlyConfig, T5Config, config_from_model_file, parse_model_file
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
@@ -67,6 +68,11 @@ for _obj, _module in ((T5Config, "specjax.models"), (DecoderOnlyConfig, "specjax
                       (Partitioner, "specjax.sharding"), (beam_search, "specjax.decode"),
                       (speculative_beam_search, "specjax.decode")):
   register(_obj, _module)
+# Token-tree shapes: `@specjax.draft.tree_spines()` with `tree_spines.lengths = (12, 2, 1)`,
+# `tree_paths.paths`, `tree_branching.branching`, or `@specjax.draft.DynamicTree()`.
+for _obj, _name in ((StaticTree.from_spines, "tree_spines"), (StaticTree.from_paths, "tree_paths"),
+                    (StaticTree.from_branching, "tree_branching"), (DynamicTree, None)):
+  register(_obj, "specjax.draft", _name)
 
 
 def split_gin_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str], List[str]]:

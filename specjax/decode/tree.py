@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,13 +37,13 @@ from specjax.verify.tree import path_tokens, tree_verify
 
 
 def _node_uniforms(keys, length, depth):
-  """float32 [B, N]: node j's accept uniform (keys [B], length [B], depth int32 [N])."""
-  def row(key, l):
+  """float32 [B, N]: node j's accept uniform (keys [B], length [B], depth int32 [B, N])."""
+  def row(key, l, depth):
     def node(j, d):
       return jax.random.uniform(jax.random.fold_in(position_key(key, l - 1 + d, ACCEPT_STREAM),
                                                    j), dtype=jnp.float32)
     return jax.vmap(node)(jnp.arange(depth.shape[0]), depth)
-  return jax.vmap(row)(keys, length)
+  return jax.vmap(row)(keys, length, depth)
 
 
 def _correction_keys(keys, length, max_depth: int):
@@ -95,22 +95,21 @@ class TreeLoop:
 
   def _score(self, target_params, state: LoopState, proposal: TreeProposal, encoded):
     """The target's logits [B, N + 1, V] at the root and every node, in one call."""
-    batch = proposal.tokens.shape[0]
-    depth = jnp.broadcast_to(jnp.asarray(self.drafter.tree.depth), (batch, self.drafter.size))
     tokens = jnp.concatenate([last_tokens(state), proposal.tokens], axis=1)
     return self.target.decode(target_params, state.cache, tokens, state.length - 1, encoded,
-                              tree=tree_call(proposal.parent, depth, state.length))
+                              tree=tree_call(proposal.parent, proposal.depth, state.length))
 
   def _verify(self, keys, state: LoopState, proposal: TreeProposal, logits):
     tree, sampling = self.drafter.tree, self.config.sampling
-    depth = jnp.asarray(tree.depth)
-    uniforms = _node_uniforms(keys, state.length, depth)
+    uniforms = _node_uniforms(keys, state.length, proposal.depth)
+    lenient_argmax = sampling.greedy and self.config.lenience < 1  # needs p itself
+    target_probs = jax.nn.softmax(logits, -1) if lenient_argmax else sampling.probs(logits)
     correction = _correction_keys(keys, state.length, tree.max_depth)
     verify = functools.partial(tree_verify, iid=tree.iid, greedy=sampling.greedy,
-                               max_depth=tree.max_depth)
-    return jax.vmap(verify, in_axes=(0, 0, 0, 0, None, 0, 0, 0))(
-        uniforms, correction, proposal.tokens, proposal.parent, depth, proposal.valid,
-        proposal.probs, sampling.probs(logits))
+                               max_depth=tree.max_depth, lenience=self.config.lenience)
+    return jax.vmap(verify)(
+        uniforms, correction, proposal.tokens, proposal.parent, proposal.depth, proposal.valid,
+        proposal.probs, target_probs)
 
 
 @functools.partial(jax.jit, static_argnames=("loop",))
@@ -140,8 +139,9 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
     inputs: int32 [B, L]: encoder inputs (T5) or left-aligned prompts (decoder-only), 0-padded.
     max_new_tokens: generation budget per row (data).
     rng: one PRNG key, or one key per row [B].
-    config: static settings: sampling, eos_id, cache_len (lenience 1, the reference verifier
-      and the constant γ policy only: the tree rule replaces them).
+    config: static settings: sampling, eos_id, cache_len, lenience (< 1 is NOT exact, as in
+      the chain); the reference verifier and the constant γ policy only (the tree rule
+      replaces the verifiers, and the tree's shape replaces γ).
     tree: a `StaticTree` or `DynamicTree` when `drafter` is a model.
     prompt_lengths: optional int [B] for decoder-only prompts.
   Returns:
@@ -155,17 +155,19 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   if not isinstance(drafter, TreeModelDrafter):
     raise ValueError("tree_decode needs a TreeModelDrafter, or a draft model with tree=..., "
                      f"got {type(drafter).__name__}")
-  if (config.lenience != 1.0 or config.gamma_policy != "constant"
-      or not isinstance(config.verifier, ReferenceVerifier)):
-    raise ValueError("tree_decode verifies with the exact tree rule: it takes lenience=1, "
+  if config.gamma_policy != "constant" or not isinstance(config.verifier, ReferenceVerifier):
+    raise ValueError("tree_decode verifies with the tree rule (specjax.verify.tree): it takes "
                      "gamma_policy='constant' and the reference verifier only")
+  if getattr(drafter.tree, "keep", None) is not None and not config.sampling.greedy:
+    raise ValueError("DynamicTree(keep=...) prunes drawn children by their own probability, "
+                     "which is exact at temperature 0 only (specjax.verify.tree)")
   check_config(target, config)
   check_same_vocab(target, drafter.vocab_size)
   max_new_tokens = check_count("max_new_tokens", max_new_tokens)
   inputs = check_inputs(target, inputs)
   length = prefix_lengths(target, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens,
-                           drafter.size + 1)
+                           drafter.slots + 1)
   check_cache_size([target, drafter.model], inputs.shape[0], cache_len, None)
   seq = initial_seq(target, inputs, cache_len)
   loop = TreeLoop(target, drafter, config)

@@ -16,7 +16,7 @@ j + 1 node j), so a row's tree does not depend on its batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import flax
 import jax
@@ -41,8 +41,9 @@ class StaticTree:
   """A fixed tree: node j is child number `ranks[j]` (in draw order) of node `parents[j]`.
 
   Build it with `StaticTree.from_branching((3, 2, 1))` (every depth-d node has that many
-  children) or `StaticTree.from_paths([(0,), (1,), (0, 0), ...])` (each path the ranks
-  from the root, Medusa / EAGLE "choices"; a node's children must be ranks 0..c-1).
+  children), `StaticTree.from_paths([(0,), (1,), (0, 0), ...])` (each path the ranks
+  from the root, Medusa / EAGLE "choices"; a node's children must be ranks 0..c-1) or
+  `StaticTree.from_spines((22, 5, 2, 1, 1))` (a deep top-1 spine plus short alternatives).
   """
 
   parents: Tuple[int, ...]
@@ -100,6 +101,18 @@ class StaticTree:
     return cls(tuple(index[p[:-1]] if len(p) > 1 else -1 for p in paths),
                tuple(p[-1] for p in paths), iid)
 
+  @classmethod
+  def from_spines(cls, lengths: Sequence[int], iid: bool = False) -> "StaticTree":
+    """The root's child of rank r heads a spine of lengths[r] nodes (each node's first drawn
+    child under it): one deep guess plus shorter alternatives for the first token, e.g.
+    (22, 5, 2, 1, 1). Lengths must not increase (a later-drawn child is less likely)."""
+    if (not lengths or any(not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1
+                           for n in lengths) or list(lengths) != sorted(lengths, reverse=True)):
+      raise ValueError(f"spine lengths must be positive, non-increasing integers, got "
+                       f"{lengths!r}")
+    return cls.from_paths([(r,) + (0,) * i for r, n in enumerate(lengths) for i in range(n)],
+                          iid)
+
   @property
   def depth(self) -> np.ndarray:
     """int32 [N]: each node's depth (1-based)."""
@@ -121,6 +134,11 @@ class StaticTree:
   def max_depth(self) -> int:
     return len(self.levels)
 
+  @property
+  def nodes(self) -> int:
+    """Nodes the target scores: all of them."""
+    return self.size
+
 
 @dataclasses.dataclass(frozen=True)
 class DynamicTree:
@@ -128,7 +146,10 @@ class DynamicTree:
   each later depth the `expand` nodes of the level above with the highest path
   probability (product of q along the path; at temperature 0 of the draft's
   temperature-1 softmax) get `branch` children each (EAGLE-2's expansion). Drawn
-  children are never pruned by their own probability (`specjax.verify.tree`)."""
+  children are never pruned by their own probability (`specjax.verify.tree`), except
+  with `keep`: the grown tree is cut to its `keep` nodes of highest path probability
+  (EAGLE-2's rerank), which the target then scores. That cut prunes drawn children by
+  their own probability, so `keep` is exact at temperature 0 only (where any tree is)."""
 
   branch: int
   """Children per expanded node."""
@@ -138,24 +159,39 @@ class DynamicTree:
   """Levels."""
   iid: bool = False
   """Children drawn i.i.d. instead of without replacement."""
+  keep: Optional[int] = None
+  """Nodes the target scores: the `keep` most probable of the grown tree (temperature 0
+  only); None scores every grown node."""
 
   def __post_init__(self):
     check_sizes(self, branch=1, expand=1, max_depth=1)
     if self.max_depth > 1 and self.expand > self.branch:
       raise ValueError(f"DynamicTree.expand={self.expand} exceeds the first level's "
                        f"{self.branch} nodes")
+    if self.keep is not None:
+      check_sizes(self, keep=1)
+      if self.keep > self.size:
+        raise ValueError(f"DynamicTree.keep={self.keep} exceeds the {self.size} nodes grown")
 
   @property
   def levels(self) -> Tuple[int, ...]:
+    """Grown nodes per depth."""
     return (self.branch,) + (self.branch * self.expand,) * (self.max_depth - 1)
 
   @property
   def depth(self) -> np.ndarray:
+    """int32 [size]: each grown node's depth (1-based)."""
     return np.repeat(np.arange(1, self.max_depth + 1), self.levels).astype(np.int32)
 
   @property
   def size(self) -> int:
+    """Nodes grown (and fed to the draft)."""
     return sum(self.levels)
+
+  @property
+  def nodes(self) -> int:
+    """Nodes the target scores: `keep`, or every grown node."""
+    return self.size if self.keep is None else self.keep
 
 
 @flax.struct.dataclass
@@ -164,6 +200,7 @@ class TreeProposal:
 
   tokens: jax.Array  # int32 [B, N]: the nodes' tokens, level order
   parent: jax.Array  # int32 [B, N]: each node's parent (-1: the root)
+  depth: jax.Array  # int32 [B, N]: each node's depth (1-based)
   valid: jax.Array  # bool [B, N]: nodes that are real draws
   probs: jax.Array  # float32 [B, N + 1, V]: q at the root and at each node (0 at leaves)
   calls: jax.Array  # int32 [B]: draft model calls spent
@@ -204,6 +241,7 @@ class TreeDrafterState:
   cache: Any  # the draft model's KV cache
   encoded: Any  # the draft's encoder output (None for decoder-only)
   fed: jax.Array  # int32 [B]: cache slots 0..fed-1 hold the row's committed tokens
+  source: jax.Array  # int32 [B, N]: the grown node (draft cache slot length + j) of node j
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,11 +271,18 @@ class TreeModelDrafter:
 
   @property
   def size(self) -> int:
+    """Nodes the target scores per round."""
+    return self.tree.nodes
+
+  @property
+  def slots(self) -> int:
+    """Cache slots a round writes past the committed tokens: every grown node."""
     return self.tree.size
 
   def init(self, params, inputs, seq, length, cache_len):
     cache, encoded, fed = start_model(self.model, params, inputs, length, cache_len)
-    return TreeDrafterState(cache=cache, encoded=encoded, fed=fed)
+    source = jnp.broadcast_to(jnp.arange(self.size, dtype=jnp.int32), (seq.shape[0], self.size))
+    return TreeDrafterState(cache=cache, encoded=encoded, fed=fed, source=source)
 
   def propose(self, params, state: TreeDrafterState, seq, length, row_keys, sampling: Sampling
               ) -> Tuple[TreeProposal, TreeDrafterState]:
@@ -278,9 +323,12 @@ class TreeModelDrafter:
       path_logq = path_logq.at[:, lo:hi].set(new_logq)
       probs = probs.at[:, q_row:q_row + q.shape[1]].set(q)
     fed = length  # slots < length hold the committed tokens; the tree's slots are junk
-    proposal = TreeProposal(tokens=tokens, parent=parent, valid=valid, probs=probs,
+    proposal = TreeProposal(tokens=tokens, parent=parent, depth=depth, valid=valid, probs=probs,
                             calls=jnp.full((batch,), tree.max_depth, jnp.int32))
-    return proposal, state.replace(cache=cache, fed=fed)
+    source = state.source
+    if self.size < size:
+      proposal, source = keep_most_probable(proposal, path_logq, self.size)
+    return proposal, state.replace(cache=cache, fed=fed, source=source)
 
   def _level(self, d, row_keys, length, logits, ids, parent_logq, width, sampling):
     """Draws level d from the level above: logits [B, m, V] at nodes ids [B, m] (0 = root),
@@ -317,8 +365,34 @@ class TreeModelDrafter:
     """After verification: length int32 [B] the round's start, path int32 [B, D] accepted
     nodes, n int32 [B]. The path's slots move to length.. and the fed count covers the
     path nodes that were fed (all but a deepest-level node)."""
-    cache = move_path(self.model, state.cache, length, path, n)
+    grown = jnp.where(path >= 0, jnp.take_along_axis(state.source, jnp.maximum(path, 0), axis=1),
+                      -1)
+    cache = move_path(self.model, state.cache, length, grown, n)
     return state.replace(cache=cache, fed=length + jnp.minimum(n, self.tree.max_depth - 1))
+
+
+def keep_most_probable(proposal: TreeProposal, path_logq: jax.Array, keep: int
+                       ) -> Tuple[TreeProposal, jax.Array]:
+  """Cuts each row's grown tree to its `keep` nodes of highest path log q [B, G].
+
+  A child's path log q is at most its parent's and `lax.top_k` puts the lower index (the
+  parent, in level order) first among equals, so the kept nodes are closed under taking
+  parents. Returns (the cut proposal, source int32 [B, keep]: each kept node's grown index,
+  ascending, so level order holds).
+  """
+  score = jnp.where(proposal.valid, path_logq, -jnp.inf)
+  source = jnp.sort(jax.lax.top_k(score, keep)[1], axis=1).astype(jnp.int32)  # [B, K]
+  batch, grown = path_logq.shape
+  new_index = jnp.full((batch, grown), -1, jnp.int32).at[
+      jnp.arange(batch)[:, None], source].set(jnp.arange(keep, dtype=jnp.int32))
+  take = lambda x: jnp.take_along_axis(x, source, axis=1)
+  old_parent = take(proposal.parent)
+  parent = jnp.where(old_parent >= 0, jnp.take_along_axis(new_index, jnp.maximum(old_parent, 0),
+                                                          axis=1), -1)
+  probs = jnp.concatenate([proposal.probs[:, :1], jnp.take_along_axis(
+      proposal.probs[:, 1:], source[:, :, None], axis=1)], axis=1)
+  return proposal.replace(tokens=take(proposal.tokens), parent=parent, depth=take(proposal.depth),
+                          valid=take(proposal.valid), probs=probs), source
 
 
 def _cache_len(cache) -> int:

@@ -47,6 +47,10 @@ path probabilities, but not prune the drawn children by their own probabilities.
 
 A child whose q is 0 (no mass left to draw from: every token of q's support was tried)
 is no draw at all and is skipped. Acceptance is tested as `u q(x) < p(x)`.
+
+Lenience l < 1 (paper A.5; NOT exact): a child is accepted when `u l q(x) < p(x)` and a
+rejection leaves norm(max(p - l q, 0)), the chain's lenient step at every slot; at
+temperature 0 (p then the temperature-1 softmax) when x is the argmax or p(x) >= l max(p).
 """
 from __future__ import annotations
 
@@ -68,7 +72,7 @@ def _normalized(weights: jax.Array, fallback: jax.Array) -> jax.Array:
 def tree_verify(uniforms: jax.Array, correction_keys: jax.Array, tokens: jax.Array,
                 parent: jax.Array, depth: jax.Array, valid: jax.Array, draft_probs: jax.Array,
                 target_probs: jax.Array, *, iid: bool = False, greedy: bool = False,
-                max_depth: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
+                max_depth: int, lenience=1.0) -> Tuple[jax.Array, jax.Array, jax.Array]:
   """Verifies one row's token tree (module docstring) with caller-supplied randomness.
 
   Args:
@@ -79,8 +83,10 @@ def tree_verify(uniforms: jax.Array, correction_keys: jax.Array, tokens: jax.Arr
     draft_probs: float32 [N + 1, V]: q at the root (row 0) and at node j (row j + 1).
     target_probs: float32 [N + 1, V]: the target's standardized p at the same places.
     iid: the children of a node were drawn i.i.d. from its q (else without replacement).
-    greedy: temperature 0 (argmax matching; q and the randomness are unused).
+    greedy: temperature 0 (argmax matching; q and the randomness are unused; with lenience
+      < 1, target_probs must be the temperature-1 softmax).
     max_depth: static, the tree's depth D.
+    lenience: l in (0, 1]; 1 is exact (module docstring).
   Returns:
     (n int32 [] accepted nodes, path int32 [D] node indices of the accepted path (-1 past n),
      next_token int32 []).
@@ -91,15 +97,17 @@ def tree_verify(uniforms: jax.Array, correction_keys: jax.Array, tokens: jax.Arr
     cur, p, q, path, n = carry
     x = tokens[j]
     child = valid[j] & (parent[j] + 1 == cur)
-    if greedy:
-      accept = child & (x == argmax(target_probs[cur]))
+    if greedy:  # with lenience: A.5's argmax lenience, p(x) >= l max(p)
+      here = target_probs[cur]
+      lenient = (lenience < 1) & (here[x] >= lenience * jnp.max(here))
+      accept = child & ((x == argmax(here)) | lenient)
       reject = jnp.bool_(False)
     else:
       qx, px = q[x], p[x]
       child = child & (qx > 0)
-      accept = child & (uniforms[j] * qx < px)
+      accept = child & (uniforms[j] * lenience * qx < px)
       reject = child & ~accept
-    residual = _normalized(jnp.maximum(p - q, 0.0), p)
+    residual = _normalized(jnp.maximum(p - lenience * q, 0.0), p)
     if iid:
       q_next = q
     else:

@@ -3,13 +3,15 @@ and both bundled pairs); sampled tree decoding follows the target's exact joint 
 import collections
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specjax.app import bundled
 from specjax.data import load_bundled, load_vocab
-from specjax.decode import DecodeConfig, autoregressive_decode, tree_decode
-from specjax.draft import DynamicTree, StaticTree, TreeModelDrafter
+from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode, tree_decode
+from specjax.draft import DynamicTree, ModelDrafter, StaticTree, TreeModelDrafter, TreeProposal
+from specjax.draft.tree import keep_most_probable
 from specjax.app import encode_inputs
 from specjax.sampling import Sampling
 from specjax.testing import TableModel, exact_joint, random_table
@@ -21,6 +23,7 @@ TREES = {
     "static_3_2": StaticTree.from_branching((3, 2)),
     "paths": StaticTree.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]),
     "dynamic": DynamicTree(branch=2, expand=2, max_depth=3),
+    "dynamic_keep": DynamicTree(branch=2, expand=2, max_depth=3, keep=5),
     "iid": StaticTree.from_branching((2, 2), iid=True),
 }
 
@@ -95,12 +98,55 @@ def test_bad_arguments_are_refused(tables):
   with pytest.raises(ValueError, match="TreeModelDrafter"):
     tree_decode(TableModel(V), target_table, TableModel(V), draft_table, np.ones((1, 2)),
                 max_new_tokens=4, rng=jax.random.PRNGKey(0))
-  with pytest.raises(ValueError, match="exact tree rule"):
+  with pytest.raises(ValueError, match="the tree rule"):
     tree_decode(TableModel(V), target_table, TableModel(V), draft_table, np.ones((1, 2)),
                 max_new_tokens=4, rng=jax.random.PRNGKey(0), tree=TREES["iid"],
-                config=DecodeConfig(lenience=0.5))
+                config=DecodeConfig(gamma_policy="heuristic"))
   with pytest.raises(ValueError, match="ranks"):
     StaticTree(parents=(-1, -1), ranks=(1, 0))
+  with pytest.raises(ValueError, match="temperature 0 only"):
+    tree_decode(TableModel(V), target_table, TableModel(V), draft_table, np.ones((1, 2)),
+                max_new_tokens=4, rng=jax.random.PRNGKey(0), tree=TREES["dynamic_keep"],
+                config=DecodeConfig(sampling=Sampling()))
+  with pytest.raises(ValueError, match="keep=11 exceeds the 10 nodes"):
+    DynamicTree(branch=2, expand=2, max_depth=3, keep=11)
+
+
+def test_greedy_lenient_spine_equals_the_lenient_chain(tables):
+  # A.5's argmax lenience (NOT exact): a one-spine tree proposes the chain's greedy guesses,
+  # so both accept the same tokens; lenience 0.3 must change the output (asserted).
+  target_table, draft_table = tables
+  prompts = np.array([[2, 3, 1], [1, 2, 0]], np.int32)
+  lengths, key = np.array([3, 2]), jax.random.PRNGKey(0)
+  out = {}
+  for lenience in (1.0, 0.3):
+    config = DecodeConfig(sampling=GREEDY, eos_id=NO_EOS, lenience=lenience)
+    chain = speculative_decode(TableModel(V), target_table, ModelDrafter(TableModel(V), 3),
+                               draft_table, prompts,
+                               max_new_tokens=16, gamma=3, rng=key, config=config,
+                               prompt_lengths=lengths)
+    tree = tree_decode(TableModel(V), target_table, TableModel(V), draft_table, prompts,
+                       max_new_tokens=16, rng=key, config=config, prompt_lengths=lengths,
+                       tree=StaticTree.from_spines((3,)))
+    np.testing.assert_array_equal(np.asarray(tree.tokens), np.asarray(chain.tokens))
+    out[lenience] = np.asarray(tree.tokens)
+  assert (out[1.0] != out[0.3]).any()
+
+
+def test_keep_most_probable_keeps_parents_and_level_order():
+  # Grown tree: root children 0, 1; node 2 under 0, node 3 under 1, node 4 under 2.
+  parent = np.array([[-1, -1, 0, 1, 2]] * 2, np.int32)
+  logq = np.array([[-0.1, -2.0, -0.1, -2.5, -0.3],   # ties between 0 and 2 (q = 1 at 2)
+                   [-1.0, -0.2, -3.0, -0.4, -3.0]], np.float32)
+  proposal = TreeProposal(tokens=jnp.arange(10).reshape(2, 5), parent=jnp.asarray(parent),
+                          depth=jnp.asarray([[1, 1, 2, 2, 3]] * 2), valid=jnp.ones((2, 5), bool),
+                          probs=jnp.arange(12.0).reshape(2, 6, 1), calls=jnp.ones(2, jnp.int32))
+  cut, source = keep_most_probable(proposal, jnp.asarray(logq), 3)
+  np.testing.assert_array_equal(np.asarray(source), [[0, 2, 4], [0, 1, 3]])
+  np.testing.assert_array_equal(np.asarray(cut.parent), [[-1, 0, 1], [-1, -1, 1]])
+  np.testing.assert_array_equal(np.asarray(cut.depth), [[1, 2, 3], [1, 1, 2]])
+  np.testing.assert_array_equal(np.asarray(cut.tokens), [[0, 2, 4], [5, 6, 8]])
+  np.testing.assert_array_equal(np.asarray(cut.probs)[:, :, 0], [[0, 1, 3, 5], [6, 7, 8, 10]])
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +156,7 @@ def pairs():
 
 @pytest.mark.parametrize("name,tree", [("lm", StaticTree.from_branching((3, 2, 1))),
                                        ("translate", DynamicTree(branch=3, expand=2,
-                                                                 max_depth=3))],
+                                                                 max_depth=3, keep=10))],
                          ids=["lm_static", "translate_dynamic"])
 def test_greedy_tree_equals_autoregressive_on_bundled_pairs(pairs, name, tree):
   pair, vocab = pairs[name], load_vocab()
