@@ -2,7 +2,7 @@
 
 A padded batch runs until its slowest row is done, so rows that finished early ride along
 as waste. The streaming decode keeps B slots instead: each round runs the loop's round
-(`AutoregressiveLoop` or `SpeculativeLoop`) on all B slots, and before it every slot whose
+(`AutoregressiveLoop`, `SpeculativeLoop` or `TreeLoop`) on all B slots, and before it every slot whose
 example finished (EOS or budget) takes the next input of the queue:
 
   refill  the finished example's tokens and statistics go to its row of the output (input
@@ -251,7 +251,7 @@ def stream_decode(loop, params: Any, inputs: jax.Array, length: jax.Array, keys:
   """Decodes N examples through `streaming.slots` slots (inputs checked and sized by the caller).
 
   Args:
-    loop: an `AutoregressiveLoop` or `SpeculativeLoop` (static).
+    loop: an `AutoregressiveLoop`, `SpeculativeLoop` or `TreeLoop` (static).
     params: the loop's params (placed already when a partitioner is given).
     inputs: int32 [N, L]; length: int32 [N] decoder prefix lengths; keys: [N] example keys
       (padded here to a bucket of rows: N itself is data).

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,7 @@ from specjax.decode.inputs import (cache_length, check_cache_size, check_config,
                                    check_inputs, check_nan, initial_seq, prefix_lengths)
 from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopState
+from specjax.decode.stream import Streaming, as_streaming, decode_streaming
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
 from specjax.models import DecodingModel, check_same_vocab
 from specjax.models.tree import tree_call
@@ -61,8 +62,10 @@ class TreeLoop:
   drafter: TreeModelDrafter
   config: DecodeConfig
 
-  def start(self, params, inputs, seq, length):
-    """-> (LoopState, encoded): the target encoded / prefilled, the drafter started."""
+  def start(self, params, inputs, seq, length, gamma=None):
+    """-> (LoopState, encoded): the target encoded / prefilled, the drafter started
+    (`gamma`: the streaming interface's, unused: the tree's shape replaces it)."""
+    del gamma
     target_params, drafter_params = params
     tree = self.drafter.tree
     state, encoded = start_loop(self.target, target_params, inputs, seq, length, seq.shape[1],
@@ -92,6 +95,12 @@ class TreeLoop:
         accepted_hist=state.accepted_hist + (
             jax.nn.one_hot(n, tree.max_depth + 1, dtype=jnp.int32) * active[:, None]),
         nan=state.nan | (active & bad))
+
+  def rounds(self, params, state: LoopState, keys, encoded, prefix_len, max_new_tokens,
+             running=lambda s: True, place=lambda s: s) -> LoopState:
+    """One round (the streaming interface of `SpeculativeLoop.rounds`)."""
+    del running
+    return place(self.round(params, state, keys, encoded, prefix_len, max_new_tokens))
 
   def _score(self, target_params, state: LoopState, proposal: TreeProposal, encoded):
     """The target's logits [B, N + 1, V] at the root and every node, in one call."""
@@ -124,7 +133,8 @@ def _tree_decode(loop: TreeLoop, params, inputs, seq, length, keys, max_new_toke
 def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter_params: Any,
                 inputs, *, max_new_tokens: int, rng: jax.Array,
                 config: DecodeConfig = DecodeConfig(), tree: Any = None,
-                prompt_lengths=None) -> DecodeResult:
+                prompt_lengths=None, slots: Union[int, Streaming, None] = None,
+                on_progress: Optional[Callable[[int, int], None]] = None) -> DecodeResult:
   """Speculative decoding with token trees, exact for the target's distribution.
 
   Each round the drafter proposes a tree of N nodes, the target scores the root and all
@@ -144,6 +154,10 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
       replaces the verifiers, and the tree's shape replaces γ).
     tree: a `StaticTree` or `DynamicTree` when `drafter` is a model.
     prompt_lengths: optional int [B] for decoder-only prompts.
+    slots: stream the B inputs through this many slots (in-flight batching, as
+      `speculative_decode`); a `specjax.decode.Streaming` sets refill rows and the tail
+      shrink too. An example's tokens do not depend on its slot.
+    on_progress: streaming: called as on_progress(done, B) after every `slots` finished inputs.
   Returns:
     A `DecodeResult`: tokens [B, max_new_tokens]; accepted_hist [B, D + 1] counts rounds by
     accepted nodes; draft_calls counts one call per tree level.
@@ -168,9 +182,15 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   length = prefix_lengths(target, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens,
                            drafter.slots + 1)
-  check_cache_size([target, drafter.model], inputs.shape[0], cache_len, None)
-  seq = initial_seq(target, inputs, cache_len)
+  streaming = as_streaming(slots)
+  rows = inputs.shape[0] if streaming is None else (streaming.sizes()[0] + streaming.refill_rows)
+  check_cache_size([target, drafter.model], rows, cache_len, None)
   loop = TreeLoop(target, drafter, config)
+  if streaming is not None:
+    return decode_streaming(loop, (target_params, drafter_params), inputs, length, rng,
+                            streaming=streaming, width=cache_len, max_new_tokens=max_new_tokens,
+                            on_progress=on_progress)
+  seq = initial_seq(target, inputs, cache_len)
   result, nan = _tree_decode(loop, (target_params, drafter_params), jnp.asarray(inputs),
                              jnp.asarray(seq), jnp.asarray(length),
                              row_keys(rng, inputs.shape[0]), jnp.int32(max_new_tokens))

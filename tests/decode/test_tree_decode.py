@@ -133,6 +133,25 @@ def test_greedy_lenient_spine_equals_the_lenient_chain(tables):
   assert (out[1.0] != out[0.3]).any()
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling()], ids=["greedy", "sampled"])
+def test_streamed_tree_decode_equals_the_padded_batch(tables, sampling):
+  # Randomness is tied to (example key, position): 5 prompts through 2 slots (refilled as rows
+  # finish at EOS or budget) give each example the tokens of the one padded batch.
+  target_table, draft_table = tables
+  prompts = np.array([[2, 3, 1], [1, 0, 0], [3, 3, 2], [2, 0, 0], [3, 1, 0]], np.int32)
+  lengths, key = np.array([3, 1, 3, 1, 2]), jax.random.PRNGKey(3)
+  config = DecodeConfig(sampling=sampling, eos_id=1)
+  run = lambda **kw: tree_decode(TableModel(V), target_table, TableModel(V), draft_table, prompts,
+                                 max_new_tokens=12, rng=key, config=config, prompt_lengths=lengths,
+                                 tree=TREES["dynamic"], **kw)
+  batch, done = run(), []
+  streamed = run(slots=2, on_progress=lambda d, t: done.append(d))
+  np.testing.assert_array_equal(np.asarray(streamed.tokens), np.asarray(batch.tokens))
+  np.testing.assert_array_equal(np.asarray(streamed.lengths), np.asarray(batch.lengths))
+  np.testing.assert_array_equal(np.asarray(streamed.target_calls), np.asarray(batch.target_calls))
+  assert done[-1] == 5 and len(set(np.asarray(batch.lengths).tolist())) > 1
+
+
 def test_keep_most_probable_keeps_parents_and_level_order():
   # Grown tree: root children 0, 1; node 2 under 0, node 3 under 1, node 4 under 2.
   parent = np.array([[-1, -1, 0, 1, 2]] * 2, np.int32)
