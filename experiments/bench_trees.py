@@ -12,16 +12,16 @@ For each pair, batch, temperature and width w (the target call scores w position
 - trees given in gin by name (`--gin_file=gin/experiments/trees.gin`, `extra_trees`);
 (`--trees K`: the first K of each kind only),
 and reports tokens per target call, draft calls per round, the call cost r(w) (the
-target's w-token call time over its 1-token call, chain calls, batch 1), ms/token and the
-speedup over autoregressive (all decodes of one setting timed in turn, medians), with the
-theory's prediction beside the measurement: speedup = tokens per round / (r(w) + c ·
+target's w-token call time over its 1-token call, chain calls at the row's batch), ms/token,
+compile time apart, and the speedup per emitted token over autoregressive (all decodes of
+one setting interleaved, median and range of the per-pass ratios), with the theory's
+prediction beside the measurement: speedup = tokens per round / (r(w) + c ·
 draft calls per round), c the draft's 1-token call over the target's (Leviathan et al.
 Thm 3.8 with the measured tokens per round in place of (1 - α^(γ+1)) / (1 - α)).
 Tokens per call is not a timing; timings on a loaded machine are not claims.
 """
 from __future__ import annotations
 
-import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
@@ -82,15 +82,6 @@ def extra_trees(trees: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
   return out
 
 
-def _time(runs: Dict[str, callable], repeats: int) -> Dict[str, float]:
-  """Median seconds per run, the runs timed in turn (each compiled before)."""
-  times: Dict[str, List[float]] = {name: [] for name in runs}
-  for _ in range(repeats):
-    for name, fn in runs.items():
-      times[name].append(common.timed(fn)[1])
-  return {name: statistics.median(t) for name, t in times.items()}
-
-
 def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, new: int,
              repeats: int, timing: bool, costs: Tuple[Dict[int, float], float],
              trees_per_kind=None) -> List[dict]:
@@ -112,14 +103,13 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
   ar = lambda x: autoregressive_decode(pair.target, pair.target_params, x, max_new_tokens=new,
                                        rng=key, config=config)
   every = lambda fn: [fn(x) for x in batches]
-  results = {name: every(fn) for name, (_, fn) in decoders.items()}  # compile + stats
-  seconds = {}
-  if timing:
-    every(ar)
-    runs = {name: (lambda fn=fn: [r.tokens for r in every(fn)])
-            for name, (_, fn) in decoders.items()}
-    runs["AR"] = lambda: [r.tokens for r in every(ar)]
-    seconds = _time(runs, repeats)
+  runs = {name: (lambda fn=fn: every(fn)) for name, (_, fn) in decoders.items()}
+  if timing:  # warm-up (compiles, reported apart), then interleaved passes, AR among them
+    runs["AR"] = lambda: every(ar)
+    timings = common.timing.interleaved(runs, repeats)
+    results = {name: timings.outputs[name] for name in decoders}
+  else:
+    results = {name: run() for name, run in runs.items()}
   total = lambda res, field: float(sum(np.asarray(getattr(r, field)).sum() for r in res))
   step, c = costs
   r = step[width] / step[1]
@@ -136,21 +126,27 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
                r=r, c=c, predicted_speedup=per_call / (r + c * drafts))
     if timing:
       tokens = total(res, "lengths")
-      row.update(ms_per_token=1000 * seconds[name] / tokens,
-                 speedup=seconds["AR"] / seconds[name])
+      # Per emitted token: the per-pass time ratio scaled by the two decodes' token counts.
+      per_token = tokens / total(timings.outputs["AR"], "lengths")
+      speedup, low, high = (x * per_token for x in timings.ratio("AR", name))
+      row.update(ms_per_token=1000 * timings.median(name) / tokens,
+                 ar_ms_per_token=1000 * timings.median("AR") * per_token / tokens,
+                 speedup=speedup, speedup_range=f"{low:.2f}-{high:.2f}",
+                 compile_s=timings.compile_s[name])
     rows.append(row)
   return rows
 
 
 def _costs(pair, inputs: np.ndarray, widths: Sequence[int], new: int):
-  """(target step seconds by width, c) from in-loop batch-1 chain calls, interleaved."""
+  """(target step seconds by width, c) from in-loop chain calls at the batch of `inputs`
+  [B, L], interleaved."""
   cache_len = inputs.shape[1] + new + max(widths) + 1
   position = 8 if pair.target.is_encoder_decoder else inputs.shape[1] + new // 2
-  first = jax.numpy.asarray(inputs[:1])
+  rows = jax.numpy.asarray(inputs)
 
   def loop(model, params, k):
-    encoded = model.encode(params, first) if model.is_encoder_decoder else None
-    return common.decode_loop(model, params, 1, cache_len, k, encoded=encoded,
+    encoded = model.encode(params, rows) if model.is_encoder_decoder else None
+    return common.decode_loop(model, params, rows.shape[0], cache_len, k, encoded=encoded,
                               position=position, calls=10)
 
   ks = sorted({1, *widths})
@@ -177,20 +173,24 @@ def main(argv=None) -> List[dict]:
   rows = []
   for pair in cli.pairs:
     inputs = common.examples(pair, max(settings["examples"], max(batches))).inputs
-    costs = _costs(pair, inputs, widths, settings["new"])
     for batch in batches:
+      costs = _costs(pair, inputs[:batch], widths, settings["new"])
+      calls = ([inputs[:batch]] if batch > 1 else
+               [inputs[i:i + 1] for i in range(settings["examples"])])
       for temperature in temperatures:
         for width in widths:
-          batches = ([inputs[:batch]] if batch > 1 else
-                     [inputs[i:i + 1] for i in range(settings["examples"])])
-          rows += _setting(pair, batches, width, temperature, settings["new"],
+          rows += _setting(pair, calls, width, temperature, settings["new"],
                            settings["repeats"], not own.no_timing, costs,
                            own.trees or settings["trees"])
   best = _best(rows)
   out = common.Output(cli.output_dir, "bench_trees")
   md = common.header("Chains vs token trees at equal target-call width", cli.pairs, [
       "tokens per call: generated tokens / target calls; r: w-token call / 1-token call "
-      "(batch 1, chain calls); predicted = tokens per call / (r + c x draft calls per round)",
+      "(chain calls at the row's batch); c: the draft's 1-token call / the target's; "
+      "predicted = tokens per call / (r + c x draft calls per round)",
+      "none_accepted / all_accepted: share of rounds that accept no node / the whole depth",
+      "speedup: per emitted token over autoregressive, median of interleaved passes (range); "
+      "compile_s: the warm-up less a timed pass",
       "batch 1: each example decoded alone; batch B: the first B examples in one call"])
   md += "\n" + common.markdown_table(rows) + "\n\n## Best tree vs best chain\n\n"
   md += common.markdown_table(best) + "\n"
