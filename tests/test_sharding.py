@@ -157,7 +157,9 @@ def _child() -> dict:
 @pytest.fixture(scope="module")
 def child():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  # The suite's XLA flags (tests/conftest.py) stay; 8 host devices are added.
+  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
+  env = dict(os.environ, XLA_FLAGS=flags,
              JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
                  [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
   proc = subprocess.run([sys.executable, os.path.abspath(__file__), _CHILD], env=env, cwd=root,
