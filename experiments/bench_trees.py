@@ -33,12 +33,14 @@ from specjax.decode import autoregressive_decode, speculative_decode, tree_decod
 from specjax.draft import DynamicTree, StaticTree, TreeModelDrafter
 
 FAST = dict(examples=1, new=8, widths=(8,), repeats=1, trees=1)
-FULL = dict(examples=8, new=48, widths=(8, 16, 32), repeats=3, trees=None)
+FULL = dict(examples=8, new=128, widths=(8, 16, 32), repeats=3, trees=None)
 
 
-ALTERNATIVES = ((1,), (2, 1), (5, 2, 1, 1))
+ALTERNATIVES = ((1,), (1, 1), (2, 1, 1, 1))
 """Spine lengths under the root's second, third, ... children; the first child's spine
-takes the rest of the width."""
+takes the rest of the width. (On the bundled LM pair at 128 new tokens, T = 0, these beat
+wider heads (k-ary first levels), longer alternative spines, second-token alternatives and
+EAGLE-2-style cut dynamic trees of the same width: docs/trees.md.)"""
 
 MAX_DYNAMIC_DEPTH = 8
 """Deepest dynamic tree tried (its levels are wider than a spine's, and each is one
