@@ -177,13 +177,15 @@ def test_bench_sampler_sets_the_two_samplers_side_by_side(tmp_path, capsys):
 
 
 def test_bench_trees_lm(tmp_path):
-  rows = bench_trees.main(["--fast", "--pair", "lm", "--output_dir", str(tmp_path)])
+  # Untimed (the timed passes would double this test's time; docs/results/bench_trees_lm is
+  # the timed run).
+  rows = bench_trees.main(["--fast", "--pair", "lm", "--no_timing", "--output_dir",
+                           str(tmp_path)])
   _files(tmp_path, "bench_trees", png=False)
   assert [r["kind"] for r in rows] == ["chain", "static", "dynamic"]
-  for r in rows:  # timed (one pass under --fast): per-token figures and compile apart
-    assert r["tokens_per_call"] >= 1 and r["r"] > 0 and r["c"] > 0
-    assert r["ms_per_token"] > 0 and r["speedup"] > 0 and r["compile_s"] >= 0
-    assert r["speedup"] == pytest.approx(r["ar_ms_per_token"] / r["ms_per_token"], rel=1e-6)
+  for r in rows:
+    assert r["tokens_per_call"] >= 1 and r["r"] > 0 and r["c"] > 0 and "ms_per_token" not in r
+    assert 0 <= r["none_accepted"] <= 1 and 0 <= r["all_accepted"] <= 1
     assert r["predicted_speedup"] == pytest.approx(
         r["tokens_per_call"] / (r["r"] + r["c"] * r["draft_calls_per_round"]))
   assert "Best tree vs best chain" in (tmp_path / "bench_trees.md").read_text()
