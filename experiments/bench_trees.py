@@ -95,7 +95,7 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
       pair.target, pair.target_params, *common.model_drafter(pair, width - 1), x,
       max_new_tokens=new, gamma=width - 1, rng=key, config=config))}
   configured = {name: tree for name, tree in extra_trees().items()
-                if tree.nodes < width and (temperature == 0 or getattr(tree, "keep", None) is None)}
+                if tree.nodes < width and (temperature == 0 or not tree.greedy_only)}
   for kind, trees in (("static", static_trees(width)),
                       ("dynamic", dynamic_trees(width, temperature == 0)), ("gin", configured)):
     for name, tree in list(trees.items())[:trees_per_kind]:
@@ -129,10 +129,10 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
     if timing:
       tokens = total(res, "lengths")
       # Per emitted token: the per-pass time ratio scaled by the two decodes' token counts.
-      per_token = tokens / total(timings.outputs["AR"], "lengths")
-      speedup, low, high = (x * per_token for x in timings.ratio("AR", name))
+      ar_tokens = total(timings.outputs["AR"], "lengths")
+      speedup, low, high = (x * tokens / ar_tokens for x in timings.ratio("AR", name))
       row.update(ms_per_token=1000 * timings.median(name) / tokens,
-                 ar_ms_per_token=1000 * timings.median("AR") * per_token / tokens,
+                 ar_ms_per_token=1000 * timings.median("AR") / ar_tokens,
                  speedup=speedup, speedup_range=f"{low:.2f}-{high:.2f}",
                  compile_s=timings.compile_s[name])
     rows.append(row)

@@ -172,7 +172,7 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   if config.gamma_policy != "constant" or not isinstance(config.verifier, ReferenceVerifier):
     raise ValueError("tree_decode verifies with the tree rule (specjax.verify.tree): it takes "
                      "gamma_policy='constant' and the reference verifier only")
-  if getattr(drafter.tree, "keep", None) is not None and not config.sampling.greedy:
+  if drafter.tree.greedy_only and not config.sampling.greedy:
     raise ValueError("DynamicTree(keep=...) prunes drawn children by their own probability, "
                      "which is exact at temperature 0 only (specjax.verify.tree)")
   check_config(target, config)

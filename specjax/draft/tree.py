@@ -139,6 +139,11 @@ class StaticTree:
     """Nodes the target scores: all of them."""
     return self.size
 
+  @property
+  def greedy_only(self) -> bool:
+    """Whether the tree is exact at temperature 0 only: never for a static tree."""
+    return False
+
 
 @dataclasses.dataclass(frozen=True)
 class DynamicTree:
@@ -192,6 +197,11 @@ class DynamicTree:
   def nodes(self) -> int:
     """Nodes the target scores: `keep`, or every grown node."""
     return self.size if self.keep is None else self.keep
+
+  @property
+  def greedy_only(self) -> bool:
+    """Whether the tree is exact at temperature 0 only: when `keep` cuts it."""
+    return self.keep is not None
 
 
 @flax.struct.dataclass

@@ -10,7 +10,7 @@ def test_spines_are_one_deep_guess_plus_shorter_alternatives():
   tree = StaticTree.from_spines((3, 2, 1))
   assert tree.parents == (-1, -1, -1, 0, 1, 3)
   assert tree.ranks == (0, 1, 2, 0, 0, 0)
-  assert tree.levels == (3, 2, 1) and tree.nodes == 6
+  assert tree.levels == (3, 2, 1) and tree.nodes == 6 and not tree.greedy_only
   for bad in ((1, 2), (), (2, 0), (2.0,), (True,)):
     with pytest.raises(ValueError, match="non-increasing"):
       StaticTree.from_spines(bad)
@@ -18,8 +18,9 @@ def test_spines_are_one_deep_guess_plus_shorter_alternatives():
 
 def test_dynamic_tree_keep_scores_fewer_nodes_than_it_grows():
   tree = DynamicTree(branch=2, expand=2, max_depth=3, keep=7)
-  assert tree.size == 10 and tree.nodes == 7
-  assert DynamicTree(branch=2, expand=2, max_depth=3).nodes == 10
+  assert tree.size == 10 and tree.nodes == 7 and tree.greedy_only
+  uncut = DynamicTree(branch=2, expand=2, max_depth=3)
+  assert uncut.nodes == 10 and not uncut.greedy_only
 
 
 def test_trees_given_in_gin_build_the_same_shapes():
