@@ -8,11 +8,22 @@ A round over the loop state:
   record  per-row statistics
 
 Rows advance independently and finish at their own EOS or budget, as in the chain loop.
+Under the 'auto' policy (`DecodeConfig.gamma_policy='auto'`) the tree is one more candidate
+shape: each round is either the narrow round (every row one plain target step, no draft
+call) or a tree round, chosen by `specjax.decode.auto` from a cost table measured inside this
+compiled loop (`seconds` = the narrow round's and the tree round's, as a chain's γ = 0 and
+bucket γ = max_depth) and each row's running α, so the tree is played only where its
+measured call cost pays for the tokens it brings.
+
+The α of a tree round is its depth-equivalent acceptance: a round that accepted n of its
+max_depth levels counts n accepted positions and, when n < max_depth, one rejected one
+(`alpha_sum` += n, `alpha_count` += n + [n < max_depth]), the estimate under which a chain as
+deep as the tree brings the tokens per round the tree brought (Eq. 1), which is how the
+policy prices it.
 Randomness is tied to (row, absolute position, stream): node j of depth d is tested with
 `fold_in(position_key(row, length - 1 + d, ACCEPT_STREAM), j)`, the token after n accepted
 nodes is drawn with `position_key(row, length + n, CORRECTION_STREAM)` (the key a plain
 target step at that position uses), and the drafter's keys are in `specjax.draft.tree`.
-`alpha_sum` / `alpha_count` stay 0 (no per-position α for a tree).
 """
 from __future__ import annotations
 
@@ -22,11 +33,16 @@ from typing import Any, Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from specjax.decode import auto, auto_rounds, calibration
+from specjax.decode.autoregressive import AutoregressiveLoop
 from specjax.decode.config import DecodeConfig
+from specjax.decode.fallback import autoregressive_instead
 from specjax.decode.inputs import (cache_length, check_cache_size, check_config, check_count,
                                    check_inputs, check_nan, initial_seq, prefix_lengths)
 from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
+from specjax.decode.round import LoopParams
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.decode.stream import Streaming, as_streaming, decode_streaming
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
@@ -56,30 +72,37 @@ def _correction_keys(keys, length, max_depth: int):
 
 @dataclasses.dataclass(frozen=True)
 class TreeLoop:
-  """The tree loop's start and round (static, hashable); params = (target, drafter)."""
+  """The tree loop's start and rounds (static, hashable); params is a `LoopParams`."""
 
   target: DecodingModel
   drafter: TreeModelDrafter
   config: DecodeConfig
 
-  def start(self, params, inputs, seq, length, gamma=None):
+  @property
+  def auto(self) -> bool:
+    return self.config.gamma_policy == "auto"
+
+  def start(self, params: LoopParams, inputs, seq, length, gamma=None):
     """-> (LoopState, encoded): the target encoded / prefilled, the drafter started
     (`gamma`: the streaming interface's, unused: the tree's shape replaces it)."""
     del gamma
-    target_params, drafter_params = params
-    tree = self.drafter.tree
-    state, encoded = start_loop(self.target, target_params, inputs, seq, length, seq.shape[1],
-                                tree.max_depth + 1)
-    return state.replace(drafter_state=self.drafter.init(drafter_params, inputs, seq, length,
-                                                         seq.shape[1])), encoded
+    depth = self.drafter.tree.max_depth
+    state, encoded = start_loop(self.target, params.target, inputs, seq, length, seq.shape[1],
+                                depth + 1)
+    state = state.replace(drafter_state=self.drafter.init(params.drafter, inputs, seq, length,
+                                                          seq.shape[1]))
+    if self.auto:  # the policy's per-row γ (0: narrow, else the tree) and its histogram
+      state = state.replace(gamma=jnp.zeros_like(length),
+                            gamma_hist=jnp.zeros((seq.shape[0], depth + 1), jnp.int32))
+    return state, encoded
 
-  def round(self, params, state: LoopState, keys, encoded, prefix_len, max_new_tokens
-            ) -> LoopState:
-    target_params, drafter_params = params
+  def round(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+            max_new_tokens) -> LoopState:
+    """One tree round: draft -> score -> verify -> commit -> record."""
     config, tree = self.config, self.drafter.tree
-    proposal, drafter_state = self.drafter.propose(drafter_params, state.drafter_state,
+    proposal, drafter_state = self.drafter.propose(params.drafter, state.drafter_state,
                                                    state.seq, state.length, keys, config.sampling)
-    logits, cache = self._score(target_params, state, proposal, encoded)
+    logits, cache = self._score(params.target, state, proposal, encoded)
     n, path, token = self._verify(keys, state, proposal, logits)
     cache = move_path(self.target, cache, state.length, path, n)
     drafter_state = self.drafter.update(drafter_state, state.length, path, n)
@@ -88,19 +111,51 @@ class TreeLoop:
                                 config.eos_id)
     active = ~state.done
     bad = bad_logits(logits) | jnp.any(jnp.isnan(proposal.probs), axis=(1, 2))
-    return state.replace(
+    level = lambda i: jax.nn.one_hot(i, tree.max_depth + 1, dtype=jnp.int32) * active[:, None]
+    seen = jnp.where(active, n + (n < tree.max_depth), 0)  # depth-equivalent α (docstring)
+    after = state.replace(
         seq=seq, length=length, done=done, cache=cache, drafter_state=drafter_state,
         target_calls=state.target_calls + active,
         draft_calls=state.draft_calls + jnp.where(active, proposal.calls, 0),
-        accepted_hist=state.accepted_hist + (
-            jax.nn.one_hot(n, tree.max_depth + 1, dtype=jnp.int32) * active[:, None]),
+        accepted_hist=state.accepted_hist + level(n),
+        alpha_sum=state.alpha_sum + jnp.where(active, n, 0).astype(jnp.float32),
+        alpha_count=state.alpha_count + seen,
         nan=state.nan | (active & bad))
+    if state.gamma_hist is None:
+      return after
+    return after.replace(gamma_hist=state.gamma_hist + level(jnp.full_like(n, tree.max_depth)))
 
-  def rounds(self, params, state: LoopState, keys, encoded, prefix_len, max_new_tokens,
-             running=lambda s: True, place=lambda s: s) -> LoopState:
-    """One round (the streaming interface of `SpeculativeLoop.rounds`)."""
-    del running
-    return place(self.round(params, state, keys, encoded, prefix_len, max_new_tokens))
+  def narrow(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+             max_new_tokens) -> LoopState:
+    """'auto': a round in which every row takes one plain target step (the autoregressive
+    step, the key a tree round's n = 0 correction uses; no draft call), counted at γ = 0.
+    The drafter catches up the tokens it missed on its next `propose`."""
+    after = AutoregressiveLoop(self.target, self.config).round(
+        params.target, state, keys, encoded, prefix_len, max_new_tokens)
+    counted = (~state.done).astype(jnp.int32)
+    return after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
+                         accepted_hist=state.accepted_hist.at[:, 0].add(counted))
+
+  def going(self, params: LoopParams, state: LoopState) -> jax.Array:
+    """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
+    busy = jnp.any(~state.done)
+    if not self.auto:
+      return busy
+    return busy & (jnp.max(state.target_calls) < params.control.max_rounds)
+
+  def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+             max_new_tokens, running: Callable = lambda s: True,
+             place: Callable = lambda s: s) -> LoopState:
+    """At least one round (the streaming interface of `SpeculativeLoop.rounds`): one tree
+    round, or under 'auto' one `auto.run_phases` pass over the narrow and tree rounds."""
+    step = dict(params=params, keys=keys, encoded=encoded, prefix_len=prefix_len,
+                max_new_tokens=max_new_tokens)
+    if not self.auto:
+      return place(self.round(state=state, **step))
+    variants = [lambda s: self.narrow(state=s, **step), lambda s: self.round(state=s, **step)]
+    return auto_rounds.run(params.control, (self.drafter.tree.max_depth,), variants, state,
+                           prefix_len, max_new_tokens,
+                           running=lambda s: self.going(params, s) & running(s), place=place)
 
   def _score(self, target_params, state: LoopState, proposal: TreeProposal, encoded):
     """The target's logits [B, N + 1, V] at the root and every node, in one call."""
@@ -122,11 +177,11 @@ class TreeLoop:
 
 
 @functools.partial(jax.jit, static_argnames=("loop",))
-def _tree_decode(loop: TreeLoop, params, inputs, seq, length, keys, max_new_tokens):
+def _tree_decode(loop: TreeLoop, params: LoopParams, inputs, seq, length, keys, max_new_tokens):
   prefix_len = length
   state, encoded = loop.start(params, inputs, seq, length)
-  body = lambda s: loop.round(params, s, keys, encoded, prefix_len, max_new_tokens)
-  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
+  body = lambda s: loop.rounds(params, s, keys, encoded, prefix_len, max_new_tokens)
+  state = jax.lax.while_loop(functools.partial(loop.going, params), body, state)
   return finish(state, prefix_len)
 
 
@@ -134,7 +189,8 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
                 inputs, *, max_new_tokens: int, rng: jax.Array,
                 config: DecodeConfig = DecodeConfig(), tree: Any = None,
                 prompt_lengths=None, slots: Union[int, Streaming, None] = None,
-                on_progress: Optional[Callable[[int, int], None]] = None) -> DecodeResult:
+                on_progress: Optional[Callable[[int, int], None]] = None,
+                costs: Optional[auto.CostTable] = None) -> DecodeResult:
   """Speculative decoding with token trees, exact for the target's distribution.
 
   Each round the drafter proposes a tree of N nodes, the target scores the root and all
@@ -150,17 +206,23 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
     max_new_tokens: generation budget per row (data).
     rng: one PRNG key, or one key per row [B].
     config: static settings: sampling, eos_id, cache_len, lenience (< 1 is NOT exact, as in
-      the chain); the reference verifier and the constant γ policy only (the tree rule
-      replaces the verifiers, and the tree's shape replaces γ).
+      the chain); the reference verifier only (the tree rule replaces the verifiers); the
+      'constant' γ policy (every round a tree) or 'auto' (each round the narrow round or the
+      tree, priced by a measured cost table: module docstring; `auto_buckets` must be empty,
+      the tree's depth is its one width).
     tree: a `StaticTree` or `DynamicTree` when `drafter` is a model.
     prompt_lengths: optional int [B] for decoder-only prompts.
     slots: stream the B inputs through this many slots (in-flight batching, as
       `speculative_decode`); a `specjax.decode.Streaming` sets refill rows and the tail
       shrink too. An example's tokens do not depend on its slot.
     on_progress: streaming: called as on_progress(done, B) after every `slots` finished inputs.
+    costs: 'auto' only: the `auto.CostTable` to decide with (as `speculative_decode`'s); None:
+      calibrated on these inputs (streaming: on the first `slots`) and kept for reuse.
   Returns:
     A `DecodeResult`: tokens [B, max_new_tokens]; accepted_hist [B, D + 1] counts rounds by
-    accepted nodes; draft_calls counts one call per tree level.
+    accepted nodes; draft_calls counts one call per tree level; alpha the depth-equivalent α;
+    under 'auto', gamma_hist [B, D + 1] counts narrow rounds at 0 and tree rounds at D, and
+    cost_table is the table it decided with.
   """
   if tree is not None:
     if not isinstance(tree, (StaticTree, DynamicTree)):
@@ -169,9 +231,16 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   if not isinstance(drafter, TreeModelDrafter):
     raise ValueError("tree_decode needs a TreeModelDrafter, or a draft model with tree=..., "
                      f"got {type(drafter).__name__}")
-  if config.gamma_policy != "constant" or not isinstance(config.verifier, ReferenceVerifier):
+  auto_policy = config.gamma_policy == "auto"
+  if config.gamma_policy not in ("constant", "auto") or not isinstance(config.verifier,
+                                                                        ReferenceVerifier):
     raise ValueError("tree_decode verifies with the tree rule (specjax.verify.tree): it takes "
-                     "gamma_policy='constant' and the reference verifier only")
+                     "gamma_policy='constant' or 'auto' and the reference verifier only")
+  if auto_policy and config.auto_buckets:
+    raise ValueError(f"tree_decode: auto_buckets {config.auto_buckets} do not apply to a tree "
+                     "(its one wide round scores the whole tree): leave them empty")
+  if costs is not None and not auto_policy:
+    raise ValueError(f"a cost table is for gamma_policy='auto', not {config.gamma_policy!r}")
   if drafter.tree.greedy_only and not config.sampling.greedy:
     raise ValueError("DynamicTree(keep=...) prunes drawn children by their own probability, "
                      "which is exact at temperature 0 only (specjax.verify.tree)")
@@ -182,17 +251,54 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   length = prefix_lengths(target, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens,
                            drafter.slots + 1)
+  config = dataclasses.replace(config, cache_len=cache_len)
   streaming = as_streaming(slots)
   rows = inputs.shape[0] if streaming is None else (streaming.sizes()[0] + streaming.refill_rows)
   check_cache_size([target, drafter.model], rows, cache_len, None)
   loop = TreeLoop(target, drafter, config)
+  control = None
+  if auto_policy:
+    some = (slice(None) if streaming is None
+            else np.arange(rows - streaming.refill_rows) % inputs.shape[0])
+    prepared = prepare_tree_decode(loop, (target_params, drafter_params), inputs[some],
+                                   length[some], max_new_tokens,
+                                   rng if streaming is None else jax.random.PRNGKey(0))
+    costs, control = calibration.plan(prepared, costs, drafter.tree.max_depth, max_new_tokens)
+    if control is None:
+      return autoregressive_instead(target, target_params, inputs, max_new_tokens, rng, config,
+                                    cache_len, drafter.tree.max_depth, costs,
+                                    prompt_lengths=prompt_lengths, slots=streaming,
+                                    on_progress=on_progress)
+  params = LoopParams(target=target_params, drafter=drafter_params, control=control)
   if streaming is not None:
-    return decode_streaming(loop, (target_params, drafter_params), inputs, length, rng,
-                            streaming=streaming, width=cache_len, max_new_tokens=max_new_tokens,
-                            on_progress=on_progress)
-  seq = initial_seq(target, inputs, cache_len)
-  result, nan = _tree_decode(loop, (target_params, drafter_params), jnp.asarray(inputs),
-                             jnp.asarray(seq), jnp.asarray(length),
-                             row_keys(rng, inputs.shape[0]), jnp.int32(max_new_tokens))
+    return decode_streaming(loop, params, inputs, length, rng, streaming=streaming,
+                            width=cache_len, max_new_tokens=max_new_tokens,
+                            on_progress=on_progress).replace(cost_table=costs)
+  result, nan = _run(loop, params, inputs, length, rng, max_new_tokens)
   check_nan(nan)
-  return result.replace(tokens=result.tokens[:, :max_new_tokens])
+  return result.replace(tokens=result.tokens[:, :max_new_tokens], cost_table=costs)
+
+
+def _run(loop: TreeLoop, params: LoopParams, inputs, length, rng, max_new_tokens):
+  """The compiled padded-batch loop -> (DecodeResult, nan bool [B])."""
+  seq = initial_seq(loop.target, inputs, loop.config.cache_len)
+  return _tree_decode(loop, params, jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
+                      row_keys(rng, inputs.shape[0]), jnp.int32(max_new_tokens))
+
+
+def prepare_tree_decode(loop: TreeLoop, params, inputs, length, max_new_tokens: int, rng
+                        ) -> calibration.PreparedDecode:
+  """The tree loop over one padded batch as `calibration` runs it: a cost table with the
+  narrow round at γ = 0 and the tree round as the one bucket γ = max_depth.
+  params = (target params, drafter params); inputs [B, L] and length [B] checked already."""
+  depth = loop.drafter.tree.max_depth
+
+  def run(budget: int, gamma: int, control):
+    del gamma  # the tree's shape replaces it
+    return _run(loop, LoopParams(target=params[0], drafter=params[1], control=control), inputs,
+                length, rng, budget)
+
+  return calibration.PreparedDecode(
+      key=(loop, inputs.shape), batch=inputs.shape[0], cache_len=loop.config.cache_len,
+      models=f"target {auto.describe(loop.target)}; drafter {auto.describe(loop.drafter)}",
+      max_gamma=depth, buckets=(depth,), max_new_tokens=max_new_tokens, run=run)
