@@ -27,7 +27,7 @@ from specjax.draft.base import check_sizes
 from specjax.draft.model import catch_up_cache
 from specjax.models import DecodingModel, start_model
 from specjax.models.protocol import decode_logits_at
-from specjax.models.tree import level_call
+from specjax.models.tree import level_call, nodes_call
 from specjax.rows import take_rows
 from specjax.sampling import DRAFT_STREAM, Sampling, position_key
 
@@ -316,7 +316,8 @@ class TreeModelDrafter:
     # Level 1: the root's children.
     level_logits, level_ids = logits[:, None], jnp.zeros((batch, 1), jnp.int32)
     parent_logq, q_row = jnp.zeros((batch, 1), jnp.float32), 0
-    for d in range(1, tree.max_depth + 1):
+    tail = _spine_tail(tree)
+    for d in range(1, tail):
       lo, hi = starts[d - 1], starts[d]
       if d > 1:  # the level above's logits, from one call over its nodes
         plo, phi = starts[d - 2], starts[d - 1]
@@ -332,6 +333,13 @@ class TreeModelDrafter:
       valid = valid.at[:, lo:hi].set(new_valid)
       path_logq = path_logq.at[:, lo:hi].set(new_logq)
       probs = probs.at[:, q_row:q_row + q.shape[1]].set(q)
+    if tail <= tree.max_depth:  # single-node levels whose parent is single too: one loop
+      anc = jnp.broadcast_to(jnp.asarray(_static_ancestors(tree.parents)), (batch, size, size))
+      first = starts[tail - 1] - tail  # node index of depth d: first + d
+      step = lambda d, a: self._spine_level(params, state.encoded, row_keys, length, anc, depth,
+                                            first + d, d, sampling, a)
+      cache, tokens, parent, valid, path_logq, probs = jax.lax.fori_loop(
+          tail, tree.max_depth + 1, step, (cache, tokens, parent, valid, path_logq, probs))
     fed = length  # slots < length hold the committed tokens; the tree's slots are junk
     proposal = TreeProposal(tokens=tokens, parent=parent, depth=depth, valid=valid, probs=probs,
                             calls=jnp.full((batch,), tree.max_depth, jnp.int32))
@@ -339,6 +347,28 @@ class TreeModelDrafter:
     if self.size < size:
       proposal, source = keep_most_probable(proposal, path_logq, self.size)
     return proposal, state.replace(cache=cache, fed=fed, source=source)
+
+  def _spine_level(self, params, encoded, row_keys, length, anc, depth, node, d, sampling,
+                   arrays):
+    """The single node `node` (traced) at depth d (traced) under the single node node - 1:
+    one draft call over node - 1, one child drawn (its first-ranked)."""
+    cache, tokens, parent, valid, path_logq, probs = arrays
+    above = node - 1
+    attention = nodes_call(anc, depth, length, above, 1, _cache_len(cache))
+    feed = jax.lax.dynamic_slice_in_dim(tokens, above, 1, axis=1)
+    logits, cache = self.model.decode(params, cache, feed, length + above, encoded,
+                                      tree=attention)  # [B, 1, V]
+    keys = _children_keys(row_keys, length, d, jnp.full((tokens.shape[0], 1), node, jnp.int32))
+    draw = jax.vmap(lambda k, l: draw_children(k, l, 1, sampling, self.tree.iid))
+    child, q, rank_q = draw(keys[:, 0], logits[:, 0])  # [B, 1], [B, V], [B, V]
+    logq = jax.lax.dynamic_slice_in_dim(path_logq, above, 1, axis=1) + jnp.log(
+        jnp.maximum(jnp.take_along_axis(rank_q, child, axis=1), 1e-38))
+    ok = jnp.ones_like(child, jnp.bool_) if sampling.greedy else (
+        jnp.take_along_axis(q, child, axis=1) > 0)
+    put = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v.astype(x.dtype), node, axis=1)
+    return (cache, put(tokens, child), put(parent, jnp.full_like(child, above)), put(valid, ok),
+            put(path_logq, logq), jax.lax.dynamic_update_slice_in_dim(
+                probs, q[:, None].astype(probs.dtype), node, axis=1))
 
   def _level(self, d, row_keys, length, logits, ids, parent_logq, width, sampling):
     """Draws level d from the level above: logits [B, m, V] at nodes ids [B, m] (0 = root),
@@ -379,6 +409,28 @@ class TreeModelDrafter:
                       -1)
     cache = move_path(self.model, state.cache, length, grown, n)
     return state.replace(cache=cache, fed=length + jnp.minimum(n, self.tree.max_depth - 1))
+
+
+def _spine_tail(tree) -> int:
+  """The first depth from which every level of a static tree, and the level above it, hold
+  one node (drafted in a loop instead of one unrolled call per level); max_depth + 1 when
+  fewer than two such levels (or a dynamic tree)."""
+  if not isinstance(tree, StaticTree):
+    return tree.max_depth + 1
+  levels, tail = tree.levels, tree.max_depth + 1
+  while tail > 2 and levels[tail - 2] == 1 and levels[tail - 3] == 1:
+    tail -= 1
+  return tail if tree.max_depth + 1 - tail >= 2 else tree.max_depth + 1
+
+
+def _static_ancestors(parents: Sequence[int]) -> np.ndarray:
+  """bool [N, N]: node i descends from node j or is j (static parents)."""
+  size = len(parents)
+  out = np.eye(size, dtype=bool)
+  for i, p in enumerate(parents):
+    if p >= 0:
+      out[i] |= out[p]
+  return out
 
 
 def keep_most_probable(proposal: TreeProposal, path_logq: jax.Array, keep: int

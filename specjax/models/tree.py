@@ -65,20 +65,27 @@ def level_call(parent: jax.Array, depth: jax.Array, length: jax.Array, start: in
   parent, depth: int32 [B, N]; length int32 [B]. Node i sees the committed slots (< length)
   and its ancestors' slots, and itself among the call's tokens.
   """
-  batch, size = parent.shape
-  anc = jax.vmap(ancestors)(parent)  # [B, N, N]
-  own = anc[:, start:stop]  # [B, k, N]
+  return nodes_call(jax.vmap(ancestors)(parent), depth, length, start, stop - start, max_len)
+
+
+def nodes_call(anc: jax.Array, depth: jax.Array, length: jax.Array, start, count: int,
+               max_len: int) -> TreeAttention:
+  """`level_call` over the `count` nodes from node `start` (traced or static), given the
+  tree's ancestor relation anc bool [B, N, N] (`ancestors` per row)."""
+  size = anc.shape[1]
+  own = lax.dynamic_slice_in_dim(anc, start, count, axis=1)  # [B, k, N]
   slots = jnp.arange(max_len, dtype=jnp.int32)
   node = slots[None, :] - length[:, None]  # [B, S]: the node a slot holds (if in range)
   in_tree = (node >= 0) & (node < start)
   held = jnp.take_along_axis(own, jnp.clip(node, 0, size - 1)[:, None, :].repeat(
-      stop - start, axis=1), axis=2)  # [B, k, S]
+      count, axis=1), axis=2)  # [B, k, S]
   cache_visible = (slots[None, None, :] < length[:, None, None]) | (in_tree[:, None, :] & held)
   node_depth = jnp.take_along_axis(depth, jnp.clip(node, 0, size - 1), axis=1)
   cache_pos = jnp.where(in_tree, length[:, None] - 1 + node_depth, slots[None, :])
-  return TreeAttention(token_pos=length[:, None] - 1 + depth[:, start:stop],
-                       visible=own[:, :, start:stop], cache_visible=cache_visible,
-                       cache_pos=cache_pos.astype(jnp.int32))
+  return TreeAttention(token_pos=length[:, None] - 1 + lax.dynamic_slice_in_dim(
+      depth, start, count, axis=1),
+                       visible=lax.dynamic_slice_in_dim(own, start, count, axis=2),
+                       cache_visible=cache_visible, cache_pos=cache_pos.astype(jnp.int32))
 
 
 def gather_slots(buffer: jax.Array, src: jax.Array, axis: int) -> jax.Array:

@@ -25,6 +25,7 @@ TREES = {
     "dynamic": DynamicTree(branch=2, expand=2, max_depth=3),
     "dynamic_keep": DynamicTree(branch=2, expand=2, max_depth=3, keep=5),
     "iid": StaticTree.from_branching((2, 2), iid=True),
+    "spines": StaticTree.from_spines((4, 1)),  # depths 3 and 4 drafted in a loop
 }
 
 
@@ -70,7 +71,8 @@ N = 100_000
 STEPS = 3
 SAMPLED = {"static": StaticTree.from_branching((2, 2)),
            "dynamic": DynamicTree(branch=2, expand=1, max_depth=2),
-           "iid": StaticTree.from_branching((2, 1), iid=True)}
+           "iid": StaticTree.from_branching((2, 1), iid=True),
+           "spines_iid": StaticTree.from_spines((4, 1), iid=True)}
 
 
 def _joint_tv(tokens, law):
