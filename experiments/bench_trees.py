@@ -1,7 +1,8 @@
 """Benchmark: chains vs static token trees vs dynamic token trees at equal target-call width.
 
   python -m experiments.bench_trees [--pair lm] [--batch 1 --batch 8] [--temperature 0
-      --temperature 1] [--width 8 --width 16 --width 32] [--trees K] [--no_timing] [--fast]
+      --temperature 1] [--width 8 --width 16 --width 32] [--trees K] [--auto] [--no_timing]
+      [--fast]
 
 For each pair, batch, temperature and width w (the target call scores w positions), runs
 - the chain: `speculative_decode` with γ = w - 1;
@@ -10,7 +11,10 @@ For each pair, batch, temperature and width w (the target call scores w position
 - a dynamic tree (`DynamicTree`: the most probable nodes of each level expanded; at T = 0
   grown past the width and cut to its w - 1 most probable nodes);
 - trees given in gin by name (`--gin_file=gin/experiments/trees.gin`, `extra_trees`);
-(`--trees K`: the first K of each kind only),
+(`--trees K`: the first K of each kind only);
+with `--auto`, also the chain and the first static tree under the 'auto' policy (each round
+the narrow round, a plain target step, or the chain's buckets / the tree, priced by the cost
+table the decode calibrates in its own compiled loop; the calibration falls in compile_s),
 and reports tokens per target call, draft calls per round, the call cost r(w) (the
 target's w-token call time over its 1-token call, chain calls at the row's batch), ms/token,
 compile time apart, and the speedup per emitted token over autoregressive (all decodes of
@@ -18,11 +22,15 @@ one setting interleaved, median and range of the per-pass ratios), with the theo
 prediction beside the measurement: speedup = tokens per round / (r(w) + c ·
 draft calls per round), c the draft's 1-token call over the target's (Leviathan et al.
 Thm 3.8 with the measured tokens per round in place of (1 - α^(γ+1)) / (1 - α)).
+An 'auto' row's prediction prices its rounds with its own cost table instead: tokens /
+Σ over rounds of s[γ] / s[0], and narrow_rounds is the share of its rounds at γ = 0.
 Tokens per call is not a timing; timings on a loaded machine are not claims.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import dataclasses
 
 import gin
 import jax
@@ -86,7 +94,7 @@ def extra_trees(trees: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
 
 def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, new: int,
              repeats: int, timing: bool, costs: Tuple[Dict[int, float], float],
-             trees_per_kind=None) -> List[dict]:
+             trees_per_kind=None, auto: bool = False) -> List[dict]:
   """Every decoder of one setting over `batches` (each one call of the decoder)."""
   cache_len = batches[0].shape[1] + new + 2 * width + 1  # a cut dynamic tree grows more
   config = common.decode_config(temperature, cache_len)
@@ -102,6 +110,15 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
       decoders[name] = (kind, lambda x, t=tree: tree_decode(
           pair.target, pair.target_params, TreeModelDrafter(pair.draft, t), pair.draft_params,
           x, max_new_tokens=new, rng=key, config=config))
+  if auto:  # the chain and the first static tree under the 'auto' policy
+    auto_config = dataclasses.replace(config, gamma_policy="auto")
+    name, tree = next(iter(static_trees(width).items()))
+    decoders["chain auto"] = ("chain auto", lambda x: speculative_decode(
+        pair.target, pair.target_params, *common.model_drafter(pair, width - 1), x,
+        max_new_tokens=new, gamma=width - 1, rng=key, config=auto_config))
+    decoders[f"{name} auto"] = ("tree auto", lambda x: tree_decode(
+        pair.target, pair.target_params, TreeModelDrafter(pair.draft, tree), pair.draft_params,
+        x, max_new_tokens=new, rng=key, config=auto_config))
   ar = lambda x: autoregressive_decode(pair.target, pair.target_params, x, max_new_tokens=new,
                                        rng=key, config=config)
   every = lambda fn: [fn(x) for x in batches]
@@ -125,7 +142,9 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
     row = dict(pair=pair.name, batch=batches[0].shape[0], temperature=temperature, width=width,
                kind=kind, decoder=name, tokens_per_call=per_call, draft_calls_per_round=drafts,
                none_accepted=hist[0] / hist.sum(), all_accepted=hist[-1] / hist.sum(),
-               r=r, c=c, predicted_speedup=per_call / (r + c * drafts))
+               narrow_rounds=0.0, r=r, c=c, predicted_speedup=per_call / (r + c * drafts))
+    if kind.endswith("auto"):
+      row.update(_auto_prediction(res))
     if timing:
       tokens = total(res, "lengths")
       # Per emitted token: the per-pass time ratio scaled by the two decodes' token counts.
@@ -137,6 +156,19 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
                  compile_s=timings.compile_s[name])
     rows.append(row)
   return rows
+
+
+def _auto_prediction(results) -> dict:
+  """An 'auto' row's share of narrow rounds and its predicted speedup from the cost table
+  it decided with: tokens / Σ_rounds s[γ] / s[0] (γ from each row's γ histogram)."""
+  tokens = narrow = priced = rounds = 0.0
+  for res in results:
+    per_gamma = res.cost_table.per_gamma()
+    hist = np.asarray(res.gamma_hist).sum(0)  # [G + 1]
+    tokens += float(np.asarray(res.lengths).sum())
+    narrow, rounds = narrow + hist[0], rounds + hist.sum()
+    priced += float((hist * per_gamma[:len(hist)] / per_gamma[0]).sum())
+  return dict(narrow_rounds=narrow / rounds, predicted_speedup=tokens / priced)
 
 
 def _costs(pair, inputs: np.ndarray, widths: Sequence[int], new: int):
@@ -165,6 +197,7 @@ def main(argv=None) -> List[dict]:
   parser.add_argument("--temperature", type=float, action="append")
   parser.add_argument("--width", type=int, action="append")
   parser.add_argument("--trees", type=int)
+  parser.add_argument("--auto", action="store_true")
   parser.add_argument("--no_timing", action="store_true")
   own, rest = parser.parse_known_args(argv)
   cli = common.parse_cli(rest, __doc__, "bench_trees")
@@ -183,13 +216,15 @@ def main(argv=None) -> List[dict]:
         for width in widths:
           rows += _setting(pair, calls, width, temperature, settings["new"],
                            settings["repeats"], not own.no_timing, costs,
-                           own.trees or settings["trees"])
+                           own.trees or settings["trees"], own.auto)
   best = _best(rows)
   out = common.Output(cli.output_dir, "bench_trees")
   md = common.header("Chains vs token trees at equal target-call width", cli.pairs, [
       "tokens per call: generated tokens / target calls; r: w-token call / 1-token call "
       "(chain calls at the row's batch); c: the draft's 1-token call / the target's; "
-      "predicted = tokens per call / (r + c x draft calls per round)",
+      "predicted = tokens per call / (r + c x draft calls per round); 'auto' rows: tokens / "
+      "sum over rounds of s[gamma] / s[0] from their own cost table, narrow_rounds the share "
+      "of rounds at gamma = 0",
       "none_accepted / all_accepted: share of rounds that accept no node / the whole depth",
       "speedup: per emitted token over autoregressive, median of interleaved passes (range); "
       "compile_s: the warm-up less a timed pass",
@@ -208,7 +243,7 @@ def _best(rows: List[dict]) -> List[dict]:
   for key in keys:
     group = [r for r in rows if (r["pair"], r["batch"], r["temperature"], r["width"]) == key]
     chain = next(r for r in group if r["kind"] == "chain")
-    trees = [r for r in group if r["kind"] != "chain"]
+    trees = [r for r in group if r["kind"] not in ("chain", "chain auto", "tree auto")]
     tree = max(trees, key=lambda r: r["tokens_per_call"])
     out.append(dict(pair=key[0], batch=key[1], temperature=key[2], width=key[3],
                     chain=chain["tokens_per_call"], best_tree=tree["decoder"],
