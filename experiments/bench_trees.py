@@ -23,7 +23,9 @@ prediction beside the measurement: speedup = tokens per round / (r(w) + c ·
 draft calls per round), c the draft's 1-token call over the target's (Leviathan et al.
 Thm 3.8 with the measured tokens per round in place of (1 - α^(γ+1)) / (1 - α)).
 An 'auto' row's prediction prices its rounds with its own cost table instead: tokens /
-Σ over rounds of s[γ] / s[0], and narrow_rounds is the share of its rounds at γ = 0.
+Σ over rounds of s[γ] / s[0]; narrow_rounds is the share of its rounds at γ = 0 and
+table_ms_per_token the table's cheapest choice at its calibrated α
+(`CostTable.seconds_per_token`), which compares a chain's table with a tree's.
 Tokens per call is not a timing; timings on a loaded machine are not claims.
 """
 from __future__ import annotations
@@ -142,7 +144,7 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
     row = dict(pair=pair.name, batch=batches[0].shape[0], temperature=temperature, width=width,
                kind=kind, decoder=name, tokens_per_call=per_call, draft_calls_per_round=drafts,
                none_accepted=hist[0] / hist.sum(), all_accepted=hist[-1] / hist.sum(),
-               narrow_rounds=0.0, r=r, c=c, predicted_speedup=per_call / (r + c * drafts))
+               narrow_rounds=0.0, table_ms_per_token="-", r=r, c=c, predicted_speedup=per_call / (r + c * drafts))
     if kind.endswith("auto"):
       row.update(_auto_prediction(res))
     if timing:
@@ -168,7 +170,8 @@ def _auto_prediction(results) -> dict:
     tokens += float(np.asarray(res.lengths).sum())
     narrow, rounds = narrow + hist[0], rounds + hist.sum()
     priced += float((hist * per_gamma[:len(hist)] / per_gamma[0]).sum())
-  return dict(narrow_rounds=narrow / rounds, predicted_speedup=tokens / priced)
+  return dict(narrow_rounds=narrow / rounds, predicted_speedup=tokens / priced,
+              table_ms_per_token=1e3 * results[0].cost_table.seconds_per_token()[1])
 
 
 def _costs(pair, inputs: np.ndarray, widths: Sequence[int], new: int):

@@ -193,6 +193,16 @@ class CostTable:
     """{γ: s[γ] / s[0]} for γ = 0 and each bucket (Thm 3.8's γc + 1, measured)."""
     return {g: s / self.seconds[0] for g, s in zip((0,) + self.buckets, self.seconds)}
 
+  def seconds_per_token(self) -> Tuple[int, float]:
+    """(γ, seconds per token) of the table's cheapest choice for a row at its α and an
+    unbounded budget: argmin over γ = 0 and each bucket of s[γ] / E(α, γ) (Eq. 1; α None:
+    PRIOR_ALPHA). Comparing two decodes' tables (a chain's and a tree's, say) at the same
+    batch says which shape the policy's own prices favour."""
+    alpha = PRIOR_ALPHA if self.alpha is None else self.alpha
+    choices = [(g, s / float(np.sum(alpha ** np.arange(g + 1))))
+               for g, s in zip((0,) + self.buckets, self.seconds)]
+    return min(choices, key=lambda c: (c[1], c[0]))
+
   def summary(self) -> Dict[str, object]:
     """Flat, printable: ms per round and relative cost of each variant."""
     rel = self.relative()

@@ -120,3 +120,10 @@ def test_auto_tree_refuses_what_does_not_apply(tables):
     _decode(tables, DecodeConfig(sampling=GREEDY), costs=_table(4, (1.0, 1.5)))
   with pytest.raises(ValueError, match="calibrated for batch size 8"):
     _decode(tables, AUTO, prompt_lengths=LENGTHS, costs=_table(8, (1.0, 1.5)))
+
+
+def test_seconds_per_token_prices_each_choice_at_the_tables_alpha():
+  # α 0.6, depth 2: a tree round brings 1 + 0.6 + 0.36 = 1.96 tokens (Eq. 1).
+  gamma, seconds = _table(4, (1.0, 1.5)).seconds_per_token()
+  assert gamma == DEPTH and seconds == pytest.approx(1.5 / 1.96)
+  assert _table(4, (1.0, 5.0)).seconds_per_token() == (0, 1.0)
