@@ -1,8 +1,8 @@
 """Benchmark: chains vs static token trees vs dynamic token trees at equal target-call width.
 
   python -m experiments.bench_trees [--pair lm] [--batch 1 --batch 8] [--temperature 0
-      --temperature 1] [--width 8 --width 16 --width 32] [--trees K] [--auto] [--no_timing]
-      [--fast]
+      --temperature 1] [--width 8 --width 16 --width 32] [--trees K] [--auto] [--lookup]
+      [--no_timing] [--fast]
 
 For each pair, batch, temperature and width w (the target call scores w positions), runs
 - the chain: `speculative_decode` with γ = w - 1;
@@ -12,6 +12,8 @@ For each pair, batch, temperature and width w (the target call scores w position
   grown past the width and cut to its w - 1 most probable nodes);
 - trees given in gin by name (`--gin_file=gin/experiments/trees.gin`, `extra_trees`);
 (`--trees K`: the first K of each kind only);
+with `--lookup`, also prompt lookup as a chain (`PromptLookupDrafter`, γ = w - 1) and as
+trees of 2 and 4 continuations (`PromptLookupTreeDrafter`, no draft model);
 with `--auto`, also the chain and the first static tree under the 'auto' policy (each round
 the narrow round, a plain target step, or the chain's buckets / the tree, priced by the cost
 table the decode calibrates in its own compiled loop; the calibration falls in compile_s),
@@ -40,7 +42,8 @@ import numpy as np
 
 from experiments import common
 from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
-from specjax.draft import DynamicTree, StaticTree, TreeModelDrafter
+from specjax.draft import (DynamicTree, PromptLookupDrafter, PromptLookupTreeDrafter,
+                           StaticTree, TreeModelDrafter)
 
 FAST = dict(examples=1, new=8, widths=(8,), repeats=1, trees=1)
 FULL = dict(examples=8, new=128, widths=(8, 16, 32), repeats=3, trees=None)
@@ -96,7 +99,7 @@ def extra_trees(trees: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
 
 def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, new: int,
              repeats: int, timing: bool, costs: Tuple[Dict[int, float], float],
-             trees_per_kind=None, auto: bool = False) -> List[dict]:
+             trees_per_kind=None, auto: bool = False, lookup: bool = False) -> List[dict]:
   """Every decoder of one setting over `batches` (each one call of the decoder)."""
   cache_len = batches[0].shape[1] + new + 2 * width + 1  # a cut dynamic tree grows more
   config = common.decode_config(temperature, cache_len)
@@ -112,6 +115,17 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
       decoders[name] = (kind, lambda x, t=tree: tree_decode(
           pair.target, pair.target_params, TreeModelDrafter(pair.draft, t), pair.draft_params,
           x, max_new_tokens=new, rng=key, config=config))
+  if lookup:  # prompt lookup: one continuation (chain) or several (tree)
+    vocab = pair.target.vocab_size
+    decoders["lookup chain"] = ("lookup chain", lambda x: speculative_decode(
+        pair.target, pair.target_params, PromptLookupDrafter(vocab, width - 1), None, x,
+        max_new_tokens=new, gamma=width - 1, rng=key, config=config))
+    for branches in (2, 4):
+      decoders[f"lookup tree {branches}x{(width - 1) // branches}"] = ("lookup tree", (
+          lambda x, b=branches: tree_decode(
+              pair.target, pair.target_params,
+              PromptLookupTreeDrafter(vocab, b, (width - 1) // b), None, x,
+              max_new_tokens=new, rng=key, config=config)))
   if auto:  # the chain and the first static tree under the 'auto' policy
     auto_config = dataclasses.replace(config, gamma_policy="auto")
     name, tree = next(iter(static_trees(width).items()))
@@ -201,6 +215,7 @@ def main(argv=None) -> List[dict]:
   parser.add_argument("--width", type=int, action="append")
   parser.add_argument("--trees", type=int)
   parser.add_argument("--auto", action="store_true")
+  parser.add_argument("--lookup", action="store_true")
   parser.add_argument("--no_timing", action="store_true")
   own, rest = parser.parse_known_args(argv)
   cli = common.parse_cli(rest, __doc__, "bench_trees")
@@ -219,7 +234,7 @@ def main(argv=None) -> List[dict]:
         for width in widths:
           rows += _setting(pair, calls, width, temperature, settings["new"],
                            settings["repeats"], not own.no_timing, costs,
-                           own.trees or settings["trees"], own.auto)
+                           own.trees or settings["trees"], own.auto, own.lookup)
   best = _best(rows)
   out = common.Output(cli.output_dir, "bench_trees")
   md = common.header("Chains vs token trees at equal target-call width", cli.pairs, [
@@ -246,7 +261,7 @@ def _best(rows: List[dict]) -> List[dict]:
   for key in keys:
     group = [r for r in rows if (r["pair"], r["batch"], r["temperature"], r["width"]) == key]
     chain = next(r for r in group if r["kind"] == "chain")
-    trees = [r for r in group if r["kind"] not in ("chain", "chain auto", "tree auto")]
+    trees = [r for r in group if r["kind"] in ("static", "dynamic", "gin")]
     tree = max(trees, key=lambda r: r["tokens_per_call"])
     out.append(dict(pair=key[0], batch=key[1], temperature=key[2], width=key[3],
                     chain=chain["tokens_per_call"], best_tree=tree["decoder"],

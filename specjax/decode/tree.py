@@ -45,6 +45,7 @@ from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_
 from specjax.decode.round import LoopParams
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.decode.stream import Streaming, as_streaming, decode_streaming
+from specjax.draft.lookup_tree import PromptLookupTreeDrafter
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
 from specjax.models import DecodingModel, check_same_vocab
 from specjax.models.tree import tree_call
@@ -75,7 +76,7 @@ class TreeLoop:
   """The tree loop's start and rounds (static, hashable); params is a `LoopParams`."""
 
   target: DecodingModel
-  drafter: TreeModelDrafter
+  drafter: Any  # TreeModelDrafter or PromptLookupTreeDrafter
   config: DecodeConfig
 
   @property
@@ -170,7 +171,8 @@ class TreeLoop:
     target_probs = jax.nn.softmax(logits, -1) if lenient_argmax else sampling.probs(logits)
     correction = _correction_keys(keys, state.length, tree.max_depth)
     verify = functools.partial(tree_verify, iid=tree.iid, greedy=sampling.greedy,
-                               max_depth=tree.max_depth, lenience=self.config.lenience)
+                               max_depth=tree.max_depth, lenience=self.config.lenience,
+                               deterministic=getattr(self.drafter, "deterministic", False))
     return jax.vmap(verify)(
         uniforms, correction, proposal.tokens, proposal.parent, proposal.depth, proposal.valid,
         proposal.probs, target_probs)
@@ -200,8 +202,9 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   Args:
     target: the target `DecodingModel`.
     target_params: its parameters.
-    drafter: a `specjax.draft.tree.TreeModelDrafter`, or a draft `DecodingModel` with `tree`.
-    drafter_params: the draft model's parameters.
+    drafter: a `specjax.draft.tree.TreeModelDrafter`, or a draft `DecodingModel` with `tree`,
+      or a `specjax.draft.PromptLookupTreeDrafter` (several prompt-lookup continuations).
+    drafter_params: the draft model's parameters (None for prompt lookup).
     inputs: int32 [B, L]: encoder inputs (T5) or left-aligned prompts (decoder-only), 0-padded.
     max_new_tokens: generation budget per row (data).
     rng: one PRNG key, or one key per row [B].
@@ -228,9 +231,9 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
     if not isinstance(tree, (StaticTree, DynamicTree)):
       raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
     drafter = TreeModelDrafter(drafter, tree)
-  if not isinstance(drafter, TreeModelDrafter):
-    raise ValueError("tree_decode needs a TreeModelDrafter, or a draft model with tree=..., "
-                     f"got {type(drafter).__name__}")
+  if not isinstance(drafter, (TreeModelDrafter, PromptLookupTreeDrafter)):
+    raise ValueError("tree_decode needs a TreeModelDrafter or PromptLookupTreeDrafter, or a "
+                     f"draft model with tree=..., got {type(drafter).__name__}")
   auto_policy = config.gamma_policy == "auto"
   if config.gamma_policy not in ("constant", "auto") or not isinstance(config.verifier,
                                                                         ReferenceVerifier):
@@ -254,7 +257,7 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   config = dataclasses.replace(config, cache_len=cache_len)
   streaming = as_streaming(slots)
   rows = inputs.shape[0] if streaming is None else (streaming.sizes()[0] + streaming.refill_rows)
-  check_cache_size([target, drafter.model], rows, cache_len, None)
+  check_cache_size([m for m in (target, drafter.model) if m is not None], rows, cache_len, None)
   loop = TreeLoop(target, drafter, config)
   control = None
   if auto_policy:

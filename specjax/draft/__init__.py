@@ -7,10 +7,11 @@ from specjax.draft.base import Drafter, Proposal, sample_guess
 from specjax.draft.hierarchical import HierarchicalDrafter
 from specjax.draft.model import ModelDrafter, ModelDrafterState
 from specjax.draft.ngram import BigramDrafter, NGramDrafter, NoState, UnigramDrafter
+from specjax.draft.lookup_tree import PromptLookupTreeDrafter
 from specjax.draft.prompt_lookup import PromptLookupDrafter
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal
 
 __all__ = ["Drafter", "Proposal", "sample_guess", "ModelDrafter", "ModelDrafterState",
            "NGramDrafter", "UnigramDrafter", "BigramDrafter", "PromptLookupDrafter",
            "HierarchicalDrafter", "NoState", "StaticTree", "DynamicTree",
-           "TreeModelDrafter", "TreeProposal"]
+           "TreeModelDrafter", "TreeProposal", "PromptLookupTreeDrafter"]

@@ -45,6 +45,13 @@ trying x_1 only when x_1 = a, with p(a) < q(a), emits a with probability
 p(a) (2 - q(a)) > p(a). So a dynamic tree may choose which nodes to expand from their
 path probabilities, but not prune the drawn children by their own probabilities.
 
+Deterministic children (`deterministic=True`: a drafter that picks its candidates as a
+function of the committed tokens, such as prompt lookup's several matches): child x_i's q
+is δ(x_i) given the history, so it is accepted with probability p(x_i) and a rejection
+leaves norm(max(p - δ(x_i), 0)), p with x_i removed; the claim above holds slot by slot
+with q = δ(x_i) (the candidates and their count are fixed by the history). A candidate
+equal to a rejected sibling has p = 0 there and is rejected.
+
 A child whose q is 0 (no mass left to draw from: every token of q's support was tried)
 is no draw at all and is skipped. Acceptance is tested as `u q(x) < p(x)`.
 
@@ -72,7 +79,7 @@ def _normalized(weights: jax.Array, fallback: jax.Array) -> jax.Array:
 def tree_verify(uniforms: jax.Array, correction_keys: jax.Array, tokens: jax.Array,
                 parent: jax.Array, depth: jax.Array, valid: jax.Array, draft_probs: jax.Array,
                 target_probs: jax.Array, *, iid: bool = False, greedy: bool = False,
-                max_depth: int, lenience=1.0) -> Tuple[jax.Array, jax.Array, jax.Array]:
+                max_depth: int, lenience=1.0, deterministic: bool = False) -> Tuple[jax.Array, jax.Array, jax.Array]:
   """Verifies one row's token tree (module docstring) with caller-supplied randomness.
 
   Args:
@@ -80,13 +87,15 @@ def tree_verify(uniforms: jax.Array, correction_keys: jax.Array, tokens: jax.Arr
     correction_keys: PRNG keys [D + 1]; key n draws the token after n accepted nodes.
     tokens: int32 [N]; parent int32 [N] (-1: child of the root); depth int32 [N] (1-based);
       valid bool [N] (invalid nodes are never accepted). Nodes in level order.
-    draft_probs: float32 [N + 1, V]: q at the root (row 0) and at node j (row j + 1).
+    draft_probs: float32 [N + 1, V]: q at the root (row 0) and at node j (row j + 1);
+      unused when `deterministic`.
     target_probs: float32 [N + 1, V]: the target's standardized p at the same places.
     iid: the children of a node were drawn i.i.d. from its q (else without replacement).
     greedy: temperature 0 (argmax matching; q and the randomness are unused; with lenience
       < 1, target_probs must be the temperature-1 softmax).
     max_depth: static, the tree's depth D.
     lenience: l in (0, 1]; 1 is exact (module docstring).
+    deterministic: every child's q is δ at its own token (module docstring).
   Returns:
     (n int32 [] accepted nodes, path int32 [D] node indices of the accepted path (-1 past n),
      next_token int32 []).
@@ -102,13 +111,19 @@ def tree_verify(uniforms: jax.Array, correction_keys: jax.Array, tokens: jax.Arr
       lenient = (lenience < 1) & (here[x] >= lenience * jnp.max(here))
       accept = child & ((x == argmax(here)) | lenient)
       reject = jnp.bool_(False)
+    elif deterministic:
+      child = child & (p[x] > 0)  # a rejected sibling's token: no mass left
+      accept = child & (uniforms[j] * lenience < p[x])
+      reject = child & ~accept
+      p_next = _normalized(jnp.maximum(p - lenience * jax.nn.one_hot(x, p.shape[0]), 0.0), p)
     else:
       qx, px = q[x], p[x]
       child = child & (qx > 0)
       accept = child & (uniforms[j] * lenience * qx < px)
       reject = child & ~accept
-    residual = _normalized(jnp.maximum(p - lenience * q, 0.0), p)
-    if iid:
+    residual = p_next if deterministic and not greedy else _normalized(
+        jnp.maximum(p - lenience * q, 0.0), p)
+    if iid or deterministic:
       q_next = q
     else:
       q_next = _normalized(q.at[x].set(0.0), jnp.zeros_like(q))

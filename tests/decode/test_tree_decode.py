@@ -10,7 +10,8 @@ import pytest
 from specjax.app import bundled
 from specjax.data import load_bundled, load_vocab
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode, tree_decode
-from specjax.draft import DynamicTree, ModelDrafter, StaticTree, TreeModelDrafter, TreeProposal
+from specjax.draft import (DynamicTree, ModelDrafter, PromptLookupTreeDrafter, StaticTree,
+                           TreeModelDrafter, TreeProposal)
 from specjax.draft.tree import keep_most_probable
 from specjax.app import encode_inputs
 from specjax.sampling import Sampling
@@ -95,6 +96,35 @@ def test_sampled_tree_joint_of_first_three_tokens_matches_target(tables, name):
                                               STEPS)) > 0.05
 
 
+LOOKUP_PROMPTS = np.array([[2, 3, 1, 2, 3, 0, 2, 3], [1, 2, 1, 3, 1, 2, 0, 0],
+                           [3, 3, 2, 3, 3, 1, 3, 0], [2, 1, 0, 0, 0, 0, 0, 0]], np.int32)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling()], ids=["greedy", "sampled"])
+def test_prompt_lookup_tree_is_exact_on_tables(tables, sampling):
+  # Greedy: the argmax path token for token (3 continuations of 3 tokens; lookup must bring
+  # more than one token per call, asserted). Sampled: the exact joint of 3 tokens over N rows
+  # (power as above; the deterministic rule's step test is in tests/verify/test_tree.py).
+  target_table, _ = tables
+  drafter, key = PromptLookupTreeDrafter(V, branches=3, depth=3), jax.random.PRNGKey(0)
+  if sampling.greedy:
+    config, lengths = DecodeConfig(sampling=GREEDY, eos_id=NO_EOS), np.array([8, 6, 7, 2])
+    want = autoregressive_decode(TableModel(V), target_table, LOOKUP_PROMPTS, max_new_tokens=24,
+                                 rng=key, config=config, prompt_lengths=lengths)
+    got = tree_decode(TableModel(V), target_table, drafter, None, LOOKUP_PROMPTS,
+                      max_new_tokens=24, rng=key, config=config, prompt_lengths=lengths)
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    assert float(np.mean(got.tokens_per_call)) > 2 and int(np.sum(got.draft_calls)) == 0
+    return
+  prefix = [2, 3, 1, 2, 3, 2]
+  got = tree_decode(TableModel(V), target_table, drafter, None, np.array([prefix] * N, np.int32),
+                    max_new_tokens=STEPS, rng=key, config=DecodeConfig(sampling=sampling,
+                                                                      eos_id=NO_EOS))
+  assert _joint_tv(got.tokens, exact_joint(np.asarray(target_table), sampling, prefix,
+                                           STEPS)) < 0.018
+  assert np.asarray(got.accepted_hist)[:, 1:].sum() > N // 10  # guesses were accepted
+
+
 def test_bad_arguments_are_refused(tables):
   target_table, draft_table = tables
   with pytest.raises(ValueError, match="TreeModelDrafter"):
@@ -175,11 +205,11 @@ def pairs():
   return {name: bundled.load_pair(name) for name in bundled.PAIRS}
 
 
-@pytest.mark.parametrize("name,tree", [("lm", StaticTree.from_branching((3, 2, 1))),
-                                       ("translate", DynamicTree(branch=3, expand=2,
-                                                                 max_depth=3, keep=10))],
-                         ids=["lm_static", "translate_dynamic"])
-def test_greedy_tree_equals_autoregressive_on_bundled_pairs(pairs, name, tree):
+@pytest.mark.parametrize("name,tree,per_call", [
+    ("lm", StaticTree.from_branching((3, 2, 1)), 1.3),
+    ("translate", DynamicTree(branch=3, expand=2, max_depth=3, keep=10), 1.3),
+    ("lm", "lookup", 1.05)], ids=["lm_static", "translate_dynamic", "lm_prompt_lookup"])
+def test_greedy_tree_equals_autoregressive_on_bundled_pairs(pairs, name, tree, per_call):
   pair, vocab = pairs[name], load_vocab()
   data = load_bundled(pair.task)[:4]
   texts = [" ".join(d.split()[:8]) for d in data] if name == "lm" else [s for s, _ in data]
@@ -188,8 +218,11 @@ def test_greedy_tree_equals_autoregressive_on_bundled_pairs(pairs, name, tree):
   key = jax.random.PRNGKey(0)
   want = autoregressive_decode(pair.target, pair.target_params, inputs, max_new_tokens=16,
                                rng=key, config=config)
-  got = tree_decode(pair.target, pair.target_params, TreeModelDrafter(pair.draft, tree),
-                    pair.draft_params, inputs, max_new_tokens=16, rng=key, config=config)
+  drafter, params = ((PromptLookupTreeDrafter(pair.target.vocab_size, 3, 4), None)
+                     if tree == "lookup" else (TreeModelDrafter(pair.draft, tree),
+                                               pair.draft_params))
+  got = tree_decode(pair.target, pair.target_params, drafter, params, inputs,
+                    max_new_tokens=16, rng=key, config=config)
   np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
   np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(want.lengths))
-  assert np.asarray(got.lengths).sum() / np.asarray(got.target_calls).sum() > 1.3
+  assert np.asarray(got.lengths).sum() / np.asarray(got.target_calls).sum() > per_call
