@@ -42,13 +42,14 @@ from specjax.decode.fallback import autoregressive_instead
 from specjax.decode.inputs import (cache_length, check_cache_size, check_config, check_count,
                                    check_inputs, check_nan, initial_seq, prefix_lengths)
 from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
-from specjax.decode.round import LoopParams
+from specjax.decode.round import LoopParams, empty_trace, record_trace
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.decode.stream import Streaming, as_streaming, decode_streaming
 from specjax.draft.lookup_tree import PromptLookupTreeDrafter
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
 from specjax.models import DecodingModel, check_same_vocab
 from specjax.models.tree import tree_call
+from specjax.rows import take_rows
 from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, position_key, row_keys
 from specjax.verify import ReferenceVerifier
 from specjax.verify.tree import path_tokens, tree_verify
@@ -92,9 +93,12 @@ class TreeLoop:
                                 depth + 1)
     state = state.replace(drafter_state=self.drafter.init(params.drafter, inputs, seq, length,
                                                           seq.shape[1]))
-    if self.auto:  # the policy's per-row γ (0: narrow, else the tree) and its histogram
-      state = state.replace(gamma=jnp.zeros_like(length),
-                            gamma_hist=jnp.zeros((seq.shape[0], depth + 1), jnp.int32))
+    batch, width = seq.shape
+    # Each row's γ (under 'auto' 0: narrow, else the tree) and rounds by γ: a tree round
+    # counts at D.
+    state = state.replace(gamma=jnp.zeros_like(length),
+                          gamma_hist=jnp.zeros((batch, depth + 1), jnp.int32),
+                          trace=empty_trace(batch, width, depth) if self.config.trace else None)
     return state, encoded
 
   def round(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
@@ -122,9 +126,14 @@ class TreeLoop:
         alpha_sum=state.alpha_sum + jnp.where(active, n, 0).astype(jnp.float32),
         alpha_count=state.alpha_count + seen,
         nan=state.nan | (active & bad))
-    if state.gamma_hist is None:
+    after = after.replace(gamma_hist=state.gamma_hist + level(jnp.full_like(n, tree.max_depth)))
+    if state.trace is None:
       return after
-    return after.replace(gamma_hist=state.gamma_hist + level(jnp.full_like(n, tree.max_depth)))
+    guesses, offered = jax.vmap(functools.partial(trace_guesses, max_depth=tree.max_depth))(
+        proposal.tokens, proposal.parent, proposal.depth, proposal.valid, path, n)
+    return after.replace(trace=record_trace(state.trace, active, state.target_calls, guesses, n,
+                                            jnp.take_along_axis(emitted, n[:, None], 1)[:, 0],
+                                            offered))
 
   def narrow(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
              max_new_tokens) -> LoopState:
@@ -134,8 +143,15 @@ class TreeLoop:
     after = AutoregressiveLoop(self.target, self.config).round(
         params.target, state, keys, encoded, prefix_len, max_new_tokens)
     counted = (~state.done).astype(jnp.int32)
-    return after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
-                         accepted_hist=state.accepted_hist.at[:, 0].add(counted))
+    after = after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
+                          accepted_hist=state.accepted_hist.at[:, 0].add(counted))
+    if state.trace is None:
+      return after
+    zeros = jnp.zeros_like(state.length)
+    token = take_rows(after.seq, state.length[:, None])[:, 0]
+    guesses = jnp.zeros((zeros.shape[0], self.drafter.tree.max_depth), jnp.int32)
+    return after.replace(trace=record_trace(state.trace, counted > 0, state.target_calls, guesses,
+                                            zeros, token, zeros))
 
   def going(self, params: LoopParams, state: LoopState) -> jax.Array:
     """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
@@ -178,6 +194,19 @@ class TreeLoop:
         proposal.probs, target_probs)
 
 
+def trace_guesses(tokens, parent, depth, valid, path, n, *, max_depth: int):
+  """One row's round for the Figure-1 trace: the accepted path's tokens, then the rejected
+  first-ranked child of the path's last node (if it has one). tokens, parent, depth, valid
+  [N]; path [D]; n [] -> (guesses int32 [D], shown int32 []: n, + 1 with a rejected child)."""
+  last = jnp.where(n > 0, path[jnp.maximum(n - 1, 0)], -1)
+  child = valid & (parent == last) & (depth == n + 1)  # [N]
+  has = jnp.any(child)
+  slots = jnp.arange(max_depth)
+  guesses = jnp.where(slots < n, tokens[jnp.maximum(path, 0)],
+                      jnp.where((slots == n) & has, tokens[jnp.argmax(child)], 0))
+  return guesses.astype(jnp.int32), (n + has).astype(jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnames=("loop",))
 def _tree_decode(loop: TreeLoop, params: LoopParams, inputs, seq, length, keys, max_new_tokens):
   prefix_len = length
@@ -209,7 +238,8 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
     max_new_tokens: generation budget per row (data).
     rng: one PRNG key, or one key per row [B].
     config: static settings: sampling, eos_id, cache_len, lenience (< 1 is NOT exact, as in
-      the chain); the reference verifier only (the tree rule replaces the verifiers); the
+      the chain), trace (the Figure-1 record: each round's accepted path, the rejected
+      first-ranked child after it, the correction); the reference verifier only (the tree rule replaces the verifiers); the
       'constant' γ policy (every round a tree) or 'auto' (each round the narrow round or the
       tree, priced by a measured cost table: module docstring; `auto_buckets` must be empty,
       the tree's depth is its one width).
@@ -224,8 +254,8 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   Returns:
     A `DecodeResult`: tokens [B, max_new_tokens]; accepted_hist [B, D + 1] counts rounds by
     accepted nodes; draft_calls counts one call per tree level; alpha the depth-equivalent α;
-    under 'auto', gamma_hist [B, D + 1] counts narrow rounds at 0 and tree rounds at D, and
-    cost_table is the table it decided with.
+    gamma_hist [B, D + 1] counts narrow rounds ('auto') at 0 and tree rounds at D; under
+    'auto', cost_table is the table it decided with.
   """
   if tree is not None:
     if not isinstance(tree, (StaticTree, DynamicTree)):

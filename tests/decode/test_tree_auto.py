@@ -52,7 +52,7 @@ def autoregressive(tables):
                                prompt_lengths=LENGTHS)
 
 
-AUTO = DecodeConfig(sampling=GREEDY, eos_id=1, gamma_policy="auto")
+AUTO = DecodeConfig(sampling=GREEDY, eos_id=1, gamma_policy="auto", trace=True)
 
 
 @pytest.mark.parametrize("slots", [None, 2], ids=["batch", "streamed"])
@@ -69,6 +69,19 @@ def test_greedy_auto_tree_mixes_rounds_and_equals_autoregressive(tables, autoreg
   np.testing.assert_array_equal(hist.sum(1), np.asarray(got.target_calls))
   assert np.all(np.asarray(got.draft_calls) == DEPTH * hist[:, DEPTH])
   assert got.cost_table.seconds == (1.0, 1.5)
+  # The Figure-1 trace replays every row: each round's accepted guesses, then its correction;
+  # a shown rejected child (accepted < shown) is never the target's argmax at T = 0.
+  trace = jax.tree.map(np.asarray, got.trace)
+  for row in range(PROMPTS.shape[0]):
+    replay = []
+    for r in range(int(got.target_calls[row])):
+      n, shown = trace.accepted[row, r], trace.gamma[row, r]
+      replay += list(trace.guesses[row, r, :n]) + [trace.correction[row, r]]
+      if n < shown:
+        assert trace.guesses[row, r, n] != trace.correction[row, r]
+    length = int(got.lengths[row])
+    assert replay[:length] == list(np.asarray(got.tokens)[row, :length])
+  assert (trace.gamma > trace.accepted).any() and (trace.gamma == 0).any()
 
 
 def test_auto_tree_calibrates_once_and_falls_back_when_the_tree_never_pays(tables,
