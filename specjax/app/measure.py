@@ -13,7 +13,7 @@ from rich.progress import Progress
 from specjax import timing
 from specjax.app.loading import load_params
 from specjax.app.plan import Plan
-from specjax.decode import DecodeResult, autoregressive_decode, speculative_decode
+from specjax.decode import DecodeResult, autoregressive_decode, speculative_decode, tree_decode
 from specjax.params import WEIGHTS_DTYPES, cast_kernels
 
 
@@ -59,13 +59,20 @@ def decoders(plan: Plan, loaded: Loaded, costs) -> Dict[str, Callable[..., Decod
   stream = dict(rng=keys, partitioner=settings["partitioner"], slots=settings["slots"],
                 prompt_lengths=plan.prompt_lengths, max_new_tokens=settings["max_new_tokens"])
   spec_config = dataclasses.replace(plan.config, trace=True)
-  return {
-      "ar": lambda **kw: autoregressive_decode(plan.target, loaded.target_params, plan.inputs,
-                                               config=plan.config, **stream, **kw),
-      "spec": lambda **kw: speculative_decode(plan.target, loaded.target_params, plan.drafter,
-                                              loaded.draft_params, plan.inputs,
-                                              gamma=settings["gamma"], config=spec_config,
-                                              costs=costs, **stream, **kw)}
+  if settings["tree"] is not None:  # one device (plan.check_tree): no partitioner
+    del stream["partitioner"]
+    spec = lambda **kw: tree_decode(plan.target, loaded.target_params, plan.drafter,
+                                    loaded.draft_params, plan.inputs, config=spec_config,
+                                    costs=costs, **stream, **kw)
+  else:
+    spec = lambda **kw: speculative_decode(plan.target, loaded.target_params, plan.drafter,
+                                           loaded.draft_params, plan.inputs,
+                                           gamma=settings["gamma"], config=spec_config,
+                                           costs=costs, **stream, **kw)
+  return {"ar": lambda **kw: autoregressive_decode(plan.target, loaded.target_params,
+                                                   plan.inputs, config=plan.config, **stream,
+                                                   **kw),
+          "spec": spec}
 
 
 def measure(plan: Plan, loaded: Loaded, console: Console,

@@ -13,12 +13,13 @@ from specjax.data import inputs as inputs_lib
 from specjax.decode import GAMMA_POLICIES, CostTable, DecodeConfig
 from specjax.decode.inputs import check_cache_size, check_inputs, check_memory, drafter_models
 from specjax.decode.inputs import prefix_lengths
-from specjax.draft import ModelDrafter, PromptLookupDrafter
+from specjax.draft import (DynamicTree, ModelDrafter, PromptLookupDrafter, StaticTree,
+                           TreeModelDrafter)
 from specjax.models import build_model
 from specjax.params import WEIGHTS_DTYPES
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
-from specjax.verify import default_verifier
+from specjax.verify import ReferenceVerifier, default_verifier
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +92,30 @@ def cost_table_file(path: Optional[str], gamma_policy: str) -> Optional[CostTabl
   return None
 
 
+def check_tree(tree: Any, drafter: str, gamma_policy: str, verifier: Any,
+               partitioner: Optional[Partitioner], sampling: Sampling) -> None:
+  """ValueError naming the first setting a TREE run cannot take (None: a chain, nothing to
+  check)."""
+  if tree is None:
+    return
+  if not isinstance(tree, (StaticTree, DynamicTree)):
+    raise ValueError(f"TREE must be a StaticTree or DynamicTree (gin: "
+                     f"@specjax.draft.tree_spines() ...), got {tree!r}")
+  if drafter != "model":
+    raise ValueError("TREE needs the draft model (drafter='model'); prompt lookup as a tree "
+                     "is specjax.draft.PromptLookupTreeDrafter in Python")
+  if gamma_policy not in ("constant", "auto"):
+    raise ValueError(f"TREE takes GAMMA_POLICY 'constant' or 'auto', got {gamma_policy!r}")
+  if verifier is not None and not isinstance(verifier, ReferenceVerifier):
+    raise ValueError("TREE verifies with the tree rule: leave VERIFIER None (or the reference "
+                     "verifier)")
+  if partitioner is not None and partitioner.data_size * partitioner.model_size > 1:
+    raise ValueError("TREE decodes on one device: set NUM_PARTITIONS and the device count "
+                     "to 1")
+  if tree.greedy_only and not sampling.greedy:
+    raise ValueError("DynamicTree(keep=...) is exact at temperature 0 only")
+
+
 def feature_lengths(task_feature_lengths: Any) -> Dict[str, int]:
   """TASK_FEATURE_LENGTHS checked: a dict of feature name -> length >= 1 (None: {})."""
   if task_feature_lengths is None:
@@ -107,6 +132,7 @@ def make_plan(texts: Sequence[Any], *, target_checkpoint: Optional[str],
               max_gamma: Optional[int], max_new_tokens: int, sampling: Sampling,
               lenience: float, batch_size: int, max_input_len: int, seed: int, verifier,
               gamma_policy: str, cost_table: Optional[str], output_dir: Optional[str],
+              tree: Any,
               partitioner: Optional[Partitioner], vocabulary: Any, draft_vocabulary: Any,
               task_vocabulary: Any, task_feature_lengths: Optional[Mapping],
               timing_repeats: int, weights_dtype: str, draft_weights_dtype: str,
@@ -130,12 +156,14 @@ def make_plan(texts: Sequence[Any], *, target_checkpoint: Optional[str],
   if gamma_policy not in GAMMA_POLICIES:
     raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {gamma_policy!r}")
   costs = cost_table_file(cost_table, gamma_policy)
+  check_tree(tree, drafter, gamma_policy, verifier, partitioner, sampling)
   target = build_model(gin_config.model_config("target"))
   models = {"target": target}
   draft = None
   if drafter == "model":
     draft = models["draft"] = build_model(gin_config.model_config("draft"))
-    the_drafter = ModelDrafter(draft, max_gamma=max_gamma)
+    the_drafter = (ModelDrafter(draft, max_gamma=max_gamma) if tree is None
+                   else TreeModelDrafter(draft, tree))
   else:
     the_drafter = PromptLookupDrafter(vocab=target.vocab_size, max_gamma=max_gamma)
   checkpoints = {"target": target_checkpoint,
@@ -148,13 +176,14 @@ def make_plan(texts: Sequence[Any], *, target_checkpoint: Optional[str],
                                          eos_id=vocab.eos_id, round_to=16)
   prefix_lengths(target, check_inputs(target, inputs), prompt_lengths)  # empty prompts, ids
   if verifier is None:
-    verifier = default_verifier(sampling, lenience)
+    verifier = ReferenceVerifier() if tree is not None else default_verifier(sampling, lenience)
   # Sized by the work, not the settings' upper bounds: a slot per input at most, and a
   # cache as long as the longest framed input (<= max_input_len + BOS) and the budget.
   slots = min(batch_size, len(examples))
   config = DecodeConfig(sampling=sampling, eos_id=vocab.eos_id, lenience=lenience,
                         verifier=verifier, gamma_policy=gamma_policy,
-                        cache_len=inputs.shape[1] + max_new_tokens + max_gamma + 1)
+                        cache_len=inputs.shape[1] + max_new_tokens + 1 + (
+                            max_gamma if tree is None else the_drafter.slots))
   cache_size = check_cache_size([target, *drafter_models(the_drafter)], slots,
                                 config.cache_len, partitioner)
   check_checkpoints(checkpoints)
@@ -162,7 +191,8 @@ def make_plan(texts: Sequence[Any], *, target_checkpoint: Optional[str],
   return Plan(examples=examples, inputs=inputs, prompt_lengths=prompt_lengths, vocab=vocab,
               target=target, draft=draft, drafter=the_drafter, config=config,
               checkpoints=checkpoints, costs=costs,
-              settings=dict(settings, drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens,
+              settings=dict(settings, drafter=drafter, gamma=gamma, tree=tree,
+                            max_new_tokens=max_new_tokens,
                             sampling=sampling, lenience=lenience, batch_size=batch_size,
                             slots=slots,
                             seed=seed, verifier=verifier, gamma_policy=gamma_policy,

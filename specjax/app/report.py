@@ -114,6 +114,11 @@ def per_token_speedup(timings, ar_tokens: int, spec_tokens: int) -> tuple:
   return ratio * scale, low * scale, high * scale
 
 
+def tree_name(tree) -> str:
+  """A tree in one line: kind, nodes per level."""
+  return f"{type(tree).__name__}, nodes per level {'/'.join(map(str, tree.levels))}"
+
+
 def summarize(plan, measured) -> Dict:
   """The summary dict of a main job run (what the table prints and summary.json holds)."""
   settings, spec_out, ar_out = plan.settings, measured.spec, measured.ar
@@ -131,7 +136,9 @@ def summarize(plan, measured) -> Dict:
   speculated, rounds = speculation_rounds(spec_out)
   gamma_rounds = np.asarray(spec_out.gamma_hist).sum(0)
   summary = {
-      "examples": len(plan.examples), "gamma": settings["gamma"],
+      "examples": len(plan.examples),
+      "gamma": settings["gamma"] if settings.get("tree") is None else "n/a: a tree",
+      **({} if settings.get("tree") is None else {"tree": tree_name(settings["tree"])}),
       "gamma_policy": settings["gamma_policy"], "drafter": settings["drafter"],
       "weights_dtype": settings["weights_dtype"],
       "draft_weights_dtype": settings["draft_weights_dtype"],

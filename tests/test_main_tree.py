@@ -1,0 +1,44 @@
+"""The main job with TREE: the draft model drafts a token tree every round (`tree_decode`);
+settings a tree cannot take are refused before any model loads."""
+import json
+
+import gin
+import pytest
+
+from specjax import app as main
+from specjax.app import run
+
+TINY = "runs/random_tiny.gin"
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def test_default_run_with_a_tree_is_greedy_identical(tmp_path):
+  summary = run(["--gin_file=runs/default.gin", "--gin_file=decoding/tree.gin",
+                 "--prompt", "The package provides a library.", "--prompt", "Hello world", "--gin.MAX_NEW_TOKENS=8", "--gin.BATCH_SIZE=2",
+                 "--gin.TIMING_REPEATS=1", "--plain", f"--gin.OUTPUT_DIR='{tmp_path}'"])
+  assert summary["greedy_identical"] is True
+  assert summary["tree"] == "StaticTree, nodes per level 2/1/1/1/1/1"
+  assert summary["rounds_by_gamma"].startswith("6: ")  # every round a tree of depth 6
+  assert json.loads((tmp_path / "summary.json").read_text())["gamma"] == "n/a: a tree"
+
+
+@pytest.mark.parametrize("bindings,message", [
+    (["--gin.TREE=3"], "TREE must be a StaticTree or DynamicTree"),
+    (["--gin.decode_job.drafter='prompt_lookup'"], "TREE needs the draft model"),
+    (["--gin.GAMMA_POLICY='heuristic'"], "TREE takes GAMMA_POLICY 'constant' or 'auto'"),
+    (["--gin.VERIFIER=@specjax.verify.BlockVerifier()"], "TREE verifies with the tree rule"),
+])
+def test_settings_a_tree_cannot_take_are_refused_first(monkeypatch, tmp_path, bindings,
+                                                      message):
+  def fail(*args, **kwargs):
+    raise AssertionError("a model was built before the settings were checked")
+  monkeypatch.setattr("specjax.app.plan.build_model", fail)
+  with pytest.raises(ValueError, match=message):
+    run([f"--gin_file={TINY}", "--gin_file=decoding/tree.gin", "--prompt", "x",
+         f"--gin.OUTPUT_DIR='{tmp_path}'", *bindings])
