@@ -1,12 +1,13 @@
-"""The experiment modules in fast mode on the bundled pairs: they run and write their files."""
+"""The experiment modules that reproduce the paper's tables and figures, and the HF-peer bench,
+in fast mode on the bundled pairs: they run and write their files (the profiling benches:
+tests/test_experiments_profiling.py)."""
 import csv
 import json
-import math
 
 import pytest
 
-from experiments import bench, bench_trees, common, figure1, table1, table2_speedup, \
-    table3_alpha, table5_lenience
+from experiments import bench, common, figure1, table1, table2_speedup, table3_alpha, \
+    table5_lenience
 from tests.test_analysis import TABLE1
 
 
@@ -91,101 +92,3 @@ def test_bench_with_hf_peer(tmp_path):
 def test_bad_pair_name_is_named():
   with pytest.raises(ValueError, match="unknown pair"):
     common.load_pair("summarize")
-
-
-def _markdown_tables(text):
-  """Every markdown table in text, as a list of {header: cell} rows."""
-  tables, header = [], None
-  for line in text.splitlines():
-    if not line.startswith("|"):
-      header = None
-      continue
-    cells = [c.strip() for c in line.strip("|").split("|")]
-    if header is None:
-      header = cells
-      tables.append([])
-    elif not line.startswith("|---"):
-      tables[-1].append(dict(zip(header, cells)))
-  return tables
-
-
-def test_profile_round_accounts_for_a_round(capsys):
-  from experiments import profile_round  # pylint: disable=import-outside-toplevel
-  profile_round.main(["--cache_lens", "256", "--gammas", "2", "--batches", "2",
-                      "--new_tokens", "12", "--repeats", "1"])
-  out = capsys.readouterr().out
-  steps, rounds = _markdown_tables(out)
-  assert len(steps) == len(rounds) == 1
-  step, row = steps[0], rounds[0]
-  assert (step["L"], step["B"], row["L"], row["B"], row["γ"]) == ("256", "2", "256", "2", "2")
-  for name in ("target 1-token call ms", "draft 1-token call ms", "AR call / tokens ms",
-               "floor ms"):
-    assert float(step[name]) > 0, name
-  for name in ("target γ+1 call ms", "draft proposal ms", "verification ms", "call / rounds ms",
-               "r", "c", "E[tokens]", "predicted speedup", "measured speedup"):
-    assert float(row[name]) > 0, name
-  # Slopes between two budgets (12 and 6 tokens, one repeat): timing noise can give them
-  # either sign here, so only that they are numbers is asserted.
-  for table, name in ((step, "AR step ms"), (step, "AR call fixed ms"), (row, "round ms"),
-                      (row, "call fixed ms"), (row, "unaccounted %")):
-    assert math.isfinite(float(table[name])), name
-  assert 0 <= float(row["α"]) <= 1 and 1 <= float(row["E[tokens]"]) <= 3
-  # 12 tokens at γ = 2 take between ceil(12 / 3) = 4 rounds (all accepted) and 12 (none).
-  assert 4 <= int(row["rounds"]) <= 12
-
-
-def test_stream_round_sets_the_stream_beside_its_parts(tmp_path, capsys):
-  from experiments import stream_round  # pylint: disable=import-outside-toplevel
-  stream_round.main(["--slots", "2", "--inputs", "3", "--gammas", "1", "--new_tokens", "8",
-                     "--repeats", "1", "--output_dir", str(tmp_path)])
-  (row,), = _markdown_tables(capsys.readouterr().out)
-  assert (row["B"], row["γ"]) == ("2", "1")
-  for name in ("t_1 ms", "t_γ+1 ms", "proposal ms", "verification ms", "parts ms", "r", "c",
-               "free-draft bound", "extra tokens GFLOP/s"):
-    assert float(row[name]) > 0, name
-  parts = float(row["t_γ+1 ms"]) + float(row["proposal ms"]) + float(row["verification ms"])
-  assert math.isclose(float(row["parts ms"]), parts, rel_tol=0.02)
-  # A slot's round emits 1 .. γ+1 tokens; idle slots at the stream's tail only lower the mean.
-  assert 0 < float(row["tokens / round"]) <= 2
-  # Slopes (8 and 1 tokens, one repeat) may take either sign on a busy machine: numbers only.
-  for name in ("AR step ms", "round ms", "gap %", "measured speedup", "speedup at parts"):
-    assert math.isfinite(float(row[name])), name
-  assert "| B | γ |" in (tmp_path / "stream_round.md").read_text()
-  with pytest.raises(ValueError, match="gammas must be an integer >= 1"):
-    stream_round.main(["--gammas", "0"])
-
-
-def test_bench_sampler_sets_the_two_samplers_side_by_side(tmp_path, capsys):
-  from experiments import bench_sampler  # pylint: disable=import-outside-toplevel
-  from specjax import sampling  # pylint: disable=import-outside-toplevel
-  from specjax.verify import step  # pylint: disable=import-outside-toplevel
-  with bench_sampler.drawing_with(sampling.race):
-    assert step.categorical is sampling.race and sampling.categorical is sampling.race
-  assert step.categorical is bench_sampler.SAMPLERS["two-stage"]
-  bench_sampler.main(["--batches", "1", "--vocabs", "300", "--examples", "1", "--new_tokens",
-                      "6", "--gamma", "2", "--repeats", "1", "--weights_dtype", "float32",
-                      "--output_dir", str(tmp_path)])
-  micro, e2e = _markdown_tables(capsys.readouterr().out)
-  assert [(r["V"], r["B"]) for r in micro] == [("300", "1")]
-  assert float(micro[0]["one race µs"]) > 0 and float(micro[0]["two-stage µs"]) > 0
-  # main() raises if the two variants drew the same tokens (the patch not taking effect).
-  assert [r["sampler"] for r in e2e] == ["two-stage", "one race"]
-  for row in e2e:
-    assert float(row["AR ms/token"]) > 0 and float(row["spec γ=2 ms/token"]) > 0
-    assert 0 <= float(row["α"]) <= 1
-  assert "one race" in (tmp_path / "bench_sampler.md").read_text()
-
-
-def test_bench_trees_lm(tmp_path):
-  # Untimed (the timed passes would double this test's time; docs/results/bench_trees_lm is
-  # the timed run).
-  rows = bench_trees.main(["--fast", "--pair", "lm", "--no_timing", "--output_dir",
-                           str(tmp_path)])
-  _files(tmp_path, "bench_trees", png=False)
-  assert [r["kind"] for r in rows] == ["chain", "static", "dynamic"]
-  for r in rows:
-    assert r["tokens_per_call"] >= 1 and r["r"] > 0 and r["c"] > 0 and "ms_per_token" not in r
-    assert 0 <= r["none_accepted"] <= 1 and 0 <= r["all_accepted"] <= 1
-    assert r["predicted_speedup"] == pytest.approx(
-        r["tokens_per_call"] / (r["r"] + r["c"] * r["draft_calls_per_round"]))
-  assert "Best tree vs best chain" in (tmp_path / "bench_trees.md").read_text()

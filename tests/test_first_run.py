@@ -62,7 +62,7 @@ def test_sampled_run_reports_both_decodes_tokens_and_rates(tmp_path):
 
 def test_a_run_that_never_speculates_says_so_and_why(tmp_path, capsys):
   table = tmp_path / "costs.json"
-  common = ("--gin.MAX_NEW_TOKENS=6", f"--gin.COST_TABLE='{table}'")
+  common = ("--gin.MAX_NEW_TOKENS=6", "--gin.GAMMA_POLICY='auto'", f"--gin.COST_TABLE='{table}'")
   _job(tmp_path, *common)  # calibrates and writes the table
   gin.clear_config()
   data = json.loads(table.read_text())
