@@ -235,6 +235,9 @@ def main(argv=None) -> List[dict]:
           rows += _setting(pair, calls, width, temperature, settings["new"],
                            settings["repeats"], not own.no_timing, costs,
                            own.trees or settings["trees"], own.auto, own.lookup)
+          # No two settings share a compiled loop, and a process holds a bounded number of
+          # XLA:CPU code mappings (vm.max_map_count): the whole grid in one process ran out.
+          jax.clear_caches()
   best = _best(rows)
   out = common.Output(cli.output_dir, "bench_trees")
   md = common.header("Chains vs token trees at equal target-call width", cli.pairs, [
