@@ -38,3 +38,12 @@ def _release_compiled_executables():
   if _maps() > MAX_MAPS:
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture
+def gin_cleared():
+  """An empty gin config for the test, cleared again after it."""
+  import gin  # pylint: disable=import-outside-toplevel
+  gin.clear_config()
+  yield
+  gin.clear_config()

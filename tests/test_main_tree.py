@@ -2,20 +2,12 @@
 settings a tree cannot take are refused before any model loads."""
 import json
 
-import gin
 import pytest
 
-from specjax import app as main
 from specjax.app import run
 
 TINY = "runs/random_tiny.gin"
-
-
-@pytest.fixture(autouse=True)
-def _clear_gin():
-  gin.clear_config()
-  yield
-  gin.clear_config()
+pytestmark = pytest.mark.usefixtures("gin_cleared")
 
 
 def test_default_run_with_a_tree_is_greedy_identical(tmp_path):
