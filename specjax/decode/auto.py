@@ -405,7 +405,7 @@ class AutoControl:
 
 def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: int,
               max_gamma: int, buckets: Tuple[int, ...], models: str, rounds: int = 6,
-              repeats: int = 3) -> CostTable:
+              repeats: int = 3, alpha_rounds: Optional[int] = None) -> CostTable:
   """Times every round variant inside the compiled loop and returns the `CostTable`.
 
   run(control) executes the loop once with that control (blocking) and returns the rows'
@@ -426,6 +426,9 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   `repeats` times: a busy spell hits neighbours alike), and each cost is the median of
   its paired differences. A round with guesses does all a γ = 0 round does and more, so
   no bucket is costed below the γ = 0 round (noise can suggest it on a busy machine).
+  `alpha_rounds` sets the α run's length instead of R (at most SCHEDULE_SLOTS): a token
+  tree's α is one indicator per round (`specjax.decode.tree`), not one overlap per guess, so
+  it needs more rounds for the same precision.
   """
   if not 1 <= rounds <= SCHEDULE_SLOTS:
     raise ValueError(f"calibration rounds must be in [1, {SCHEDULE_SLOTS}], got {rounds}")
@@ -450,8 +453,9 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
     for g in choices:
       costs[g].append((timed(g, count) - base) / count)
   spent = time.perf_counter() - start
-  alpha_sum, alpha_count = run(AutoControl.make(ones, max_gamma, [buckets[-1]] * count,
-                                                max_rounds=count))
+  widest = min(SCHEDULE_SLOTS, alpha_rounds or count)
+  alpha_sum, alpha_count = run(AutoControl.make(ones, max_gamma, [buckets[-1]] * widest,
+                                                max_rounds=widest))
   alpha_sum, alpha_count = np.asarray(alpha_sum, np.float64), np.asarray(alpha_count)
   seen = alpha_count > 0
   alpha = (min(max(float(np.min(alpha_sum[seen] / alpha_count[seen])), 0.0), 1.0)

@@ -33,6 +33,7 @@ class PreparedDecode:
   buckets: Tuple[int, ...]
   max_new_tokens: int
   run: Callable  # (max_new_tokens, gamma, control) -> (DecodeResult, nan)
+  alpha_rounds: Optional[int] = None  # the α run's rounds (`auto.calibrate`); None: as timed
 
 
 class CostCache:
@@ -77,7 +78,8 @@ def calibrate(prepared: PreparedDecode, rounds: int = 6, repeats: int = 3) -> au
 
   table = auto.calibrate(run, batch=prepared.batch, cache_len=prepared.cache_len,
                          max_gamma=prepared.max_gamma, buckets=prepared.buckets,
-                         models=prepared.models, rounds=rounds, repeats=repeats)
+                         models=prepared.models, rounds=rounds, repeats=repeats,
+                         alpha_rounds=prepared.alpha_rounds)
   if jax.process_count() > 1:  # every process decides with process 0's table, in lockstep
     table = auto.CostTable.from_json(json.loads(distributed.broadcast_text(
         json.dumps(table.to_json()))), "process 0's cost table")

@@ -322,7 +322,10 @@ def _run(loop: TreeLoop, params: LoopParams, inputs, length, rng, max_new_tokens
 def prepare_tree_decode(loop: TreeLoop, params, inputs, length, max_new_tokens: int, rng
                         ) -> calibration.PreparedDecode:
   """The tree loop over one padded batch as `calibration` runs it: a cost table with the
-  narrow round at γ = 0 and the tree round as the one bucket γ = max_depth.
+  narrow round at γ = 0 and the tree round as the one bucket γ = max_depth, its α measured
+  over up to `auto.SCHEDULE_SLOTS` tree rounds (on the bundled LM pair at T = 0, 6 rounds of
+  the first prompt gave α 0.6, where 64 rounds of the same prompt give 0.83: the
+  policy then never played a tree that decodes 1.6x autoregressive).
   params = (target params, drafter params); inputs [B, L] and length [B] checked already."""
   depth = loop.drafter.tree.max_depth
 
@@ -334,4 +337,5 @@ def prepare_tree_decode(loop: TreeLoop, params, inputs, length, max_new_tokens: 
   return calibration.PreparedDecode(
       key=(loop, inputs.shape), batch=inputs.shape[0], cache_len=loop.config.cache_len,
       models=f"target {auto.describe(loop.target)}; drafter {auto.describe(loop.drafter)}",
-      max_gamma=depth, buckets=(depth,), max_new_tokens=max_new_tokens, run=run)
+      max_gamma=depth, buckets=(depth,), max_new_tokens=max_new_tokens, run=run,
+      alpha_rounds=auto.SCHEDULE_SLOTS)  # α: one indicator per round, so many rounds
