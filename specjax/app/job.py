@@ -26,8 +26,7 @@ from specjax.verify import describe
 @gin.register(module="specjax.main")
 def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                draft_checkpoint: Optional[str] = None, drafter: str = "model", gamma: int = 4,
-               tree: Any = None,
-               max_gamma: Optional[int] = None, max_new_tokens: int = 32,
+               tree: Any = None, max_gamma: Optional[int] = None, max_new_tokens: int = 32,
                sampling: Sampling = Sampling(temperature=0.0), lenience: float = 1.0,
                batch_size: int = 8, max_input_len: int = 128, seed: int = 0,
                verifier=None, gamma_policy: str = "auto", cost_table: Optional[str] = None,
@@ -47,10 +46,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
     target_checkpoint / draft_checkpoint: T5X checkpoints (None: random init, smoke runs only).
     drafter: 'model' (the draft checkpoint) or 'prompt_lookup'.
     gamma: guesses per round ('auto': the largest γ it may pick); max_gamma: its bound.
-    tree: TREE: a token tree (`specjax.draft.StaticTree` / `DynamicTree`, in gin e.g.
-      @specjax.draft.tree_spines()): the draft model drafts that tree every round and the
-      speculative decode is `tree_decode` (gamma unused; 'constant' or 'auto' policy, the
-      reference verifier, one device). None: a chain of gamma guesses.
+    tree: TREE: a token tree drafted every round (`tree_decode`); None: a chain of gamma.
     gamma_policy: 'auto' (default: per round and row, γ in [0, gamma] from measured costs;
       γ = 0 is a plain target step, so speculation switches off where it does not pay),
       'constant', 'heuristic' or 'optimal' (`DecodeConfig.gamma_policy`).

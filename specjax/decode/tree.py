@@ -216,6 +216,31 @@ def _tree_decode(loop: TreeLoop, params: LoopParams, inputs, seq, length, keys, 
   return finish(state, prefix_len)
 
 
+def _checked_drafter(drafter: Any, tree: Any, config: DecodeConfig, costs: Any):
+  """The tree drafter of `tree_decode`'s arguments; ValueError naming what it cannot take."""
+  if tree is not None:
+    if not isinstance(tree, (StaticTree, DynamicTree)):
+      raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
+    drafter = TreeModelDrafter(drafter, tree)
+  if not isinstance(drafter, (TreeModelDrafter, PromptLookupTreeDrafter)):
+    raise ValueError("tree_decode needs a TreeModelDrafter or PromptLookupTreeDrafter, or a "
+                     f"draft model with tree=..., got {type(drafter).__name__}")
+  auto_policy = config.gamma_policy == "auto"
+  if config.gamma_policy not in ("constant", "auto") or not isinstance(config.verifier,
+                                                                        ReferenceVerifier):
+    raise ValueError("tree_decode verifies with the tree rule (specjax.verify.tree): it takes "
+                     "gamma_policy='constant' or 'auto' and the reference verifier only")
+  if auto_policy and config.auto_buckets:
+    raise ValueError(f"tree_decode: auto_buckets {config.auto_buckets} do not apply to a tree "
+                     "(its one wide round scores the whole tree): leave them empty")
+  if costs is not None and not auto_policy:
+    raise ValueError(f"a cost table is for gamma_policy='auto', not {config.gamma_policy!r}")
+  if drafter.tree.greedy_only and not config.sampling.greedy:
+    raise ValueError("DynamicTree(keep=...) prunes drawn children by their own probability, "
+                     "which is exact at temperature 0 only (specjax.verify.tree)")
+  return drafter
+
+
 def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter_params: Any,
                 inputs, *, max_new_tokens: int, rng: jax.Array,
                 config: DecodeConfig = DecodeConfig(), tree: Any = None,
@@ -257,26 +282,7 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
     gamma_hist [B, D + 1] counts narrow rounds ('auto') at 0 and tree rounds at D; under
     'auto', cost_table is the table it decided with.
   """
-  if tree is not None:
-    if not isinstance(tree, (StaticTree, DynamicTree)):
-      raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
-    drafter = TreeModelDrafter(drafter, tree)
-  if not isinstance(drafter, (TreeModelDrafter, PromptLookupTreeDrafter)):
-    raise ValueError("tree_decode needs a TreeModelDrafter or PromptLookupTreeDrafter, or a "
-                     f"draft model with tree=..., got {type(drafter).__name__}")
-  auto_policy = config.gamma_policy == "auto"
-  if config.gamma_policy not in ("constant", "auto") or not isinstance(config.verifier,
-                                                                        ReferenceVerifier):
-    raise ValueError("tree_decode verifies with the tree rule (specjax.verify.tree): it takes "
-                     "gamma_policy='constant' or 'auto' and the reference verifier only")
-  if auto_policy and config.auto_buckets:
-    raise ValueError(f"tree_decode: auto_buckets {config.auto_buckets} do not apply to a tree "
-                     "(its one wide round scores the whole tree): leave them empty")
-  if costs is not None and not auto_policy:
-    raise ValueError(f"a cost table is for gamma_policy='auto', not {config.gamma_policy!r}")
-  if drafter.tree.greedy_only and not config.sampling.greedy:
-    raise ValueError("DynamicTree(keep=...) prunes drawn children by their own probability, "
-                     "which is exact at temperature 0 only (specjax.verify.tree)")
+  drafter = _checked_drafter(drafter, tree, config, costs)
   check_config(target, config)
   check_same_vocab(target, drafter.vocab_size)
   max_new_tokens = check_count("max_new_tokens", max_new_tokens)
@@ -290,7 +296,7 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   check_cache_size([m for m in (target, drafter.model) if m is not None], rows, cache_len, None)
   loop = TreeLoop(target, drafter, config)
   control = None
-  if auto_policy:
+  if config.gamma_policy == "auto":
     some = (slice(None) if streaming is None
             else np.arange(rows - streaming.refill_rows) % inputs.shape[0])
     prepared = prepare_tree_decode(loop, (target_params, drafter_params), inputs[some],
