@@ -232,9 +232,14 @@ def test_ctrl_c_between_batches_stops_the_job(tmp_path):
     signal.raise_signal(signal.SIGINT)
 
   console = Console(record=True, width=200)
-  with pytest.raises(KeyboardInterrupt):
-    gin.get_configurable(main.decode_job)(["Hello world"] * 3, console=console,
-                                          on_batch=ctrl_c)
+  # Python's own SIGINT handler, whatever an earlier test of this process left installed.
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      gin.get_configurable(main.decode_job)(["Hello world"] * 3, console=console,
+                                            on_batch=ctrl_c)
+  finally:
+    signal.signal(signal.SIGINT, previous)
   assert calls == [(1, 3)]  # the second batch never started
   assert "interrupted after 1 of 3 examples" in console.export_text()
   assert not (tmp_path / "results.jsonl").exists()
