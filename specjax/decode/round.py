@@ -132,6 +132,26 @@ def record(config: DecodeConfig, before: LoopState, after: LoopState, proposal: 
       nan=before.nan | (active & verdict.bad))
 
 
+def narrow_round(target: DecodingModel, config: DecodeConfig, params: LoopParams,
+                 state: LoopState, keys, encoded, prefix_len, max_new_tokens,
+                 guess_slots: int) -> LoopState:
+  """Every row one autoregressive step (one 1-token target call, the same key, no draft
+  call), counted as a γ = 0 round in the histograms and the trace (`guess_slots` wide)."""
+  after = AutoregressiveLoop(target, config).round(
+      params.target, state, keys, encoded, prefix_len, max_new_tokens)
+  active = ~state.done
+  counted = active.astype(jnp.int32)
+  after = after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
+                        accepted_hist=state.accepted_hist.at[:, 0].add(counted))
+  if state.trace is None:
+    return after
+  zeros = jnp.zeros_like(state.length)
+  token = take_rows(after.seq, state.length[:, None])[:, 0]
+  guesses = jnp.zeros((zeros.shape[0], guess_slots), jnp.int32)
+  return after.replace(trace=record_trace(state.trace, active, state.target_calls, guesses,
+                                          zeros, token, zeros))
+
+
 def empty_trace(batch: int, rounds: int, max_gamma: int) -> Trace:
   """A zeroed `Trace` of `rounds` rounds per row."""
   return Trace(guesses=jnp.zeros((batch, rounds, max_gamma), jnp.int32),
@@ -184,19 +204,8 @@ class SpeculativeLoop:
     """A round in which every row has γ = 0: the autoregressive step (one 1-token target call,
     the same key, no draft call) counted as a γ = 0 round. The drafter's state is left as it
     is: its next `propose` catches up the tokens it missed."""
-    after = AutoregressiveLoop(self.target, self.config).round(
-        params.target, state, keys, encoded, prefix_len, max_new_tokens)
-    active = ~state.done
-    counted = active.astype(jnp.int32)
-    after = after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
-                          accepted_hist=state.accepted_hist.at[:, 0].add(counted))
-    if state.trace is None:
-      return after
-    zeros = jnp.zeros_like(state.length)
-    token = take_rows(after.seq, state.length[:, None])[:, 0]
-    guesses = jnp.zeros((zeros.shape[0], self.drafter.max_gamma), jnp.int32)
-    return after.replace(trace=record_trace(state.trace, active, state.target_calls, guesses,
-                                            zeros, token, zeros))
+    return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
+                        max_new_tokens, self.drafter.max_gamma)
 
   def going(self, params: LoopParams, state: LoopState) -> jax.Array:
     """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""

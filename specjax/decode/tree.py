@@ -36,20 +36,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.decode import auto, auto_rounds, calibration
-from specjax.decode.autoregressive import AutoregressiveLoop
 from specjax.decode.config import DecodeConfig
 from specjax.decode.fallback import autoregressive_instead
 from specjax.decode.inputs import (cache_length, check_cache_size, check_config, check_count,
                                    check_inputs, check_nan, initial_seq, prefix_lengths)
 from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
-from specjax.decode.round import LoopParams, empty_trace, record_trace
+from specjax.decode.round import LoopParams, empty_trace, narrow_round, record_trace
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.decode.stream import Streaming, as_streaming, decode_streaming
 from specjax.draft.lookup_tree import PromptLookupTreeDrafter
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
 from specjax.models import DecodingModel, check_same_vocab
 from specjax.models.tree import tree_call
-from specjax.rows import take_rows
 from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, position_key, row_keys
 from specjax.verify import ReferenceVerifier
 from specjax.verify.tree import path_tokens, tree_verify
@@ -140,18 +138,8 @@ class TreeLoop:
     """'auto': a round in which every row takes one plain target step (the autoregressive
     step, the key a tree round's n = 0 correction uses; no draft call), counted at γ = 0.
     The drafter catches up the tokens it missed on its next `propose`."""
-    after = AutoregressiveLoop(self.target, self.config).round(
-        params.target, state, keys, encoded, prefix_len, max_new_tokens)
-    counted = (~state.done).astype(jnp.int32)
-    after = after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
-                          accepted_hist=state.accepted_hist.at[:, 0].add(counted))
-    if state.trace is None:
-      return after
-    zeros = jnp.zeros_like(state.length)
-    token = take_rows(after.seq, state.length[:, None])[:, 0]
-    guesses = jnp.zeros((zeros.shape[0], self.drafter.tree.max_depth), jnp.int32)
-    return after.replace(trace=record_trace(state.trace, counted > 0, state.target_calls, guesses,
-                                            zeros, token, zeros))
+    return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
+                        max_new_tokens, self.drafter.tree.max_depth)
 
   def going(self, params: LoopParams, state: LoopState) -> jax.Array:
     """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
