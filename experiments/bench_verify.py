@@ -85,8 +85,8 @@ def device_note() -> str:
   """Which device the timings are from; says so loudly when no accelerator is present."""
   dev = jax.devices()[0]
   if dev.platform == "cpu":
-    return (f"device: CPU ({os.cpu_count()} cores visible). No GPU/TPU is available in this "
-            "session: CPU timings only; the Pallas kernel is not timed here (on CPU it runs "
+    return (f"device: CPU ({os.cpu_count()} cores visible). No GPU/TPU is available on this "
+            "machine: CPU timings only; the Pallas kernel is not timed here (on CPU it runs "
             "only in interpret mode). GPU/TPU numbers are still to be measured.")
   return f"device: {dev.platform} ({dev.device_kind})"
 

@@ -116,7 +116,7 @@ def test_bfloat16_kernels_run_through_the_job(tmp_path):
   assert summary["draft_weights_dtype"] == "bfloat16"
 
 
-# ------------------------------------------------- issue #16: settings checked up front
+# ------------------------------------------------- settings checked up front
 
 
 def _no_models(monkeypatch):
@@ -246,7 +246,7 @@ def test_ctrl_c_between_batches_stops_the_job(tmp_path):
 
 
 # ----------------------------------------------------------------------------
-# A model folder's model.gin is untrusted: read with a restricted parser (issue #16)
+# A model folder's model.gin is untrusted: read with a restricted parser
 
 TINY_LM = """# DecoderOnlyConfig of the checkpoints in this folder (written by specjax.train).
 DecoderOnlyConfig.vocab_size = 8192

@@ -1,4 +1,4 @@
-"""Fault injection: checkpoint writers killed by SIGKILL at many points (issue #16).
+"""Fault injection: checkpoint writers killed by SIGKILL at many points.
 
 A child process saves a stream of small checkpoints into one model folder:
 save k writes params P(k) as a new step ((k + 1) // 2, odd k) or overwrites

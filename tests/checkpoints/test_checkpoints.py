@@ -644,7 +644,7 @@ def test_load_for_model_names_the_mismatching_parameter(legacy_dir, mixed):
 
 
 # ---------------------------------------------------------------------------
-# Every declared chunk must be stored (issue #16)
+# Every declared chunk must be stored
 
 WI0 = "optimizer.target." + KERNEL.replace("/", ".")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -753,7 +753,7 @@ def test_absurd_chunk_grids_cost_nothing(one_ckpt, zshape, chunks, declared, mes
 
 
 # ---------------------------------------------------------------------------
-# Symlinks must not lead out of the checkpoint folder (issue #16)
+# Symlinks must not lead out of the checkpoint folder
 
 
 def _outside_copy(src, tmp_path):
@@ -819,7 +819,7 @@ def test_orbax_symlinks_out_of_the_checkpoint_are_refused(orbax_dir, tmp_path, v
 
 
 # ---------------------------------------------------------------------------
-# Writers: no silent replacement, recovery from crashed saves (issue #16)
+# Writers: no silent replacement, recovery from crashed saves
 
 
 def _other(params, factor):

@@ -1,4 +1,4 @@
-"""Validation shared by the decode loops (issue #16): each bad input is refused with a
+"""Validation shared by the decode loops: each bad input is refused with a
 message naming it, and oversized caches are refused before anything is allocated."""
 import jax
 import numpy as np

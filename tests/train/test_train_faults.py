@@ -1,4 +1,4 @@
-"""Fault injection: training killed by SIGKILL at random points resumes exactly (issue #16).
+"""Fault injection: training killed by SIGKILL at random points resumes exactly.
 
 A child process trains a tiny decoder-only LM for 10 steps (float32 checkpoint
 every 2 steps, 2 kept) and dies by SIGKILL: either sent by the parent after a

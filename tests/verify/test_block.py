@@ -1,4 +1,4 @@
-"""Tests for block verification (issue 18; Sun et al., ICLR 2025, Algorithm 2).
+"""Tests for block verification (Sun et al., ICLR 2025, Algorithm 2).
 
 - The algorithm's math, exactly (no sampling): `_step_law` enumerates one step's
   output law (the backward pass with h_i) for per-position tables; it equals the

@@ -1,4 +1,4 @@
-"""Tests for the pluggable verifiers (issue 9: Wagner et al.'s optimized verification).
+"""Tests for the pluggable verifiers (Wagner et al.'s optimized verification).
 
 - `fused` draws the SAME tokens as `reference` for the same randomness, bit for
   bit, on both backends (XLA, and the Pallas kernel in interpret mode), with a
