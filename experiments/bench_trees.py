@@ -2,7 +2,7 @@
 
   python -m experiments.bench_trees [--pair lm] [--batch 1 --batch 8] [--temperature 0
       --temperature 1] [--width 8 --width 16 --width 32] [--trees K] [--auto] [--lookup]
-      [--no_timing] [--fast]
+      [--ngram] [--no_timing] [--fast]
 
 For each pair, batch, temperature and width w (the target call scores w positions), runs
 - the chain: `speculative_decode` with γ = w - 1;
@@ -14,6 +14,8 @@ For each pair, batch, temperature and width w (the target call scores w position
 (`--trees K`: the first K of each kind only);
 with `--lookup`, also prompt lookup as a chain (`PromptLookupDrafter`, γ = w - 1) and as
 trees of 2 and 4 continuations (`PromptLookupTreeDrafter`, no draft model);
+with `--ngram`, also a bigram table (`BigramDrafter`, fitted on `common.ngram_corpus`) as a
+chain (γ = w - 1) and as the first static tree (`NGramTreeDrafter`, no draft model);
 with `--auto`, also the chain and the first static tree under the 'auto' policy (each round
 the narrow round, a plain target step, or the chain's buckets / the tree, priced by the cost
 table the decode calibrates in its own compiled loop; the calibration falls in compile_s),
@@ -42,8 +44,8 @@ import numpy as np
 
 from experiments import common
 from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
-from specjax.draft import (DynamicTree, PromptLookupDrafter, PromptLookupTreeDrafter,
-                           StaticTree, TreeModelDrafter)
+from specjax.draft import (BigramDrafter, DynamicTree, NGramTreeDrafter, PromptLookupDrafter,
+                           PromptLookupTreeDrafter, StaticTree, TreeModelDrafter)
 
 FAST = dict(examples=1, new=8, widths=(8,), repeats=1, trees=1)
 FULL = dict(examples=8, new=128, widths=(8, 16, 32), repeats=3, trees=None)
@@ -99,7 +101,8 @@ def extra_trees(trees: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
 
 def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, new: int,
              repeats: int, timing: bool, costs: Tuple[Dict[int, float], float],
-             trees_per_kind=None, auto: bool = False, lookup: bool = False) -> List[dict]:
+             trees_per_kind=None, auto: bool = False, lookup: bool = False,
+             ngram: Any = None) -> List[dict]:
   """Every decoder of one setting over `batches` (each one call of the decoder)."""
   cache_len = batches[0].shape[1] + new + 2 * width + 1  # a cut dynamic tree grows more
   config = common.decode_config(temperature, cache_len)
@@ -126,6 +129,15 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
               pair.target, pair.target_params,
               PromptLookupTreeDrafter(vocab, b, (width - 1) // b), None, x,
               max_new_tokens=new, rng=key, config=config)))
+  if ngram is not None:  # a bigram table: one chain, or the first static tree from it
+    table, counts = ngram
+    name, tree = next(iter(static_trees(width).items()))
+    decoders["bigram chain"] = ("bigram chain", lambda x: speculative_decode(
+        pair.target, pair.target_params, dataclasses.replace(table, max_gamma=width - 1),
+        counts, x, max_new_tokens=new, gamma=width - 1, rng=key, config=config))
+    decoders[f"bigram {name}"] = ("bigram tree", lambda x: tree_decode(
+        pair.target, pair.target_params, NGramTreeDrafter(table, tree), counts, x,
+        max_new_tokens=new, rng=key, config=config))
   if auto:  # the chain and the first static tree under the 'auto' policy
     auto_config = dataclasses.replace(config, gamma_policy="auto")
     name, tree = next(iter(static_trees(width).items()))
@@ -216,6 +228,7 @@ def main(argv=None) -> List[dict]:
   parser.add_argument("--trees", type=int)
   parser.add_argument("--auto", action="store_true")
   parser.add_argument("--lookup", action="store_true")
+  parser.add_argument("--ngram", action="store_true")
   parser.add_argument("--no_timing", action="store_true")
   own, rest = parser.parse_known_args(argv)
   cli = common.parse_cli(rest, __doc__, "bench_trees")
@@ -226,6 +239,8 @@ def main(argv=None) -> List[dict]:
   rows = []
   for pair in cli.pairs:
     inputs = common.examples(pair, max(settings["examples"], max(batches))).inputs
+    ngram = (BigramDrafter(common.ngram_corpus(pair)[0], pair.target.vocab_size, max_gamma=1)
+             if own.ngram else None)
     for batch in batches:
       costs = _costs(pair, inputs[:batch], widths, settings["new"])
       calls = ([inputs[:batch]] if batch > 1 else
@@ -234,7 +249,7 @@ def main(argv=None) -> List[dict]:
         for width in widths:
           rows += _setting(pair, calls, width, temperature, settings["new"],
                            settings["repeats"], not own.no_timing, costs,
-                           own.trees or settings["trees"], own.auto, own.lookup)
+                           own.trees or settings["trees"], own.auto, own.lookup, ngram)
           # No two settings share a compiled loop, and a process holds a bounded number of
           # XLA:CPU code mappings (vm.max_map_count): the whole grid in one process ran out.
           jax.clear_caches()

@@ -45,6 +45,8 @@ from specjax.decode.round import LoopParams, empty_trace, narrow_round, record_t
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.decode.stream import Streaming, as_streaming, decode_streaming
 from specjax.draft.lookup_tree import PromptLookupTreeDrafter
+from specjax.draft.ngram import NGramDrafter
+from specjax.draft.ngram_tree import NGramTreeDrafter
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
 from specjax.models import DecodingModel, check_same_vocab
 from specjax.models.tree import tree_call
@@ -209,10 +211,12 @@ def _checked_drafter(drafter: Any, tree: Any, config: DecodeConfig, costs: Any):
   if tree is not None:
     if not isinstance(tree, (StaticTree, DynamicTree)):
       raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
-    drafter = TreeModelDrafter(drafter, tree)
-  if not isinstance(drafter, (TreeModelDrafter, PromptLookupTreeDrafter)):
-    raise ValueError("tree_decode needs a TreeModelDrafter or PromptLookupTreeDrafter, or a "
-                     f"draft model with tree=..., got {type(drafter).__name__}")
+    drafter = (NGramTreeDrafter(drafter, tree) if isinstance(drafter, NGramDrafter)
+               else TreeModelDrafter(drafter, tree))
+  if not isinstance(drafter, (TreeModelDrafter, PromptLookupTreeDrafter, NGramTreeDrafter)):
+    raise ValueError("tree_decode needs a TreeModelDrafter, NGramTreeDrafter or "
+                     "PromptLookupTreeDrafter, or a draft model or n-gram table with tree=..., "
+                     f"got {type(drafter).__name__}")
   auto_policy = config.gamma_policy == "auto"
   if config.gamma_policy not in ("constant", "auto") or not isinstance(config.verifier,
                                                                         ReferenceVerifier):
@@ -244,9 +248,11 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   Args:
     target: the target `DecodingModel`.
     target_params: its parameters.
-    drafter: a `specjax.draft.tree.TreeModelDrafter`, or a draft `DecodingModel` with `tree`,
-      or a `specjax.draft.PromptLookupTreeDrafter` (several prompt-lookup continuations).
-    drafter_params: the draft model's parameters (None for prompt lookup).
+    drafter: a `specjax.draft.tree.TreeModelDrafter`, or a draft `DecodingModel` with `tree`;
+      a `specjax.draft.NGramTreeDrafter`, or an `NGramDrafter` with `tree` (the tree drawn
+      from its table); a `specjax.draft.PromptLookupTreeDrafter` (several prompt-lookup
+      continuations).
+    drafter_params: the draft model's or table's parameters (None for prompt lookup).
     inputs: int32 [B, L]: encoder inputs (T5) or left-aligned prompts (decoder-only), 0-padded.
     max_new_tokens: generation budget per row (data).
     rng: one PRNG key, or one key per row [B].
@@ -256,7 +262,7 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
       'constant' γ policy (every round a tree) or 'auto' (each round the narrow round or the
       tree, priced by a measured cost table: module docstring; `auto_buckets` must be empty,
       the tree's depth is its one width).
-    tree: a `StaticTree` or `DynamicTree` when `drafter` is a model.
+    tree: a `StaticTree` or `DynamicTree` when `drafter` is a model or an `NGramDrafter`.
     prompt_lengths: optional int [B] for decoder-only prompts.
     slots: stream the B inputs through this many slots (in-flight batching, as
       `speculative_decode`); a `specjax.decode.Streaming` sets refill rows and the tail

@@ -8,10 +8,11 @@ from specjax.draft.hierarchical import HierarchicalDrafter
 from specjax.draft.model import ModelDrafter, ModelDrafterState
 from specjax.draft.ngram import BigramDrafter, NGramDrafter, NoState, UnigramDrafter
 from specjax.draft.lookup_tree import PromptLookupTreeDrafter
+from specjax.draft.ngram_tree import NGramTreeDrafter
 from specjax.draft.prompt_lookup import PromptLookupDrafter
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal
 
 __all__ = ["Drafter", "Proposal", "sample_guess", "ModelDrafter", "ModelDrafterState",
            "NGramDrafter", "UnigramDrafter", "BigramDrafter", "PromptLookupDrafter",
            "HierarchicalDrafter", "NoState", "StaticTree", "DynamicTree",
-           "TreeModelDrafter", "TreeProposal", "PromptLookupTreeDrafter"]
+           "TreeModelDrafter", "TreeProposal", "PromptLookupTreeDrafter", "NGramTreeDrafter"]

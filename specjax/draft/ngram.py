@@ -13,7 +13,7 @@ from specjax.draft.base import Proposal, check_sizes, sample_guess
 from specjax.rows import take_rows
 
 
-def _table_probs(params, prev: jax.Array) -> jax.Array:
+def table_probs(params, prev: jax.Array) -> jax.Array:
   """Add-k smoothed q(· | prev) from a sparse table. prev: int32 [B] -> float32 [B, V]."""
   ids = params["ids"][prev]  # int32 [B, M]
   counts = params["counts"][prev]  # float32 [B, M]
@@ -96,7 +96,7 @@ class NGramDrafter:
     def body(i, carry):
       tokens, all_probs, prev = carry
       context = prev if self.order == 2 else jnp.zeros_like(prev)
-      probs = sampling.probs(jnp.log(_table_probs(params, context)))
+      probs = sampling.probs(jnp.log(table_probs(params, context)))
       guess = sample_guess(row_keys, length, i, probs, sampling.greedy)
       tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
       all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)

@@ -326,8 +326,8 @@ class TreeModelDrafter:
                                                 state.encoded, tree=attention)
         level_ids = jnp.broadcast_to(jnp.arange(plo, phi) + 1, (batch, phi - plo))
         parent_logq, q_row = path_logq[:, plo:phi], plo + 1
-      new_tokens, new_parent, new_valid, new_logq, q = self._level(
-          d, row_keys, length, level_logits, level_ids, parent_logq, hi - lo, sampling)
+      new_tokens, new_parent, new_valid, new_logq, q = draw_level(
+          tree, d, row_keys, length, level_logits, level_ids, parent_logq, hi - lo, sampling)
       tokens = tokens.at[:, lo:hi].set(new_tokens)
       parent = parent.at[:, lo:hi].set(new_parent)
       valid = valid.at[:, lo:hi].set(new_valid)
@@ -370,37 +370,6 @@ class TreeModelDrafter:
             put(path_logq, logq), jax.lax.dynamic_update_slice_in_dim(
                 probs, q[:, None].astype(probs.dtype), node, axis=1))
 
-  def _level(self, d, row_keys, length, logits, ids, parent_logq, width, sampling):
-    """Draws level d from the level above: logits [B, m, V] at nodes ids [B, m] (0 = root),
-    their path log-probabilities [B, m] -> (tokens, parent, valid, path log q) [B, width]
-    and q [B, m, V]."""
-    tree = self.tree
-    batch, m = logits.shape[:2]
-    per = tree.branch if isinstance(tree, DynamicTree) else int(
-        max(r for r, dd in zip(tree.ranks, tree.depth) if dd == d)) + 1
-    keys = _children_keys(row_keys, length, d, ids)  # [B, m]
-    draw = jax.vmap(jax.vmap(lambda k, l: draw_children(k, l, per, sampling, tree.iid)))
-    children, q, rank_q = draw(keys, logits)  # [B, m, per], [B, m, V], [B, m, V]
-    child_logq = parent_logq[:, :, None] + jnp.log(
-        jnp.maximum(jnp.take_along_axis(rank_q, children, axis=2), 1e-38))
-    valid = jnp.ones_like(children, jnp.bool_) if sampling.greedy else (
-        jnp.take_along_axis(q, children, axis=2) > 0)
-    if isinstance(tree, StaticTree):
-      starts = _level_starts(tree.levels)
-      lo = starts[d - 1]
-      parents = np.asarray(tree.parents[lo:lo + width])  # static, global node indices
-      local = parents + 1 if d == 1 else parents - starts[d - 2]  # index in the level above
-      pick = jnp.asarray(local * per + np.asarray(tree.ranks[lo:lo + width]))
-      flat = lambda x: x.reshape(batch, -1)[:, pick]
-      parent = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (batch, width))
-      return flat(children), parent, flat(valid), flat(child_logq), q
-    # Dynamic: the `expand` nodes of the level above with the highest path log q.
-    _, top = jax.lax.top_k(parent_logq, min(tree.expand, m))
-    top = jnp.sort(top, axis=1)  # keep level order among the expanded nodes
-    gather = lambda x: jnp.take_along_axis(x, top[:, :, None], axis=1).reshape(batch, -1)
-    parent = jnp.repeat(jnp.take_along_axis(ids, top, axis=1) - 1, per, axis=1)
-    return gather(children), parent, gather(valid), gather(child_logq), q
-
   def update(self, state: TreeDrafterState, length, path, n) -> TreeDrafterState:
     """After verification: length int32 [B] the round's start, path int32 [B, D] accepted
     nodes, n int32 [B]. The path's slots move to length.. and the fed count covers the
@@ -409,6 +378,38 @@ class TreeModelDrafter:
                       -1)
     cache = move_path(self.model, state.cache, length, grown, n)
     return state.replace(cache=cache, fed=length + jnp.minimum(n, self.tree.max_depth - 1))
+
+
+def draw_level(tree, d: int, row_keys, length, logits, ids, parent_logq, width: int,
+               sampling: Sampling):
+  """Draws level d (`width` nodes) of a StaticTree or DynamicTree from the level above:
+  logits [B, m, V] at nodes ids [B, m] (0 = root), their path log-probabilities [B, m] ->
+  (tokens, parent, valid, path log q) [B, width] and q [B, m, V]."""
+  batch, m = logits.shape[:2]
+  per = tree.branch if isinstance(tree, DynamicTree) else int(
+      max(r for r, dd in zip(tree.ranks, tree.depth) if dd == d)) + 1
+  keys = _children_keys(row_keys, length, d, ids)  # [B, m]
+  draw = jax.vmap(jax.vmap(lambda k, l: draw_children(k, l, per, sampling, tree.iid)))
+  children, q, rank_q = draw(keys, logits)  # [B, m, per], [B, m, V], [B, m, V]
+  child_logq = parent_logq[:, :, None] + jnp.log(
+      jnp.maximum(jnp.take_along_axis(rank_q, children, axis=2), 1e-38))
+  valid = jnp.ones_like(children, jnp.bool_) if sampling.greedy else (
+      jnp.take_along_axis(q, children, axis=2) > 0)
+  if isinstance(tree, StaticTree):
+    starts = _level_starts(tree.levels)
+    lo = starts[d - 1]
+    parents = np.asarray(tree.parents[lo:lo + width])  # static, global node indices
+    local = parents + 1 if d == 1 else parents - starts[d - 2]  # index in the level above
+    pick = jnp.asarray(local * per + np.asarray(tree.ranks[lo:lo + width]))
+    flat = lambda x: x.reshape(batch, -1)[:, pick]
+    parent = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (batch, width))
+    return flat(children), parent, flat(valid), flat(child_logq), q
+  # Dynamic: the `expand` nodes of the level above with the highest path log q.
+  _, top = jax.lax.top_k(parent_logq, min(tree.expand, m))
+  top = jnp.sort(top, axis=1)  # keep level order among the expanded nodes
+  gather = lambda x: jnp.take_along_axis(x, top[:, :, None], axis=1).reshape(batch, -1)
+  parent = jnp.repeat(jnp.take_along_axis(ids, top, axis=1) - 1, per, axis=1)
+  return gather(children), parent, gather(valid), gather(child_logq), q
 
 
 def _spine_tail(tree) -> int:

@@ -10,8 +10,8 @@ import pytest
 from specjax.app import bundled
 from specjax.data import load_bundled, load_vocab
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode, tree_decode
-from specjax.draft import (DynamicTree, ModelDrafter, PromptLookupTreeDrafter, StaticTree,
-                           TreeModelDrafter, TreeProposal)
+from specjax.draft import (BigramDrafter, DynamicTree, ModelDrafter, NGramTreeDrafter,
+                           PromptLookupTreeDrafter, StaticTree, TreeModelDrafter, TreeProposal)
 from specjax.draft.tree import keep_most_probable
 from specjax.app import encode_inputs
 from specjax.sampling import Sampling
@@ -123,6 +123,55 @@ def test_prompt_lookup_tree_is_exact_on_tables(tables, sampling):
   assert _joint_tv(got.tokens, exact_joint(np.asarray(target_table), sampling, prefix,
                                            STEPS)) < 0.018
   assert np.asarray(got.accepted_hist)[:, 1:].sum() > N // 10  # guesses were accepted
+
+
+@pytest.fixture(scope="module")
+def bigram(tables):
+  """A bigram table counted on 256 tokens the target itself sampled: (drafter, params)."""
+  target_table, _ = tables
+  text = autoregressive_decode(TableModel(V), target_table, LOOKUP_PROMPTS, max_new_tokens=64,
+                               rng=jax.random.PRNGKey(1), prompt_lengths=np.array([8, 6, 7, 2]),
+                               config=DecodeConfig(sampling=Sampling(), eos_id=NO_EOS)).tokens
+  return BigramDrafter(np.asarray(text).tolist(), V, max_gamma=1, k=0.5)
+
+
+NGRAM_TREES = {"branching_2_1_1": StaticTree.from_branching((2, 1, 1)),
+               "dynamic_keep": DynamicTree(branch=2, expand=2, max_depth=3, keep=5)}
+
+
+@pytest.mark.parametrize("name", sorted(NGRAM_TREES))
+def test_greedy_ngram_tree_equals_autoregressive(tables, bigram, name):
+  # The table's most frequent followers as the tree, token for token the argmax path; the
+  # table must bring more than one token per call (asserted) with no draft model call.
+  target_table, _ = tables
+  config, lengths = DecodeConfig(sampling=GREEDY, eos_id=NO_EOS), np.array([8, 6, 7, 2])
+  key = jax.random.PRNGKey(0)
+  want = autoregressive_decode(TableModel(V), target_table, LOOKUP_PROMPTS, max_new_tokens=24,
+                               rng=key, config=config, prompt_lengths=lengths)
+  got = tree_decode(TableModel(V), target_table, bigram[0], bigram[1], LOOKUP_PROMPTS,
+                    max_new_tokens=24, rng=key, config=config, prompt_lengths=lengths,
+                    tree=NGRAM_TREES[name])
+  np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+  assert float(np.mean(got.tokens_per_call)) > 1.2 and int(np.sum(got.draft_calls)) == 0
+
+
+def test_sampled_ngram_tree_joint_of_first_three_tokens_matches_target(tables, bigram):
+  # Power as for the model trees above (N rows, 64 outcomes, bound 0.018); the table's q is
+  # not the target's law, so a drafter that handed the verifier the wrong q rows (or none)
+  # would bias the joint. Both acceptances and rejections happen (asserted).
+  target_table, _ = tables
+  sampling, prefix = Sampling(), [2, 3, 1, 2]
+  drafter = NGramTreeDrafter(bigram[0], StaticTree.from_branching((2, 2)))
+  got = tree_decode(TableModel(V), target_table, drafter, bigram[1],
+                    np.array([prefix] * N, np.int32), max_new_tokens=STEPS,
+                    rng=jax.random.PRNGKey(2), config=DecodeConfig(sampling=sampling,
+                                                                   eos_id=NO_EOS))
+  assert _joint_tv(got.tokens, exact_joint(np.asarray(target_table), sampling, prefix,
+                                           STEPS)) < 0.018
+  hist = np.asarray(got.accepted_hist).sum(0)
+  assert hist[0] > N // 20 and hist[1:].sum() > N // 10, hist
+  with pytest.raises(ValueError, match="NGramDrafter"):
+    NGramTreeDrafter(TableModel(V), StaticTree.from_branching((2,)))
 
 
 def test_bad_arguments_are_refused(tables):
