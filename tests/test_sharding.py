@@ -25,7 +25,8 @@ MESHES = {"8x1": 1, "1x8": 8, "4x2": 2}  # name -> num_partitions on 8 devices
 # speculative run (greedy: equal to its autoregressive output, tests/test_decoding_models.py).
 # Every mesh is covered; each family runs model-parallel; compiles are kept few (2-core CI).
 RUNS = {"t5": (("8x1", "spec"), ("4x2", "spec")),
-        "decoder_only": (("1x8", "spec"), ("4x2", "spec"), ("4x2", "ar"), ("4x2", "stream"))}
+        "decoder_only": (("1x8", "spec"), ("4x2", "spec"), ("4x2", "ar"), ("4x2", "stream"),
+                         ("4x2", "tree"))}
 STREAM_SLOTS = 6  # "stream": the batch streamed through 6 slots, rounded up to 8 on 'data' 4
 V = 64
 BATCH = 12  # not a multiple of 8: the data axis needs padding
@@ -79,7 +80,8 @@ def _child() -> dict:
   from specjax.checkpoints import save_t5x
   from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
   from specjax.decode import stream as stream_module
-  from specjax.draft import ModelDrafter
+  from specjax.decode import tree_decode
+  from specjax.draft import ModelDrafter, StaticTree
   from specjax.sampling import Sampling
   from specjax.testing import TableModel, exact_joint, random_table
 
@@ -102,10 +104,15 @@ def _child() -> dict:
                                           max_new_tokens=NEW, gamma=3, rng=key, config=greedy,
                                           partitioner=p, slots=STREAM_SLOTS,
                                           on_progress=lambda done, total: None)
+    # A spine tree (greedy: the same tokens as the chain and autoregressive decoding).
+    tree = lambda p: tree_decode(target, tparams, draft, dparams, inputs, max_new_tokens=NEW,
+                                 rng=key, config=greedy, tree=StaticTree.from_spines((3, 1)),
+                                 partitioner=p)
     runs = {"single/spec": spec(None)}
     compiled = stream_module._run._cache_size()
     for mesh, loop in RUNS[family]:
-      runs[f"{mesh}/{loop}"] = {"spec": spec, "ar": ar, "stream": stream}[loop](parts[mesh])
+      runs[f"{mesh}/{loop}"] = {"spec": spec, "ar": ar, "stream": stream,
+                                "tree": tree}[loop](parts[mesh])
     out[f"{family}_stream_compiles"] = stream_module._run._cache_size() - compiled
     out[family] = {k: {"tokens": np.asarray(r.tokens).tolist(),
                        "lengths": np.asarray(r.lengths).tolist(),

@@ -59,8 +59,7 @@ def decoders(plan: Plan, loaded: Loaded, costs) -> Dict[str, Callable[..., Decod
   stream = dict(rng=keys, partitioner=settings["partitioner"], slots=settings["slots"],
                 prompt_lengths=plan.prompt_lengths, max_new_tokens=settings["max_new_tokens"])
   spec_config = dataclasses.replace(plan.config, trace=True)
-  if settings["tree"] is not None:  # one device (plan.check_tree): no partitioner
-    del stream["partitioner"]
+  if settings["tree"] is not None:
     spec = lambda **kw: tree_decode(plan.target, loaded.target_params, plan.drafter,
                                     loaded.draft_params, plan.inputs, config=spec_config,
                                     costs=costs, **stream, **kw)

@@ -93,7 +93,7 @@ def cost_table_file(path: Optional[str], gamma_policy: str) -> Optional[CostTabl
 
 
 def check_tree(tree: Any, drafter: str, gamma_policy: str, verifier: Any,
-               partitioner: Optional[Partitioner], sampling: Sampling) -> None:
+               sampling: Sampling) -> None:
   """ValueError naming the first setting a TREE run cannot take (None: a chain, nothing to
   check)."""
   if tree is None:
@@ -109,9 +109,6 @@ def check_tree(tree: Any, drafter: str, gamma_policy: str, verifier: Any,
   if verifier is not None and not isinstance(verifier, ReferenceVerifier):
     raise ValueError("TREE verifies with the tree rule: leave VERIFIER None (or the reference "
                      "verifier)")
-  if partitioner is not None and partitioner.data_size * partitioner.model_size > 1:
-    raise ValueError("TREE decodes on one device: set NUM_PARTITIONS and the device count "
-                     "to 1")
   if tree.greedy_only and not sampling.greedy:
     raise ValueError("DynamicTree(keep=...) is exact at temperature 0 only")
 
@@ -156,7 +153,7 @@ def make_plan(texts: Sequence[Any], *, target_checkpoint: Optional[str],
   if gamma_policy not in GAMMA_POLICIES:
     raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {gamma_policy!r}")
   costs = cost_table_file(cost_table, gamma_policy)
-  check_tree(tree, drafter, gamma_policy, verifier, partitioner, sampling)
+  check_tree(tree, drafter, gamma_policy, verifier, sampling)
   target = build_model(gin_config.model_config("target"))
   models = {"target": target}
   draft = None

@@ -51,6 +51,7 @@ from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreePr
 from specjax.models import DecodingModel, check_same_vocab
 from specjax.models.tree import tree_call
 from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, position_key, row_keys
+from specjax.sharding import Partitioner, constrain, place, unpad
 from specjax.verify import ReferenceVerifier
 from specjax.verify.tree import path_tokens, tree_verify
 
@@ -197,11 +198,14 @@ def trace_guesses(tokens, parent, depth, valid, path, n, *, max_depth: int):
   return guesses.astype(jnp.int32), (n + has).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("loop",))
-def _tree_decode(loop: TreeLoop, params: LoopParams, inputs, seq, length, keys, max_new_tokens):
+@functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
+def _tree_decode(loop: TreeLoop, partitioner, params: LoopParams, inputs, seq, length, keys,
+                 max_new_tokens):
   prefix_len = length
-  state, encoded = loop.start(params, inputs, seq, length)
-  body = lambda s: loop.rounds(params, s, keys, encoded, prefix_len, max_new_tokens)
+  state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length))
+  place_state = functools.partial(constrain, partitioner)
+  body = lambda s: loop.rounds(params, s, keys, encoded, prefix_len, max_new_tokens,
+                               place=place_state)
   state = jax.lax.while_loop(functools.partial(loop.going, params), body, state)
   return finish(state, prefix_len)
 
@@ -238,7 +242,8 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
                 config: DecodeConfig = DecodeConfig(), tree: Any = None,
                 prompt_lengths=None, slots: Union[int, Streaming, None] = None,
                 on_progress: Optional[Callable[[int, int], None]] = None,
-                costs: Optional[auto.CostTable] = None) -> DecodeResult:
+                costs: Optional[auto.CostTable] = None,
+                partitioner: Optional[Partitioner] = None) -> DecodeResult:
   """Speculative decoding with token trees, exact for the target's distribution.
 
   Each round the drafter proposes a tree of N nodes, the target scores the root and all
@@ -270,6 +275,7 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
     on_progress: streaming: called as on_progress(done, B) after every `slots` finished inputs.
     costs: 'auto' only: the `auto.CostTable` to decide with (as `speculative_decode`'s); None:
       calibrated on these inputs (streaming: on the first `slots`) and kept for reuse.
+    partitioner: a `specjax.sharding.Partitioner` (params and rows on its mesh), as for chains.
   Returns:
     A `DecodeResult`: tokens [B, max_new_tokens]; accepted_hist [B, D + 1] counts rounds by
     accepted nodes; draft_calls counts one call per tree level; alpha the depth-equivalent α;
@@ -286,8 +292,9 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
                            drafter.slots + 1)
   config = dataclasses.replace(config, cache_len=cache_len)
   streaming = as_streaming(slots)
-  rows = inputs.shape[0] if streaming is None else (streaming.sizes()[0] + streaming.refill_rows)
-  check_cache_size([m for m in (target, drafter.model) if m is not None], rows, cache_len, None)
+  rows = (inputs.shape[0] if streaming is None
+          else streaming.sizes(partitioner)[0] + streaming.refill_rows)
+  check_cache_size([m for m in (target, drafter.model) if m], rows, cache_len, partitioner)
   loop = TreeLoop(target, drafter, config)
   control = None
   if config.gamma_policy == "auto":
@@ -295,31 +302,51 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
             else np.arange(rows - streaming.refill_rows) % inputs.shape[0])
     prepared = prepare_tree_decode(loop, (target_params, drafter_params), inputs[some],
                                    length[some], max_new_tokens,
-                                   rng if streaming is None else jax.random.PRNGKey(0))
+                                   rng if streaming is None else jax.random.PRNGKey(0),
+                                   partitioner)
     costs, control = calibration.plan(prepared, costs, drafter.tree.max_depth, max_new_tokens)
     if control is None:
       return autoregressive_instead(target, target_params, inputs, max_new_tokens, rng, config,
                                     cache_len, drafter.tree.max_depth, costs,
                                     prompt_lengths=prompt_lengths, slots=streaming,
-                                    on_progress=on_progress)
+                                    on_progress=on_progress, partitioner=partitioner)
   params = LoopParams(target=target_params, drafter=drafter_params, control=control)
   if streaming is not None:
-    return decode_streaming(loop, params, inputs, length, rng, streaming=streaming,
-                            width=cache_len, max_new_tokens=max_new_tokens,
-                            on_progress=on_progress).replace(cost_table=costs)
-  result, nan = _run(loop, params, inputs, length, rng, max_new_tokens)
+    return _stream(loop, params, inputs, length, rng, streaming, max_new_tokens, partitioner,
+                   on_progress).replace(cost_table=costs)
+  result, nan = _run(loop, params, inputs, length, rng, max_new_tokens, partitioner)
   check_nan(nan)
   return result.replace(tokens=result.tokens[:, :max_new_tokens], cost_table=costs)
 
 
-def _run(loop: TreeLoop, params: LoopParams, inputs, length, rng, max_new_tokens):
-  """The compiled padded-batch loop -> (DecodeResult, nan bool [B])."""
+def _stream(loop: TreeLoop, params: LoopParams, inputs, length, rng, streaming: Streaming,
+            max_new_tokens: int, partitioner: Optional[Partitioner], on_progress
+            ) -> DecodeResult:
+  """The inputs streamed through the slots (params placed on the mesh first)."""
+  if partitioner is not None:
+    params = params.replace(target=partitioner.shard_params(params.target),
+                            drafter=partitioner.shard_params(params.drafter))
+  return decode_streaming(loop, params, inputs, length, rng, streaming=streaming,
+                          width=loop.config.cache_len, max_new_tokens=max_new_tokens,
+                          partitioner=partitioner, on_progress=on_progress)
+
+
+def _run(loop: TreeLoop, params: LoopParams, inputs, length, rng, max_new_tokens,
+         partitioner: Optional[Partitioner] = None):
+  """The compiled padded-batch loop -> (DecodeResult, nan bool [B]); with a partitioner the
+  params and rows are placed on its mesh (rows padded to its 'data' axis, cut after)."""
+  batch = inputs.shape[0]
   seq = initial_seq(loop.target, inputs, loop.config.cache_len)
-  return _tree_decode(loop, params, jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length),
-                      row_keys(rng, inputs.shape[0]), jnp.int32(max_new_tokens))
+  (target_params, drafter_params), arrays = place(
+      partitioner, [params.target, params.drafter],
+      [jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length), row_keys(rng, batch)])
+  params = params.replace(target=target_params, drafter=drafter_params)
+  return unpad(partitioner, _tree_decode(loop, partitioner, params, *arrays,
+                                         jnp.int32(max_new_tokens)), batch)
 
 
-def prepare_tree_decode(loop: TreeLoop, params, inputs, length, max_new_tokens: int, rng
+def prepare_tree_decode(loop: TreeLoop, params, inputs, length, max_new_tokens: int, rng,
+                        partitioner: Optional[Partitioner] = None
                         ) -> calibration.PreparedDecode:
   """The tree loop over one padded batch as `calibration` runs it: a cost table with the
   narrow round at γ = 0 and the tree round as the one bucket γ = max_depth, its α measured
@@ -332,10 +359,10 @@ def prepare_tree_decode(loop: TreeLoop, params, inputs, length, max_new_tokens: 
   def run(budget: int, gamma: int, control):
     del gamma  # the tree's shape replaces it
     return _run(loop, LoopParams(target=params[0], drafter=params[1], control=control), inputs,
-                length, rng, budget)
+                length, rng, budget, partitioner)
 
   return calibration.PreparedDecode(
-      key=(loop, inputs.shape), batch=inputs.shape[0], cache_len=loop.config.cache_len,
+      key=(loop, partitioner, inputs.shape), batch=inputs.shape[0], cache_len=loop.config.cache_len,
       models=f"target {auto.describe(loop.target)}; drafter {auto.describe(loop.drafter)}",
       max_gamma=depth, buckets=(depth,), max_new_tokens=max_new_tokens, run=run,
       alpha_rounds=auto.SCHEDULE_SLOTS)  # α: one indicator per round, so many rounds
