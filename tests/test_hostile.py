@@ -1,4 +1,4 @@
-"""Issue #16 siblings for the main job (docs/results/hostile_probe.md): every case here is
+"""Hostile inputs for the main job (docs/results/hostile_probe.md): every case here is
 refused with a message naming it before any weights load (`load_params` fails the test if
 reached), so nothing here compiles or decodes."""
 import gin

@@ -1,4 +1,4 @@
-"""Issue #16 siblings for checkpoints (docs/results/hostile_probe.md): parameters of the
+"""Hostile inputs for checkpoints (docs/results/hostile_probe.md): parameters of the
 right shape but a non-float dtype, NaN/inf weights, arguments of the wrong type, a file
 where a model folder should be, and damaged msgpack at any byte. Nothing here runs a model.
 """

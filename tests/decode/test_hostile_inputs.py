@@ -1,4 +1,4 @@
-"""Issue #16, the siblings of its listed cases (docs/results/hostile_probe.md): settings of
+"""Hostile decode inputs, beyond the cases of docs/results/hostile_probe.md: settings of
 the wrong type or range, ids outside the vocabulary, sizes past int32 and logits no
 distribution can be read from are refused with a message naming them, never decoded into
 silent token-0 output. Nothing here compiles a new loop except the two value tests at the

@@ -1,5 +1,5 @@
-"""Issue #16 sibling (docs/results/hostile_probe.md): NaN in the inner drafter's q of a
-hierarchical drafter is reported like any NaN logits, not verified as if M had drawn it."""
+"""A hostile input for the hierarchical drafter (docs/results/hostile_probe.md): NaN in the
+inner drafter's q is reported like any NaN logits, not verified as if M had drawn it."""
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -1,4 +1,4 @@
-"""Issue #16 siblings for model configs (docs/results/hostile_probe.md): a model.gin value of
+"""Hostile inputs for model configs (docs/results/hostile_probe.md): a model.gin value of
 the wrong type is named with the file, never taken for truthy."""
 import pytest
 

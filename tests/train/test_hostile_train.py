@@ -1,4 +1,4 @@
-"""Issue #16 siblings for training (docs/results/hostile_probe.md): settings of the wrong
+"""Hostile inputs for training (docs/results/hostile_probe.md): settings of the wrong
 type or range are refused when the configs are built; data that cannot make a batch is
 refused before anything compiles; a run that diverges stops before it checkpoints NaN
 weights, so the older checkpoints it would have pruned survive. One tiny compile."""
