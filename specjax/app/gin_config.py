@@ -153,6 +153,42 @@ def query_macro(name: str, default=None):
     return default
 
 
+RUN_FILE = "runs/decode.gin"
+"""The run file every main-job run includes: it binds the job and declares what a run needs."""
+
+
+def run_files(gin_files: Sequence[str], default: str, paths: Sequence[str] = ()) -> List[str]:
+  """The gin files a main-job run parses: `gin_files` alone when one of them is a run file,
+  else `default` first and `gin_files` on top of it.
+
+  A run file includes `runs/decode.gin` (directly or through its includes) or is it, as the
+  bundled runs and a user's own checkpoint file do. Any other file (`decoding/sampling.gin`,
+  `decoding/tree.gin`, a user's file of bindings) changes the default run, as a T5X user
+  expects of a settings file, instead of replacing it with a run that has no inputs.
+  """
+  all_paths = search_paths(paths)
+  run_file = os.path.realpath(resolve(RUN_FILE, all_paths))
+  if any(run_file in _included(resolve(f, all_paths), all_paths) for f in gin_files):
+    return list(gin_files)
+  return [default, *gin_files]
+
+
+def _included(path: str, paths: Sequence[str], seen: Tuple[str, ...] = ()) -> Set[str]:
+  """The real paths of `path` and of every gin file it includes, transitively. An include
+  that cannot be found is skipped here: parsing the file reports it."""
+  real = os.path.realpath(path)
+  if real in seen:
+    return set()
+  found = {real}
+  for match in map(_INCLUDE.match, Path(path).read_text(encoding="utf-8").splitlines()):
+    if match:
+      try:
+        found |= _included(resolve(match.group(1), paths), paths, (*seen, real))
+      except OSError:
+        continue
+  return found
+
+
 MODEL_MACROS = {"target": "TARGET_MODEL", "draft": "DRAFT_MODEL"}
 _SCOPE_CLASS = {}
 

@@ -91,7 +91,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   args = parser.parse_args(rest)
   cli_lib.check_counts(parser, args, ["num_examples", "prompt_words"])
   distributed.initialize_from(args)  # many processes: before any other JAX call
-  gin_config.parse(gin_files or [DEFAULT_GIN], bindings, paths)
+  gin_config.parse(gin_config.run_files(gin_files, DEFAULT_GIN, paths), bindings, paths)
   inputs_lib.import_modules(gin_config.query_macro("MIXTURE_OR_TASK_MODULE"))
   lengths = gin_config.query_macro("TASK_FEATURE_LENGTHS")
   examples, task_vocabulary = read_inputs(args, lengths)
