@@ -135,14 +135,29 @@ _UNBOUND_MACRO = re.compile(r"macro\(\) missing 1 required positional argument.*
                             r"in scope '([^']*)'", re.S)
 
 
+_UNBOUND_ARGUMENT = re.compile(
+    r"No values supplied by Gin or caller for arguments: \[([^\]]*)\]"
+    r".*?In call to configurable '([^']+)'(?:[^\n]*?in scope '([^']*)')?", re.S)
+
+
 def unbound_macro(error: BaseException) -> Optional[ValueError]:
-  """gin's TypeError for a `%NAME` that nothing binds, as one line naming NAME (else None)."""
+  """gin's TypeError for something a run uses but nothing binds, as one line naming it (else
+  None): a `%NAME` macro, or a required parameter of a configurable the run calls
+  (`VOCABULARY = @Vocab()` without `Vocab.model_path`)."""
   match = _UNBOUND_MACRO.search(str(error))
+  if match is not None:
+    name = match.group(1)
+    return ValueError(f"gin macro %{name} is used but never bound: bind it (--gin.{name}=... "
+                      f"or '{name} = ...' in a gin file) or remove the reference")
+  match = _UNBOUND_ARGUMENT.search(str(error))
   if match is None:
     return None
-  name = match.group(1)
-  return ValueError(f"gin macro %{name} is used but never bound: bind it (--gin.{name}=... or "
-                    f"'{name} = ...' in a gin file) or remove the reference")
+  names = [n.strip(" '\"") for n in match.group(1).split(",") if n.strip()]
+  configurable, scope = match.group(2), match.group(3)
+  where = f" (bound to {scope})" if scope else ""
+  bind = " and ".join(f"{configurable}.{n}" for n in names)
+  return ValueError(f"@{configurable}(){where} needs {', '.join(names)}: bind {bind} in a gin "
+                    f"file or with --gin.{configurable}.{names[0] if names else 'NAME'}=...")
 
 
 def query_macro(name: str, default=None):

@@ -14,6 +14,7 @@ import logging
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from specjax import files
+from specjax.data._errors import library_error
 from specjax.data.splits import TASK_FILES, load_bundled
 
 LM_TASKS = ("lm_ddtp_en", "specjax_lm_ddtp_en")
@@ -119,9 +120,15 @@ def _seqio_inputs(name: str, split: str, num_examples: int, prompt_words: int,
     known = (f"; its splits are {sorted(splits)}" if splits and split not in splits else "")
     raise ValueError(f"task {name!r}, split {split!r}: "
                      f"{'no such split' if known else e}{known}") from e
+  except Exception as e:  # seqio's and tensorflow's own error types
+    raise library_error(f"task {name!r}, split {split!r}", e) from e
+  try:
+    examples = list(dataset.take(num_examples).as_numpy_iterator())
+  except Exception as e:  # a missing source file, a failing preprocessor (tensorflow's types)
+    raise library_error(f"task {name!r}, split {split!r}: reading its examples", e) from e
   vocabulary = features[key].vocabulary
   out = []
-  for ex in dataset.take(num_examples).as_numpy_iterator():
+  for ex in examples:
     pretokenized = tuple((k, _text(v)) for k, v in sorted(ex.items())
                          if k.endswith("_pretokenized"))
     ids = tuple(int(i) for i in ex[key])

@@ -19,6 +19,7 @@ from typing import Any, List, Optional
 
 import sentencepiece as spm
 
+from specjax.data._errors import library_error
 from specjax.data.vocab import DEFAULT_MODEL, MODEL_NAME, PAD_ID, Vocab, load_vocab
 
 BUNDLED = "bundled:" + MODEL_NAME
@@ -34,11 +35,20 @@ class ForeignVocab:
 
   def __init__(self, vocabulary: Any):
     for name in ("encode", "decode", "vocab_size", "eos_id"):
-      if not hasattr(vocabulary, name):
+      if not _has(vocabulary, name):
         raise ValueError(f"VOCABULARY must be a SentencePiece model path or a "
                          f"seqio.Vocabulary; {type(vocabulary).__name__} has no '{name}'")
-    if vocabulary.eos_id is None:
-      raise ValueError(f"vocabulary {vocabulary} has no EOS id: decoding needs one to stop")
+    # seqio reads its model file on first use: read it now, so that a bad path is one line
+    # here instead of a TensorFlow traceback in the middle of the run.
+    try:
+      int(vocabulary.vocab_size)
+      eos_id = vocabulary.eos_id
+    except Exception as e:  # the library's own error types (tensorflow's NotFoundError)
+      raise library_error(f"vocabulary {type(vocabulary).__name__} cannot read its model", e
+                          ) from e
+    if eos_id is None:
+      raise ValueError(f"vocabulary {type(vocabulary).__name__} has no EOS id: decoding needs "
+                       "one to stop")
     self.vocabulary = vocabulary
 
   @property
@@ -73,6 +83,12 @@ class ForeignVocab:
     return str(self.vocabulary)
 
 
+def _has(obj: Any, name: str) -> bool:
+  """Whether `obj` has the attribute `name`, without running a property (which may load a
+  file and fail with the library's own error, which `hasattr` would not catch)."""
+  return hasattr(type(obj), name) or name in getattr(obj, "__dict__", {})
+
+
 def resolve_vocabulary(spec: Any):
   """What gin binds to VOCABULARY -> a vocabulary with encode/decode/eos_id/vocab_size.
 
@@ -92,6 +108,9 @@ def resolve_vocabulary(spec: Any):
         raise ValueError(f"unknown bundled vocabulary {spec!r}; the bundled one is {BUNDLED!r}")
       return load_vocab(DEFAULT_MODEL)
     path = Path(spec).expanduser()
+    if path.is_dir():
+      raise IsADirectoryError(f"VOCABULARY {spec} is a folder: name its SentencePiece model "
+                              "file (e.g. spm.model or sentencepiece.model in it)")
     if not path.is_file():
       raise FileNotFoundError(f"SentencePiece model not found: {spec}")
     return load_vocab(path)
