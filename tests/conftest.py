@@ -18,6 +18,10 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_backend_optimization_level=0").strip()
 
+# The suite compiles afresh and writes nothing to the user's cache folder (specjax's commands
+# use JAX's persistent compilation cache; the tests of that cache set their own folder).
+os.environ.setdefault("SPECJAX_COMPILATION_CACHE", "off")
+
 import jax  # pylint: disable=wrong-import-position
 import pytest  # pylint: disable=wrong-import-position
 

@@ -10,7 +10,7 @@
 Your own T5X checkpoints bring their own vocabulary: bind VOCABULARY (a SentencePiece
 model path, or T5X's `@seqio.SentencePieceVocabulary()`); inputs may also come from any
 registered seqio task (--task, or MIXTURE_OR_TASK_NAME with TASK_FEATURE_LENGTHS). See
-runs/decode.gin and the README's "Use your own T5X checkpoints".
+runs/decode.gin and the README's "Your own T5X checkpoints".
 
 Prints the outputs, a Figure-1 trace of the first example and a summary table
 (α, tokens per target call, walltimes, speedup, greedy identity); writes the
@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 
-from specjax import distributed
+from specjax import compile_cache, distributed
 from specjax.app import cli as cli_lib
 from specjax.app import gin_config
 from specjax.app.job import decode_job
@@ -90,6 +90,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser = cli_lib.build_parser(__doc__)
   args = parser.parse_args(rest)
   cli_lib.check_counts(parser, args, ["num_examples", "prompt_words"])
+  compile_cache.enable_from(args)  # before the first compile
   distributed.initialize_from(args)  # many processes: before any other JAX call
   gin_config.parse(gin_config.run_files(gin_files, DEFAULT_GIN, paths), bindings, paths)
   inputs_lib.import_modules(gin_config.query_macro("MIXTURE_OR_TASK_MODULE"))
