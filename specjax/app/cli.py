@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 from typing import List, Optional
 
-from specjax import distributed
+from specjax import compile_cache, distributed
 from specjax.app import display
 from specjax.app.gin_config import GIN_DIR
 
@@ -52,15 +52,21 @@ def gin_listing(gin_dir: Path = GIN_DIR) -> str:
   return "\n".join(lines)
 
 
+def _run_file_macros(gin_dir: Path = GIN_DIR) -> List[str]:
+  """The macros runs/decode.gin binds (its top-level `NAME = value` lines), in order."""
+  text = (gin_dir / "runs" / "decode.gin").read_text(encoding="utf-8")
+  return re.findall(r"^([A-Z][A-Z0-9_]*)\s*=", text, re.M)
+
+
 GIN_HELP = """gin, the T5X way (parsed before the flags above):
   --gin_file=FILE            a gin file (repeatable), found on --gin_search_paths, then in
-                             specjax's gin/ folder, then in the working directory
+                             specjax's gin/ folder, then in the working directory; a settings
+                             file alone (decoding/sampling.gin) applies on top of the default
   --gin.NAME=VALUE           a binding, e.g. --gin.GAMMA=5 --gin.TARGET_CHECKPOINT="'/ckpt'"
   --gin_search_paths=A,B     more folders for gin files and their includes
-macros read by runs/decode.gin: TARGET_CHECKPOINT, DRAFT_CHECKPOINT, TARGET_MODEL,
-  DRAFT_MODEL, VOCABULARY, DRAFT_VOCABULARY, MIXTURE_OR_TASK_NAME, MIXTURE_OR_TASK_MODULE,
-  TASK_FEATURE_LENGTHS, GAMMA, MAX_NEW_TOKENS, BATCH_SIZE, OUTPUT_DIR, WRITE_SCORES,
-  WEIGHTS_DTYPE, NUM_PARTITIONS (see README, "Use your own T5X checkpoints")."""
+""" + textwrap.fill("macros of runs/decode.gin: " + ", ".join(_run_file_macros()) +
+                    ' (see README, "Your own T5X checkpoints", and docs/main_job.md).', 92,
+                    subsequent_indent="  ")
 
 
 def build_parser(description: Optional[str]) -> argparse.ArgumentParser:
@@ -81,6 +87,7 @@ def build_parser(description: Optional[str]) -> argparse.ArgumentParser:
   parser.add_argument("--plain", action="store_true", help="no colours in the trace")
   parser.add_argument("--verbose", action="store_true",
                       help="on an error, show the full traceback")
+  compile_cache.add_arguments(parser)
   distributed.add_arguments(parser)
   return parser
 
