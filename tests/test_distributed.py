@@ -89,6 +89,7 @@ def single_run(model_dirs, tmp_path_factory):
   return distributed_check.run(args)
 
 
+@pytest.mark.e2e
 def test_two_processes_decode_the_single_process_tokens(two_process_run, single_run):
   record = two_process_run["record"]
   assert record["processes"] == 2 and record["devices"] == 4
@@ -104,6 +105,7 @@ def test_two_processes_decode_the_single_process_tokens(two_process_run, single_
   assert single_run["tokens"]["spec_greedy"] == greedy  # greedy speculative = autoregressive
 
 
+@pytest.mark.e2e
 def test_only_process_zero_writes(two_process_run):
   assert two_process_run["record"]["writer"] == 0
   assert two_process_run["files"] == ["tokens.json"]  # no temporary left, nothing else
@@ -183,6 +185,7 @@ def _launch_training(model_dir, *extra):
   return proc.stdout
 
 
+@pytest.mark.e2e
 def test_stopped_and_resumed_training_ends_bit_identical(tmp_path):
   from specjax.checkpoints import load_t5x  # pylint: disable=import-outside-toplevel
   from specjax.params import flatten  # pylint: disable=import-outside-toplevel

@@ -147,6 +147,7 @@ def wheel(tmp_path_factory):
     return z.namelist()
 
 
+@pytest.mark.e2e
 def test_wheel_ships_gin_files_inside_the_package(wheel):
   gin_files = {n for n in wheel if n.startswith("specjax/gin/") and n.endswith(".gin")}
   for name in ("specjax/gin/runs/default.gin", "specjax/gin/models/t5_1_1_xxl.gin",
@@ -155,6 +156,7 @@ def test_wheel_ships_gin_files_inside_the_package(wheel):
   assert len(gin_files) == sum(1 for _ in (ROOT / "gin").rglob("*.gin"))
 
 
+@pytest.mark.e2e
 def test_wheel_has_no_top_level_experiments_package(wheel):
   tops = {n.split("/")[0] for n in wheel}
   assert "experiments" not in tops

@@ -29,6 +29,7 @@ def executed():
   return nb
 
 
+@pytest.mark.e2e
 def test_notebook_runs_and_shows_trace_and_plot(executed):
   code = [c for c in executed.cells if c.cell_type == "code"]
   assert all(c.get("execution_count") for c in code)
