@@ -1,7 +1,8 @@
-"""Writes the generated parts of the manual: docs/api.md and the gin macro table of main_job.md.
+"""Writes the generated parts of the manual: docs/api.md, the gin macro table of main_job.md and
+the sentence on what `python -m specjax.main` runs with no flags (README.md, main_job.md).
 
-  python docs/build.py           rewrite both from the docstrings and gin/runs/decode.gin
-  python docs/build.py --check   exit 1, naming the stale file, if either is out of date
+  python docs/build.py           rewrite them from the docstrings and the gin files
+  python docs/build.py --check   exit 1, naming the stale file, if one is out of date
 
 `tests/test_docs.py` runs the check, so a docstring or a macro that changes without the manual
 fails the tests until this script is rerun.
@@ -12,6 +13,7 @@ import importlib
 import inspect
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +23,9 @@ from experiments.readme_first_run import write_atomic  # pylint: disable=wrong-i
 API_PAGE = ROOT / "docs" / "api.md"
 MAIN_JOB_PAGE = ROOT / "docs" / "main_job.md"
 DECODE_GIN = ROOT / "gin" / "runs" / "decode.gin"
+README = ROOT / "README.md"
 MACROS_START, MACROS_END = "<!-- gin-macros:start -->", "<!-- gin-macros:end -->"
+DEFAULT_RUN_START, DEFAULT_RUN_END = "<!-- default-run:start -->", "<!-- default-run:end -->"
 
 # The reference covers these subpackages' `__all__` (plus single names), in this order.
 API_SECTIONS = (
@@ -41,6 +45,8 @@ MACRO_MEANING = {
     "DRAFT_MODEL": "the draft's model gin file (read under the scope `draft/`)",
     "GAMMA": "guesses per round; under `'auto'` the largest γ the policy may pick",
     "GAMMA_POLICY": "`'auto'`, `'constant'`, `'heuristic'` or `'optimal'`",
+    "TREE": "None: a chain of `GAMMA` guesses; a token tree (`decoding/tree.gin`) has the draft "
+            "guess a tree each round, verified in one target call ([trees.md](trees.md))",
     "COST_TABLE": "`'auto'`: a JSON cost table, reused if the file exists, else written",
     "MAX_NEW_TOKENS": "generation budget per input",
     "BATCH_SIZE": "decode slots the inputs stream through",
@@ -69,12 +75,53 @@ def gin_macros(path=DECODE_GIN):
   return macros
 
 
+def default_run_values():
+  """{macro: value} of the run `python -m specjax.main` makes with no flags, read by gin, plus
+  'temperature' and 'num_examples' (the command's default count of task examples)."""
+  import gin  # pylint: disable=import-outside-toplevel
+  from specjax.app import gin_config  # pylint: disable=import-outside-toplevel
+  from specjax.app.main import DEFAULT_GIN  # pylint: disable=import-outside-toplevel
+  gin.clear_config()
+  try:
+    gin_config.parse([DEFAULT_GIN], [])
+    values = {name: gin_config.query_macro(name) for name, _ in gin_macros()}
+    values["DEFAULT_TASK"] = gin_config.query_macro("DEFAULT_TASK")
+    values["temperature"] = gin.query_parameter("Sampling.temperature")
+  finally:
+    gin.clear_config()
+  parser = importlib.import_module("specjax.app.cli").build_parser(None)
+  values["num_examples"] = parser.get_default("num_examples")
+  return values
+
+
+def default_run_sentence():
+  """What `python -m specjax.main` runs with no flags, as one sentence of the manual."""
+  from specjax.app.main import DEFAULT_GIN  # pylint: disable=import-outside-toplevel
+  v = default_run_values()
+  target, draft = v["TARGET_CHECKPOINT"], v["DRAFT_CHECKPOINT"]
+  pair = target.split(":", 1)[1].split("/")[0] if str(target).startswith("bundled:") else None
+  models = (f"the bundled `{pair}` pair (`{target}`, `{draft}`)" if pair
+            else f"the target `{target}` with the draft `{draft}`")
+  sampling = "greedy" if v["temperature"] == 0 else f"sampled at temperature {v['temperature']}"
+  return textwrap.fill(
+      f"With no flags it runs `{DEFAULT_GIN}`: {models} on the first {v['num_examples']} "
+          f"examples of the bundled `{v['DEFAULT_TASK']}` split, batch size {v['BATCH_SIZE']}, "
+          f"{sampling}, up to {v['MAX_NEW_TOKENS']} new tokens, γ = {v['GAMMA']} under the "
+          f"`{v['GAMMA_POLICY']}` policy, the target's weights in {v['WEIGHTS_DTYPE']} and the "
+          f"draft's in {v['DRAFT_WEIGHTS_DTYPE']}, each decode timed {v['TIMING_REPEATS']} times.",
+      width=96, break_long_words=False, break_on_hyphens=False)
+
+
 def macro_table(path=DECODE_GIN):
-  """The markdown table of every macro of `path` with its default and meaning."""
-  rows = ["| macro | default | meaning |", "|---|---|---|"]
+  """The markdown table of every macro of `path` with its default, its value in the run with
+  no flags where that differs, and its meaning."""
+  no_flags = default_run_values()
+  rows = ["| macro | default | with no flags | meaning |", "|---|---|---|---|"]
   for name, default in gin_macros(path):
+    value = repr(no_flags[name])
+    differs = f"`{value}`" if value != default else ""
     default = "required" if default == "%gin.REQUIRED" else f"`{default}`"
-    rows.append(f"| `{name}` | {default} | {MACRO_MEANING.get(name, '')} |")
+    rows.append(f"| `{name}` | {default} | {differs} | {MACRO_MEANING.get(name, '')} |")
   return "\n".join(rows)
 
 
@@ -193,15 +240,27 @@ def api_page():
   return "\n".join(lines + [""] + body).rstrip() + "\n"
 
 
+def _between(text, start_marker, end_marker, block):
+  """`text` with what lies between the two markers replaced by `block`."""
+  start, end = text.index(start_marker), text.index(end_marker)
+  return text[:start + len(start_marker)] + "\n" + block + "\n" + text[end:]
+
+
 def main_job_page(text):
-  """main_job.md's text with the block between the macro markers regenerated."""
-  start, end = text.index(MACROS_START), text.index(MACROS_END)
-  return text[:start + len(MACROS_START)] + "\n" + macro_table() + "\n" + text[end:]
+  """main_job.md's text with the macro table and the default run's sentence regenerated."""
+  text = _between(text, MACROS_START, MACROS_END, macro_table())
+  return _between(text, DEFAULT_RUN_START, DEFAULT_RUN_END, default_run_sentence())
+
+
+def readme_page(text):
+  """README.md's text with the default run's sentence regenerated."""
+  return _between(text, DEFAULT_RUN_START, DEFAULT_RUN_END, default_run_sentence())
 
 
 def stale_pages():
   """{path: wanted text} for every generated page whose text on disk differs."""
-  wanted = {API_PAGE: api_page(), MAIN_JOB_PAGE: main_job_page(MAIN_JOB_PAGE.read_text())}
+  wanted = {API_PAGE: api_page(), MAIN_JOB_PAGE: main_job_page(MAIN_JOB_PAGE.read_text()),
+            README: readme_page(README.read_text())}
   return {p: t for p, t in wanted.items() if not p.exists() or p.read_text() != t}
 
 

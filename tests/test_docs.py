@@ -84,12 +84,14 @@ def _failure(result):
   return f"exit status {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind,code", [s[1:] for s in snippets()], ids=[s[0] for s in snippets()])
 def test_snippet_runs(kind, code, tmp_path):
   result = run_snippet(kind, code, tmp_path)
   assert result.returncode == 0, _failure(result)
 
 
+@pytest.mark.e2e
 def test_a_broken_snippet_fails(tmp_path):
   """The runner is not a no-op: a page with one broken snippet yields a failing run."""
   page = tmp_path / "page.md"
@@ -102,12 +104,112 @@ def test_a_broken_snippet_fails(tmp_path):
   assert run_snippet("bash", found[1][2], tmp_path, timeout=120).returncode != 0
 
 
-def test_generated_pages_are_current():
+def _build():
+  """docs/build.py as a module."""
   spec = importlib.util.spec_from_file_location("specjax_docs_build", ROOT / "docs" / "build.py")
   build = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(build)
-  stale = build.stale_pages()
+  return build
+
+
+def test_generated_pages_are_current():
+  stale = _build().stale_pages()
   assert not stale, f"{sorted(str(p) for p in stale)} out of date: run python docs/build.py"
+
+
+def test_every_macro_has_a_meaning():
+  build = _build()
+  names = [name for name, _ in build.gin_macros()]
+  assert set(build.MACRO_MEANING) == set(names), set(build.MACRO_MEANING) ^ set(names)
+  assert all(build.MACRO_MEANING[n].strip() for n in names)
+
+
+README_TEST_COMMAND = ("pip install -e '.[test,seqio,experiments,hf]' \\\n"
+                       "  && python -m pytest -q -n 2 --dist loadfile -m \"not e2e\" tests \\\n"
+                       "  && python -m pytest -q -n 2 --dist loadfile -m e2e tests")
+
+
+def test_ci_runs_the_readme_test_command_and_it_covers_every_test():
+  """The README's command is `.ci/run`'s, its two parts select complementary sets (every test
+  runs), and the marker they split on is registered."""
+  assert README_TEST_COMMAND in (ROOT / ".ci" / "run").read_text()
+  parts = re.findall(r"-m (\"not e2e\"|e2e) tests", README_TEST_COMMAND)
+  assert parts == ['"not e2e"', "e2e"], parts
+  assert re.search(r"^markers\s*=\s*\n\s+e2e:", (ROOT / "pytest.ini").read_text(), re.M)
+
+
+def _readme_sections_named(text):
+  """The README sections a text sends its reader to: `README, "Title"` / `README's "Title"`."""
+  return re.findall(r"README(?:'s)?,? \"([^\"]+)\"", text)
+
+
+def test_the_code_names_only_readme_sections_that_exist():
+  headings = {l.lstrip("#").strip() for l in (ROOT / "README.md").read_text().splitlines()
+              if re.match(r"^#{1,6} ", l)}
+  named = [(p.relative_to(ROOT), s) for p in sorted((ROOT / "specjax").rglob("*.py"))
+           for s in _readme_sections_named(p.read_text())]
+  assert named, "the check found no reference to check"
+  assert all(s in headings for _, s in named), [n for n in named if n[1] not in headings]
+  assert _readme_sections_named('(see README, "Use your own T5X checkpoints")') == [
+      "Use your own T5X checkpoints"]  # the form --help used when it named a missing section
+
+
+def _command_before_sample(text):
+  """(the last specjax command named in the paragraph before the first-run block, the command
+  in the block's caption)."""
+  before = text[:text.index("<!-- first-run:start -->")].rstrip().split("\n\n")[-1]
+  named = re.findall(r"`(python -m specjax\.main[^`]*)`", before)
+  block = text[text.index("<!-- first-run:start -->"):text.index("<!-- first-run:end -->")]
+  caption = re.findall(r"^`(python -m specjax\.main[^`]*)`", block, re.M)
+  return (named[-1] if named else None), (caption[-1] if caption else None)
+
+
+def test_the_sample_output_is_the_output_of_the_command_named_before_it():
+  named, caption = _command_before_sample((ROOT / "README.md").read_text())
+  assert caption and named == caption, (named, caption)
+  wrong = ("is one flag away:\n`python -m specjax.main --gin_file=runs/bundled_translate.gin`. "
+           "Its output with `--plain`:\n\n<!-- first-run:start -->\n```text\n```\n\n"
+           "`python -m specjax.main --plain`, 2026-11-26.\n<!-- first-run:end -->\n")
+  named, caption = _command_before_sample(wrong)
+  assert named != caption
+
+
+PAIR_WORDS = {"lm": ("LM pair", "decoder-only LM pair"),
+              "translate": ("EN→DE", "EN->DE", "translation pair")}
+"""Words that name a bundled pair in the manual."""
+DEFAULT_CLAIM = re.compile(r"main job's (?:\S+ )?default|with no flags|bundled default", re.I)
+
+
+def wrong_default_claims(text, pair, policy):
+  """Sentences of `text` that say the run with no flags uses another pair than `pair`, or call
+  another γ policy than `policy` the main job's default."""
+  found = []
+  for sentence in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", text)):
+    if not DEFAULT_CLAIM.search(sentence):
+      continue
+    others = [w for p, words in PAIR_WORDS.items() if p != pair for w in words]
+    if any(w in sentence for w in others) and "--gin_file=" not in sentence:
+      found.append(sentence)
+    claimed = re.findall(r"`'?(constant|heuristic|optimal|auto)'?`[^`]*?main job's default",
+                         sentence)
+    if any(c != policy for c in claimed):
+      found.append(sentence)
+  return found
+
+
+def test_no_page_misstates_the_run_with_no_flags():
+  values = _build().default_run_values()
+  pair = values["TARGET_CHECKPOINT"].split(":")[1].split("/")[0]
+  policy = values["GAMMA_POLICY"]
+  for page in PAGES:
+    assert not wrong_default_claims(page.read_text(), pair, policy), page.name
+  # The mistakes this catches, as the manual once made them (the run with no flags: LM pair,
+  # 'constant'):
+  for wrong in ["With no flags it runs the bundled EN→DE pair (`gin/runs/default.gin`).",
+                "the main job's default (`gin/runs/default.gin`) is the translation pair.",
+                "This is what the main job's EN→DE default does.",
+                "`auto` (γ from measured costs; the main job's default)"]:
+    assert wrong_default_claims(wrong, "lm", "constant"), wrong
 
 
 def test_main_job_page_lists_every_macro():
@@ -147,10 +249,9 @@ def test_readme_shape():
   assert any(l.strip().lower() == "## contents" for l in lines[:40]), "no table of contents"
   long_lines = [i + 1 for i, l in enumerate(lines) if len(l) > 100]
   assert not long_lines, f"README.md lines over 100 characters: {long_lines}"
-  head = "\n".join(lines[:20])
+  head = "\n".join(lines[:25])
   assert "pip install -e . && python -m specjax.main\n" in head
-  assert "pip install -e '.[test,seqio,experiments,hf]' && python -m pytest -q -n 2 --dist " \
-         "loadfile tests\n" in head
+  assert f"{README_TEST_COMMAND}\n" in head
   text = "\n".join(lines)
   assert "<!-- first-run:start -->" in text and "<!-- first-run:end -->" in text
 
