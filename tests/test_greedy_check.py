@@ -79,11 +79,16 @@ def test_the_ulp_bound_follows_the_magnitude():
   assert rounding("bfloat16", 12.0) == 2.0 ** -4
   assert rounding("bfloat16", 0.3) == 2.0 ** -9
   assert rounding("float32", 12.0) == 2.0 ** -20
-  # gap 0.1 at |logit| 12 (step 0.0625): within 2 steps; at |logit| 3 (step 0.0156): not.
+  # gap 0.1 at |logit| 12 (step 0.0625): 1.6 steps, a tie; at |logit| 3 (step 0.0156): 6.4.
   near = RowDifference(0, 0, 1, 2, 0.1, 0.1, 12.0)
   assert verdict([near], "bfloat16").startswith("differs only at near-ties (largest margin 0.1,")
   far = RowDifference(0, 0, 1, 2, 0.1, 0.1, 3.0)
   assert verdict([far], "bfloat16") == "differs at a clear margin: a defect"
+  # The bound is NEAR_TIE_ULPS steps: just inside is a tie, just outside a defect.
+  bound = greedy_check.NEAR_TIE_ULPS * 2.0 ** -4  # steps at |logit| 12
+  inside, outside = (RowDifference(0, 0, 1, 2, g, g, 12.0) for g in (0.99 * bound, 1.01 * bound))
+  assert verdict([inside], "bfloat16").startswith("differs only at near-ties")
+  assert verdict([outside], "bfloat16") == "differs at a clear margin: a defect"
   with pytest.raises(ValueError, match="precision must be one of"):
     rounding("int8", 1.0)
 
