@@ -8,22 +8,30 @@ from setuptools import find_packages, setup
 GIN_PACKAGES = ["specjax.gin" + root[len("gin"):].replace(os.sep, ".")
                 for root, _, _ in os.walk("gin") if "__pycache__" not in root]
 
+# Every file under specjax/assets by its own path: a glob such as "assets/**/*" skips dotfiles, and
+# each array of a bundled T5X checkpoint keeps its zarr metadata in a `.zarray` dotfile.
+ASSETS = sorted(os.path.relpath(os.path.join(root, name), "specjax")
+                for root, _, names in os.walk(os.path.join("specjax", "assets")) for name in names)
+
+# The JAX releases specjax supports; the accelerator extras pull the matching jax plugin.
+JAX_RANGE = ">=0.10.0,<0.12"
+
 setup(
     name="specjax",
     version="0.1.0",
     description="Speculative decoding (Leviathan et al. 2023) in JAX/Flax for T5X models",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     # experiments/ are scripts run from the checkout (python -m experiments.X), not installed.
     packages=find_packages(include=["specjax", "specjax.*"]) + GIN_PACKAGES,
     package_dir={"specjax.gin": "gin"},
     include_package_data=True,
-    package_data={"specjax": ["assets/**/*"], **{p: ["*.gin"] for p in GIN_PACKAGES}},
+    package_data={"specjax": ASSETS, **{p: ["*.gin"] for p in GIN_PACKAGES}},
     install_requires=[
-        "jax==0.10.2",
-        "jaxlib==0.10.2",
-        "flax==0.12.8",
+        "jax" + JAX_RANGE,
+        "jaxlib" + JAX_RANGE,
+        "flax>=0.12.8,<0.13",
         "optax>=0.2.4",
         "gin-config>=0.5.0",
         "numpy>=1.26",
@@ -34,6 +42,9 @@ setup(
         "rich>=13.0",
     ],
     extras_require={
+        "cuda12": ["jax[cuda12]" + JAX_RANGE],
+        "cuda13": ["jax[cuda13]" + JAX_RANGE],
+        "tpu": ["jax[tpu]" + JAX_RANGE],
         "test": ["pytest>=8", "pytest-xdist>=3.5", "orbax-checkpoint>=0.11"],
         "seqio": ["seqio>=0.0.19", "sacrebleu>=2.4"],
         "experiments": ["matplotlib>=3.8", "sacrebleu>=2.4", "nbclient>=0.10", "nbformat>=5.10",

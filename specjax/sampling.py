@@ -84,17 +84,26 @@ class Sampling:
 
 
 def argmax(x: jax.Array) -> jax.Array:
-  """`jnp.argmax(x, axis=-1)` as int32: the first index of the maximum, the first NaN if
-  there is one. x: float [..., V] -> int32 [...].
+  """The index of the largest entry along the last axis, as int32, the same on every backend.
+  x: float [..., V] -> int32 [...].
 
-  Computed as a max and then the smallest index holding it: two plain reductions that
-  XLA:CPU vectorizes, where its single (value, index) reduction of `jnp.argmax` took 4-7x
-  longer over a vocabulary (8192 entries: 37 vs 5.5 µs per row at batch 1; [8, 5, 8192]:
-  824 vs 228 µs), a visible share of a decode step taken once per drafted, verified and
-  sampled token.
+  Its meaning, stated once: the FIRST (lowest) index holding the maximum; if the row holds
+  any NaN, the first NaN (NaN outranks everything, +inf included); +inf and -inf are ordinary
+  values (a row of all -inf gives 0); -0.0 equals +0.0. This is numpy's `np.argmax` and what
+  `jnp.argmax` does on XLA:CPU; a GPU's fused (value, index) reduction has returned a later
+  NaN than the first, so `jnp.argmax` is not used.
+
+  Computed as three plain reductions whose results no reduction order can change (a float
+  max, a boolean any and an integer min are exact): whether the row has a NaN, its maximum,
+  then the smallest index holding the NaN or the maximum. XLA:CPU vectorizes them, where its
+  single (value, index) reduction of `jnp.argmax` took 4-7x longer over a vocabulary (8192
+  entries: 37 vs 5.5 µs per row at batch 1; [8, 5, 8192]: 824 vs 228 µs), a visible share of
+  a decode step taken once per drafted, verified and sampled token.
   """
-  top = jnp.max(x, axis=-1, keepdims=True)  # NaN if any entry is NaN
-  hit = (x == top) | jnp.isnan(x)
+  nan = jnp.isnan(x)
+  has_nan = jnp.any(nan, axis=-1, keepdims=True)  # bool [..., 1]
+  top = jnp.max(x, axis=-1, keepdims=True)  # float [..., 1]; its NaN handling is not relied on
+  hit = jnp.where(has_nan, nan, x == top)  # bool [..., V]
   index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
   return jnp.min(jnp.where(hit, index, x.shape[-1]), axis=-1)
 

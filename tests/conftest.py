@@ -9,12 +9,30 @@ error: Aborted" inside backend_compile_and_load). So when a test module ends wit
 theirs within their module; a later module compiles again what it needs).
 """
 import gc
+import importlib.metadata
 import os
+import re
 
+
+def _accelerator() -> bool:
+  """Whether jax will run on a GPU or TPU here: JAX_PLATFORMS names one first, or (unset) a
+  GPU or TPU plugin of jax is installed."""
+  platforms = os.environ.get("JAX_PLATFORMS", "")
+  if platforms:
+    return platforms.split(",")[0].strip() not in ("cpu", "")
+  plugin = re.compile(r"jax[-_](cuda|rocm)\d*[-_]plugin|libtpu(-nightly)?", re.IGNORECASE)
+  return any(plugin.fullmatch(d.metadata["Name"] or "")
+             for d in importlib.metadata.distributions())
+
+
+# Set before any test initializes a backend; subprocesses of the tests inherit them.
+# On a GPU, JAX otherwise reserves 75% of the device's memory per process at start, so
+# parallel workers (pytest -n) run out of memory: each takes only what it uses.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # Compiles dominate this suite's time on a 2-core CPU: LLVM's optimization passes are skipped
 # (-18% walltime measured on two end-to-end tests; the tiny test models run fast either way).
-# Set before any test initializes a backend; subprocesses of the tests inherit it.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+# Not on an accelerator, whose kernels would be compiled unoptimized too.
+if not _accelerator() and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_backend_optimization_level=0").strip()
 
@@ -42,6 +60,21 @@ def _release_compiled_executables():
   if _maps() > MAX_MAPS:
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(scope="module")
+def float32_matmuls():
+  """Float32 matmuls at full float32 precision for a whole test module, its fixtures included
+  (`pytestmark = pytest.mark.usefixtures("float32_matmuls")`).
+
+  XLA's default float32 matmul is TF32 on NVIDIA Ampere and Hopper GPUs (a 10-bit
+  significand: logits off by ~1e-3) and bfloat16 passes on TPUs. A module whose tests compare
+  a network's float32 outputs with a reference computed another way (float64 numpy, another
+  call shape or batch) tests the network or its cache, not the hardware's rounding, and runs
+  under this. On a CPU, float32 matmuls are float32 already: it changes nothing there.
+  """
+  with jax.default_matmul_precision("highest"):
+    yield
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The package layout: no import cycles, private modules stay private, the wheel is complete."""
 import ast
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -137,13 +138,25 @@ def test_cycle_check_sees_a_cycle(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-  out = tmp_path_factory.mktemp("wheel")
+def wheel_file(tmp_path_factory):
+  # Built from a fresh copy of the sources: a build/ folder left in the checkout by an earlier
+  # build would otherwise lend the wheel files that the packaging itself leaves out.
+  out, source = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source")
+  for name in ("setup.py", "README.md", "MANIFEST.in"):
+    if (ROOT / name).is_file():
+      shutil.copy(ROOT / name, source / name)
+  for name in ("specjax", "gin"):
+    shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
   subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                  "-q", "-w", str(out), str(ROOT)], check=True, capture_output=True, timeout=600,
-                 cwd=str(ROOT))
+                  "-q", "-w", str(out), str(source)], check=True, capture_output=True,
+                 timeout=600, cwd=str(source))
   (path,) = out.glob("specjax-*.whl")
-  with zipfile.ZipFile(path) as z:
+  return path
+
+
+@pytest.fixture(scope="module")
+def wheel(wheel_file):
+  with zipfile.ZipFile(wheel_file) as z:
     return z.namelist()
 
 
@@ -162,6 +175,31 @@ def test_wheel_has_no_top_level_experiments_package(wheel):
   assert "experiments" not in tops
   assert "specjax" in tops
   assert "specjax/assets/spm/specjax_8k.model" in wheel
+
+
+def test_wheel_ships_every_asset_file_dotfiles_included(wheel):
+  # Each array of a bundled T5X checkpoint keeps its zarr metadata in a `.zarray` dotfile; a
+  # wheel without them fails T5X's loader (NOT_FOUND .zarray) on the installed checkpoints.
+  source = {p.relative_to(ROOT).as_posix() for p in (PACKAGE / "assets").rglob("*") if p.is_file()}
+  assert any(name.endswith("/.zarray") for name in source)
+  assert source - set(wheel) == set()
+
+
+def test_wheel_checkpoint_arrays_open_as_zarr(wheel_file, wheel, tmp_path):
+  # Read one bundled array back from the wheel's files the way T5X does: a zarr driver on a file
+  # kvstore, which needs the array's .zarray beside its chunks.
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorstore as ts  # pylint: disable=import-outside-toplevel
+  zarray = sorted(n for n in wheel if n.startswith("specjax/assets/pairs/lm/target/")
+                  and n.endswith("/.zarray"))[0]
+  folder = zarray[:-len("/.zarray")]
+  with zipfile.ZipFile(wheel_file) as z:
+    z.extractall(tmp_path, [n for n in wheel if n.startswith(folder + "/")])
+  array = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / folder)}},
+                  open=True).result().read().result()
+  source = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(ROOT / folder)}},
+                   open=True).result().read().result()
+  np.testing.assert_array_equal(np.asarray(array), np.asarray(source))
 
 
 def _experiment_imports(path: pathlib.Path):

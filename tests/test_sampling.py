@@ -95,18 +95,31 @@ def test_bad_arguments_name_the_argument(kwargs, name):
     Sampling(**kwargs)
 
 
-def test_argmax_is_jnp_argmax_with_ties_nan_and_infinities():
-  """`sampling.argmax` (max, then the first index holding it) returns what jnp.argmax does:
-  the first maximum, the first NaN when there is one, index 0 of an all -inf row."""
+def test_argmax_is_first_max_or_first_nan_on_every_backend():
+  """`sampling.argmax` has one meaning on every backend: the first maximum, the first NaN when
+  there is one (before a +inf too), index 0 of an all -inf row. numpy's argmax is that meaning;
+  `jnp.argmax` agrees where the backend's fused reduction does (rows without NaN)."""
   from specjax.sampling import argmax
   rng = np.random.default_rng(0)
   x = rng.normal(size=(4, 6, 300)).astype(np.float32)
   x[0, :, 7] = x[0, :, 3] = x[0].max(-1) + 1  # ties: the lower index wins
   x[1, 2, 5] = x[1, 2, 9] = np.nan  # NaN: the first NaN
+  x[1, 3, 10], x[1, 3, 200] = np.inf, np.nan  # a NaN after a +inf still wins
+  x[1, 4, 299] = np.nan  # a NaN in the last place
   x[2, 0] = -np.inf
   x[2, 1, [4, 8]] = np.inf
+  x[2, 2, [6, 2]] = 0.0, -0.0  # -0.0 == +0.0: the first of the two
+  x[2, 2, np.arange(300) > 6] = -1.0
+  x[2, 2, :2] = x[2, 2, 3:6] = -1.0
   x[3] = np.round(x[3])  # many ties
-  np.testing.assert_array_equal(np.asarray(argmax(jnp.asarray(x))), np.argmax(x, axis=-1))
-  np.testing.assert_array_equal(np.asarray(jax.jit(argmax)(jnp.asarray(x))),
-                                np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
+  want = np.argmax(x, axis=-1)
+  assert want[1, 2] == 5 and want[1, 3] == 200 and want[2, 0] == 0 and want[2, 2] == 2
+  np.testing.assert_array_equal(np.asarray(argmax(jnp.asarray(x))), want)
+  np.testing.assert_array_equal(np.asarray(jax.jit(argmax)(jnp.asarray(x))), want)
+  np.testing.assert_array_equal(np.asarray(jax.jit(argmax)(jnp.asarray(x, jnp.bfloat16))),
+                                np.argmax(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32),
+                                          axis=-1))
+  no_nan = [0, 2, 3]
+  np.testing.assert_array_equal(np.asarray(jax.jit(argmax)(jnp.asarray(x[no_nan]))),
+                                np.asarray(jnp.argmax(jnp.asarray(x[no_nan]), axis=-1)))
   assert argmax(jnp.asarray(x)).dtype == jnp.int32

@@ -14,7 +14,7 @@ import gin
 from rich.console import Console
 
 from specjax import distributed
-from specjax.app import display, records, report
+from specjax.app import display, greedy_check, records, report
 from specjax.app.measure import load, measure
 from specjax.app.plan import make_plan
 from specjax.app.scoring import sequence_scores
@@ -97,7 +97,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                             measured.spec.tokens, measured.spec.lengths)
             if write_scores else None)
   recs = report.example_records(plan, measured, scores)
-  summary = report.summarize(plan, measured)
+  summary = greedy_check.explained(report.summarize(plan, measured), plan, loaded, measured)
   if output_dir:  # written before anything is shown: a display problem cannot lose them
     records.write(output_dir, recs, summary)
   report.print_run(console, plan, measured, recs, summary, plain)

@@ -10,12 +10,10 @@ import numpy as np
 from specjax.models import DecodingModel
 
 
-def sequence_scores(model: DecodingModel, params: Any, inputs: Any, prompt_lengths: Optional[Any],
-                    tokens: Any, lengths: Any) -> np.ndarray:
-  """Σ_j log p(tokens[b, j] | everything before) for j < lengths[b], by teacher forcing.
-
-  Raw logits (temperature 1, no top-k/top-p), as T5X's `score` mode of infer.py computes a
-  target's log-likelihood; a final EOS counts like any token.
+def teacher_forced_logits(model: DecodingModel, params: Any, inputs: Any,
+                          prompt_lengths: Optional[Any], tokens: Any) -> jax.Array:
+  """The model's logits along generated tokens, by teacher forcing: out[b, j] predicts
+  tokens[b, j] from the input and tokens[b, :j].
 
   Args:
     model: a T5Model or DecoderOnlyModel (anything with `logits`).
@@ -23,12 +21,10 @@ def sequence_scores(model: DecodingModel, params: Any, inputs: Any, prompt_lengt
     inputs: int32 [B, L]: encoder inputs, or the prompts (decoder-only).
     prompt_lengths: int32 [B] prompt lengths (decoder-only; None: non-zero count).
     tokens: int32 [B, N] generated tokens.
-    lengths: int32 [B] generated tokens per row (<= N).
   Returns:
-    float32 [B].
+    float [B, N, V].
   """
   inputs, tokens = np.asarray(inputs, np.int32), np.asarray(tokens, np.int32)
-  lengths = np.asarray(lengths, np.int32)
   batch, n = tokens.shape
   if model.is_encoder_decoder:
     decoder_in = np.concatenate([np.zeros((batch, 1), np.int32), tokens[:, :-1]], axis=1)
@@ -45,8 +41,25 @@ def sequence_scores(model: DecodingModel, params: Any, inputs: Any, prompt_lengt
     logits = model.logits(params, seq, **kwargs)  # [B, P + N, V]
     offsets = plen - 1  # logits[:, plen - 1 + j] predicts tokens[:, j]
   index = jnp.asarray(offsets[:, None] + np.arange(n)[None, :])  # [B, N]
-  rows = jnp.take_along_axis(logits, index[:, :, None], axis=1)  # [B, N, V]
+  return jnp.take_along_axis(logits, index[:, :, None], axis=1)  # [B, N, V]
+
+
+def sequence_scores(model: DecodingModel, params: Any, inputs: Any, prompt_lengths: Optional[Any],
+                    tokens: Any, lengths: Any) -> np.ndarray:
+  """Σ_j log p(tokens[b, j] | everything before) for j < lengths[b], by teacher forcing.
+
+  Raw logits (temperature 1, no top-k/top-p), as T5X's `score` mode of infer.py computes a
+  target's log-likelihood; a final EOS counts like any token.
+
+  Args:
+    model, params, inputs, prompt_lengths, tokens: as for `teacher_forced_logits`.
+    lengths: int32 [B] generated tokens per row (<= N).
+  Returns:
+    float32 [B].
+  """
+  tokens, lengths = np.asarray(tokens, np.int32), np.asarray(lengths, np.int32)
+  rows = teacher_forced_logits(model, params, inputs, prompt_lengths, tokens)  # [B, N, V]
   log_p = jnp.take_along_axis(jax.nn.log_softmax(rows, axis=-1),
                               jnp.asarray(tokens)[:, :, None], axis=-1)[:, :, 0]  # [B, N]
-  mask = np.arange(n)[None, :] < lengths[:, None]
+  mask = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
   return np.asarray(jnp.sum(jnp.where(mask, log_p, 0.0), axis=1), np.float32)

@@ -24,8 +24,9 @@ class FusedVerifier:
   """
 
   tile: int = 2048
-  """Vocabulary tile of the Pallas kernel (a positive multiple of 128; on GPU, where Triton
-  compiles it, 128 times a power of two). Any V works: the last tile may be ragged."""
+  """Vocabulary tile of the Pallas kernel on TPU and with Triton (a positive multiple of 128;
+  with Triton, 128 times a power of two); Mosaic GPU (Hopper and newer) always takes 8192 ids
+  per thread block. Any V works: the last tile may be ragged."""
   interpret: Optional[bool] = None
   """Run the Pallas kernel in interpret mode; None: only on CPU."""
   backend: str = "auto"

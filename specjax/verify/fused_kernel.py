@@ -22,9 +22,13 @@ Two backends compute the same function:
   row n is touched.
 - ``pallas``: a Pallas kernel with a grid over vocabulary tiles (GPU/TPU;
   ``interpret=True`` runs it on CPU). The last tile may be ragged: ids ≥ V are masked.
-  On GPU it is compiled with Triton; it lowers for CUDA (tested from a CPU host, which
-  catches primitives Triton lacks, such as in-kernel slices), but it has only ever run
-  in interpret mode: no accelerator was available where it was developed.
+  Its compiler follows the device (`kernel_platform`): Mosaic TPU on a TPU; on an NVIDIA
+  GPU of compute capability 9.0 or more (Hopper, Blackwell) Mosaic GPU, JAX's supported
+  GPU backend (`specjax.verify.fused_mosaic_gpu`, 8192-id tiles); Triton, which JAX
+  deprecates, only where Mosaic GPU cannot run (older NVIDIA GPUs, ROCm). Both GPU kernels
+  lower for CUDA from a CPU host (tested: it catches primitives, layouts and shared-memory
+  bank conflicts a backend refuses), and both run in interpret mode on CPU (tested: the
+  reference's tokens).
 
 Only row n is read, unlike Wagner et al.'s kernel, which scores all γ+1 rows:
 there the probabilities are computed in the same kernel, whereas here p and q
@@ -39,9 +43,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from specjax.sampling import CATEGORICAL_BLOCK, block_masses, categorical, draw_by_blocks
+from specjax.verify import fused_mosaic_gpu
 
 _S = CATEGORICAL_BLOCK
-_GPU = ("gpu", "cuda", "rocm")  # platform names under which the kernel compiles with Triton
+PLATFORMS = ("cpu", "tpu", "mosaic_gpu", "triton")
+"""The kernel's compilers (`kernel_platform`); 'cpu' runs only in interpret mode."""
 
 
 def _weights(p: jax.Array, q: jax.Array, scale: jax.Array, valid: Optional[jax.Array] = None
@@ -94,52 +100,48 @@ def _scalar_spec(platform: str):
 
 
 def _compiler_params(platform: str):
-  """Triton on GPU (`pl.pallas_call`'s default there, Mosaic GPU, is deprecated for it and
-  refuses this kernel's 8-byte scalar copy); the platform's default elsewhere."""
-  if platform in _GPU:
+  """Triton's, for the Triton fallback (`pl.pallas_call` would otherwise pick Mosaic GPU,
+  which it supports only through `plgpu.kernel`); the platform's default elsewhere."""
+  if platform == "triton":
     from jax.experimental.pallas import triton as pltriton  # pylint: disable=import-outside-toplevel
     return pltriton.CompilerParams()
   return None
 
 
+def kernel_platform(device=None) -> str:
+  """The kernel's compiler for `device` (default: JAX's first device), one of `PLATFORMS`:
+  Mosaic GPU on NVIDIA GPUs that support it (compute capability ≥ 9.0), Triton on other
+  GPUs, else the device's platform."""
+  device = device or jax.devices()[0]
+  if device.platform in ("gpu", "cuda", "rocm"):
+    return "mosaic_gpu" if fused_mosaic_gpu.supports(device) else "triton"
+  return device.platform
+
+
 def _draw_pallas(target_probs, draft_probs, row, scale, key, tile: int, interpret: bool,
                  vocab: Optional[int] = None, platform: Optional[str] = None):
   """The pallas backend; `vocab` < the arrays' width ignores the columns beyond it (tests use
-  this to put garbage where a ragged tile reads out of bounds); `platform` picks the kernel's
-  compiler (default: JAX's default backend; tests lower for 'gpu' on a CPU host)."""
+  this to put garbage where a ragged tile reads out of bounds); `platform` (one of
+  `PLATFORMS`) picks the kernel's compiler (default: `kernel_platform()`; tests lower for
+  'mosaic_gpu' and 'triton' on a CPU host)."""
   gamma, width = draft_probs.shape
   vocab = width if vocab is None else vocab
   q_row = lambda: draft_probs[jnp.minimum(row, gamma - 1), :vocab]
   if vocab <= _S:  # one block: categorical is a single race, no pass to tile
     return draw_from_rows(target_probs[row, :vocab], q_row(), scale, key)
-  platform = platform or jax.default_backend()
-  blocks_per_tile = tile // _S
-  if platform in _GPU and blocks_per_tile & (blocks_per_tile - 1):
-    raise ValueError(f"the fused verifier's tile must be 128 times a power of two on GPU "
-                     f"(Triton's blocks are powers of two), got {tile}")
+  platform = platform or kernel_platform()
+  if platform not in PLATFORMS:
+    raise ValueError(f"the fused verifier's kernel platform must be one of {PLATFORMS}, "
+                     f"got {platform!r}")
   scale = jnp.asarray(scale, jnp.float32)
-  scalars = jnp.stack([jnp.asarray(row, jnp.int32),
-                       jax.lax.bitcast_convert_type(scale, jnp.int32)])
-  tiles = pl.cdiv(width, tile)
-  # [rows, V] -> [rows, blocks, S]: a free reshape when the width is a whole number of tiles
-  # (V = 8k, 32k, 128k with tile 2048); otherwise the tables are padded once.
-  as_blocks = lambda x: jnp.pad(x, ((0, 0), (0, tiles * tile - width))).reshape(
-      x.shape[0], tiles * tile // _S, _S)
-  kernel = lambda *refs: _kernel(*refs, tile=tile, vocab=vocab, gamma=gamma)
-  masses_spec = pl.BlockSpec((tile // _S,), lambda j: (j,))
-  masses_shape = jax.ShapeDtypeStruct((tiles * tile // _S,), jnp.float32)
-  resid_masses, p_masses = pl.pallas_call(
-      kernel,
-      out_shape=(masses_shape, masses_shape),
-      grid=(tiles,),
-      in_specs=[_scalar_spec(platform),
-                pl.BlockSpec((gamma + 1, tile // _S, _S), lambda j: (0, j, 0)),
-                pl.BlockSpec((gamma, tile // _S, _S), lambda j: (0, j, 0))],
-      out_specs=(masses_spec, masses_spec),
-      interpret=interpret,
-      compiler_params=_compiler_params(platform),
-      name="specjax_fused_verify",
-  )(scalars, as_blocks(target_probs), as_blocks(draft_probs))
+  if platform == "mosaic_gpu":
+    padded = lambda x: jnp.pad(x, (0, pl.cdiv(vocab, fused_mosaic_gpu.TILE)
+                                   * fused_mosaic_gpu.TILE - vocab))
+    resid_masses, p_masses = fused_mosaic_gpu.block_masses(
+        padded(target_probs[row, :vocab]), padded(scale * q_row()), interpret)
+  else:
+    resid_masses, p_masses = _tiled_masses(target_probs, draft_probs, row, scale, tile,
+                                           interpret, vocab, platform)
   num_blocks = -(-vocab // _S)  # the reference's blocks; the tiles' extra ones weigh 0
   resid_masses, p_masses = resid_masses[:num_blocks], p_masses[:num_blocks]
   has_resid = jnp.any(resid_masses > 0)  # a block's mass is > 0 iff one of its weights is
@@ -152,6 +154,39 @@ def _draw_pallas(target_probs, draft_probs, row, scale, key, tile: int, interpre
     return jnp.where(has_resid, resid, p)
 
   return draw_by_blocks(key, jnp.where(has_resid, resid_masses, p_masses), block_weights)
+
+
+def _tiled_masses(target_probs, draft_probs, row, scale, tile: int, interpret: bool, vocab: int,
+                  platform: str) -> Tuple[jax.Array, jax.Array]:
+  """The `pl.pallas_call` kernel (Mosaic TPU, Triton, or interpreted): block masses of the
+  residual and of p_row, float32 [tiles · tile / 128] each."""
+  gamma, width = draft_probs.shape
+  blocks_per_tile = tile // _S
+  if platform == "triton" and blocks_per_tile & (blocks_per_tile - 1):
+    raise ValueError(f"the fused verifier's tile must be 128 times a power of two on GPU "
+                     f"(Triton's blocks are powers of two), got {tile}")
+  scalars = jnp.stack([jnp.asarray(row, jnp.int32),
+                       jax.lax.bitcast_convert_type(scale, jnp.int32)])
+  tiles = pl.cdiv(width, tile)
+  # [rows, V] -> [rows, blocks, S]: a free reshape when the width is a whole number of tiles
+  # (V = 8k, 32k, 128k with tile 2048); otherwise the tables are padded once.
+  as_blocks = lambda x: jnp.pad(x, ((0, 0), (0, tiles * tile - width))).reshape(
+      x.shape[0], tiles * tile // _S, _S)
+  kernel = lambda *refs: _kernel(*refs, tile=tile, vocab=vocab, gamma=gamma)
+  masses_spec = pl.BlockSpec((tile // _S,), lambda j: (j,))
+  masses_shape = jax.ShapeDtypeStruct((tiles * tile // _S,), jnp.float32)
+  return pl.pallas_call(
+      kernel,
+      out_shape=(masses_shape, masses_shape),
+      grid=(tiles,),
+      in_specs=[_scalar_spec(platform),
+                pl.BlockSpec((gamma + 1, tile // _S, _S), lambda j: (0, j, 0)),
+                pl.BlockSpec((gamma, tile // _S, _S), lambda j: (0, j, 0))],
+      out_specs=(masses_spec, masses_spec),
+      interpret=interpret,
+      compiler_params=_compiler_params(platform),
+      name="specjax_fused_verify",
+  )(scalars, as_blocks(target_probs), as_blocks(draft_probs))
 
 
 def draw_correction(target_probs: jax.Array, draft_probs: jax.Array, row: jax.Array,

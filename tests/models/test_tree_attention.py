@@ -15,6 +15,9 @@ from specjax.models.tree import level_call, tree_call
 from specjax.testing import TableModel, random_table
 from tests.models.test_models import DEC_CFG, T5_CFG, VOCAB
 
+# Tree calls against chain calls (other shapes): at full float32 matmul precision anywhere.
+pytestmark = pytest.mark.usefixtures("float32_matmuls")
+
 TREE = StaticTree.from_branching((3, 2))
 PREFIX = 5  # committed tokens; the root is the last
 CACHE = 24

@@ -9,6 +9,7 @@
 """
 import functools
 import pathlib
+import types
 
 import gin
 import jax
@@ -144,21 +145,68 @@ def test_fused_with_typed_and_non_threefry_keys(rows):
       np.testing.assert_array_equal(_run(verifier, inputs, 1.0)[1], ref[1])
 
 
-@pytest.mark.parametrize("vocab, tile", [(8192, 2048), (300, 128)])
-def test_pallas_kernel_lowers_for_gpu_with_triton(vocab, tile):
-  # Lowered on this CPU host for CUDA: Triton refuses in-kernel slices and reshapes, and
-  # pl.pallas_call's default GPU backend (Mosaic GPU) refuses the 8-byte scalar copy, so
-  # this catches a kernel that only ever ran in interpret mode and could not run on a GPU.
+@pytest.mark.parametrize("platform", ["mosaic_gpu", "triton"])
+@pytest.mark.parametrize("vocab, tile", [(8192, 2048), (300, 128), (32000, 2048)])
+def test_pallas_kernel_lowers_for_gpu(vocab, tile, platform):
+  # Lowered on this CPU host for CUDA, with Mosaic GPU (Hopper and newer) and with the Triton
+  # fallback: Triton refuses in-kernel slices and reshapes, Mosaic GPU register layouts and
+  # shared-memory copies with bank conflicts, so this catches a kernel that only ever ran in
+  # interpret mode and could not run on a GPU.
   p = jnp.full((GAMMA + 1, vocab), 1 / vocab, jnp.float32)
   q = jnp.full((GAMMA, vocab), 1 / vocab, jnp.float32)
   draw = lambda p, q, row, s, k: fused_verify._draw_pallas(p, q, row, s, k, tile=tile,
-                                                           interpret=False, platform="gpu")
+                                                           interpret=False, platform=platform)
   lowered = jax.jit(draw).trace(p, q, jnp.int32(1), jnp.float32(1.0),
                                 jax.random.PRNGKey(0)).lower(lowering_platforms=("cuda",))
-  assert "specjax_fused_verify" in lowered.as_text()
+  text = lowered.as_text()
+  assert "specjax_fused_verify" in text
+  assert ("mosaic_gpu" in text) == (platform == "mosaic_gpu")
+
+
+def test_triton_tiles_are_powers_of_two_and_platforms_are_checked():
+  p, q = jnp.full((GAMMA + 1, 300), 1 / 300), jnp.full((GAMMA, 300), 1 / 300)
   with pytest.raises(ValueError, match="power of two on GPU"):
     fused_verify._draw_pallas(p, q, jnp.int32(1), jnp.float32(1.0), jax.random.PRNGKey(0),
-                              tile=384, interpret=False, platform="gpu")
+                              tile=384, interpret=False, platform="triton")
+  with pytest.raises(ValueError, match="kernel platform must be one of"):
+    fused_verify._draw_pallas(p, q, jnp.int32(1), jnp.float32(1.0), jax.random.PRNGKey(0),
+                              tile=128, interpret=False, platform="gpu")
+
+
+def test_kernel_platform_is_mosaic_gpu_from_hopper_on_and_triton_before():
+  device = lambda platform, capability=None: types.SimpleNamespace(
+      platform=platform, compute_capability=capability)
+  assert fused_verify.kernel_platform(device("gpu", "9.0")) == "mosaic_gpu"
+  assert fused_verify.kernel_platform(device("gpu", "10.0")) == "mosaic_gpu"
+  assert fused_verify.kernel_platform(device("gpu", "8.0")) == "triton"
+  assert fused_verify.kernel_platform(device("gpu", "gfx90a")) == "triton"  # ROCm
+  assert fused_verify.kernel_platform(device("gpu")) == "triton"
+  assert fused_verify.kernel_platform(device("tpu")) == "tpu"
+  assert fused_verify.kernel_platform(device("cpu")) == "cpu"
+  assert fused_verify.kernel_platform() == jax.devices()[0].platform  # this CPU host
+
+
+@pytest.mark.skipif(jax.__version_info__ < (0, 10, 2),
+                    reason="JAX's GPU interpreter handles copy barriers from jax 0.10.2 on")
+@pytest.mark.parametrize("vocab", [300, 9000])
+def test_mosaic_gpu_kernel_interpreted_draws_the_reference_tokens(rows, reference_out, vocab):
+  # JAX's GPU interpreter runs the Mosaic GPU kernel on this CPU (shared memory, barriers and
+  # copies simulated). V = 300 is one ragged 8192-id tile, against the reference verifier's
+  # tokens; V = 9000 (the tables padded with zero-probability ids) two tiles, against the
+  # XLA backend's draw on the same tables.
+  count = 24
+  small = _take(rows, count)
+  wide = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, vocab - VOCAB)))
+  n = np.asarray(reference_out[1.0][0])[:count]
+  scale = jnp.where(n < small["num_guesses"], 1.0, 0.0).astype(jnp.float32)
+  args = (wide(small["p"]), wide(small["q"]), jnp.asarray(n), scale,
+          small["keys"][jnp.arange(count), n])
+  draw = lambda p, q, row, s, k: fused_verify._draw_pallas(p, q, row, s, k, tile=128,
+                                                           interpret=True, platform="mosaic_gpu")
+  token = jax.jit(jax.vmap(draw))(*args)
+  want = (reference_out[1.0][1][:count] if vocab == VOCAB else jax.vmap(
+      lambda p, q, row, s, k: draw_correction(p, q, row, s, k, backend="xla"))(*args))
+  np.testing.assert_array_equal(token, want)
 
 
 def test_draw_correction_rejects_unknown_backend():
