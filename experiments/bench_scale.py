@@ -104,25 +104,30 @@ def copy_gbps(megabytes: int, repeats: int) -> float:
   return 2 * x.nbytes / t.median("copy") / 1e9
 
 
-def _models(family: str, size: str, args, attention: str):
-  """(target, params), tied draft, untied draft: random init, weights cast to --dtype."""
+def build_models(family: str, size: str, args) -> Dict[str, Any]:
+  """attention implementation -> ((target, params), (tied draft, params), (untied draft,
+  params)): random init, weights cast to --dtype; one parameter set per model, shared by the
+  implementations (they read the same tree)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.models import build_model  # pylint: disable=import-outside-toplevel
   from specjax.params import cast_kernels  # pylint: disable=import-outside-toplevel
+  roles = ((size, True, 0), (SIZES[size], True, 1), (SIZES[size], False, 2))
+  models = {att: [build_model(model_config(family, s, dtype=args.dtype, attention=att, tied=t))
+                  for s, t, _ in roles] for att in args.attention}
+  params = []
+  for model, (_, _, seed) in zip(models[args.attention[0]], roles):
+    p = model.init(seed)
+    params.append(cast_kernels(p, jnp.bfloat16) if args.dtype == "bfloat16" else p)
+  return {att: tuple(zip(ms, params)) for att, ms in models.items()}
 
-  def one(model_size, tied, seed):
-    model = build_model(model_config(family, model_size, dtype=args.dtype, attention=attention,
-                                     tied=tied))
-    params = model.init(seed)
-    return model, (cast_kernels(params, jnp.bfloat16) if args.dtype == "bfloat16" else params)
-  draft = SIZES[size]
-  return one(size, True, 0), one(draft, True, 1), one(draft, False, 2)
 
-
-def setting_rows(family: str, size: str, batch: int, args, gbps: float
+def setting_rows(family: str, size: str, batch: int, args, gbps: float, built: Dict[str, Any]
                  ) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
   """One row per attention implementation of this family, size and batch (runs interleaved),
-  and with --hlo the target step's HLO counts per implementation (`hlo_stats`)."""
+  and with --hlo the target step's HLO counts per implementation (`hlo_stats`).
+
+  built: `build_models(family, size, args)`.
+  """
   import jax  # pylint: disable=import-outside-toplevel
   from experiments import hlo_stats  # pylint: disable=import-outside-toplevel
   from experiments.reference_decoder import reference_decode  # pylint: disable=import-outside-toplevel
@@ -141,10 +146,9 @@ def setting_rows(family: str, size: str, batch: int, args, gbps: float
                           tied=True).vocab_size
   prompts = np.random.default_rng(batch).integers(2, vocab_hi, (batch, args.prompt_len),
                                                   dtype=np.int32)
-  runs, built = {}, {}
+  runs = {}
   for att in args.attention:
-    (target, tparams), (tied, tied_p), (untied, untied_p) = built[att] = _models(
-        family, size, args, att)
+    (target, tparams), (tied, tied_p), (untied, untied_p) = built[att]
     ar = lambda m, p: lambda: autoregressive_decode(m, p, prompts, max_new_tokens=n, rng=key,
                                                     config=config)
     spec = lambda d, p: lambda: speculative_decode(target, tparams, ModelDrafter(d, gamma), p,
@@ -265,8 +269,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   try:
     for family in args.families:
       for size in args.sizes:
+        built = build_models(family, size, args)
         for batch in args.batches:
-          new, steps = setting_rows(family, size, batch, args, gbps)
+          new, steps = setting_rows(family, size, batch, args, gbps, built)
           rows += new
           if dump:  # the loops as compiled last in this setting (the last attention variant)
             hlo[f"{family}/{size}/B{batch}"] = {
