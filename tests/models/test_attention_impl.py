@@ -88,7 +88,7 @@ def test_t5_logits_match_teacher_forced_and_cached():
 
 
 @pytest.mark.parametrize("family", ["decoder_only", "t5"])
-def test_greedy_tokens_are_equal(family):
+def test_greedy_tokens_are_equal(family, tmp_path):
   # Untied logits: a random model's greedy continuation then varies from token to token, so
   # 2 rows x 12 tokens of argmax over 97 entries compare many distinct decisions.
   config = DEC if family == "decoder_only" else dataclasses.replace(T5,
@@ -101,11 +101,20 @@ def test_greedy_tokens_are_equal(family):
   assert len(set(np.asarray(want.tokens).ravel().tolist())) > 4  # not one repeated token
   got = autoregressive_decode(fused, params, inputs, max_new_tokens=12, rng=key, config=config)
   np.testing.assert_array_equal(got.tokens, want.tokens)
-  spec = speculative_decode(fused, params, ModelDrafter(base, 3), params, inputs,
-                            max_new_tokens=12, gamma=3, rng=key, config=config)
+  jax.config.update("jax_dump_ir_to", str(tmp_path))  # the StableHLO of what compiles now
+  try:
+    spec = speculative_decode(fused, params, ModelDrafter(base, 3), params, inputs,
+                              max_new_tokens=12, gamma=3, rng=key, config=config)
+  finally:
+    jax.config.update("jax_dump_ir_to", "")
   np.testing.assert_array_equal(spec.tokens, want.tokens)
   # the draft is the target's own network, computed the other way: every guess is accepted
   assert float(np.mean(spec.tokens_per_call)) > 3.5
+  # the speculative loop with the fused target: rounds and the draft's steps are loops on
+  # the device, and nothing in the module reaches the host
+  (module,) = tmp_path.glob("*jit__speculative*.mlir")
+  stats = hlo_stats.stablehlo_stats(module.read_text())
+  assert stats["whiles"] >= 2 and stats["host_transfers"] == 0, stats
 
 
 @pytest.mark.parametrize("impl", ["specjax", "xla"])
