@@ -120,6 +120,9 @@ def validate_config(config: Any, int_fields: Sequence[str]) -> None:
   if config.attention_impl not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f"{name}.attention_impl must be one of {sorted(ATTENTION_IMPLEMENTATIONS)}, "
                      f"got {config.attention_impl!r}")
+  if config.attention_impl == "cudnn" and config.dtype == "float32":
+    raise ValueError(f"{name}.attention_impl 'cudnn' needs dtype 'bfloat16' or 'float16' "
+                     "(cuDNN's fused attention has no float32 kernel)")
   check_bool(f"{name}.logits_via_embedding", config.logits_via_embedding)
 
 
@@ -392,6 +395,8 @@ def fused_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]], d
   keys = jnp.concatenate([jnp.transpose(k, (0, 3, 1, 2)) for k, _, _ in parts], axis=1)
   values = jnp.concatenate([jnp.swapaxes(v, 1, 2) for _, v, _ in parts], axis=1)
   lead = (max(b.shape[0] for _, _, b in parts), max(b.shape[1] for _, _, b in parts))
+  if implementation == "cudnn":  # a full [B, H, q, kv] bias: no broadcast asked of the kernel
+    lead = (query.shape[0], query.shape[2])
   bias = jnp.concatenate([jnp.broadcast_to(b, lead + b.shape[2:]) for _, _, b in parts],
                          axis=-1)  # [B or 1, H or 1, q, Σ kv_i]
   return jax.nn.dot_product_attention(query.astype(dtype), keys.astype(dtype),

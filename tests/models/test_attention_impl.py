@@ -129,9 +129,11 @@ def test_compiled_step_loop_has_no_host_transfer(impl):
   assert cuda["whiles"] == 1 and cuda["host_transfers"] == 0
 
 
-def test_cudnn_is_refused_clearly_without_cudnn():
+def test_cudnn_needs_half_precision_and_is_refused_clearly_without_cudnn():
+  with pytest.raises(ValueError, match="'cudnn' needs dtype 'bfloat16' or 'float16'"):
+    dataclasses.replace(DEC, attention_impl="cudnn")
   if jax.default_backend() == "gpu":
-    pytest.skip("this machine has cuDNN")
-  _, fused, params = pair(DEC, "cudnn")
+    pytest.skip("this machine may have cuDNN")
+  _, fused, params = pair(dataclasses.replace(DEC, dtype="bfloat16"), "cudnn")
   with pytest.raises(RuntimeError, match="cuDNN"):
     fused.logits(params, np.ones((1, 4), np.int32))
