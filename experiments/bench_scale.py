@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -132,84 +133,89 @@ def setting_rows(family: str, size: str, batch: int, args, gbps: float, built: D
   from experiments import hlo_stats  # pylint: disable=import-outside-toplevel
   from experiments.reference_decoder import reference_decode  # pylint: disable=import-outside-toplevel
   from specjax import timing  # pylint: disable=import-outside-toplevel
-  from specjax.analysis import expected_tokens  # pylint: disable=import-outside-toplevel
   from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode  # pylint: disable=import-outside-toplevel
   from specjax.draft import ModelDrafter  # pylint: disable=import-outside-toplevel
-  from specjax.params import count_params  # pylint: disable=import-outside-toplevel
   from specjax.sampling import Sampling  # pylint: disable=import-outside-toplevel
 
   n, gamma = args.new_tokens, args.gamma
   cache_len = args.prompt_len + n + gamma + 1
   config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=cache_len)
-  key = jax.random.PRNGKey(0)
-  vocab_hi = model_config(family, size, dtype="float32", attention="specjax",
-                          tied=True).vocab_size
-  prompts = np.random.default_rng(batch).integers(2, vocab_hi, (batch, args.prompt_len),
+  common = dict(max_new_tokens=n, rng=jax.random.PRNGKey(0), config=config)
+  vocab = built[args.attention[0]][0][0].vocab_size
+  prompts = np.random.default_rng(batch).integers(2, vocab, (batch, args.prompt_len),
                                                   dtype=np.int32)
   runs = {}
   for att in args.attention:
     (target, tparams), (tied, tied_p), (untied, untied_p) = built[att]
-    ar = lambda m, p: lambda: autoregressive_decode(m, p, prompts, max_new_tokens=n, rng=key,
-                                                    config=config)
-    spec = lambda d, p: lambda: speculative_decode(target, tparams, ModelDrafter(d, gamma), p,
-                                                   prompts, max_new_tokens=n, gamma=gamma,
-                                                   rng=key, config=config)
-    runs[f"{att}:target"] = ar(target, tparams)
-    runs[f"{att}:draft"] = ar(tied, tied_p)
-    runs[f"{att}:spec_tied"] = spec(tied, tied_p)
-    runs[f"{att}:spec_untied"] = spec(untied, untied_p)
+    runs[f"{att}:target"] = functools.partial(autoregressive_decode, target, tparams, prompts,
+                                              **common)
+    runs[f"{att}:draft"] = functools.partial(autoregressive_decode, tied, tied_p, prompts,
+                                             **common)
+    for name, draft, dparams in (("spec_tied", tied, tied_p), ("spec_untied", untied, untied_p)):
+      runs[f"{att}:{name}"] = functools.partial(
+          speculative_decode, target, tparams, ModelDrafter(draft, gamma), dparams, prompts,
+          gamma=gamma, **common)
     if family == "decoder_only":
-      runs[f"{att}:reference"] = (lambda c, p: lambda: reference_decode(
-          c, p, prompts, n, cache_len))(target.config, tparams)
+      runs[f"{att}:reference"] = functools.partial(reference_decode, target.config, tparams,
+                                                   prompts, n, cache_len)
   t = timing.interleaved(runs, args.repeats)
   rows, steps = [], {}
   for att in args.attention:
-    (target, tparams), (tied, tied_p), _ = built[att]
+    target, tparams = built[att][0]
     if args.hlo:
       encoded = target.encode(tparams, prompts) if target.is_encoder_decoder else None
       steps[att] = hlo_stats.decode_step_stats(target, tparams, batch, cache_len, encoded)
-    ms = lambda name: 1e3 * t.median(f"{att}:{name}") / n  # per step (one token per row)
-    spread = lambda name: [round(1e3 * s / n, 4) for s in t.spread(f"{att}:{name}")]
-    out = lambda name: t.outputs[f"{att}:{name}"]
-    ar_tokens = np.asarray(out("target").tokens)
-    same = lambda name: bool(np.array_equal(np.asarray(out(name).tokens), ar_tokens))
-    per_call = {d: float(np.mean(out(f"spec_{d}").tokens_per_call)) for d in ("tied", "untied")}
-    round_ms = ms("spec_untied") * per_call["untied"]  # time per round of γ draft steps + 1 call
-    floor_ms = 1e3 * step_bytes(target, tparams, batch, cache_len, args.prompt_len) / (gbps * 1e9)
-    row = {
-        "family": family, "size": size, "batch": batch, "attention": att, "dtype": args.dtype,
-        "xla_preset": args.xla_preset, "gamma": gamma,
-        "target_params_M": count_params(tparams) / 1e6,
-        "draft_params_M": count_params(tied_p) / 1e6,
-        "target_ms_per_token": ms("target") / batch, "target_step_ms": ms("target"),
-        "target_step_spread_ms": spread("target"),
-        "draft_ms_per_token": ms("draft") / batch, "draft_step_ms": ms("draft"),
-        "c": ms("draft") / ms("target"),
-        "spec_tied_ms_per_token": ms("spec_tied") / batch,
-        "spec_tied_spread_ms_per_step": spread("spec_tied"),
-        "speedup_tied": ms("target") / ms("spec_tied"),
-        "tokens_per_call_tied": per_call["tied"],
-        "alpha_tied": float(np.mean(out("spec_tied").alpha)),
-        "spec_untied_ms_per_token": ms("spec_untied") / batch,
-        "speedup_untied": ms("target") / ms("spec_untied"),
-        "tokens_per_call_untied": per_call["untied"],
-        "alpha_untied": float(np.mean(out("spec_untied").alpha)),
-        "round_ms": round_ms,
-        "step_floor_ms": floor_ms, "roofline_fraction": floor_ms / ms("target"),
-        "greedy_equal_tied": same("spec_tied"), "greedy_equal_untied": same("spec_untied"),
-        "compile_s": {name.split(":", 1)[1]: s for name, s in t.compile_s.items()
-                      if name.startswith(f"{att}:")},
-    }
-    for alpha in ALPHAS:
-      row[f"predicted_speedup_{alpha}"] = (float(expected_tokens(alpha, gamma)) * ms("target")
-                                           / round_ms)
-    if family == "decoder_only":
-      row["reference_step_ms"] = ms("reference")
-      row["target_vs_reference"] = ms("reference") / ms("target")
-      row["greedy_equal_reference"] = bool(np.array_equal(np.asarray(out("reference")),
-                                                          ar_tokens))
-    rows.append(row)
+    rows.append(_row(t, att, built[att], family, size, batch, args,
+                     1e3 * step_bytes(target, tparams, batch, cache_len, args.prompt_len)
+                     / (gbps * 1e9)))
   return rows, steps
+
+
+def _row(t, att: str, models, family: str, size: str, batch: int, args,
+         floor_ms: float) -> Dict[str, Any]:
+  """The table row of one attention implementation from the interleaved timings `t`."""
+  from specjax.analysis import expected_tokens  # pylint: disable=import-outside-toplevel
+  from specjax.params import count_params  # pylint: disable=import-outside-toplevel
+  n, gamma = args.new_tokens, args.gamma
+  ms = lambda name: 1e3 * t.median(f"{att}:{name}") / n  # per step (one token per row)
+  spread = lambda name: [round(1e3 * s / n, 4) for s in t.spread(f"{att}:{name}")]
+  out = lambda name: t.outputs[f"{att}:{name}"]
+  ar_tokens = np.asarray(out("target").tokens)
+  same = lambda name: bool(np.array_equal(np.asarray(out(name).tokens), ar_tokens))
+  per_call = {d: float(np.mean(out(f"spec_{d}").tokens_per_call)) for d in ("tied", "untied")}
+  round_ms = ms("spec_untied") * per_call["untied"]  # time per round of γ draft steps + 1 call
+  row = {
+      "family": family, "size": size, "batch": batch, "attention": att, "dtype": args.dtype,
+      "xla_preset": args.xla_preset, "gamma": gamma,
+      "target_params_M": count_params(models[0][1]) / 1e6,
+      "draft_params_M": count_params(models[1][1]) / 1e6,
+      "target_ms_per_token": ms("target") / batch, "target_step_ms": ms("target"),
+      "target_step_spread_ms": spread("target"),
+      "draft_ms_per_token": ms("draft") / batch, "draft_step_ms": ms("draft"),
+      "c": ms("draft") / ms("target"),
+      "spec_tied_ms_per_token": ms("spec_tied") / batch,
+      "spec_tied_spread_ms_per_step": spread("spec_tied"),
+      "speedup_tied": ms("target") / ms("spec_tied"),
+      "tokens_per_call_tied": per_call["tied"],
+      "alpha_tied": float(np.mean(out("spec_tied").alpha)),
+      "spec_untied_ms_per_token": ms("spec_untied") / batch,
+      "speedup_untied": ms("target") / ms("spec_untied"),
+      "tokens_per_call_untied": per_call["untied"],
+      "alpha_untied": float(np.mean(out("spec_untied").alpha)),
+      "round_ms": round_ms,
+      "step_floor_ms": floor_ms, "roofline_fraction": floor_ms / ms("target"),
+      "greedy_equal_tied": same("spec_tied"), "greedy_equal_untied": same("spec_untied"),
+      "compile_s": {name.split(":", 1)[1]: s for name, s in t.compile_s.items()
+                    if name.startswith(f"{att}:")},
+  }
+  for alpha in ALPHAS:
+    row[f"predicted_speedup_{alpha}"] = (float(expected_tokens(alpha, gamma)) * ms("target")
+                                         / round_ms)
+  if family == "decoder_only":
+    row["reference_step_ms"] = ms("reference")
+    row["target_vs_reference"] = ms("reference") / ms("target")
+    row["greedy_equal_reference"] = bool(np.array_equal(np.asarray(out("reference")), ar_tokens))
+  return row
 
 
 COLUMNS = ["family", "size", "batch", "attention", "target_ms_per_token", "draft_ms_per_token",
