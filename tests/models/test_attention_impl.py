@@ -17,6 +17,7 @@ from specjax.draft import ModelDrafter
 from specjax.models import (DecoderOnlyConfig, DecoderOnlyModel, T5Config, T5Model,
                             model_gin_text)
 from specjax.models.layers import ATTENTION_IMPLEMENTATIONS
+from specjax.models.tree import level_call, tree_call
 from specjax.sampling import Sampling
 
 VOCAB = 97
@@ -85,6 +86,33 @@ def test_t5_logits_match_teacher_forced_and_cached():
   got, _ = fused.decode(params, fused.init_cache(2, 8), dec[:, :3], np.zeros(2, np.int32),
                         encoded[1])
   assert max_diff(got, want) <= ATOL
+
+
+@pytest.mark.parametrize("family", ["decoder_only", "t5"])
+def test_tree_calls_match(family):
+  # a token tree of 5 nodes (two roots' children, three grandchildren) after a 4-token prefix:
+  # the target's call over the whole tree, then a draft-style call over its second level
+  base, fused, params = pair(DEC if family == "decoder_only" else T5, "xla")
+  rng = np.random.default_rng(3)
+  inputs = rng.integers(2, VOCAB, (2, 5))
+  encoded = [m.encode(params, inputs) if family == "t5" else None for m in (base, fused)]
+  parent = jnp.asarray([[-1, -1, 0, 0, 1]] * 2, jnp.int32)
+  depth = jnp.asarray([[1, 1, 2, 2, 2]] * 2, jnp.int32)
+  length = jnp.full(2, 4, jnp.int32)
+  prefix = rng.integers(1, VOCAB, (2, 3)).astype(np.int32)
+  nodes = rng.integers(1, VOCAB, (2, 6)).astype(np.int32)
+  out = []
+  for model, enc in zip((base, fused), encoded):
+    _, cache = model.decode(params, model.init_cache(2, 16), prefix, np.zeros(2, np.int32), enc)
+    full, _ = model.decode(params, cache, nodes, length - 1, enc,
+                           tree=tree_call(parent, depth, length))
+    _, cache = model.decode(params, cache, nodes[:, 1:3], length, enc,
+                            tree=level_call(parent, depth, length, 0, 2, 16))
+    level, _ = model.decode(params, cache, nodes[:, 3:], length + 2, enc,
+                            tree=level_call(parent, depth, length, 2, 5, 16))
+    out.append((full, level))
+  for got, want in zip(out[1], out[0]):
+    assert got.shape == want.shape and max_diff(got, want) <= ATOL
 
 
 @pytest.mark.parametrize("family", ["decoder_only", "t5"])
