@@ -40,7 +40,23 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax._src import xla_bridge
+
+from experiments import hlo_stats
+from experiments.common import markdown_table
+from experiments.reference_decoder import reference_decode
+from specjax import timing
+from specjax.analysis import expected_tokens
+from specjax.app.gin_config import model_config_from_file
+from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.draft import ModelDrafter
+from specjax.models import build_model
+from specjax.models.layers import ATTENTION_IMPLEMENTATIONS
+from specjax.params import cast_kernels, count_params, flatten
+from specjax.sampling import Sampling
 
 XLA_PRESETS = {
     "default": "",
@@ -48,7 +64,8 @@ XLA_PRESETS = {
     "while_command_buffer": ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL "
                              "--xla_gpu_graph_min_graph_size=1"),
     "while_unrolled": ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL "
-                       "--xla_gpu_graph_min_graph_size=1 --xla_gpu_command_buffer_unroll_loops=true"),
+                       "--xla_gpu_graph_min_graph_size=1 "
+                       "--xla_gpu_command_buffer_unroll_loops=true"),
 }
 """XLA_FLAGS presets: XLA:GPU's defaults; command buffers off; the while loops and
 conditionals taken into command buffers (CUDA graphs: no per-iteration predicate copy to the
@@ -63,7 +80,6 @@ def set_xla_flags(flags: str) -> None:
   """Appends `flags` to XLA_FLAGS; ValueError once JAX's backend is up (flags are read then)."""
   if not flags:
     return
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
   if xla_bridge.backends_are_initialized():
     raise ValueError("XLA flags must be set before JAX starts its backend: run bench_scale in a "
                      "fresh process (python -m experiments.bench_scale ...)")
@@ -73,7 +89,6 @@ def set_xla_flags(flags: str) -> None:
 def model_config(family: str, size: str, *, dtype: str, attention: str, tied: bool):
   """The gin file's config for `family` at `size`, with the run's dtype, attention
   implementation and logits tied to the embedding or not."""
-  from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
   config = model_config_from_file("models/" + FAMILIES[family].format(size))
   return dataclasses.replace(config, dtype=dtype, attention_impl=attention,
                              logits_via_embedding=tied)
@@ -82,7 +97,6 @@ def model_config(family: str, size: str, *, dtype: str, attention: str, tied: bo
 def step_bytes(model, params, batch: int, cache_len: int, input_len: int) -> int:
   """Bytes one autoregressive step reads: the decoder's weights (as stored; the embedding when
   the logits use it), every KV-cache buffer and, for T5, the encoded inputs."""
-  from specjax.params import flatten  # pylint: disable=import-outside-toplevel
   cfg = model.config
   weights = sum(int(np.prod(v.shape)) * v.dtype.itemsize for name, v in flatten(params)
                 if not name.startswith("encoder/")
@@ -96,9 +110,6 @@ def step_bytes(model, params, batch: int, cache_len: int, input_len: int) -> int
 def copy_gbps(megabytes: int, repeats: int) -> float:
   """Device bandwidth in GB/s: bytes read + written per second by a jitted copy of a
   `megabytes` float32 array into a new buffer on the same device."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax import timing  # pylint: disable=import-outside-toplevel
   x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
   copy = jax.jit(jnp.copy)
   t = timing.interleaved({"copy": lambda: copy(x)}, repeats)
@@ -109,9 +120,6 @@ def build_models(family: str, size: str, args) -> Dict[str, Any]:
   """attention implementation -> ((target, params), (tied draft, params), (untied draft,
   params)): random init, weights cast to --dtype; one parameter set per model, shared by the
   implementations (they read the same tree)."""
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax.models import build_model  # pylint: disable=import-outside-toplevel
-  from specjax.params import cast_kernels  # pylint: disable=import-outside-toplevel
   roles = ((size, True, 0), (SIZES[size], True, 1), (SIZES[size], False, 2))
   models = {att: [build_model(model_config(family, s, dtype=args.dtype, attention=att, tied=t))
                   for s, t, _ in roles] for att in args.attention}
@@ -129,13 +137,6 @@ def setting_rows(family: str, size: str, batch: int, args, gbps: float, built: D
 
   built: `build_models(family, size, args)`.
   """
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import hlo_stats  # pylint: disable=import-outside-toplevel
-  from experiments.reference_decoder import reference_decode  # pylint: disable=import-outside-toplevel
-  from specjax import timing  # pylint: disable=import-outside-toplevel
-  from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode  # pylint: disable=import-outside-toplevel
-  from specjax.draft import ModelDrafter  # pylint: disable=import-outside-toplevel
-  from specjax.sampling import Sampling  # pylint: disable=import-outside-toplevel
 
   n, gamma = args.new_tokens, args.gamma
   cache_len = args.prompt_len + n + gamma + 1
@@ -174,8 +175,6 @@ def setting_rows(family: str, size: str, batch: int, args, gbps: float, built: D
 def _row(t, att: str, models, family: str, size: str, batch: int, args,
          floor_ms: float) -> Dict[str, Any]:
   """The table row of one attention implementation from the interleaved timings `t`."""
-  from specjax.analysis import expected_tokens  # pylint: disable=import-outside-toplevel
-  from specjax.params import count_params  # pylint: disable=import-outside-toplevel
   n, gamma = args.new_tokens, args.gamma
   ms = lambda name: 1e3 * t.median(f"{att}:{name}") / n  # per step (one token per row)
   spread = lambda name: [round(1e3 * s / n, 4) for s in t.spread(f"{att}:{name}")]
@@ -249,7 +248,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                       help="count ops of the compiled loops (experiments.hlo_stats)")
   parser.add_argument("--output_dir", default="bench_scale_out")
   args = parser.parse_args(argv)
-  from specjax.models.layers import ATTENTION_IMPLEMENTATIONS  # pylint: disable=import-outside-toplevel
   for att in args.attention:
     if att not in ATTENTION_IMPLEMENTATIONS:
       parser.error(f"--attention {att!r}: use one of {sorted(ATTENTION_IMPLEMENTATIONS)}")
@@ -265,14 +263,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   """Runs the bench; writes bench_scale.json and bench_scale.md; returns the JSON object."""
   args = parse_args(argv)
   dump = tempfile.mkdtemp(prefix="bench_scale_hlo_") if args.hlo else None
-  from experiments import hlo_stats  # pylint: disable=import-outside-toplevel
-  set_xla_flags(" ".join(f for f in (XLA_PRESETS[args.xla_preset], args.xla_flags,
-                                     hlo_stats.dump_flags(dump) if dump else "") if f))
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments.common import markdown_table  # pylint: disable=import-outside-toplevel
-  gbps = copy_gbps(args.copy_mb, args.repeats)
   rows, hlo = [], {}
   try:
+    set_xla_flags(" ".join(f for f in (XLA_PRESETS[args.xla_preset], args.xla_flags,
+                                       hlo_stats.dump_flags(dump) if dump else "") if f))
+    gbps = copy_gbps(args.copy_mb, args.repeats)
     for family in args.families:
       for size in args.sizes:
         built = build_models(family, size, args)
