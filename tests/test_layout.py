@@ -220,8 +220,9 @@ def _experiment_imports(path: pathlib.Path):
 
 
 def test_experiment_scripts_import_no_other_script():
-  """experiments/common.py is the shared module; no script imports another script."""
-  shared = {"experiments.common"}
+  """experiments/common.py is the shared module (and the scale benchmark's two helpers, no
+  scripts themselves); no script imports another script."""
+  shared = {"experiments.common", "experiments.hlo_stats", "experiments.reference_decoder"}
   offenders = {}
   for path in sorted((ROOT / "experiments").glob("*.py")):
     own = f"experiments.{path.stem}"

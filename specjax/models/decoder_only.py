@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, Dense,
                                    EncodedInputs, Embed, KVCache, MlpBlock,
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
-                                   RMSNorm, after, cached_attention, check_logits_at,
+                                   RMSNorm, after, check_logits_at,
                                    check_positions, check_prefix_lengths, check_tokens,
                                    check_tree, key_layout, mask_to_bias, mlp_kernel_init,
                                    validate_config, value_layout, write_rows)
@@ -39,7 +39,8 @@ from specjax.models.tree import TreeAttention
 # Decoder: one layer and the stack.
 # ----------------------------------------------------------------------------
 def _attention(cfg: Any) -> MultiHeadAttention:
-  return MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, DTYPES[cfg.dtype])
+  return MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, DTYPES[cfg.dtype],
+                            cfg.attention_impl)
 
 
 class DecoderLayer(nn.Module):
@@ -88,7 +89,7 @@ class DecoderLayer(nn.Module):
       # carried to the next call (see the layout note in layers.py).
       old_bias, new_bias = bias
       new = (key_layout(key), value_layout(value), new_bias)
-      heads = cached_attention(query, [(cache[0], cache[1], old_bias), new], att.dtype)
+      heads = att.attend_heads(query, [(cache[0], cache[1], old_bias), new])
       x = x + att.output(heads)
       key, value = after(key, heads), after(value, heads)  # read the old buffers, then write
       cache = (write_rows(cache[0], key_layout(key), starts, KEY_SLOT_AXIS),
@@ -286,6 +287,9 @@ class DecoderOnlyConfig:
   inputs_bidirectional_attention: bool = False
   """T5X's DecoderOnlyModel flag of the same name: the prompt (BOS and `inputs`) attends
   to itself bidirectionally (a prefix LM); later tokens are causal."""
+  attention_impl: str = "specjax"
+  """How attention is computed, not what (`layers.ATTENTION_IMPLEMENTATIONS`): 'specjax'
+  (default), or jax.nn.dot_product_attention with 'xla' or 'cudnn'. Same parameters."""
 
   def __post_init__(self):
     validate_config(self, ("vocab_size", "emb_dim", "num_heads", "num_layers",

@@ -62,6 +62,15 @@ from specjax.params import check_params_match
 Array = jax.Array
 NEG_INF = -1e10  # T5X's additive mask value; softmax turns it into exactly 0.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+ATTENTION_IMPLEMENTATIONS = {
+    "specjax": "the head-major cache read where it lies, one softmax over its parts "
+               "(`cached_attention`); the default",
+    "xla": "jax.nn.dot_product_attention(implementation='xla') over the parts joined "
+           "(`fused_attention`)",
+    "cudnn": "jax.nn.dot_product_attention(implementation='cudnn'): cuDNN's fused kernel "
+             "(NVIDIA GPU only, bfloat16 or float16)",
+}
+"""Values of a model config's `attention_impl`: how attention is computed (not what)."""
 NUM_BUCKETS = 32
 MAX_DISTANCE = 128
 
@@ -90,8 +99,8 @@ def activation_fn(name: str) -> Callable[[Array], Array]:
 
 
 def validate_config(config: Any, int_fields: Sequence[str]) -> None:
-  """Raises ValueError for non-positive sizes, unknown activations or dtypes, a non-bool
-  logits_via_embedding.
+  """Raises ValueError for non-positive sizes, unknown activations, dtypes or attention
+  implementations, a non-bool logits_via_embedding.
 
   Also turns a list of activations (as gin may give) into a tuple, so the
   frozen config stays hashable.
@@ -108,6 +117,12 @@ def validate_config(config: Any, int_fields: Sequence[str]) -> None:
     activation_fn(act)
   if config.dtype not in DTYPES:
     raise ValueError(f"{name}.dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
+  if config.attention_impl not in ATTENTION_IMPLEMENTATIONS:
+    raise ValueError(f"{name}.attention_impl must be one of {sorted(ATTENTION_IMPLEMENTATIONS)}, "
+                     f"got {config.attention_impl!r}")
+  if config.attention_impl == "cudnn" and config.dtype == "float32":
+    raise ValueError(f"{name}.attention_impl 'cudnn' needs dtype 'bfloat16' or 'float16' "
+                     "(cuDNN's fused attention has no float32 kernel)")
   check_bool(f"{name}.logits_via_embedding", config.logits_via_embedding)
 
 
@@ -357,16 +372,50 @@ def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
   return jnp.swapaxes(out, 1, 2)  # [B, q, H, D]: q tokens, not the cache
 
 
+def fused_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]], dtype: Any,
+                    implementation: str) -> Array:
+  """`cached_attention` computed by `jax.nn.dot_product_attention` (scale 1, T5's convention).
+
+  The parts are joined along the key axis in jax's [B, kv, H, D] layout: the cached keys
+  [B, H, D, kv] and values [B, H, kv, D] are transposed first (on XLA:CPU a copy of every
+  cache buffer per call; a fused kernel may read the strides instead). Query, keys and
+  values are cast to `dtype` (jax's function needs one dtype); the scores and the softmax
+  are float32 in its 'xla' implementation, as in `cached_attention`.
+
+  Args:
+    query: [B, q, H, D].
+    parts: as for `cached_attention`: (keys [B, H, D, kv_i], values [B, H, kv_i, D],
+      bias float32 [B or 1, H or 1, q, kv_i]).
+    dtype: the dtype of the inputs and of the result.
+    implementation: 'xla' or 'cudnn' (jax.nn.dot_product_attention's `implementation`).
+
+  Returns:
+    [B, q, H, D] in `dtype`.
+  """
+  keys = jnp.concatenate([jnp.transpose(k, (0, 3, 1, 2)) for k, _, _ in parts], axis=1)
+  values = jnp.concatenate([jnp.swapaxes(v, 1, 2) for _, v, _ in parts], axis=1)
+  lead = (max(b.shape[0] for _, _, b in parts), max(b.shape[1] for _, _, b in parts))
+  if implementation == "cudnn":  # a full [B, H, q, kv] bias: no broadcast asked of the kernel
+    lead = (query.shape[0], query.shape[2])
+  bias = jnp.concatenate([jnp.broadcast_to(b, lead + b.shape[2:]) for _, _, b in parts],
+                         axis=-1)  # [B or 1, H or 1, q, Σ kv_i]
+  return jax.nn.dot_product_attention(query.astype(dtype), keys.astype(dtype),
+                                      values.astype(dtype), bias=bias, scale=1.0,
+                                      implementation=implementation).astype(dtype)
+
+
 class MultiHeadAttention(nn.Module):
   """T5X attention: `query`, `key`, `value` [E, H*D] and `out` [H*D, E] kernels.
 
   The 1/sqrt(head_dim) of dot-product attention is folded into the query
   kernel's initializer, as in T5X; the forward pass does not rescale.
+  `implementation` picks how the weights are computed (ATTENTION_IMPLEMENTATIONS).
   """
   num_heads: int
   head_dim: int
   emb_dim: int
   dtype: Any = jnp.float32
+  implementation: str = "specjax"
 
   def setup(self):
     inner = self.num_heads * self.head_dim
@@ -398,11 +447,23 @@ class MultiHeadAttention(nn.Module):
 
   def attend(self, query: Array, key: Array, value: Array, bias: Array) -> Array:
     """Queries [B, q, H, D] over keys/values [B, kv, H, D] -> [B, q, E]."""
-    return self.output(dot_product_attention(query, key, value, bias, self.dtype))
+    if self.implementation == "specjax":
+      return self.output(dot_product_attention(query, key, value, bias, self.dtype))
+    heads = jax.nn.dot_product_attention(
+        query.astype(self.dtype), key.astype(self.dtype), value.astype(self.dtype), bias=bias,
+        scale=1.0, implementation=self.implementation)
+    return self.output(heads.astype(self.dtype))
+
+  def attend_heads(self, query: Array, parts: Sequence[Tuple[Array, Array, Array]]) -> Array:
+    """Queries [B, q, H, D] over head-major parts (see `cached_attention`) -> the heads'
+    outputs [B, q, H, D], by `implementation`."""
+    if self.implementation == "specjax":
+      return cached_attention(query, parts, self.dtype)
+    return fused_attention(query, parts, self.dtype, self.implementation)
 
   def attend_parts(self, query: Array, parts: Sequence[Tuple[Array, Array, Array]]) -> Array:
     """Queries [B, q, H, D] over head-major parts (see `cached_attention`) -> [B, q, E]."""
-    return self.output(cached_attention(query, parts, self.dtype))
+    return self.output(self.attend_heads(query, parts))
 
   def output(self, x: Array) -> Array:
     """Per-head attention output [B, q, H, D] -> [B, q, E] (the `out` kernel)."""

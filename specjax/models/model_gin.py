@@ -38,7 +38,8 @@ _INCLUDE = re.compile(r"""^include\s+(['"])([^'"]+)\1\s*(#.*)?$""")
 _LITERALS = (bool, int, float, str, type(None))
 
 
-WRITTEN_WHEN_SET = frozenset({"prompt_convention", "inputs_bidirectional_attention"})
+WRITTEN_WHEN_SET = frozenset({"prompt_convention", "inputs_bidirectional_attention",
+                              "attention_impl"})
 """Fields added after model.gin files were first written: written only when they differ
 from their default, so the model.gin of an older folder still matches its config."""
 

@@ -67,6 +67,9 @@ class T5Config:
   """True: logits = y @ embedding.T / sqrt(E) (no logits_dense kernel)."""
   dtype: str = "float32"
   """Activation, compute and cache dtype; parameters stay float32."""
+  attention_impl: str = "specjax"
+  """How attention is computed, not what (`layers.ATTENTION_IMPLEMENTATIONS`): 'specjax'
+  (default), or jax.nn.dot_product_attention with 'xla' or 'cudnn'. Same parameters."""
 
   def __post_init__(self):
     validate_config(self, ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers",
@@ -83,7 +86,7 @@ class EncoderLayer(nn.Module):
     cfg, dtype = self.config, DTYPES[self.config.dtype]
     h = RMSNorm(dtype, name="pre_attention_layer_norm")(x)
     x = x + MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype,
-                               name="attention")(h, h, bias)
+                               cfg.attention_impl, name="attention")(h, h, bias)
     h = RMSNorm(dtype, name="pre_mlp_layer_norm")(x)
     return x + MlpBlock(cfg.mlp_dim, cfg.mlp_activations, dtype, name="mlp")(h)
 
