@@ -26,6 +26,7 @@ every host and run this same command on each (jax.devices() then spans all).
 """
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -102,6 +103,9 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   if not examples:
     raise ValueError("no inputs: give --prompt, --input_file or --task (or bind "
                      "MIXTURE_OR_TASK_NAME)")
+  # Many processes decode one batch: each must hold the same inputs and settings.
+  distributed.check_same(json.dumps([gin_files, bindings, paths]).encode(), "the gin settings")
+  distributed.check_same(json.dumps([e.text for e in examples]).encode(), "the inputs")
   try:
     return gin.get_configurable(decode_job)(examples, plain=args.plain,
                                             task_vocabulary=task_vocabulary)
