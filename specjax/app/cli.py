@@ -1,90 +1,18 @@
 """The `specjax` command's surface: its flags, a --help that lists the bundled gin files,
-and the contract every entry point keeps (`run_cli`): a user's error as one line
-`specjax: error: ...` with exit status 2, Ctrl-C as exit status 130, a traceback only for
-a defect."""
+and the contract every command keeps (`specjax.command`, re-exported here): a user's error
+as one line `specjax: error: ...` with exit status 2, Ctrl-C as exit status 130, a
+traceback only for a defect."""
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import sys
 import textwrap
-import traceback
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence
+from typing import List, Optional
 
 from specjax import distributed
-from specjax.app import display
 from specjax.app.gin_config import GIN_DIR
-
-USAGE_ERRORS = (ValueError, OSError, NameError, ImportError)
-"""What a user's input raises (a bad path, gin file, binding or value, a vocabulary or task
-mismatch); anything else is a bug and keeps its traceback."""
-
-EXIT_USAGE = 2
-"""The exit status of a usage error (argparse's)."""
-
-EXIT_INTERRUPTED = 130
-"""The exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
-
-PROG = "specjax"
-
-_GIN_CONTEXT = re.compile(r"^\s*In call to configurable ")
-
-
-def one_line(error: BaseException) -> str:
-  """The error's message on one line, without gin's 'In call to configurable' notes, its
-  control characters shown as escapes (a message may quote user text)."""
-  lines = [l.strip() for l in str(error).splitlines()
-           if l.strip() and not _GIN_CONTEXT.match(l)]
-  return display.printable(" ".join(lines) or type(error).__name__)
-
-
-def report_error(error: BaseException, verbose: bool = False) -> int:
-  """Prints a user's error as `specjax: error: ...` on stderr (the traceback first when
-  `verbose`); returns EXIT_USAGE."""
-  if verbose:
-    traceback.print_exception(error)
-  print(f"{PROG}: error: {one_line(error)}", file=sys.stderr, flush=True)
-  return EXIT_USAGE
-
-
-def exit_interrupted() -> None:
-  """Ends the process after Ctrl-C: says so, flushes, and exits 130 at once.
-
-  The exit is `os._exit`: an interrupt can land while XLA's threads still run work that
-  the interpreter's teardown would free under them (a segfault at exit, -11 instead of
-  130). Nothing is left to save: every output is written atomically or not at all."""
-  print(f"{PROG}: interrupted", file=sys.stderr)
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except (OSError, ValueError):
-      pass
-  os._exit(EXIT_INTERRUPTED)
-
-
-def run_cli(job: Callable[[List[str]], Any], argv: Optional[Sequence[str]] = None) -> int:
-  """Runs `job(argv)` as a command: its status when it returns an int (else 0), EXIT_USAGE with one line for a user's
-  error (USAGE_ERRORS; `--verbose` in argv adds the traceback), 130 on Ctrl-C; any other
-  exception is a defect and propagates with its traceback."""
-  argv = list(sys.argv[1:] if argv is None else argv)
-  try:
-    result = job(argv)
-  except KeyboardInterrupt:
-    exit_interrupted()
-  except USAGE_ERRORS as e:
-    return report_error(e, "--verbose" in argv)
-  return result if isinstance(result, int) and not isinstance(result, bool) else 0
-
-
-def check_positive(values: Any, names: Sequence[str], minimum: int = 1) -> None:
-  """ValueError naming the first of `names` (attributes of `values`) below `minimum`."""
-  for name in names:
-    value = getattr(values, name)
-    if value is not None and value < minimum:
-      raise ValueError(f"--{name} must be at least {minimum}, got {value}")
-
+from specjax.command import (EXIT_INTERRUPTED, EXIT_USAGE, USAGE_ERRORS,  # noqa: F401
+                             ArgumentParser, one_line, report_error, run_cli)
 
 def _first_comment(path: Path) -> str:
   for line in path.read_text(encoding="utf-8").splitlines():

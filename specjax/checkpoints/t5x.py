@@ -564,11 +564,17 @@ def _write_zarr(writes: List[Tuple[Dict[str, Any], np.ndarray]]) -> None:
     future.result()
 
 
-def _write_file(path: str, payload: bytes) -> None:
-  with open(path, "xb") as f:
-    f.write(payload)
-    f.flush()
-    os.fsync(f.fileno())
+def _write_file(path: str, payload: bytes, final: str) -> None:
+  """Writes a new file of the checkpoint being built (`path`, inside its temporary folder);
+  an OSError names the checkpoint `final` and the file (a full disk gives none)."""
+  try:
+    with open(path, "xb") as f:
+      f.write(payload)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    raise OSError(e.errno, f"cannot write {os.path.basename(path)} of checkpoint {final}: "
+                  f"{e.strerror}") from e
 
 
 def _check_extra(extra_files: Optional[Mapping[str, bytes]]) -> Dict[str, bytes]:
@@ -658,11 +664,11 @@ def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
     target = _build_target(params, "", cast, tmp, writes, {})
     _write_zarr(writes)
     for name, payload in extra.items():
-      _write_file(os.path.join(tmp, name), payload)
+      _write_file(os.path.join(tmp, name), payload, final)
     _write_file(os.path.join(tmp, "checkpoint"), _io.encode({
         "version": VERSION,
         "optimizer": {"target": target,
-                      "state": {"step": np.asarray(step, np.int32)}}}))
+                      "state": {"step": np.asarray(step, np.int32)}}}), final)
     _commit.fsync_dir(tmp)
     try:
       _commit.commit(tmp, final, overwrite)
