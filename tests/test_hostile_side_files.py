@@ -50,8 +50,8 @@ def test_hostile_cost_tables_and_input_files_are_named(tmp_path):
       [TINY, "--input_file", str(tmp_path), out],
       [TINY, "--input_file", "gs://bucket/prompts.txt", out]])
   assert [s for s, _ in results] == [2, 2, 2, 2]
-  assert results[0][1] == [f"specjax: error: the cost table {fifo} is a FIFO, not a regular "
-                           "file; refusing to read it"]
+  assert results[0][1] == [f"specjax: error: cost table '{fifo}' cannot be read: the file "
+                           f"{fifo} is a FIFO, not a regular file; refusing to read it"]
   assert "is a character device, not a regular file" in results[1][1][0]
   assert results[2][1] == [f"specjax: error: --input_file {tmp_path} is a folder, not a regular "
                            "file; refusing to read it"]

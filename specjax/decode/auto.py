@@ -242,8 +242,8 @@ class CostTable:
     """Reads a table written by `save`; ValueError naming what is wrong with the file (a FIFO,
     a device, more than TABLE_BYTES, not JSON)."""
     try:
-      data = files.read_json(path, TABLE_BYTES, "the cost table")
-    except OSError as e:
+      data = files.read_json(path, TABLE_BYTES, "the file")
+    except (OSError, ValueError) as e:
       raise ValueError(f"cost table '{path}' cannot be read: {e}") from e
     return CostTable.from_json(data, f"cost table '{path}'")
 
