@@ -48,13 +48,20 @@ def test_hostile_cost_tables_and_input_files_are_named(tmp_path):
       [TINY, "--prompt", "x", out, f"--gin.COST_TABLE='{fifo}'", *AUTO],
       [TINY, "--prompt", "x", out, f"--gin.COST_TABLE='{zero}'", *AUTO],
       [TINY, "--input_file", str(tmp_path), out],
-      [TINY, "--input_file", "gs://bucket/prompts.txt", out]])
-  assert [s for s, _ in results] == [2, 2, 2, 2]
+      [TINY, "--input_file", "gs://bucket/prompts.txt", out],
+      ["--gin_file=runs/decode.gin", "--prompt", "x", out,
+       "--gin.TARGET_CHECKPOINT='gs://bucket/t5_xxl'", "--gin.DRAFT_CHECKPOINT='/ckpt/small'",
+       "--gin.TARGET_MODEL='models/t5_1_1_small.gin'", "--gin.VOCABULARY='bundled:specjax_8k'",
+       "--gin.DRAFT_MODEL='models/t5_1_1_small.gin'"]])
+  assert [s for s, _ in results] == [2, 2, 2, 2, 2]
   assert results[0][1] == [f"specjax: error: cost table '{fifo}' cannot be read: the file "
                            f"{fifo} is a FIFO, not a regular file; refusing to read it"]
   assert "is a character device, not a regular file" in results[1][1][0]
   assert results[2][1] == [f"specjax: error: --input_file {tmp_path} is a folder, not a regular "
                            "file; refusing to read it"]
   assert results[3][1] == ["specjax: error: --input_file gs://bucket/prompts.txt is a remote "
+                           "path; remote paths are not supported here (copy it to a local or "
+                           "mounted folder first)"]
+  assert results[4][1] == ["specjax: error: the checkpoint path gs://bucket/t5_xxl is a remote "
                            "path; remote paths are not supported here (copy it to a local or "
                            "mounted folder first)"]

@@ -157,9 +157,9 @@ def find_checkpoint(path: str) -> CheckpointLocation:
 
   Raises:
     FileNotFoundError: `path` does not exist or holds no checkpoint.
-    ValueError: `path` is a FIFO, device or socket.
+    ValueError: `path` is a FIFO, device or socket, or a remote URL (gs://...).
   """
-  path = os.fspath(path)
+  path = files.check_local(path, "the checkpoint path")
   match = _STEP_DIR.fullmatch(os.path.basename(os.path.normpath(path)))
   if match and not (os.path.isdir(path) and _in_folder(path)):
     # checkpoint_N named directly, but an overwrite crashed between its renames.
@@ -430,11 +430,12 @@ def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
 
 
 def check_path(path: Any, what: str) -> str:
-  """os.fspath(path); ValueError naming `what` unless path is a non-empty str or PathLike."""
+  """os.fspath(path); ValueError naming `what` unless path is a non-empty str or PathLike of
+  the local file system (a gs:// URL is refused as remote)."""
   if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
     raise ValueError(f"{what}: the checkpoint path must be a non-empty str or os.PathLike, "
                      f"got {path!r}")
-  return os.fspath(path)
+  return files.check_local(path, f"{what}: the checkpoint path")
 
 
 def _load(path: str, dtype: Any, model: Any) -> Dict[str, Any]:
