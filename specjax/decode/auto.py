@@ -233,8 +233,7 @@ class CostTable:
     return {"version": VERSION, **dataclasses.asdict(self)}
 
   def save(self, path: str) -> None:
-    """Writes the table as JSON (`specjax.files.write_json`: a fresh temporary beside it,
-    never through a link, then a rename)."""
+    """Writes the table as JSON, atomically and never through a link (`files.write_json`)."""
     files.write_json(path, self.to_json())
 
   @staticmethod
