@@ -50,6 +50,8 @@ ENV_CONNECT_TIMEOUT = "SPECJAX_CONNECT_TIMEOUT"
 """Seconds a process waits for every process of the job to join (default
 DEFAULT_CONNECT_TIMEOUT)."""
 DEFAULT_CONNECT_TIMEOUT = 120.0
+WAITING_NOTICE_S = 10.0
+"""Seconds of waiting to join after which a process says what it waits for."""
 EXIT_NOT_JOINED = 2
 """The exit status of a process that could not join its job in time."""
 CPU_COLLECTIVES = "gloo"
@@ -160,6 +162,12 @@ def _connect_timeout(value: Any) -> float:
   return seconds
 
 
+def _say_waiting(values: dict, seconds: float) -> None:
+  print(f"specjax: process {values['process_id']} of {values['num_processes']} is waiting for "
+        f"the job's other processes at {values['coordinator_address']} (at most {seconds:g} s)",
+        file=sys.stderr, flush=True)
+
+
 def _give_up(values: dict, seconds: float) -> None:
   """Ends a process that could not join its job in time: one line, then exit (JAX's own
   timeout aborts the process with a C++ stack instead)."""
@@ -224,16 +232,20 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     jax.config.update("jax_cpu_collectives_implementation", CPU_COLLECTIVES)
   logger.info("process %s of %s: joining the job at %s (up to %g s)", values["process_id"],
               values["num_processes"], values["coordinator_address"], seconds)
-  watchdog = threading.Timer(seconds, _give_up, (values, seconds))
-  watchdog.daemon = True
-  watchdog.start()
+  timers = [threading.Timer(min(WAITING_NOTICE_S, seconds / 2), _say_waiting,
+                           (values, seconds)),
+            threading.Timer(seconds, _give_up, (values, seconds))]
+  for timer in timers:
+    timer.daemon = True
+    timer.start()
   try:  # JAX's own timeout is set past ours: it would abort with a C++ stack
     jax.distributed.initialize(coordinator_address=values["coordinator_address"],
                                num_processes=values["num_processes"],
                                process_id=values["process_id"],
                                initialization_timeout=int(seconds) + 60)
   finally:
-    watchdog.cancel()
+    for timer in timers:
+      timer.cancel()
   logger.info("process %d of %d, %d local / %d global devices", jax.process_index(),
               jax.process_count(), jax.local_device_count(), jax.device_count())
   return info()

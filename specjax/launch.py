@@ -114,6 +114,20 @@ def check_port(port: int) -> int:
   return port
 
 
+# Each child runs its module through this: on Linux it first asks for SIGKILL when its
+# parent, the launcher, dies (even by SIGKILL, which no handler sees); then it runs
+# `python -m MODULE ARGS` as usual. (Done in the child itself: a preexec_fn would run
+# Python between fork and exec, unsafe in a multithreaded parent.)
+_CHILD = """import ctypes, runpy, signal, sys
+try:
+  ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+  pass
+del sys.argv[0]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
 class _Supervisor:
   """The children of one launch: each in its own process group; polled together; signals
   forwarded to every group; stopped (TERM, then KILL after a grace) when one fails, on the
@@ -125,13 +139,18 @@ class _Supervisor:
     self.relays: List[threading.Thread] = []
     self.signals: List[int] = []
 
-  def start(self, argv: List[str], env: dict, prefix: str) -> None:
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    self.procs.append(proc)
-    relay = threading.Thread(target=_relay, args=(proc.stdout, prefix, self.out), daemon=True)
-    relay.start()
-    self.relays.append(relay)
+  def start(self, argvs: List[List[str]], envs: List[dict]) -> None:
+    """Starts every child (each `[pN] `-prefixed), then the threads relaying their output:
+    no thread runs while a child is forked."""
+    for argv, env in zip(argvs, envs):
+      self.procs.append(subprocess.Popen(
+          argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT, start_new_session=True))
+    for index, proc in enumerate(self.procs):
+      relay = threading.Thread(target=_relay, args=(proc.stdout, f"[p{index}] ", self.out),
+                               daemon=True)
+      relay.start()
+      self.relays.append(relay)
 
   def say(self, message: str) -> None:
     print(f"{self.name}: {message}", file=sys.stderr, flush=True)
@@ -204,7 +223,8 @@ def launch(command: Sequence[str], num_processes: int, local_devices: int = 1,
   Every child runs in its own process group, its output (bytes, any encoding) relayed line
   by line with a `[pN] ` prefix. SIGINT, SIGTERM and SIGHUP sent to the launcher are passed
   to every child's group; a child that fails (or dies by a signal) is named on stderr and
-  the others are stopped; no child outlives the call.
+  the others are stopped; no child outlives the call (on Linux not even a launcher killed by
+  SIGKILL: each child asks for the parent-death signal).
 
   Args:
     command: a module name and its arguments.
@@ -232,9 +252,9 @@ def launch(command: Sequence[str], num_processes: int, local_devices: int = 1,
   if threading.current_thread() is threading.main_thread():
     handlers = {s: signal.signal(s, supervisor.on_signal) for s in _FORWARDED}
   try:
-    for index in range(num_processes):
-      supervisor.start([sys.executable, "-u", "-m", *command],
-                       process_env(index, num_processes, port, local_devices), f"[p{index}] ")
+    supervisor.start([[sys.executable, "-u", "-c", _CHILD, *command]] * num_processes,
+                     [process_env(index, num_processes, port, local_devices)
+                      for index in range(num_processes)])
     return supervisor.wait(timeout)
   finally:
     supervisor.close()

@@ -63,6 +63,15 @@ def test_a_signal_to_the_launcher_stops_every_process(tmp_path, signum):
   assert _none_left(pids) == []
 
 
+def test_a_launcher_killed_by_sigkill_takes_its_children_along(tmp_path):
+  # No handler sees SIGKILL: the children die with their parent (Linux's parent-death signal).
+  proc = _launcher(tmp_path, "sleep")
+  children = _pids(tmp_path)[::2]  # each child's own pid (its grandchild is its concern)
+  proc.kill()
+  proc.communicate(timeout=60)
+  assert _none_left(children) == []
+
+
 def test_a_killed_child_is_named_and_the_others_are_stopped(tmp_path):
   # The poll loop stopped at the first live process: a SIGKILLed process 1 went unnoticed
   # and the job hung; the launcher then exited 247 without naming the child.
