@@ -136,4 +136,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from specjax import command  # pylint: disable=import-outside-toplevel
+  sys.exit(command.run_cli(main))
