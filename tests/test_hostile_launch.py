@@ -66,10 +66,16 @@ def test_a_signal_to_the_launcher_stops_every_process(tmp_path, signum):
 def test_a_launcher_killed_by_sigkill_takes_its_children_along(tmp_path):
   # No handler sees SIGKILL: the children die with their parent (Linux's parent-death signal).
   proc = _launcher(tmp_path, "sleep")
-  children = _pids(tmp_path)[::2]  # each child's own pid (its grandchild is its concern)
+  pids = _pids(tmp_path)
+  children, grandchildren = pids[::2], pids[1::2]
   proc.kill()
   proc.communicate(timeout=60)
-  assert _none_left(children) == []
+  try:
+    assert _none_left(children) == []
+  finally:  # a grandchild outlives its killed parent here: the test ends it
+    for pid in grandchildren:
+      if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
 
 
 def test_a_killed_child_is_named_and_the_others_are_stopped(tmp_path):
