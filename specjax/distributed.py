@@ -27,9 +27,14 @@ On CPU the collectives between processes use gloo (`jax_cpu_collectives_implemen
 from __future__ import annotations
 
 import dataclasses
+import errno
+import hashlib
 import logging
 import os
-from typing import Any, Mapping, Optional
+import socket
+import sys
+import threading
+from typing import Any, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
@@ -41,6 +46,14 @@ ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 ENV_LOCAL_DEVICES = "SPECJAX_LOCAL_DEVICES"
 """CPU only: devices each process simulates (`jax_num_cpu_devices`)."""
+ENV_CONNECT_TIMEOUT = "SPECJAX_CONNECT_TIMEOUT"
+"""Seconds a process waits for every process of the job to join (default
+DEFAULT_CONNECT_TIMEOUT)."""
+DEFAULT_CONNECT_TIMEOUT = 120.0
+WAITING_NOTICE_S = 10.0
+"""Seconds of waiting to join after which a process says what it waits for."""
+EXIT_NOT_JOINED = 2
+"""The exit status of a process that could not join its job in time."""
 CPU_COLLECTIVES = "gloo"
 
 
@@ -92,10 +105,77 @@ def resolve(coordinator_address: Optional[str] = None, num_processes: Any = None
     raise ValueError(f"local_device_count must be at least 1, got {local}")
   if index is not None and (index < 0 or (count is not None and index >= count)):
     raise ValueError(f"process_id must be in [0, num_processes={count}), got {index}")
-  if address is not None and (":" not in address or not address.rsplit(":", 1)[1].isdigit()):
-    raise ValueError(f"coordinator_address must be host:port, got {address!r}")
+  if address is not None:
+    split_address(address)
   return {"coordinator_address": address, "num_processes": count, "process_id": index,
           "local_device_count": local}
+
+
+def split_address(address: str) -> Tuple[str, int]:
+  """(host, port) of 'host:port' or '[ipv6]:port'; ValueError naming what is wrong (a port
+  outside 1..65535, no host, unbalanced brackets)."""
+  bad = f"coordinator_address must be host:port or [ipv6]:port with a port in 1..65535, got "
+  if not isinstance(address, str) or ":" not in address:
+    raise ValueError(bad + repr(address))
+  host, port = address.rsplit(":", 1)
+  if host.startswith("["):
+    if not host.endswith("]") or len(host) < 3 or "]" in host[:-1]:
+      raise ValueError(bad + repr(address))
+    host = host[1:-1]
+  elif "[" in host or "]" in host or ":" in host:
+    raise ValueError(bad + repr(address))
+  if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    raise ValueError(bad + repr(address))
+  return host, int(port)
+
+
+def check_coordinator_port(port: int) -> None:
+  """ValueError if `port` cannot be bound here (process 0 serves the coordinator on every
+  interface at that port): another program holds it."""
+  for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
+    try:
+      sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+      continue  # no IPv6 here: try IPv4
+    with sock:
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      try:
+        sock.bind((host, port))
+      except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+          raise ValueError(f"the coordinator port {port} is busy (another program listens on "
+                           "it); give another port in coordinator_address") from None
+        continue
+      return
+
+
+def _connect_timeout(value: Any) -> float:
+  raw = value if value is not None else os.environ.get(ENV_CONNECT_TIMEOUT) or None
+  if raw is None:
+    return DEFAULT_CONNECT_TIMEOUT
+  try:
+    seconds = float(raw)
+  except (TypeError, ValueError):
+    raise ValueError(f"connect_timeout must be a number of seconds, got {raw!r}") from None
+  if not 0 < seconds < 1e6:
+    raise ValueError(f"connect_timeout must be a positive number of seconds, got {raw!r}")
+  return seconds
+
+
+def _say_waiting(values: dict, seconds: float) -> None:
+  print(f"specjax: process {values['process_id']} of {values['num_processes']} is waiting for "
+        f"the job's other processes at {values['coordinator_address']} (at most {seconds:g} s)",
+        file=sys.stderr, flush=True)
+
+
+def _give_up(values: dict, seconds: float) -> None:
+  """Ends a process that could not join its job in time: one line, then exit (JAX's own
+  timeout aborts the process with a C++ stack instead)."""
+  print(f"specjax: error: process {values['process_id']} of {values['num_processes']} could "
+        f"not join the job at {values['coordinator_address']} within {seconds:g} s: start "
+        f"every process with the same coordinator_address (process 0 serves it), or raise "
+        f"--connect_timeout / ${ENV_CONNECT_TIMEOUT}", file=sys.stderr, flush=True)
+  os._exit(EXIT_NOT_JOINED)  # the join blocks inside XLA: nothing else can stop it
 
 
 def _cluster_detected() -> bool:
@@ -109,8 +189,8 @@ def _cluster_detected() -> bool:
 
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-               process_id: Optional[int] = None, local_device_count: Optional[int] = None
-               ) -> ProcessInfo:
+               process_id: Optional[int] = None, local_device_count: Optional[int] = None,
+               connect_timeout: Optional[float] = None) -> ProcessInfo:
   """Joins this process to the job (`jax.distributed.initialize`); call before other JAX use.
 
   Args:
@@ -119,13 +199,18 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     process_id: this process's index (default `$JAX_PROCESS_ID`).
     local_device_count: CPU only: devices this process simulates (default
       `$SPECJAX_LOCAL_DEVICES`; `XLA_FLAGS=--xla_force_host_platform_device_count` works too).
+    connect_timeout: seconds to wait for every process to join (default
+      `$SPECJAX_CONNECT_TIMEOUT`, else 120). Past it the process prints one line naming the
+      coordinator and exits with status 2.
   Returns:
     A `ProcessInfo`. With none of the values set and no cluster detected: one process,
     nothing initialized.
   Raises:
-    ValueError: as `resolve`; only some of address, count and id given outside a cluster.
+    ValueError: as `resolve`; only some of address, count and id given outside a cluster; a
+      busy coordinator port (process 0); a connect_timeout that is not a positive number.
   """
   values = resolve(coordinator_address, num_processes, process_id, local_device_count)
+  seconds = _connect_timeout(connect_timeout)
   if values["local_device_count"] is not None:
     jax.config.update("jax_num_cpu_devices", values["local_device_count"])
   explicit = [values[k] for k in ("coordinator_address", "num_processes", "process_id")]
@@ -141,11 +226,26 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     raise ValueError(f"distributed.initialize: {', '.join(missing)} not given (as an argument "
                      f"or {ENV_COORDINATOR} / {ENV_NUM_PROCESSES} / {ENV_PROCESS_ID}) and no "
                      "cluster detected")
+  if values["process_id"] == 0 and values["coordinator_address"] is not None:
+    check_coordinator_port(split_address(values["coordinator_address"])[1])
   if jax.config.jax_cpu_collectives_implementation in (None, "none"):
     jax.config.update("jax_cpu_collectives_implementation", CPU_COLLECTIVES)
-  jax.distributed.initialize(coordinator_address=values["coordinator_address"],
-                             num_processes=values["num_processes"],
-                             process_id=values["process_id"])
+  logger.info("process %s of %s: joining the job at %s (up to %g s)", values["process_id"],
+              values["num_processes"], values["coordinator_address"], seconds)
+  timers = [threading.Timer(min(WAITING_NOTICE_S, seconds / 2), _say_waiting,
+                           (values, seconds)),
+            threading.Timer(seconds, _give_up, (values, seconds))]
+  for timer in timers:
+    timer.daemon = True
+    timer.start()
+  try:  # JAX's own timeout is set past ours: it would abort with a C++ stack
+    jax.distributed.initialize(coordinator_address=values["coordinator_address"],
+                               num_processes=values["num_processes"],
+                               process_id=values["process_id"],
+                               initialization_timeout=int(seconds) + 60)
+  finally:
+    for timer in timers:
+      timer.cancel()
   logger.info("process %d of %d, %d local / %d global devices", jax.process_index(),
               jax.process_count(), jax.local_device_count(), jax.device_count())
   return info()
@@ -156,12 +256,12 @@ def initialize_from(args: Any) -> ProcessInfo:
   `num_processes`, `process_id`, `local_device_count` (e.g. made by `add_arguments`)."""
   get = args.get if isinstance(args, Mapping) else lambda k: getattr(args, k, None)
   return initialize(get("coordinator_address"), get("num_processes"), get("process_id"),
-                    get("local_device_count"))
+                    get("local_device_count"), get("connect_timeout"))
 
 
 def add_arguments(parser: Any) -> Any:
-  """Adds --coordinator_address, --num_processes, --process_id (and --local_device_count) to an
-  argparse parser; `initialize_from(parser.parse_args())` uses them."""
+  """Adds --coordinator_address, --num_processes, --process_id, --local_device_count and
+  --connect_timeout to an argparse parser; `initialize_from(parser.parse_args())` uses them."""
   parser.add_argument("--coordinator_address", default=None,
                       help=f"host:port of process 0 (default ${ENV_COORDINATOR})")
   parser.add_argument("--num_processes", type=int, default=None,
@@ -170,6 +270,9 @@ def add_arguments(parser: Any) -> Any:
                       help=f"this process's index (default ${ENV_PROCESS_ID})")
   parser.add_argument("--local_device_count", type=int, default=None,
                       help=f"CPU: devices per process (default ${ENV_LOCAL_DEVICES})")
+  parser.add_argument("--connect_timeout", type=float, default=None,
+                      help=f"seconds to wait for every process to join (default "
+                      f"${ENV_CONNECT_TIMEOUT}, else {DEFAULT_CONNECT_TIMEOUT:g})")
   return parser
 
 
@@ -205,6 +308,21 @@ def broadcast_text(text: str) -> str:
   if is_writer():
     buffer[:] = np.frombuffer(data, np.uint8)
   return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buffer))).decode("utf-8")
+
+
+def check_same(data: bytes, what: str) -> None:
+  """ValueError on every process unless every process passed the same `data` (compared by
+  sha256; nothing with one process). `what` names it in the message ("the inputs")."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  digest = np.frombuffer(hashlib.sha256(data).digest(), np.uint8)
+  every = np.asarray(multihost_utils.process_allgather(digest))  # [P, 32]
+  differ = [i for i in range(every.shape[0]) if not np.array_equal(every[i], every[0])]
+  if differ:
+    raise ValueError(f"{what} differ between processes (those of process "
+                     f"{', '.join(map(str, differ))} are not those of process 0); every "
+                     "process of a job must be given the same")
 
 
 def process_rows(batch: int, process_id: Optional[int] = None,

@@ -1,5 +1,7 @@
 """The `specjax` command's surface: its flags, a --help that lists the bundled gin files,
-and user errors as one line (exit status 2) instead of a traceback."""
+and the contract every command keeps (`specjax.command`, re-exported here): a user's error
+as one line `specjax: error: ...` with exit status 2, Ctrl-C as exit status 130, a
+traceback only for a defect."""
 from __future__ import annotations
 
 import argparse
@@ -9,26 +11,9 @@ from pathlib import Path
 from typing import List, Optional
 
 from specjax import compile_cache, distributed
-from specjax.app import display
 from specjax.app.gin_config import GIN_DIR
-
-USAGE_ERRORS = (ValueError, OSError, NameError, ImportError)
-"""What a user's input raises (a bad path, gin file, binding or value, a vocabulary or task
-mismatch); anything else is a bug and keeps its traceback."""
-
-EXIT_USAGE = 2
-"""The exit status of a usage error (argparse's)."""
-
-_GIN_CONTEXT = re.compile(r"^\s*In call to configurable ")
-
-
-def one_line(error: BaseException) -> str:
-  """The error's message on one line, without gin's 'In call to configurable' notes, its
-  control characters shown as escapes (a message may quote user text)."""
-  lines = [l.strip() for l in str(error).splitlines()
-           if l.strip() and not _GIN_CONTEXT.match(l)]
-  return display.printable(" ".join(lines) or type(error).__name__)
-
+from specjax.command import (EXIT_INTERRUPTED, EXIT_USAGE, USAGE_ERRORS,  # noqa: F401
+                             ArgumentParser, one_line, report_error, run_cli)
 
 def _first_comment(path: Path) -> str:
   for line in path.read_text(encoding="utf-8").splitlines():

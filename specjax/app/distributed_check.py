@@ -15,7 +15,6 @@ The JSON holds {"tokens": {decode: [[...]]}, "processes", "devices", "mesh", "wr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any, Dict, Optional, Sequence
@@ -119,10 +118,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
   record = {"tokens": tokens, "processes": jax.process_count(), "devices": jax.device_count(),
             "mesh": mesh, "writer": jax.process_index()}
   if distributed.is_writer():
-    tmp = f"{args.out}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(record, f)
-    os.replace(tmp, args.out)
+    from specjax import files  # pylint: disable=import-outside-toplevel
+    files.write_json(args.out, record, indent=None)
   distributed.sync("distributed_check done")
   return record
 
@@ -139,4 +136,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from specjax import command  # pylint: disable=import-outside-toplevel
+  sys.exit(command.run_cli(main))

@@ -30,14 +30,16 @@ torch and transformers are imported lazily (extra: `pip install torch==2.13.0 tr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
+import sys
 import tempfile
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
+from specjax import files
+from specjax import command
 from specjax.models.t5 import T5Config, T5Model
 from specjax.params import flatten
 
@@ -138,28 +140,51 @@ def to_hf(config: T5Config, params: Mapping[str, Any]):
   return hf.eval()
 
 
-def check_out_dir(out_dir: str) -> str:
+EXPORT_FILES = ("config.json", "generation_config.json")
+EXPORT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+"""The names an HF export folder holds; a folder holding anything else is never replaced."""
+
+
+def _inside(path: str, folder: str) -> bool:
+  path, folder = os.path.realpath(path), os.path.realpath(folder)
+  return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_out_dir(out_dir: str, checkpoint: Optional[str] = None) -> str:
   """`out_dir` as a path that `save_hf` may fill or replace; ValueError naming it if it is a
-  file, or a folder that holds something other than an HF model (no config.json)."""
-  out_dir = os.path.abspath(os.fspath(out_dir))
+  remote URL, a file or link, the checkpoint being exported (or a folder holding it, or one
+  inside it), or a folder holding anything an HF export does not write (config.json,
+  generation_config.json, *.safetensors)."""
+  out_dir = os.path.abspath(files.check_local(out_dir, "--out"))
   if os.path.islink(out_dir) or (os.path.lexists(out_dir) and not os.path.isdir(out_dir)):
     raise ValueError(f"--out {out_dir} is a file or a link, not a folder to export into")
-  if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(
-      os.path.join(out_dir, "config.json")):
-    raise ValueError(f"--out {out_dir} is a folder that holds no HF model (no config.json); "
-                     "refusing to replace it: give a new or an earlier export's folder")
+  if checkpoint is not None and (_inside(checkpoint, out_dir) or _inside(out_dir, checkpoint)):
+    raise ValueError(f"--out {out_dir} holds or lies inside the checkpoint being exported "
+                     f"({checkpoint}); give a folder of its own")
+  if os.path.isdir(out_dir):
+    others = sorted(name for name in os.listdir(out_dir)
+                    if not (name in EXPORT_FILES or name.endswith(EXPORT_SUFFIXES))
+                    or not os.path.isfile(os.path.join(out_dir, name))
+                    or os.path.islink(os.path.join(out_dir, name)))
+    if others:
+      raise ValueError(f"--out {out_dir} holds {others[0]!r}, which an HF export does not "
+                       "write; refusing to replace it: give a new or an earlier export's "
+                       "folder")
   return out_dir
 
 
-def save_hf(config: T5Config, params: Mapping[str, Any], out_dir: str) -> str:
+def save_hf(config: T5Config, params: Mapping[str, Any], out_dir: str,
+            checkpoint: Optional[str] = None) -> str:
   """Writes an HF model folder (`config.json`, `model.safetensors`); returns out_dir.
 
   `config.json` keeps `tie_word_embeddings` as the T5X model has it, so
   `T5ForConditionalGeneration.from_pretrained(out_dir)` rebuilds the same function.
   The folder is written under a temporary sibling name and renamed into place, so an
   earlier export there is replaced whole (none of its files stay) or, on failure, kept.
+  Only an earlier export is ever replaced (`check_out_dir`, with `checkpoint` the folder the
+  weights came from). Its files are readable by all (mode 0644), its folder 0755.
   """
-  out_dir = check_out_dir(out_dir)
+  out_dir = check_out_dir(out_dir, checkpoint)
   hf = to_hf(config, params)
   parent = os.path.dirname(out_dir)
   os.makedirs(parent, exist_ok=True)
@@ -168,14 +193,14 @@ def save_hf(config: T5Config, params: Mapping[str, Any], out_dir: str) -> str:
   try:
     hf.save_pretrained(tmp)
     path = os.path.join(tmp, "config.json")
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
+    data = files.read_json(path, files.MIB, "the exported config.json")
     data["tie_word_embeddings"] = bool(config.logits_via_embedding)
     data.pop("scale_decoder_outputs", None)
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(data, f, indent=2)
+    files.write_json(path, data, indent=2)
+    for name in os.listdir(tmp):
+      os.chmod(os.path.join(tmp, name), 0o644)  # safetensors writes 0600
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; an export folder is an ordinary one
-    if os.path.isdir(check_out_dir(out_dir)):
+    if os.path.isdir(check_out_dir(out_dir, checkpoint)):
       old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
       os.rename(out_dir, os.path.join(old, "previous"))
     os.rename(tmp, out_dir)
@@ -192,7 +217,7 @@ def save_hf(config: T5Config, params: Mapping[str, Any], out_dir: str) -> str:
 
 def main(argv=None) -> None:
   """CLI: a T5X checkpoint + model gin file -> an HF model folder."""
-  parser = argparse.ArgumentParser(description=__doc__,
+  parser = command.ArgumentParser(prog="python -m specjax.app.export_hf", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--checkpoint", required=True, help="T5X checkpoint_N folder")
   parser.add_argument("--model_gin", required=True, help="e.g. models/t5_1_1_small.gin")
@@ -200,16 +225,22 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   from specjax.app import gin_config  # pylint: disable=import-outside-toplevel
   from specjax.app.loading import load_params  # pylint: disable=import-outside-toplevel
-  check_out_dir(args.out)  # before any weights are read
+  files.check_local(args.checkpoint, "--checkpoint")
+  check_out_dir(args.out, args.checkpoint)  # before any weights are read
   # Read with the restricted model-gin parser: the argument is a file name, never gin text.
   config = gin_config.model_config_from_file(args.model_gin)
   if not isinstance(config, T5Config):
     raise ValueError(f"{args.model_gin} is not a T5 model: only T5 exports to HF T5")
   model = T5Model(config)
   params = load_params(model, args.checkpoint, 0)
-  save_hf(model.config, params, args.out)
+  save_hf(model.config, params, args.out, args.checkpoint)
   print(f"wrote {args.out} ({len(list(flatten(params)))} T5X arrays)")
 
 
+def cli(argv=None) -> int:
+  """The command: `main` with the project's error contract (`command.run_cli`)."""
+  return command.run_cli(main, argv)
+
+
 if __name__ == "__main__":
-  main()
+  sys.exit(cli())

@@ -26,8 +26,8 @@ every host and run this same command on each (jax.devices() then spans all).
 """
 from __future__ import annotations
 
+import json
 import sys
-import traceback
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
@@ -104,6 +104,9 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   if not examples:
     raise ValueError("no inputs: give --prompt, --input_file or --task (or bind "
                      "MIXTURE_OR_TASK_NAME)")
+  # Many processes decode one batch: each must hold the same inputs and settings.
+  distributed.check_same(json.dumps([gin_files, bindings, paths]).encode(), "the gin settings")
+  distributed.check_same(json.dumps([e.text for e in examples]).encode(), "the inputs")
   try:
     return gin.get_configurable(decode_job)(examples, plain=args.plain,
                                             task_vocabulary=task_vocabulary)
@@ -116,19 +119,8 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
   """The `specjax` command: `run`, with a user's error as one line on stderr and exit status
-  2 (`--verbose`: the traceback too); Ctrl-C exits with 130."""
-  argv = sys.argv[1:] if argv is None else list(argv)
-  try:
-    run(argv)
-  except KeyboardInterrupt:
-    print("specjax: interrupted", file=sys.stderr)
-    return 130
-  except cli_lib.USAGE_ERRORS as e:
-    if "--verbose" in argv:
-      traceback.print_exc()
-    print(f"specjax: error: {cli_lib.one_line(e)}", file=sys.stderr)
-    return cli_lib.EXIT_USAGE
-  return 0
+  2 (`--verbose`: the traceback too); Ctrl-C exits with 130 (`cli_lib.run_cli`)."""
+  return cli_lib.run_cli(run, argv)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 import gin
 
+from specjax import command
 from specjax.app import gin_config
 from specjax.train.trainer import TrainResult, train
 
@@ -29,5 +30,11 @@ def main(argv: Optional[Sequence[str]] = None) -> TrainResult:
   return result
 
 
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+  """The command: `main` with the project's error contract (`specjax: error: ...`, exit 2;
+  130 on Ctrl-C; a traceback only for a defect)."""
+  return command.run_cli(main, argv)
+
+
 if __name__ == "__main__":
-  main()
+  sys.exit(cli())

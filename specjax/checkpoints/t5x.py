@@ -157,9 +157,9 @@ def find_checkpoint(path: str) -> CheckpointLocation:
 
   Raises:
     FileNotFoundError: `path` does not exist or holds no checkpoint.
-    ValueError: `path` is a FIFO, device or socket.
+    ValueError: `path` is a FIFO, device or socket, or a remote URL (gs://...).
   """
-  path = os.fspath(path)
+  path = files.check_local(path, "the checkpoint path")
   match = _STEP_DIR.fullmatch(os.path.basename(os.path.normpath(path)))
   if match and not (os.path.isdir(path) and _in_folder(path)):
     # checkpoint_N named directly, but an overwrite crashed between its renames.
@@ -430,11 +430,12 @@ def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
 
 
 def check_path(path: Any, what: str) -> str:
-  """os.fspath(path); ValueError naming `what` unless path is a non-empty str or PathLike."""
+  """os.fspath(path); ValueError naming `what` unless path is a non-empty str or PathLike of
+  the local file system (a gs:// URL is refused as remote)."""
   if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
     raise ValueError(f"{what}: the checkpoint path must be a non-empty str or os.PathLike, "
                      f"got {path!r}")
-  return os.fspath(path)
+  return files.check_local(path, f"{what}: the checkpoint path")
 
 
 def _load(path: str, dtype: Any, model: Any) -> Dict[str, Any]:
@@ -564,11 +565,17 @@ def _write_zarr(writes: List[Tuple[Dict[str, Any], np.ndarray]]) -> None:
     future.result()
 
 
-def _write_file(path: str, payload: bytes) -> None:
-  with open(path, "xb") as f:
-    f.write(payload)
-    f.flush()
-    os.fsync(f.fileno())
+def _write_file(path: str, payload: bytes, final: str) -> None:
+  """Writes a new file of the checkpoint being built (`path`, inside its temporary folder);
+  an OSError names the checkpoint `final` and the file (a full disk gives none)."""
+  try:
+    with open(path, "xb") as f:
+      f.write(payload)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    raise OSError(e.errno, f"cannot write {os.path.basename(path)} of checkpoint {final}: "
+                  f"{e.strerror}") from e
 
 
 def _check_extra(extra_files: Optional[Mapping[str, bytes]]) -> Dict[str, bytes]:
@@ -658,11 +665,11 @@ def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
     target = _build_target(params, "", cast, tmp, writes, {})
     _write_zarr(writes)
     for name, payload in extra.items():
-      _write_file(os.path.join(tmp, name), payload)
+      _write_file(os.path.join(tmp, name), payload, final)
     _write_file(os.path.join(tmp, "checkpoint"), _io.encode({
         "version": VERSION,
         "optimizer": {"target": target,
-                      "state": {"step": np.asarray(step, np.int32)}}}))
+                      "state": {"step": np.asarray(step, np.int32)}}}), final)
     _commit.fsync_dir(tmp)
     try:
       _commit.commit(tmp, final, overwrite)

@@ -72,8 +72,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -81,6 +79,8 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specjax import files
 
 PRIOR_ALPHA = 1.0
 """α of the one prior position in each row's estimate when the cost table holds no
@@ -100,6 +100,8 @@ SCHEDULE_SLOTS = 64
 NO_LIMIT = np.iinfo(np.int32).max
 VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: without `alpha`
+TABLE_BYTES = 2**20
+"""The largest cost table file read (a table is a few hundred bytes)."""
 
 
 def default_buckets(max_gamma: int) -> Tuple[int, ...]:
@@ -231,19 +233,16 @@ class CostTable:
     return {"version": VERSION, **dataclasses.asdict(self)}
 
   def save(self, path: str) -> None:
-    """Writes the table as JSON (atomically: a temporary file, then a rename)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(self.to_json(), f, indent=1)
-    os.replace(tmp, path)
+    """Writes the table as JSON, atomically and never through a link (`files.write_json`)."""
+    files.write_json(path, self.to_json())
 
   @staticmethod
   def load(path: str) -> "CostTable":
-    """Reads a table written by `save`; ValueError naming what is wrong with the file."""
+    """Reads a table written by `save`; ValueError naming what is wrong with the file (a FIFO,
+    a device, more than TABLE_BYTES, not JSON)."""
     try:
-      with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+      data = files.read_json(path, TABLE_BYTES, "the file")
+    except (OSError, ValueError) as e:
       raise ValueError(f"cost table '{path}' cannot be read: {e}") from e
     return CostTable.from_json(data, f"cost table '{path}'")
 

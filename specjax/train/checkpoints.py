@@ -20,7 +20,6 @@ import io
 import json
 import logging
 import os
-import uuid
 import zipfile
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -36,19 +35,6 @@ from specjax.train.batches import data_files
 log = logging.getLogger("specjax.train")
 OPT_STATE_FILE = "optimizer_state.npz"
 TRAIN_STATE_FILE = "train_state.json"
-
-
-def _write_atomic(path: str, payload: bytes) -> None:
-  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-  try:
-    with open(tmp, "xb") as f:
-      f.write(payload)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 def check_model_gin(model_dir: str, config: Any, write: bool = True) -> None:
@@ -69,7 +55,7 @@ def check_model_gin(model_dir: str, config: Any, write: bool = True) -> None:
                        f"fields: {diff}); use another model_dir or the same config")
     return
   if write:
-    _write_atomic(path, model_gin_text(config).encode("utf-8"))
+    files.write_file(path, model_gin_text(config).encode("utf-8"))
 
 
 def _tree_names(tree: Any) -> List[str]:
@@ -89,7 +75,7 @@ def opt_state_bytes(opt_state: Any) -> bytes:
 def save_opt_state(folder: str, opt_state: Any) -> str:
   """Writes the optax state to `folder/optimizer_state.npz` (atomically, no pickle)."""
   path = os.path.join(folder, OPT_STATE_FILE)
-  _write_atomic(path, opt_state_bytes(opt_state))
+  files.write_file(path, opt_state_bytes(opt_state))
   return path
 
 

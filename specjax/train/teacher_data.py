@@ -31,10 +31,10 @@ temporary name and renamed into place, and an --out that would write over an inp
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -47,6 +47,7 @@ import numpy as np
 
 from specjax import checkpoints
 from specjax import files
+from specjax import command
 from specjax.data import load_vocab
 from specjax.data import splits as data_lib
 from specjax.decode import DecodeConfig, autoregressive_decode
@@ -110,6 +111,7 @@ def _texts(task: str, examples: Sequence, heads: List[List[int]], tokens: np.nda
 
 
 MANIFEST = "manifest.json"
+MANIFEST_BYTES = files.MIB
 
 
 def params_sha256(params: Any) -> str:
@@ -142,7 +144,7 @@ def _reuse_parts(parts: Path, manifest: Dict[str, Any]) -> None:
   old = None
   if path.is_file():
     try:
-      old = json.loads(path.read_text(encoding="utf-8"))
+      old = files.read_json(str(path), MANIFEST_BYTES, "the chunk manifest")
     except (OSError, ValueError):
       old = None
   if old == manifest:
@@ -154,9 +156,34 @@ def _reuse_parts(parts: Path, manifest: Dict[str, Any]) -> None:
                 ", ".join(changed))
     shutil.rmtree(parts)
   parts.mkdir(parents=True)
-  tmp = parts / f".{MANIFEST}.tmp"
-  tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
-  os.replace(tmp, path)
+  files.write_file(path, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def check_settings(*, limit: Optional[int], batch: int, chunk: int, temperature: float,
+                   inputs_length: int, max_new_tokens: int, prompt_tokens: int) -> None:
+  """ValueError naming the first setting out of range (checked before any work)."""
+  for name, value in (("limit", limit), ("batch", batch), ("chunk", chunk),
+                      ("inputs_length", inputs_length), ("max_new_tokens", max_new_tokens),
+                      ("prompt_tokens", prompt_tokens)):
+    if value is None and name == "limit":
+      continue
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+      raise ValueError(f"--{name} must be a whole number of at least 1, got {value!r}")
+  if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+          and temperature >= 0):
+    raise ValueError(f"--temperature must be a finite number >= 0, got {temperature!r}")
+
+
+def _train_examples(src_dir: Path, ext: str, task: str, limit: Optional[int]) -> List[Any]:
+  """The first `limit` (all: None) train examples: (source, target) pairs, LM documents."""
+  examples = data_lib.read_split(src_dir / f"train.{ext}")
+  if task == "lm":
+    examples = [s for s, _ in examples]
+  if limit is not None:
+    examples = examples[:limit]
+  if not examples:
+    raise ValueError(f"{src_dir}: the train split is empty")
+  return examples
 
 
 def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
@@ -180,6 +207,11 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
     max_new_tokens: output budget per example.
     prompt_tokens: LM: tokens of each document kept as the prompt.
   """
+  check_settings(limit=limit, batch=batch, chunk=chunk, temperature=temperature,
+                 inputs_length=inputs_length, max_new_tokens=max_new_tokens,
+                 prompt_tokens=prompt_tokens)
+  for name, path in (("--teacher", teacher), ("--data_dir", data_dir), ("--out", out)):
+    files.check_local(path, name)
   check_task(task)
   folder = TASKS[task]
   ext = data_lib.TASK_FILES[folder]
@@ -190,13 +222,7 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
     family = "an encoder-decoder" if model.is_encoder_decoder else "a decoder-only"
     raise ValueError(f"teacher {teacher} is {family} model; task {task!r} needs the other "
                      "family")
-  examples = data_lib.read_split(src_dir / f"train.{ext}")
-  if task == "lm":
-    examples = [s for s, _ in examples]
-  if limit is not None:
-    examples = examples[:limit]
-  if not examples:
-    raise ValueError(f"{src_dir}: the train split is empty")
+  examples = _train_examples(src_dir, ext, task, limit)
   vocab = load_vocab()
   config = DecodeConfig(sampling=Sampling(temperature=float(temperature)), eos_id=vocab.eos_id,
                         cache_len=prompt_tokens + max_new_tokens + 2 if task == "lm"
@@ -243,7 +269,8 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """CLI; see the module docstring."""
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p = command.ArgumentParser(prog="python -m specjax.train.teacher_data",
+                             description=__doc__.split("\n")[0])
   p.add_argument("--teacher", required=True)
   p.add_argument("--task", required=True, choices=sorted(TASKS))
   p.add_argument("--data_dir", required=True)
@@ -268,5 +295,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   return 0
 
 
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+  """The command: `main` with the project's error contract (`specjax: error: ...`, exit 2;
+  130 on Ctrl-C)."""
+  return command.run_cli(main, argv)
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(cli())

@@ -67,6 +67,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeRemainingColumn)
 
 from specjax import checkpoints
+from specjax import files
 from specjax.models import MODEL_GIN, build_model, model_gin_text
 from specjax.train._checks import check_int, check_real
 from specjax.train.batches import DataConfig, make_batches
@@ -423,18 +424,17 @@ def _truncate_metrics(model_dir: str, step: int) -> None:
         and record["step"] <= step and line.endswith(b"\n")):
       keep.append(line)
   if len(keep) != len(lines):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-      f.writelines(keep)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
+    files.write_file(path, b"".join(keep))
 
 
 def _append_metrics(model_dir: str, record: Dict[str, Any]) -> None:
   record = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}
-  with open(os.path.join(model_dir, METRICS_FILE), "a", encoding="utf-8") as f:
-    f.write(json.dumps(record) + "\n")
+  path = os.path.join(model_dir, METRICS_FILE)
+  try:
+    with open(path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(record) + "\n")
+  except OSError as e:  # a full disk names no file
+    raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from e
 
 
 def _diverged(model_dir: str, step: int, what: str) -> None:
