@@ -136,6 +136,56 @@ def test_cycle_check_sees_a_cycle(tmp_path):
     ROOT = saved
 
 
+def _named_settings(node) -> bool:
+  name = (node.id if isinstance(node, ast.Name)
+          else node.attr if isinstance(node, ast.Attribute) else "")
+  return "settings" in name.lower()
+
+
+def _untyped_settings(source: str):
+  """Lines of `source` that pack locals() (or vars()) into a dict, build a dict named
+  *settings* (a variable, attribute or keyword argument), or read a *settings* object by a string key (`s["gamma"]`, `s.get("gamma")`)."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and (node.func.id == "locals" or (node.func.id == "vars" and not node.args))):
+      found.append(node.lineno)
+    elif (isinstance(node, ast.Subscript) and _named_settings(node.value)
+          and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)):
+      found.append(node.lineno)
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == "get" and _named_settings(node.func.value)):
+      found.append(node.lineno)
+    elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.keyword)):
+      targets = (node.targets if isinstance(node, ast.Assign) else
+                 [node.target] if isinstance(node, ast.AnnAssign) else [ast.Name(node.arg or "")])
+      value = node.value
+      is_dict = isinstance(value, (ast.Dict, ast.DictComp)) or (
+          isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+          and value.func.id == "dict")
+      if is_dict and any(_named_settings(t) for t in targets):
+        found.append(value.lineno)
+  return sorted(set(found))
+
+
+def test_app_settings_are_typed_fields():
+  """The main job's settings travel as typed fields (`specjax.app.settings.JobSettings`):
+  no locals() packed into a dict, no settings read back by string keys."""
+  offenders = {str(path.relative_to(ROOT)): lines
+               for path in sorted((PACKAGE / "app").rglob("*.py"))
+               if (lines := _untyped_settings(path.read_text()))}
+  assert not offenders, f"untyped settings (file: lines): {offenders}"
+
+
+def test_untyped_settings_check_sees_every_form():
+  source = ("def f(a, b):\n  settings = {k: v for k, v in locals().items()}\n"
+            "  x = plan.settings['gamma']\n  y = settings.get('tree')\n"
+            "  self.settings = dict(a=a)\n  job_settings: dict = {'a': a}\n  z = vars()\n"
+            "  ok = plan.settings.gamma + vars(plan)['x'] + table['gamma']\n"
+            "  return Plan(settings=dict(a, b=b))\n")
+  assert _untyped_settings(source) == [2, 3, 4, 5, 6, 7, 9]
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
   out = tmp_path_factory.mktemp("wheel")
