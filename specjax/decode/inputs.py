@@ -172,12 +172,8 @@ def check_memory(models: Sequence[Any], cache_size: int, partitioner: Any = None
 
 
 def drafter_models(drafter: Any) -> list:
-  """The models whose caches a drafter allocates (ModelDrafter, HierarchicalDrafter; n-gram
-  and prompt-lookup drafters hold none)."""
-  models = [getattr(drafter, name) for name in ("model", "medium")
-            if getattr(drafter, name, None) is not None]
-  inner = getattr(drafter, "inner", None)
-  return models + (drafter_models(inner) if inner is not None else [])
+  """The models whose caches a drafter allocates (`Drafter.models`), as a list."""
+  return list(drafter.models)
 
 
 def initial_seq(model: DecodingModel, inputs: np.ndarray, width: int) -> np.ndarray:

@@ -27,7 +27,7 @@ from specjax.decode.config import DecodeConfig
 from specjax.decode.gamma import next_gamma
 from specjax.decode.loop import advance, bad_logits, last_tokens, start_loop
 from specjax.decode.state import LoopState, Trace
-from specjax.draft import Drafter, Proposal
+from specjax.draft import Accepted, Drafter, Proposal
 from specjax.models import DecodingModel
 from specjax.rows import take_rows
 from specjax.verify import emitted_tokens, verify_batch
@@ -89,7 +89,8 @@ def commit(config: DecodeConfig, drafter: Drafter, state: LoopState, proposal: P
   seq, length, done = advance(state, emitted, verdict.n + 1, prefix_len, max_new_tokens,
                               config.eos_id)
   return state.replace(seq=seq, length=length, done=done, cache=cache,
-                       drafter_state=drafter.update(drafter_state, verdict.n, state.gamma))
+                       drafter_state=drafter.update(drafter_state, Accepted(
+                           start=state.length, n=verdict.n, gamma=state.gamma)))
 
 
 def record_trace(trace: Trace, active, round_index, guesses, n, token, gamma) -> Trace:

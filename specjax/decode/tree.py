@@ -44,9 +44,8 @@ from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_
 from specjax.decode.round import LoopParams, empty_trace, narrow_round, record_trace
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.decode.stream import Streaming, as_streaming, decode_streaming
-from specjax.draft.lookup_tree import PromptLookupTreeDrafter
 from specjax.draft.ngram import NGramDrafter
-from specjax.draft.ngram_tree import NGramTreeDrafter
+from specjax.draft import Accepted, Drafter, NGramTreeDrafter
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
 from specjax.models import DecodingModel, check_same_vocab
 from specjax.models.tree import tree_call
@@ -107,11 +106,13 @@ class TreeLoop:
     """One tree round: draft -> score -> verify -> commit -> record."""
     config, tree = self.config, self.drafter.tree
     proposal, drafter_state = self.drafter.propose(params.drafter, state.drafter_state,
-                                                   state.seq, state.length, keys, config.sampling)
+                                                   state.seq, state.length, state.gamma, keys,
+                                                   config.sampling)
     logits, cache = self._score(params.target, state, proposal, encoded)
     n, path, token = self._verify(keys, state, proposal, logits)
     cache = move_path(self.target, cache, state.length, path, n)
-    drafter_state = self.drafter.update(drafter_state, state.length, path, n)
+    drafter_state = self.drafter.update(drafter_state, Accepted(
+        start=state.length, n=n, gamma=jnp.full_like(n, tree.max_depth), path=path))
     emitted = jax.vmap(path_tokens)(proposal.tokens, path, n, token)  # [B, D + 1]
     seq, length, done = advance(state, emitted, n + 1, prefix_len, max_new_tokens,
                                 config.eos_id)
@@ -179,7 +180,7 @@ class TreeLoop:
     correction = _correction_keys(keys, state.length, tree.max_depth)
     verify = functools.partial(tree_verify, iid=tree.iid, greedy=sampling.greedy,
                                max_depth=tree.max_depth, lenience=self.config.lenience,
-                               deterministic=getattr(self.drafter, "deterministic", False))
+                               deterministic=self.drafter.deterministic)
     return jax.vmap(verify)(
         uniforms, correction, proposal.tokens, proposal.parent, proposal.depth, proposal.valid,
         proposal.probs, target_probs)
@@ -217,9 +218,9 @@ def _checked_drafter(drafter: Any, tree: Any, config: DecodeConfig, costs: Any):
       raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
     drafter = (NGramTreeDrafter(drafter, tree) if isinstance(drafter, NGramDrafter)
                else TreeModelDrafter(drafter, tree))
-  if not isinstance(drafter, (TreeModelDrafter, PromptLookupTreeDrafter, NGramTreeDrafter)):
-    raise ValueError("tree_decode needs a TreeModelDrafter, NGramTreeDrafter or "
-                     "PromptLookupTreeDrafter, or a draft model or n-gram table with tree=..., "
+  if not isinstance(drafter, Drafter) or drafter.tree is None:
+    raise ValueError("tree_decode needs a tree drafter (TreeModelDrafter, NGramTreeDrafter or "
+                     "PromptLookupTreeDrafter), or a draft model or n-gram table with tree=..., "
                      f"got {type(drafter).__name__}")
   auto_policy = config.gamma_policy == "auto"
   if config.gamma_policy not in ("constant", "auto") or not isinstance(config.verifier,
@@ -289,12 +290,12 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   inputs = check_inputs(target, inputs)
   length = prefix_lengths(target, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens,
-                           drafter.slots + 1)
+                           drafter.lookahead + 1)
   config = dataclasses.replace(config, cache_len=cache_len)
   streaming = as_streaming(slots)
   rows = (inputs.shape[0] if streaming is None
           else streaming.sizes(partitioner)[0] + streaming.refill_rows)
-  check_cache_size([m for m in (target, drafter.model) if m], rows, cache_len, partitioner)
+  check_cache_size([target, *drafter.models], rows, cache_len, partitioner)
   loop = TreeLoop(target, drafter, config)
   control = None
   if config.gamma_policy == "auto":

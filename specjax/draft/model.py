@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Proposal, check_sizes, draft_step
+from specjax.draft.base import Accepted, Proposal, check_sizes, draft_step
 from specjax.models import DecodingModel, start_model
 from specjax.models.protocol import decode_logits_at
 from specjax.rows import take_rows
@@ -44,12 +44,24 @@ class ModelDrafter:
   catch_up: int = 8
   """Static chunk width that feeds longer lags (after rounds without a draft call)."""
 
+  tree: ClassVar[None] = None  # a chain drafter
+  deterministic: ClassVar[bool] = False
+
   def __post_init__(self):
     check_sizes(self, max_gamma=1, window=2)
 
   @property
   def vocab_size(self) -> int:
     return self.model.vocab_size
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: the guesses."""
+    return self.max_gamma
+
+  @property
+  def models(self) -> Tuple[DecodingModel, ...]:
+    return (self.model,)
 
   def init(self, params, inputs, seq, length, cache_len):
     cache, encoded, fed = start_model(self.model, params, inputs, length, cache_len)
@@ -89,8 +101,8 @@ class ModelDrafter:
     state = state.replace(cache=cache, fed=length + most - 1, start=length)
     return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
 
-  def update(self, state, num_accepted, gamma):
-    return self.truncate(state, state.start + num_accepted)
+  def update(self, state, accepted: Accepted):
+    return self.truncate(state, state.start + accepted.n)
 
   def truncate(self, state, valid):
     """Only slots 0..valid-1 still hold committed tokens (valid int32 [B])."""
