@@ -32,9 +32,10 @@ from specjax.decode.speculative import calibrate_costs, prepare_decode, speculat
 from specjax.decode.state import DecodeResult, LoopState, Trace
 from specjax.decode.stream import Streaming, stream_decode
 from specjax.decode.tree import TreeLoop, tree_decode
+from specjax.decode.tree_checks import check_tree
 
 __all__ = ["DecodeConfig", "DecodeResult", "Trace", "LoopState", "LoopParams", "GAMMA_POLICIES",
            "autoregressive_decode", "speculative_decode", "beam_search",
            "speculative_beam_search", "BeamResult", "NEG_INF", "CostTable", "calibrate_costs",
            "prepare_decode", "AutoregressiveLoop", "SpeculativeLoop", "Streaming",
-           "stream_decode", "tree_decode", "TreeLoop"]
+           "stream_decode", "tree_decode", "TreeLoop", "check_tree"]

@@ -212,8 +212,8 @@ def check_decode(target: DecodingModel, config: Any, inputs: Any, max_new_tokens
   vocabulary against the target's, `max_new_tokens` >= 1, the inputs (int [B, L] ids in the
   vocabulary, no empty prompt), `gamma` (when a drafter is given: an integer in
   [1, drafter.max_gamma]; None: max_gamma), sizes the cache (prefix + budget + the round's
-  width: 1, or max_gamma + 1 with a drafter) and refuses caches for `rows` rows (default B)
-  that would not fit the device (`check_cache_size`).
+  width: 1, or `drafter.lookahead` + 1 with a drafter) and refuses caches for `rows` rows
+  (default B) that would not fit the device (`check_cache_size`).
   """
   check_config(target, config)
   width = 1
@@ -222,7 +222,7 @@ def check_decode(target: DecodingModel, config: Any, inputs: Any, max_new_tokens
     gamma = drafter.max_gamma if gamma is None else gamma
     gamma = check_int("gamma", gamma, low=1, high=drafter.max_gamma,
                       expected=f"an integer in [1, max_gamma={drafter.max_gamma}]")
-    width = drafter.max_gamma + 1
+    width = drafter.lookahead + 1
   max_new_tokens = check_count("max_new_tokens", max_new_tokens)
   inputs = check_inputs(target, inputs)
   length = prefix_lengths(target, inputs, prompt_lengths)

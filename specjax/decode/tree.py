@@ -43,6 +43,7 @@ from specjax.decode.inputs import (cache_length, check_cache_size, check_config,
 from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
 from specjax.decode.round import LoopParams, empty_trace, narrow_round, record_trace
 from specjax.decode.state import DecodeResult, LoopState
+from specjax.decode.tree_checks import check_tree
 from specjax.decode.stream import Streaming, as_streaming, decode_streaming
 from specjax.draft.ngram import NGramDrafter
 from specjax.draft import Accepted, Drafter, NGramTreeDrafter
@@ -222,19 +223,7 @@ def _checked_drafter(drafter: Any, tree: Any, config: DecodeConfig, costs: Any):
     raise ValueError("tree_decode needs a tree drafter (TreeModelDrafter, NGramTreeDrafter or "
                      "PromptLookupTreeDrafter), or a draft model or n-gram table with tree=..., "
                      f"got {type(drafter).__name__}")
-  auto_policy = config.gamma_policy == "auto"
-  if config.gamma_policy not in ("constant", "auto") or not isinstance(config.verifier,
-                                                                        ReferenceVerifier):
-    raise ValueError("tree_decode verifies with the tree rule (specjax.verify.tree): it takes "
-                     "gamma_policy='constant' or 'auto' and the reference verifier only")
-  if auto_policy and config.auto_buckets:
-    raise ValueError(f"tree_decode: auto_buckets {config.auto_buckets} do not apply to a tree "
-                     "(its one wide round scores the whole tree): leave them empty")
-  if costs is not None and not auto_policy:
-    raise ValueError(f"a cost table is for gamma_policy='auto', not {config.gamma_policy!r}")
-  if drafter.tree.greedy_only and not config.sampling.greedy:
-    raise ValueError("DynamicTree(keep=...) prunes drawn children by their own probability, "
-                     "which is exact at temperature 0 only (specjax.verify.tree)")
+  check_tree(drafter.tree, config, costs=costs)
   return drafter
 
 
@@ -296,6 +285,8 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
   rows = (inputs.shape[0] if streaming is None
           else streaming.sizes(partitioner)[0] + streaming.refill_rows)
   check_cache_size([target, *drafter.models], rows, cache_len, partitioner)
+  check_tree(drafter.tree, config, vocab_size=target.vocab_size,
+             models=[target, *drafter.models], rows=rows, cache_len=cache_len, partitioner=partitioner)
   loop = TreeLoop(target, drafter, config)
   control = None
   if config.gamma_policy == "auto":

@@ -141,6 +141,11 @@ class StaticTree:
     return self.grown
 
   @property
+  def max_children(self) -> int:
+    """The most children of one node (the root included): drawn from one q of V tokens."""
+    return max(self.ranks) + 1
+
+  @property
   def greedy_only(self) -> bool:
     """Whether the tree is exact at temperature 0 only: never for a static tree."""
     return False
@@ -198,6 +203,11 @@ class DynamicTree:
   def nodes(self) -> int:
     """Nodes the target scores: `keep`, or every grown node."""
     return self.grown if self.keep is None else self.keep
+
+  @property
+  def max_children(self) -> int:
+    """The most children of one node: `branch` (drawn from one q of V tokens)."""
+    return self.branch
 
   @property
   def greedy_only(self) -> bool:
