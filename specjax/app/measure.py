@@ -127,7 +127,8 @@ def draft_cost(plan: Plan, loaded: Loaded, tokens: int = 16) -> Optional[float]:
   budget = min(tokens, plan.settings.max_new_tokens)
   run = lambda model, params: lambda: autoregressive_decode(
       model, params, first, max_new_tokens=budget, rng=jax.random.PRNGKey(0),
-      config=dataclasses.replace(plan.settings.decoding, eos_id=-1, cache_len=None), prompt_lengths=lengths,
+      config=dataclasses.replace(plan.settings.decoding, eos_id=-1, cache_len=None),
+      prompt_lengths=lengths,
       partitioner=plan.settings.partitioner)
   timings = timing.interleaved({"draft": run(plan.draft, loaded.draft_params),
                                 "target": run(plan.target, loaded.target_params)}, 3)

@@ -10,7 +10,7 @@ from specjax.app import gin_config, prompts, records
 from specjax.app.loading import check_checkpoints, check_models, job_vocabulary
 from specjax.app.settings import JobSettings
 from specjax.data import inputs as inputs_lib
-from specjax.decode import CostTable
+from specjax.decode import CostTable, check_tree
 from specjax.decode.inputs import check_cache_size, check_inputs, check_memory, prefix_lengths
 from specjax.draft import drafter_fields, get_drafter
 from specjax.models import build_model
@@ -95,6 +95,10 @@ def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
   decoding = dataclasses.replace(
       settings.decoding, eos_id=vocab.eos_id,
       cache_len=inputs.shape[1] + settings.max_new_tokens + 1 + drafter.lookahead)
+  if drafter.tree is not None:  # TREE, or a tree the drafter drafts: its round must fit
+    check_tree(drafter.tree, decoding, vocab_size=target.vocab_size,
+               models=[target, *drafter.models], rows=slots, cache_len=decoding.cache_len,
+               costs=costs, partitioner=settings.partitioner)
   cache_size = check_cache_size([target, *drafter.models], slots, decoding.cache_len,
                                 settings.partitioner)
   check_checkpoints(checkpoints)

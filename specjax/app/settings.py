@@ -13,7 +13,8 @@ from typing import Any, Dict, Mapping, Optional
 
 from specjax.checks import check_count, check_int
 from specjax.decode import DecodeConfig
-from specjax.draft import DRAFTERS, DynamicTree, StaticTree, drafter_fields
+from specjax.decode import check_tree as decode_check_tree
+from specjax.draft import DRAFTERS, drafter_fields
 from specjax.params import WEIGHTS_DTYPES
 from specjax.sharding import Partitioner
 from specjax.verify import ReferenceVerifier, default_verifier
@@ -31,8 +32,10 @@ class JobSettings:
   """
 
   decoding: DecodeConfig
-  """Sampling, lenience, verifier and γ policy; the plan adds the vocabulary's EOS and the
-  cache length."""
+  """Sampling (both models' standardization), lenience (l in (0, 1]; 1 = exact), verifier (the
+  sigmoid one is NOT exact, flagged in the output) and γ policy ('auto': per round and row, γ
+  in [0, gamma] from measured costs, γ = 0 a plain target step; 'constant', 'heuristic',
+  'optimal'); the plan adds the vocabulary's EOS and the cache length."""
   drafter: str
   """A name in `specjax.draft.DRAFTERS`: 'model' (the draft checkpoint; with a TREE it drafts
   the tree), 'prompt_lookup', 'prompt_lookup_tree', ..."""
@@ -44,39 +47,50 @@ class JobSettings:
   max_gamma: int
   """The largest γ a round may play (>= gamma)."""
   tree: Any
-  """A `specjax.draft.StaticTree` / `DynamicTree` drafted every round, or None for a chain."""
+  """TREE: a `specjax.draft.StaticTree` / `DynamicTree` drafted every round (`tree_decode`), or
+  None for a chain of gamma."""
   max_new_tokens: int
   """Generation budget per example."""
   batch_size: int
-  """Decode slots: the examples stream through this many rows."""
+  """Decode slots: the examples stream through this many rows (in-flight batching: a finished
+  example's slot takes the next input)."""
   max_input_len: int
   """Input tokens kept per example (EOS included; a BOS comes on top)."""
   seed: int
   """Random init (smoke runs) and the per-example keys."""
   target_checkpoint: Optional[str]
-  """The target's T5X checkpoint, 'bundled:...', or None (random init)."""
+  """The target's T5X checkpoint, 'bundled:...', or None (random init: smoke runs only)."""
   draft_checkpoint: Optional[str]
-  """The draft's T5X checkpoint, 'bundled:...', or None (random init)."""
+  """The draft's T5X checkpoint, 'bundled:...', or None (random init: smoke runs only)."""
   weights_dtype: str
-  """The target's dense weights: a key of `specjax.params.WEIGHTS_DTYPES`."""
+  """WEIGHTS_DTYPE: 'float32', or 'bfloat16' to run the target's dense layers and vocabulary
+  product with bfloat16 weights, sums in float32 (`specjax.params.cast_kernels`), for both
+  decodes alike."""
   draft_weights_dtype: str
-  """The draft's dense weights: a key of `specjax.params.WEIGHTS_DTYPES`."""
+  """DRAFT_WEIGHTS_DTYPE: the same for the draft."""
   partitioner: Optional[Partitioner]
-  """A device mesh to decode on, or None (one device)."""
+  """A `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a device mesh; None:
+  one device."""
   vocabulary: Any
-  """VOCABULARY, or None (the task's, or the bundled one)."""
+  """VOCABULARY: a SentencePiece model path, 'bundled:specjax_8k', a `Vocab` or a
+  seqio.Vocabulary. None: the task's vocabulary, or the bundled one when both checkpoints are
+  bundled pairs; otherwise an error."""
   draft_vocabulary: Any
   """DRAFT_VOCABULARY, checked to be the run's (None: shared)."""
   task_vocabulary: Any
   """The inputs' seqio task's vocabulary, checked to be the run's (None: no task)."""
   cost_table: Optional[str]
-  """'auto' only: a JSON cost table to use, or to write once calibrated."""
+  """'auto' only: a JSON cost table (`specjax.decode.auto.CostTable`). If the file exists it is
+  used as is (same table + same seed = same tokens); otherwise the table is calibrated on the
+  first batch and written there. None: calibrate, keep."""
   output_dir: Optional[str]
   """Where results.jsonl and summary.json go (None: nowhere)."""
   timing_repeats: int
-  """Interleaved timed passes of each decode."""
+  """TIMING_REPEATS: each decode is timed this many times, the two interleaved (order
+  alternating); the summary reports the medians (the speedup is their ratio per token) and
+  the range of the per-pass ratios. Compile time is reported apart."""
   write_scores: bool
-  """Add each prediction's log-likelihood under the target to its record."""
+  """WRITE_SCORES: add each prediction's log-likelihood under the target to its record."""
   plain: bool
   """Print the trace without colours."""
 
@@ -129,24 +143,15 @@ def drafts_a_tree(drafter: str, tree: Any) -> bool:
 
 
 def check_tree(settings: JobSettings) -> None:
-  """ValueError naming the first setting a tree run cannot take (a chain: nothing to check)."""
-  tree, config = settings.tree, settings.decoding
-  if tree is not None:
-    if not isinstance(tree, (StaticTree, DynamicTree)):
-      raise ValueError(f"TREE must be a StaticTree or DynamicTree (gin: "
-                       f"@specjax.draft.tree_spines() ...), got {tree!r}")
-    if settings.drafter != "model":
-      raise ValueError("TREE needs the draft model (drafter='model'); prompt lookup drafts "
-                       "its own tree with drafter='prompt_lookup_tree' and no TREE")
-  if not drafts_a_tree(settings.drafter, tree):
+  """ValueError naming the first setting a TREE run cannot take (a chain: nothing to check):
+  the main job's own rule (a TREE is drafted by the draft model), then the decode's rules
+  (`specjax.decode.check_tree`; the plan checks the tree again with the models' sizes)."""
+  if settings.tree is None:
     return
-  if config.gamma_policy not in ("constant", "auto"):
-    raise ValueError(f"TREE takes GAMMA_POLICY 'constant' or 'auto', got {config.gamma_policy!r}")
-  if not isinstance(config.verifier, ReferenceVerifier):
-    raise ValueError("TREE verifies with the tree rule: leave VERIFIER None (or the reference "
-                     "verifier)")
-  if tree is not None and tree.greedy_only and not config.sampling.greedy:
-    raise ValueError("DynamicTree(keep=...) is exact at temperature 0 only")
+  if settings.drafter != "model":
+    raise ValueError("TREE needs the draft model (drafter='model'); prompt lookup drafts "
+                     "its own tree with drafter='prompt_lookup_tree' and no TREE")
+  decode_check_tree(settings.tree, settings.decoding)
 
 
 def job_verifier(verifier: Any, drafter: str, tree: Any, sampling: Any, lenience: Any) -> Any:
