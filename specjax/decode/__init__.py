@@ -27,9 +27,10 @@ from specjax.decode.beam_core import NEG_INF, BeamResult
 from specjax.decode.beam_speculative import speculative_beam_search
 from specjax.decode.auto import CostTable
 from specjax.decode.config import GAMMA_POLICIES, DecodeConfig
-from specjax.decode.round import LoopParams, SpeculativeLoop
+from specjax.decode.round import SpeculativeLoop
+from specjax.decode.runner import Loop
 from specjax.decode.speculative import calibrate_costs, prepare_decode, speculative_decode
-from specjax.decode.state import DecodeResult, LoopState, Trace
+from specjax.decode.state import DecodeResult, LoopParams, LoopState, Trace
 from specjax.decode.stream import Streaming, stream_decode
 from specjax.decode.tree import TreeLoop, tree_decode
 from specjax.decode.tree_checks import check_tree
@@ -38,4 +39,4 @@ __all__ = ["DecodeConfig", "DecodeResult", "Trace", "LoopState", "LoopParams", "
            "autoregressive_decode", "speculative_decode", "beam_search",
            "speculative_beam_search", "BeamResult", "NEG_INF", "CostTable", "calibrate_costs",
            "prepare_decode", "AutoregressiveLoop", "SpeculativeLoop", "Streaming",
-           "stream_decode", "tree_decode", "TreeLoop", "check_tree"]
+           "stream_decode", "tree_decode", "TreeLoop", "check_tree", "Loop"]

@@ -4,7 +4,7 @@ Cost model. A round whose largest γ is g costs `s[g]` seconds: s[0] is a plain 
 step (one token wide, no draft call, exactly an autoregressive step); for g ≥ 1 the round
 drafts g guesses and the target scores them in the compiled width of the smallest bucket
 b ≥ g (`DecodeConfig.auto_buckets`), so s[g] = s[b]. The `CostTable` holds s for
-γ = 0 and each bucket, measured once per (models, batch, cache length) by `calibrate`
+γ = 0 and each bucket, measured once per (models, batch, cache length) by `time_rounds`
 inside the compiled loop itself (verification and loop overhead included), so s[g] / s[0]
 is Thm 3.8's denominator γc + 1 with the measured r(γ+1) in place of the paper's r = 1:
 s[g] / s[0] = r(b+1) + g·c + (verification and loop overhead).
@@ -403,7 +403,7 @@ class AutoControl:
 # --------------------------------------------------------------------------- calibration
 
 
-def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: int,
+def time_rounds(run: Callable[["AutoControl"], None], *, batch: int, cache_len: int,
               max_gamma: int, buckets: Tuple[int, ...], models: str, rounds: int = 6,
               repeats: int = 3, alpha_rounds: Optional[int] = None) -> CostTable:
   """Times every round variant inside the compiled loop and returns the `CostTable`.

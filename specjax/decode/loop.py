@@ -1,4 +1,4 @@
-"""Pieces shared by the autoregressive and speculative loops (traced, inside jit).
+"""Pieces shared by the decode loops (traced, inside jit).
 
 Both loops keep, per row, a token buffer `seq` [B, T] holding the decoder
 prefix (T5: the start token 0; decoder-only: the prompt) followed by the
@@ -54,6 +54,15 @@ def advance(state: LoopState, emitted, num_emitted, prefix_len, max_new_tokens, 
   length = jnp.where(active, state.length + count, state.length)
   done = state.done | hit_eos | (length >= prefix_len + max_new_tokens)
   return seq, length, done
+
+
+def going(state: LoopState, control=None) -> jax.Array:
+  """bool []: whether a decode goes on: a row is busy and, given the 'auto' policy's control
+  (`auto.AutoControl`), the rounds are within its max_rounds."""
+  busy = jnp.any(~state.done)
+  if control is None:
+    return busy
+  return busy & (jnp.max(state.target_calls) < control.max_rounds)
 
 
 def bad_logits(logits: jax.Array) -> jax.Array:

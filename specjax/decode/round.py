@@ -15,7 +15,7 @@ autoregressive step) or a wide round whose target call has the width of a bucket
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, ClassVar, Optional, Tuple
 
 import flax
 import jax
@@ -25,21 +25,12 @@ from specjax.decode import auto, auto_rounds
 from specjax.decode.autoregressive import AutoregressiveLoop
 from specjax.decode.config import DecodeConfig
 from specjax.decode.gamma import next_gamma
-from specjax.decode.loop import advance, bad_logits, last_tokens, start_loop
-from specjax.decode.state import LoopState, Trace
+from specjax.decode.loop import advance, bad_logits, going, last_tokens, start_loop
+from specjax.decode.state import LoopParams, LoopState, Trace, empty_trace
 from specjax.draft import Accepted, Drafter, Proposal
 from specjax.models import DecodingModel
 from specjax.rows import take_rows
 from specjax.verify import emitted_tokens, verify_batch
-
-
-@flax.struct.dataclass
-class LoopParams:
-  """What a speculative loop reads besides its state (all data: changing it never recompiles)."""
-
-  target: Any  # the target's parameters
-  drafter: Any  # the drafter's parameters (model params, n-gram tables, or None)
-  control: Optional[auto.AutoControl] = None  # the 'auto' policy's control; None otherwise
 
 
 @flax.struct.dataclass
@@ -139,7 +130,7 @@ def narrow_round(target: DecodingModel, config: DecodeConfig, params: LoopParams
   """Every row one autoregressive step (one 1-token target call, the same key, no draft
   call), counted as a γ = 0 round in the histograms and the trace (`guess_slots` wide)."""
   after = AutoregressiveLoop(target, config).round(
-      params.target, state, keys, encoded, prefix_len, max_new_tokens)
+      params, state, keys, encoded, prefix_len, max_new_tokens)
   active = ~state.done
   counted = active.astype(jnp.int32)
   after = after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
@@ -153,14 +144,6 @@ def narrow_round(target: DecodingModel, config: DecodeConfig, params: LoopParams
                                           zeros, token, zeros))
 
 
-def empty_trace(batch: int, rounds: int, max_gamma: int) -> Trace:
-  """A zeroed `Trace` of `rounds` rounds per row."""
-  return Trace(guesses=jnp.zeros((batch, rounds, max_gamma), jnp.int32),
-               accepted=jnp.zeros((batch, rounds), jnp.int32),
-               correction=jnp.zeros((batch, rounds), jnp.int32),
-               gamma=jnp.zeros((batch, rounds), jnp.int32))
-
-
 @dataclasses.dataclass(frozen=True)
 class SpeculativeLoop:
   """Algorithm 1's start and rounds (static, hashable), shared by the padded-batch loop and
@@ -169,6 +152,26 @@ class SpeculativeLoop:
   target: DecodingModel
   drafter: Drafter
   config: DecodeConfig
+
+  takes_gamma: ClassVar[bool] = True  # every row's first γ
+  alpha_rounds: ClassVar[Optional[int]] = None
+
+  @property
+  def auto(self) -> bool:
+    return self.config.gamma_policy == "auto"
+
+  @property
+  def max_gamma(self) -> int:
+    return self.drafter.max_gamma
+
+  @property
+  def buckets(self) -> Tuple[int, ...]:
+    """'auto': the γ of each wide-round variant (`DecodeConfig.auto_buckets` resolved)."""
+    return auto.resolve_buckets(self.config.auto_buckets, self.max_gamma) if self.auto else ()
+
+  def fallback_loop(self) -> AutoregressiveLoop:
+    """'auto': the autoregressive loop (no trace: its result is reported as γ = 0 rounds)."""
+    return AutoregressiveLoop(self.target, dataclasses.replace(self.config, trace=False))
 
   def start(self, params: LoopParams, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
     """inputs [B, L], seq [B, T], length [B], gamma int32 [] -> (LoopState, encoded): the
@@ -183,8 +186,8 @@ class SpeculativeLoop:
         gamma_hist=jnp.zeros((batch, max_gamma + 1), jnp.int32),
         trace=empty_trace(batch, width, max_gamma) if self.config.trace else None), encoded
 
-  def wide(self, bucket: int, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
-           max_new_tokens) -> LoopState:
+  def round(self, bucket: int, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+            max_new_tokens) -> LoopState:
     """draft -> score -> verify -> commit -> record, the target call scoring the last token
     and `bucket` guesses; keys [B] row keys, prefix_len int32 [B]."""
     config, drafter = self.config, self.drafter
@@ -210,10 +213,7 @@ class SpeculativeLoop:
 
   def going(self, params: LoopParams, state: LoopState) -> jax.Array:
     """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
-    busy = jnp.any(~state.done)
-    if self.config.gamma_policy != "auto":
-      return busy
-    return busy & (jnp.max(state.target_calls) < params.control.max_rounds)
+    return going(state, params.control if self.auto else None)
 
   def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
              max_new_tokens, running: Callable = lambda s: True,
@@ -224,10 +224,10 @@ class SpeculativeLoop:
     max_gamma = self.drafter.max_gamma
     step = dict(params=params, keys=keys, encoded=encoded, prefix_len=prefix_len,
                 max_new_tokens=max_new_tokens)
-    if self.config.gamma_policy != "auto":
-      return place(self.wide(max_gamma, state=state, **step))
-    buckets = auto.resolve_buckets(self.config.auto_buckets, max_gamma)
+    if not self.auto:
+      return place(self.round(max_gamma, state=state, **step))
     variants = [lambda s: self.narrow(state=s, **step)] + [
-        lambda s, b=b: self.wide(b, state=s, **step) for b in buckets]
-    return auto_rounds.run(params.control, buckets, variants, state, prefix_len, max_new_tokens,
+        lambda s, b=b: self.round(b, state=s, **step) for b in self.buckets]
+    return auto_rounds.run(params.control, self.buckets, variants, state, prefix_len,
+                           max_new_tokens,
                            running=lambda s: self.going(params, s) & running(s), place=place)
