@@ -250,3 +250,49 @@ def test_experiment_import_check_sees_every_form(tmp_path):
   assert _experiment_imports(source) == {"experiments.a", "experiments.b", "experiments.common",
                                          "experiments.c", "experiments.d", "experiments.e",
                                          "experiments.f"}
+
+
+def _jitted_loops(path: pathlib.Path):
+  """Names of the functions in `path` under a `jax.jit` decorator whose own body runs a
+  `while_loop` (the whole-loop functions)."""
+  out = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if not isinstance(node, ast.FunctionDef):
+      continue
+    jitted = any("jax.jit" in ast.unparse(d) for d in node.decorator_list)
+    loops = any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith("while_loop")
+                for n in ast.walk(node))
+    if jitted and loops:
+      out.append(node.name)
+  return out
+
+
+def test_one_whole_loop_runner_in_decode():
+  """Every decode loop (autoregressive, chain, tree) runs through ONE jitted whole-loop
+  function per mode: `runner.run_loop` (a padded batch) and `stream._run` (slots); beam search
+  has its own loop."""
+  found = {f"{path.stem}.{name}" for path in sorted((PACKAGE / "decode").glob("*.py"))
+           if not path.stem.startswith("beam") for name in _jitted_loops(path)}
+  assert found == {"runner.run_loop", "stream._run"}, found
+  callers = sorted(f"{path.stem}:{node.lineno}" for path in (PACKAGE / "decode").glob("*.py")
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(".rounds"))
+  assert [c.split(":")[0] for c in callers] == ["runner", "stream"], callers
+
+
+def test_every_exported_drafter_is_registered():
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import specjax.draft as draft  # pylint: disable=import-outside-toplevel
+  exported = [getattr(draft, n) for n in draft.__all__]
+  classes = {c for c in exported if isinstance(c, type) and dataclasses.is_dataclass(c)
+             and hasattr(c, "propose")}
+  assert len(classes) == 7 and classes == set(draft.DRAFTERS.values())
+
+
+def test_no_duck_typed_drafters_in_decode():
+  """Loops read drafters through the `Drafter` protocol, never `getattr(drafter, ...)`."""
+  offenders = [f"{path.name}:{node.lineno}" for path in sorted((PACKAGE / "decode").glob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Call) and ast.unparse(node.func) in ("getattr", "hasattr")
+               and "drafter" in ast.unparse(node.args[0])]
+  assert not offenders, offenders

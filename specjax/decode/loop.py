@@ -5,7 +5,7 @@ prefix (T5: the start token 0; decoder-only: the prompt) followed by the
 generated tokens, and the committed length. Caches hold every committed token
 but the last, which each round feeds again, so a round is always "feed the last
 token (+ guesses) at length - 1". Rolling back rejected guesses is only not
-advancing the length: their cache slots are overwritten before any query sees them.
+advancing the length: their cache positions are overwritten before any query sees them.
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from specjax.models import start_model
 from specjax.rows import take_rows, update_rows
 
 
-def start_loop(model, params, inputs, seq, length, cache_len: int, gamma_slots: int):
+def start_loop(model, params, inputs, seq, length, cache_len: int, hist_width: int):
   """The loop state after the target's encode / prefill -> (LoopState, encoded)."""
   batch = seq.shape[0]
   cache, encoded, _ = start_model(model, params, inputs, length, cache_len)
   zeros = jnp.zeros((batch,), jnp.int32)
   state = LoopState(seq=seq, length=length, done=jnp.zeros((batch,), jnp.bool_), cache=cache,
                     drafter_state=None, target_calls=zeros, draft_calls=zeros,
-                    accepted_hist=jnp.zeros((batch, gamma_slots), jnp.int32),
+                    accepted_hist=jnp.zeros((batch, hist_width), jnp.int32),
                     alpha_sum=jnp.zeros((batch,), jnp.float32), alpha_count=zeros,
                     nan=jnp.zeros((batch,), jnp.bool_))
   return state, encoded

@@ -103,8 +103,8 @@ def record(config: DecodeConfig, before: LoopState, after: LoopState, proposal: 
   active = ~before.done
   gamma, n = before.gamma, verdict.n
   # α estimate over positions whose prefix is the committed one: i ≤ n, i < γ.
-  slots = jnp.arange(max_gamma)[None, :]
-  seen = (slots <= n[:, None]) & (slots < gamma[:, None]) & active[:, None]
+  at = jnp.arange(max_gamma)[None, :]
+  seen = (at <= n[:, None]) & (at < gamma[:, None]) & active[:, None]
   alpha_sum = before.alpha_sum + jnp.where(seen, verdict.overlap, 0.0).sum(1)
   alpha_count = before.alpha_count + seen.sum(1)
   trace = before.trace
@@ -126,9 +126,9 @@ def record(config: DecodeConfig, before: LoopState, after: LoopState, proposal: 
 
 def narrow_round(target: DecodingModel, config: DecodeConfig, params: LoopParams,
                  state: LoopState, keys, encoded, prefix_len, max_new_tokens,
-                 guess_slots: int) -> LoopState:
+                 max_gamma: int) -> LoopState:
   """Every row one autoregressive step (one 1-token target call, the same key, no draft
-  call), counted as a γ = 0 round in the histograms and the trace (`guess_slots` wide)."""
+  call), counted as a γ = 0 round in the histograms and the trace (`max_gamma` guesses wide)."""
   after = AutoregressiveLoop(target, config).round(
       params, state, keys, encoded, prefix_len, max_new_tokens)
   active = ~state.done
@@ -139,13 +139,34 @@ def narrow_round(target: DecodingModel, config: DecodeConfig, params: LoopParams
     return after
   zeros = jnp.zeros_like(state.length)
   token = take_rows(after.seq, state.length[:, None])[:, 0]
-  guesses = jnp.zeros((zeros.shape[0], guess_slots), jnp.int32)
+  guesses = jnp.zeros((zeros.shape[0], max_gamma), jnp.int32)
   return after.replace(trace=record_trace(state.trace, active, state.target_calls, guesses,
                                           zeros, token, zeros))
 
 
+class DraftingLoop:
+  """What the chain and tree loops share as `runner.Loop`s (both hold `target`, `drafter` and
+  `config`): the 'auto' policy, γ's bound, the fallback and when the decode goes on."""
+
+  @property
+  def auto(self) -> bool:
+    return self.config.gamma_policy == "auto"
+
+  @property
+  def max_gamma(self) -> int:
+    return self.drafter.max_gamma
+
+  def fallback_loop(self) -> AutoregressiveLoop:
+    """'auto': the autoregressive loop (no trace: its result is reported as γ = 0 rounds)."""
+    return AutoregressiveLoop(self.target, dataclasses.replace(self.config, trace=False))
+
+  def going(self, params: LoopParams, state: LoopState) -> jax.Array:
+    """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
+    return going(state, params.control if self.auto else None)
+
+
 @dataclasses.dataclass(frozen=True)
-class SpeculativeLoop:
+class SpeculativeLoop(DraftingLoop):
   """Algorithm 1's start and rounds (static, hashable), shared by the padded-batch loop and
   the streaming decode (`specjax.decode.stream`). `params` is a `LoopParams`."""
 
@@ -157,21 +178,9 @@ class SpeculativeLoop:
   alpha_rounds: ClassVar[Optional[int]] = None
 
   @property
-  def auto(self) -> bool:
-    return self.config.gamma_policy == "auto"
-
-  @property
-  def max_gamma(self) -> int:
-    return self.drafter.max_gamma
-
-  @property
   def buckets(self) -> Tuple[int, ...]:
     """'auto': the γ of each wide-round variant (`DecodeConfig.auto_buckets` resolved)."""
     return auto.resolve_buckets(self.config.auto_buckets, self.max_gamma) if self.auto else ()
-
-  def fallback_loop(self) -> AutoregressiveLoop:
-    """'auto': the autoregressive loop (no trace: its result is reported as γ = 0 rounds)."""
-    return AutoregressiveLoop(self.target, dataclasses.replace(self.config, trace=False))
 
   def start(self, params: LoopParams, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
     """inputs [B, L], seq [B, T], length [B], gamma int32 [] -> (LoopState, encoded): the
@@ -211,9 +220,6 @@ class SpeculativeLoop:
     return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
                         max_new_tokens, self.drafter.max_gamma)
 
-  def going(self, params: LoopParams, state: LoopState) -> jax.Array:
-    """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
-    return going(state, params.control if self.auto else None)
 
   def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
              max_new_tokens, running: Callable = lambda s: True,

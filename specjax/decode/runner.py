@@ -149,8 +149,8 @@ def prepare(loop: Loop, params: LoopParams, checked: Checked, rows, rng,
         jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length), row_keys(rng, batch)])
 
   def run(budget: int, gamma: Optional[int], control):
-    (target_params, drafter_params), arrays = placed()
-    loop_params = LoopParams(target=target_params, drafter=drafter_params, control=control)
+    (target_params, draft_params), arrays = placed()
+    loop_params = LoopParams(target=target_params, drafter=draft_params, control=control)
     return unpad(partitioner, run_loop(loop, partitioner, loop_params, *arrays,
                                        jnp.int32(budget),
                                        jnp.int32(gamma) if loop.takes_gamma else None), batch)

@@ -28,7 +28,7 @@ from specjax.sharding import Partitioner
 
 
 def speculative_decode(target: DecodingModel, target_params: Any, drafter: Drafter,
-                       drafter_params: Any, inputs, *, max_new_tokens: int,
+                       draft_params: Any, inputs, *, max_new_tokens: int,
                        gamma: Optional[int] = None, rng: jax.Array,
                        config: DecodeConfig = DecodeConfig(), prompt_lengths=None,
                        partitioner: Optional[Partitioner] = None,
@@ -46,7 +46,7 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
     target: the target `DecodingModel`.
     target_params: its parameters.
     drafter: a `specjax.draft` drafter (its `max_gamma` sizes the static buffers).
-    drafter_params: the drafter's parameters (model params or n-gram tables; None if unused).
+    draft_params: the drafter's parameters (its model's params or n-gram tables; None if unused).
     inputs: int32 [B, L]: encoder inputs (T5) or left-aligned prompts (decoder-only), 0-padded.
     max_new_tokens: generation budget per row (data).
     gamma: guesses per round, 1 ≤ γ ≤ drafter.max_gamma (data: no recompile); the first
@@ -83,13 +83,13 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
                          drafter=drafter, gamma=gamma, rows=rows, partitioner=partitioner)
   # The cache length is fixed here, so a streaming calibration's padded batch sees the stream's.
   loop = SpeculativeLoop(target, drafter, dataclasses.replace(config, cache_len=checked.cache_len))
-  return runner.decode(loop, LoopParams(target=target_params, drafter=drafter_params), checked,
+  return runner.decode(loop, LoopParams(target=target_params, drafter=draft_params), checked,
                        rng, streaming=streaming, partitioner=partitioner,
                        on_progress=on_progress, costs=costs)
 
 
 def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
-                    drafter_params: Any, inputs, *, max_new_tokens: int,
+                    draft_params: Any, inputs, *, max_new_tokens: int,
                     config: DecodeConfig = DecodeConfig(gamma_policy="auto"), prompt_lengths=None,
                     partitioner: Optional[Partitioner] = None, rng: Optional[jax.Array] = None,
                     rounds: int = 6, repeats: int = 3) -> auto.CostTable:
@@ -106,14 +106,14 @@ def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
   if config.gamma_policy != "auto":
     raise ValueError(f"calibrate_costs needs gamma_policy='auto', got {config.gamma_policy!r}")
   rng = jax.random.PRNGKey(0) if rng is None else rng
-  prepared = prepare_decode(target, target_params, drafter, drafter_params, inputs,
+  prepared = prepare_decode(target, target_params, drafter, draft_params, inputs,
                             max_new_tokens=max_new_tokens, rng=rng, config=config,
                             prompt_lengths=prompt_lengths, partitioner=partitioner)
   return calibration.measure(prepared, rounds, repeats)
 
 
 def prepare_decode(target: DecodingModel, target_params: Any, drafter: Drafter,
-                   drafter_params: Any, inputs, *, max_new_tokens: int, rng: jax.Array,
+                   draft_params: Any, inputs, *, max_new_tokens: int, rng: jax.Array,
                    config: DecodeConfig = DecodeConfig(), prompt_lengths=None,
                    partitioner: Optional[Partitioner] = None) -> calibration.PreparedDecode:
   """A checked padded-batch decode whose `run(max_new_tokens, gamma, control)` runs the
@@ -123,5 +123,5 @@ def prepare_decode(target: DecodingModel, target_params: Any, drafter: Drafter,
   checked = check_decode(target, config, inputs, max_new_tokens, prompt_lengths,
                          drafter=drafter, partitioner=partitioner)
   loop = SpeculativeLoop(target, drafter, dataclasses.replace(config, cache_len=checked.cache_len))
-  return runner.prepare(loop, LoopParams(target=target_params, drafter=drafter_params), checked,
+  return runner.prepare(loop, LoopParams(target=target_params, drafter=draft_params), checked,
                         slice(None), rng, partitioner)

@@ -4,7 +4,7 @@ A round over the loop state:
   draft   the tree drafter proposes N nodes (one draft call per level)   (`TreeProposal`)
   score   the target scores the root and every node in ONE tree call    (logits [B, N+1, V])
   verify  `specjax.verify.tree` per row accepts a path of n nodes and draws one more token
-  commit  the path's cache slots move into place (target and draft); the row advances n + 1
+  commit  the path's cache positions move into place (target and draft); the row advances n + 1
   record  per-row statistics
 
 Rows advance independently and finish at their own EOS or budget, as in the chain loop.
@@ -36,11 +36,10 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decode import auto, auto_rounds, runner
-from specjax.decode.autoregressive import AutoregressiveLoop
 from specjax.decode.config import DecodeConfig
 from specjax.decode.inputs import check_decode
-from specjax.decode.loop import advance, bad_logits, going, last_tokens, start_loop
-from specjax.decode.round import narrow_round, record_trace
+from specjax.decode.loop import advance, bad_logits, last_tokens, start_loop
+from specjax.decode.round import DraftingLoop, narrow_round, record_trace
 from specjax.decode.state import DecodeResult, LoopParams, LoopState, empty_trace
 from specjax.decode.stream import Streaming, as_streaming
 from specjax.decode.tree_checks import check_tree
@@ -81,7 +80,7 @@ class TreeVerdict:
 
 
 @dataclasses.dataclass(frozen=True)
-class TreeLoop:
+class TreeLoop(DraftingLoop):
   """The tree loop as a `runner.Loop`: its start and rounds (static, hashable); params is a
   `LoopParams`."""
 
@@ -90,27 +89,14 @@ class TreeLoop:
   config: DecodeConfig
 
   takes_gamma: ClassVar[bool] = False  # the tree's shape replaces γ
-  alpha_rounds: ClassVar[int] = auto.SCHEDULE_SLOTS  # α: one indicator per round, so many
+  alpha_rounds: ClassVar[int] = auto.SCHEDULE_ROUNDS  # α: one indicator per round, so many
   # rounds (on the bundled LM pair at T = 0, 6 rounds of the first prompt gave α 0.6 where 64
   # give 0.83: the policy then never played a tree that decodes 1.6x autoregressive)
-
-  @property
-  def auto(self) -> bool:
-    return self.config.gamma_policy == "auto"
-
-  @property
-  def max_gamma(self) -> int:
-    """The tree's depth: a tree round counts at γ = max_depth."""
-    return self.drafter.max_gamma
 
   @property
   def buckets(self) -> Tuple[int, ...]:
     """'auto': the one wide round, the tree, as the bucket γ = max_depth."""
     return (self.max_gamma,)
-
-  def fallback_loop(self) -> AutoregressiveLoop:
-    """'auto': the autoregressive loop (no trace: its result is reported as γ = 0 rounds)."""
-    return AutoregressiveLoop(self.target, dataclasses.replace(self.config, trace=False))
 
   def start(self, params: LoopParams, inputs, seq, length, gamma=None):
     """-> (LoopState, encoded): the target encoded / prefilled, the drafter started
@@ -148,9 +134,6 @@ class TreeLoop:
     return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
                         max_new_tokens, self.max_gamma)
 
-  def going(self, params: LoopParams, state: LoopState) -> jax.Array:
-    """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
-    return going(state, params.control if self.auto else None)
 
   def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
              max_new_tokens, running: Callable = lambda s: True,
@@ -191,7 +174,7 @@ class TreeLoop:
 
   def _commit(self, state: LoopState, verdict: TreeVerdict, cache, drafter_state, prefix_len,
               max_new_tokens) -> LoopState:
-    """The path's cache slots move into place (target and draft); each active row advances
+    """The path's cache positions move into place (target and draft); each active row advances
     by n + 1, stopping at EOS and its budget."""
     n, path = verdict.n, verdict.path
     cache = move_path(self.target, cache, state.length, path, n)
@@ -234,9 +217,9 @@ def trace_guesses(tokens, parent, depth, valid, path, n, *, max_depth: int):
   last = jnp.where(n > 0, path[jnp.maximum(n - 1, 0)], -1)
   child = valid & (parent == last) & (depth == n + 1)  # [N]
   has = jnp.any(child)
-  slots = jnp.arange(max_depth)
-  guesses = jnp.where(slots < n, tokens[jnp.maximum(path, 0)],
-                      jnp.where((slots == n) & has, tokens[jnp.argmax(child)], 0))
+  at = jnp.arange(max_depth)
+  guesses = jnp.where(at < n, tokens[jnp.maximum(path, 0)],
+                      jnp.where((at == n) & has, tokens[jnp.argmax(child)], 0))
   return guesses.astype(jnp.int32), (n + has).astype(jnp.int32)
 
 
@@ -254,7 +237,7 @@ def _tree_drafter(drafter: Any, tree: Any) -> Drafter:
   return drafter
 
 
-def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter_params: Any,
+def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, draft_params: Any,
                 inputs, *, max_new_tokens: int, rng: jax.Array,
                 config: DecodeConfig = DecodeConfig(), tree: Any = None,
                 prompt_lengths=None, slots: Union[int, Streaming, None] = None,
@@ -274,7 +257,7 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
       a `specjax.draft.NGramTreeDrafter`, or an `NGramDrafter` with `tree` (the tree drawn
       from its table); a `specjax.draft.PromptLookupTreeDrafter` (several prompt-lookup
       continuations).
-    drafter_params: the draft model's or table's parameters (None for prompt lookup).
+    draft_params: the draft model's or table's parameters (None for prompt lookup).
     inputs: int32 [B, L]: encoder inputs (T5) or left-aligned prompts (decoder-only), 0-padded.
     max_new_tokens: generation budget per row (data).
     rng: one PRNG key, or one key per row [B].
@@ -310,6 +293,6 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
              models=[target, *drafter.models], rows=rows or checked.inputs.shape[0],
              cache_len=checked.cache_len, partitioner=partitioner)
   loop = TreeLoop(target, drafter, dataclasses.replace(config, cache_len=checked.cache_len))
-  return runner.decode(loop, LoopParams(target=target_params, drafter=drafter_params), checked,
+  return runner.decode(loop, LoopParams(target=target_params, drafter=draft_params), checked,
                        rng, streaming=streaming, partitioner=partitioner,
                        on_progress=on_progress, costs=costs)

@@ -16,9 +16,9 @@ from specjax.draft.tree import DynamicTree, StaticTree
 from specjax.verify import ReferenceVerifier
 
 
-def check_tree(tree: Any, config: DecodeConfig, *, vocab_size: Optional[int] = None, models: Sequence[Any] = (),
-               rows: int = 1, cache_len: Optional[int] = None, costs: Any = None,
-               partitioner: Any = None) -> None:
+def check_tree(tree: Any, config: DecodeConfig, *, vocab_size: Optional[int] = None,
+               models: Sequence[Any] = (), rows: int = 1, cache_len: Optional[int] = None,
+               costs: Any = None, partitioner: Any = None) -> None:
   """ValueError naming the first thing a tree decode cannot take.
 
   Args:
@@ -28,7 +28,7 @@ def check_tree(tree: Any, config: DecodeConfig, *, vocab_size: Optional[int] = N
       skips that check and the memory check.
     models: the target and draft `DecodingModel`s (their attention heads size the round).
     rows: rows decoded at once (the batch, or the streaming slots).
-    cache_len: decoder slots per row; None skips the memory check.
+    cache_len: cache positions per row; None skips the memory check.
     costs: a given 'auto' cost table (only with gamma_policy='auto').
     partitioner: the mesh the round runs on (its devices' memory).
   """
@@ -60,7 +60,7 @@ def check_tree(tree: Any, config: DecodeConfig, *, vocab_size: Optional[int] = N
   if need > limit:
     raise ValueError(
         f"a tree of {tree.grown} nodes needs about {need / 2**30:.2f} GiB per round ({rows} "
-        f"rows × its masks, attention scores over {cache_len} slots and [nodes, vocab] "
+        f"rows × its masks, attention scores over {cache_len} positions and [nodes, vocab] "
         f"probabilities), above the limit of {limit / 2**30:.2f} GiB "
         f"({inputs.MEMORY_FRACTION:.0%} of the device's memory): use a smaller tree or fewer rows")
 

@@ -32,7 +32,7 @@ INNER_KEY = 7
 class HierarchicalState:
   cache: Any  # the medium model's KV cache
   encoded: Any  # the medium model's encoder output (None for decoder-only)
-  fed: jax.Array  # int32 [B]: medium cache slots 0..fed-1 hold committed tokens
+  fed: jax.Array  # int32 [B]: medium cache positions 0..fed-1 hold committed tokens
   start: jax.Array  # int32 [B]: the row's committed length at the last `propose`
   inner: Any  # the inner ModelDrafter's state
 
@@ -139,6 +139,6 @@ class HierarchicalDrafter:
     return Proposal(tokens=out, probs=probs, calls=calls), state  # calls: medium-model calls
 
   def update(self, state, accepted: Accepted):
-    valid = state.start + accepted.n  # committed slots that survived the target's check
+    valid = state.start + accepted.n  # committed positions that survived the target's check
     return state.replace(fed=jnp.minimum(state.fed, valid),
                          inner=self.inner.truncate(state.inner, valid))

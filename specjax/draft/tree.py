@@ -261,8 +261,8 @@ def _children_keys(row_keys, length, depth: int, nodes: jax.Array):
 class TreeDrafterState:
   cache: Any  # the draft model's KV cache
   encoded: Any  # the draft's encoder output (None for decoder-only)
-  fed: jax.Array  # int32 [B]: cache slots 0..fed-1 hold the row's committed tokens
-  source: jax.Array  # int32 [B, N]: the grown node (draft cache slot length + j) of node j
+  fed: jax.Array  # int32 [B]: cache positions 0..fed-1 hold the row's committed tokens
+  source: jax.Array  # int32 [B, N]: the grown node (draft cache position length + j) of node j
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,9 +271,9 @@ class TreeModelDrafter:
 
   The first call feeds the catch-up window ending at the last committed token (as
   `ModelDrafter`) and yields the root's q; the call for level d feeds all level-d nodes
-  at slots length + j (each sees the committed cache and its ancestors), yielding the q
+  at positions length + j (each sees the committed cache and its ancestors), yielding the q
   of their children. After verification `update` moves the accepted path's draft cache
-  slots into place, as the target's.
+  positions into place, as the target's.
   """
 
   model: DecodingModel
@@ -360,7 +360,7 @@ class TreeModelDrafter:
                                             first + d, d, sampling, a)
       cache, tokens, parent, valid, path_logq, probs = jax.lax.fori_loop(
           tail, tree.max_depth + 1, step, (cache, tokens, parent, valid, path_logq, probs))
-    fed = length  # slots < length hold the committed tokens; the tree's slots are junk
+    fed = length  # positions < length hold the committed tokens; the tree's are junk
     proposal = TreeProposal(tokens=tokens, parent=parent, depth=depth, valid=valid, probs=probs,
                             calls=jnp.full((batch,), tree.max_depth, jnp.int32))
     source = state.source
@@ -392,7 +392,7 @@ class TreeModelDrafter:
 
   def update(self, state: TreeDrafterState, accepted: Accepted) -> TreeDrafterState:
     """After verification (`Accepted`: the round's start, the path of n accepted nodes): the
-    path's slots move to start.. and the fed count covers the path nodes that were fed (all
+    path's positions move to start.. and the fed count covers the path nodes that were fed (all
     but a deepest-level node)."""
     length, path, n = accepted.start, accepted.path, accepted.n
     grown = jnp.where(path >= 0, jnp.take_along_axis(state.source, jnp.maximum(path, 0), axis=1),
@@ -480,13 +480,14 @@ def keep_most_probable(proposal: TreeProposal, path_logq: jax.Array, keep: int
 
 
 def _cache_len(cache) -> int:
-  """The cache's slots per row (a KVCache or a table model's token buffer)."""
+  """The cache's positions per row (a KVCache or a table model's token buffer)."""
   return cache.max_len if hasattr(cache, "max_len") else cache.shape[1]
 
 
 def move_path(model: DecodingModel, cache, length, path, n):
-  """Moves each row's accepted path nodes' slots (node j at slot length + j) to slots
-  length .. length + n - 1; the slots past n are copied onto themselves."""
+  """Moves each row's accepted path nodes' positions (node j at position length + j) to positions
+  length .. length + n - 1; the positions past n are copied onto themselves (the model
+  protocol's `move_slots`)."""
   offsets = jnp.arange(path.shape[1])[None, :]
   src = jnp.where(offsets < n[:, None], length[:, None] + jnp.maximum(path, 0),
                   length[:, None] + offsets)

@@ -1,6 +1,4 @@
 """The drafter registry and the one drafter protocol, through `specjax.draft`."""
-import dataclasses
-
 import pytest
 
 import specjax.draft as draft
@@ -12,14 +10,6 @@ from specjax.models.decoder_only import DecoderOnlyConfig
 def _model():
   return build_model(DecoderOnlyConfig(vocab_size=32, emb_dim=8, num_heads=1, num_layers=1,
                                        head_dim=8, mlp_dim=16))
-
-
-def test_every_exported_drafter_class_is_registered():
-  exported = [getattr(draft, n) for n in draft.__all__]
-  classes = {c for c in exported if isinstance(c, type) and dataclasses.is_dataclass(c)
-             and hasattr(c, "propose")}
-  assert classes and classes <= set(DRAFTERS.values())
-  assert len(set(DRAFTERS.values())) == len(DRAFTERS)
 
 
 def test_drafters_build_by_name_and_state_one_protocol():
