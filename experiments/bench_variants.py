@@ -33,7 +33,7 @@ from experiments.common.inputs import Examples, load_examples
 from experiments.common.output import Output, fmt, header, markdown_table
 from experiments.common.pairs import Pair, tiny_model
 from experiments.common.timed import cost_ratios, time_interleaved
-from specjax.decode import speculative as decoding
+from specjax.decode import runner
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
 from specjax.draft import HierarchicalDrafter
@@ -43,11 +43,11 @@ FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 2), repeats=1, step_rep
 
 
 def _counting(fn, counts: Dict, name):
-  """fn wrapped to add the speculative loop's jit-cache growth to counts[name]."""
+  """fn wrapped to add the decode loops' jit-cache growth (`runner.run_loop`) to counts[name]."""
   def wrapped(row):
-    before = decoding._speculative._cache_size()  # pylint: disable=protected-access
+    before = runner.run_loop._cache_size()  # pylint: disable=protected-access
     out = fn(row)
-    counts[name] = counts.get(name, 0) + decoding._speculative._cache_size() - before  # pylint: disable=protected-access
+    counts[name] = counts.get(name, 0) + runner.run_loop._cache_size() - before  # pylint: disable=protected-access
     return out
   return wrapped
 
