@@ -354,3 +354,23 @@ def test_the_shared_tiny_pair_is_the_random_tiny_run(tiny_t5_pair):
   assert gin_config.model_config("draft") == tiny_t5_pair.draft.config
   with pytest.raises(ValueError, match="family must be one of"):
     tiny_pair("gpt")
+
+
+def test_job_settings_are_one_frozen_typed_object():
+  from specjax.app.settings import JobSettings  # pylint: disable=import-outside-toplevel
+  from specjax.decode import DecodeConfig  # pylint: disable=import-outside-toplevel
+  names = {f.name for f in dataclasses.fields(JobSettings)}
+  # Sampling, lenience, verifier and γ policy live in the DecodeConfig alone.
+  assert not names & {"sampling", "temperature", "lenience", "verifier", "gamma_policy"}
+  settings = JobSettings(
+      decoding=DecodeConfig(), drafter="model", drafter_options={}, gamma=2, max_gamma=4,
+      tree=None, max_new_tokens=8, batch_size=1, max_input_len=16, seed=0,
+      target_checkpoint=None, draft_checkpoint=None, weights_dtype="float32",
+      draft_weights_dtype="float32", partitioner=None, vocabulary=None, draft_vocabulary=None,
+      task_vocabulary=None, cost_table=None, output_dir=None, timing_repeats=1,
+      write_scores=False, plain=True)
+  assert settings.gamma == 2 and settings.drafter_class == "model"
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    settings.gamma = 3
+  with pytest.raises(ValueError, match=r"gamma must be in \[1, max_gamma=1\]"):
+    dataclasses.replace(settings, max_gamma=1)
