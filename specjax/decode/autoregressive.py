@@ -44,6 +44,13 @@ class AutoregressiveLoop:
   buckets: ClassVar[Tuple[int, ...]] = ()
   alpha_rounds: ClassVar[Optional[int]] = None
 
+  @classmethod
+  def of(cls, target: DecodingModel, config: DecodeConfig) -> "AutoregressiveLoop":
+    """The loop for `config`, keeping only what it reads (sampling, EOS, cache length), so
+    every decode that runs it (an 'auto' fallback included) shares one compiled loop."""
+    return cls(target, DecodeConfig(sampling=config.sampling, eos_id=config.eos_id,
+                                    cache_len=config.cache_len))
+
   def fallback_loop(self) -> "AutoregressiveLoop":
     return self
 
@@ -110,6 +117,6 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
   rows = None if streaming is None else streaming.sizes(partitioner)[0] + streaming.refill_rows
   checked = check_decode(model, config, inputs, max_new_tokens, prompt_lengths, rows=rows,
                          partitioner=partitioner)
-  loop = AutoregressiveLoop(model, dataclasses.replace(config, cache_len=checked.cache_len))
+  loop = AutoregressiveLoop.of(model, dataclasses.replace(config, cache_len=checked.cache_len))
   return runner.decode(loop, LoopParams(target=params), checked, rng, streaming=streaming,
                        partitioner=partitioner, on_progress=on_progress)

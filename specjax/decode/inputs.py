@@ -171,11 +171,6 @@ def check_memory(models: Sequence[Any], cache_size: int, partitioner: Any = None
   return params + cache_size
 
 
-def drafter_models(drafter: Any) -> list:
-  """The models whose caches a drafter allocates (`Drafter.models`), as a list."""
-  return list(drafter.models)
-
-
 def initial_seq(model: DecodingModel, inputs: np.ndarray, width: int) -> np.ndarray:
   """int32 [B, width]: the decoder prefix (T5: the start token 0; decoder-only: the prompt)."""
   seq = np.zeros((inputs.shape[0], width), np.int32)
@@ -227,7 +222,7 @@ def check_decode(target: DecodingModel, config: Any, inputs: Any, max_new_tokens
   inputs = check_inputs(target, inputs)
   length = prefix_lengths(target, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens, width)
-  models = [target] + (drafter_models(drafter) if drafter is not None else [])
+  models = [target] + (list(drafter.models) if drafter is not None else [])
   check_cache_size(models, inputs.shape[0] if rows is None else rows, cache_len, partitioner)
   return Checked(inputs=inputs, length=length, max_new_tokens=max_new_tokens,
                  cache_len=cache_len, gamma=gamma)

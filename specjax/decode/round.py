@@ -157,8 +157,8 @@ class DraftingLoop:
     return self.drafter.max_gamma
 
   def fallback_loop(self) -> AutoregressiveLoop:
-    """'auto': the autoregressive loop (no trace: its result is reported as γ = 0 rounds)."""
-    return AutoregressiveLoop(self.target, dataclasses.replace(self.config, trace=False))
+    """'auto': the autoregressive loop (its result is reported as γ = 0 rounds)."""
+    return AutoregressiveLoop.of(self.target, self.config)
 
   def going(self, params: LoopParams, state: LoopState) -> jax.Array:
     """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
