@@ -118,9 +118,7 @@ class TreeLoop(DraftingLoop):
   def round(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
             max_new_tokens) -> LoopState:
     """One tree round: draft -> score -> verify -> commit -> record."""
-    proposal, drafter_state = self.drafter.propose(params.drafter, state.drafter_state,
-                                                   state.seq, state.length, state.gamma, keys,
-                                                   self.config.sampling)
+    proposal, drafter_state = self._draft(params, state, keys)
     logits, cache = self._score(params.target, state, proposal, encoded)
     verdict = self._verify(keys, state, proposal, logits)
     after = self._commit(state, verdict, cache, drafter_state, prefix_len, max_new_tokens)
@@ -148,6 +146,11 @@ class TreeLoop(DraftingLoop):
     return auto_rounds.run(params.control, self.buckets, variants, state,
                            prefix_len, max_new_tokens,
                            running=lambda s: self.going(params, s) & running(s), place=place)
+
+  def _draft(self, params: LoopParams, state: LoopState, keys) -> Tuple[TreeProposal, Any]:
+    """The drafter's tree of N nodes for every row (`TreeProposal`) and its new state."""
+    return self.drafter.propose(params.drafter, state.drafter_state, state.seq, state.length,
+                                state.gamma, keys, self.config.sampling)
 
   def _score(self, target_params, state: LoopState, proposal: TreeProposal, encoded):
     """The target's logits [B, N + 1, V] at the root and every node, in one call."""
