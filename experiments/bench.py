@@ -41,7 +41,13 @@ import gin
 import jax
 import numpy as np
 
-from experiments import common
+from experiments.common.checks import check_counts
+from experiments.common.cli import Cli, cli_main
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import Examples, load_examples
+from experiments.common.output import Output, header, markdown_table
+from experiments.common.pairs import Pair
+from specjax.checks import check_bool
 from specjax import timing
 from specjax.decode import DecodeResult, Streaming, autoregressive_decode, speculative_decode
 from specjax.data import load_vocab
@@ -56,7 +62,7 @@ PEER_MISSING = ("WARNING: HF PEER SKIPPED: torch/transformers are not installed 
                 "(pip install torch==2.13.0 transformers)")
 
 
-def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: int,
+def hf_peer(pair: Pair, ex: Examples, gamma: int, max_new_tokens: int,
             repeats: int, specjax_greedy: List[List[int]]) -> Dict:
   """HF greedy and assisted generation on exported weights, batch 1 per example."""
   try:
@@ -103,7 +109,7 @@ def hf_peer(pair: common.Pair, ex: common.Examples, gamma: int, max_new_tokens: 
   return result
 
 
-def peer_rows(pair: common.Pair, ex: common.Examples, t: timing.Timings, *, gamma: int,
+def peer_rows(pair: Pair, ex: Examples, t: timing.Timings, *, gamma: int,
               max_new_tokens: int, repeats: int, notes: List[str]) -> List[Dict]:
   """The HF rows of one batch (`hf_peer`; batch 1 only, an 'n/a' row otherwise) beside specjax's
   timings `t` of it; the export check, or why the peer was skipped, goes to `notes`."""
@@ -149,7 +155,7 @@ def _padded_batches(decode, inputs: np.ndarray, keys, batch: int) -> DecodeResul
                         slot_rounds=jax.numpy.int32(rounds * batch))
 
 
-def stream_rows(pair: common.Pair, *, inputs: int, slots: int, max_new_tokens: int,
+def stream_rows(pair: Pair, *, inputs: int, slots: int, max_new_tokens: int,
                 gammas: Sequence[Union[int, str]], repeats: int, max_input_len: int,
                 modes: Sequence[str] = ("eos", "forced"),
                 min_slots: Optional[int] = 1) -> List[Dict]:
@@ -159,7 +165,7 @@ def stream_rows(pair: common.Pair, *, inputs: int, slots: int, max_new_tokens: i
   Speculative rows for each of `gammas`: a fixed γ (its own drafter of max_gamma = γ, so a
   round's target call is γ + 1 wide) or 'auto' (the cost-aware policy, up to AUTO_MAX_GAMMA;
   its calibration runs in the untimed first call)."""
-  ex = common.examples(pair, inputs, max_input_len)
+  ex = load_examples(pair, inputs, max_input_len)
   keys = jax.random.split(jax.random.PRNGKey(0), inputs)
   widest = max(AUTO_MAX_GAMMA if g == "auto" else int(g) for g in gammas)
   streams = {"stream": Streaming(slots)}
@@ -171,7 +177,7 @@ def stream_rows(pair: common.Pair, *, inputs: int, slots: int, max_new_tokens: i
       raise ValueError(f"stream modes are 'eos' and 'forced', got {mode!r}")
     eos_id = load_vocab().eos_id if mode == "eos" else -1
     # One cache length for every decoder: the same attention work per call.
-    config = common.decode_config(0.0, max_input_len + max_new_tokens + widest + 1, eos_id=eos_id)
+    config = decode_config(0.0, max_input_len + max_new_tokens + widest + 1, eos_id=eos_id)
     ar = lambda x, k, **kw: autoregressive_decode(pair.target, pair.target_params, x,
                                                   max_new_tokens=max_new_tokens, rng=k,
                                                   config=config, **kw)
@@ -209,14 +215,14 @@ AUTO_MAX_GAMMA = 4
 """The largest γ the streaming bench's 'auto' rows may pick."""
 
 
-def _speculative(pair: common.Pair, gamma: Union[int, str], config, max_new_tokens: int):
+def _speculative(pair: Pair, gamma: Union[int, str], config, max_new_tokens: int):
   """decode(inputs, keys, **kw): speculative decoding at a fixed γ or under 'auto'."""
   if gamma == "auto":
-    drafter, dparams = common.model_drafter(pair, AUTO_MAX_GAMMA)
+    drafter, dparams = model_drafter(pair, AUTO_MAX_GAMMA)
     config = dataclasses.replace(config, gamma_policy="auto")
     gamma = None
   else:
-    drafter, dparams = common.model_drafter(pair, int(gamma))
+    drafter, dparams = model_drafter(pair, int(gamma))
   return lambda x, k, **kw: speculative_decode(pair.target, pair.target_params, drafter, dparams,
                                                x, max_new_tokens=max_new_tokens, gamma=gamma,
                                                rng=k, config=config, **kw)
@@ -258,7 +264,7 @@ BOUNDS_PROMPT_LEN = 16
 """Random prompt tokens per row of the bounds table."""
 
 
-def bounds_models(vocab: int) -> Tuple[common.Pair, Dict[str, Tuple[Any, Any]]]:
+def bounds_models(vocab: int) -> Tuple[Pair, Dict[str, Tuple[Any, Any]]]:
   """The bounds table's random-init decoder-only pair (13.8M target, 1.4M draft at vocab 8192)
   and its drafts: label -> (model, params)."""
   def lm(emb, layers, heads, mlp, seed, tied=True):
@@ -270,7 +276,7 @@ def bounds_models(vocab: int) -> Tuple[common.Pair, Dict[str, Tuple[Any, Any]]]:
   target, target_params = lm(384, 6, 6, 1024, 0)
   draft, draft_params = lm(128, 2, 2, 256, 1)
   untied = lm(128, 2, 2, 256, 2, tied=False)
-  pair = common.Pair("bounds", "random prompts", target, target_params, draft, draft_params,
+  pair = Pair("bounds", "random prompts", target, target_params, draft, draft_params,
                      "random-init weights on purpose: the speedup's bounds")
   return pair, {"draft = target (upper bound)": (target, target_params),
                 "small agreeing draft (upper bound)": (draft, draft_params),
@@ -278,10 +284,10 @@ def bounds_models(vocab: int) -> Tuple[common.Pair, Dict[str, Tuple[Any, Any]]]:
 
 
 def bounds_rows(*, vocab: int, batches: Sequence[int], gamma: int, max_new_tokens: int,
-                repeats: int) -> Tuple[List[Dict], common.Pair, str]:
+                repeats: int) -> Tuple[List[Dict], Pair, str]:
   """The bounds table (see the module docstring): rows, its pair and a note on the sizes."""
   pair, drafts = bounds_models(vocab)
-  config = common.decode_config(0.0, BOUNDS_PROMPT_LEN + max_new_tokens + gamma + 1)
+  config = decode_config(0.0, BOUNDS_PROMPT_LEN + max_new_tokens + gamma + 1)
   rows = []
   for batch in batches:
     prompts = np.random.default_rng(0).integers(2, vocab, size=(batch, BOUNDS_PROMPT_LEN))
@@ -295,7 +301,7 @@ def bounds_rows(*, vocab: int, batches: Sequence[int], gamma: int, max_new_token
 
 
 @gin.configurable(module="bench")
-def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
+def run(cli: Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
         gamma: int = 4, repeats: int = 5, max_input_len: int = 48, peer: bool = True,
         stream_inputs: int = 64, slots: int = 8,
         stream_modes: Sequence[str] = ("eos", "forced"),
@@ -319,14 +325,14 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
     bounds: also the bounds table (random-init pair, three drafts; `--bounds` runs only it);
       bounds_vocab: its vocabulary size.
   """
-  common.check_counts(gamma=gamma, repeats=repeats, max_new_tokens=max_new_tokens,
+  check_counts(gamma=gamma, repeats=repeats, max_new_tokens=max_new_tokens,
                       batches=tuple(batches))
-  bounds = common.check_bool("bounds", bounds) or cli.flags.get("bounds", False)
+  bounds = check_bool("bounds", bounds) or cli.flags.get("bounds", False)
   rows, notes, streamed = [], [], []
   for pair in cli.pairs:
-    config = common.decode_config(0.0, max_input_len + max_new_tokens + gamma + 1)
+    config = decode_config(0.0, max_input_len + max_new_tokens + gamma + 1)
     for batch in batches:
-      ex = common.examples(pair, batch, max_input_len)
+      ex = load_examples(pair, batch, max_input_len)
       batch_table, t = batch_rows(pair.name, pair.target, pair.target_params,
                                   {"": (pair.draft, pair.draft_params)}, ex.inputs, gamma=gamma,
                                   max_new_tokens=max_new_tokens, repeats=repeats, config=config)
@@ -347,12 +353,12 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
     rows += bounded
     pairs.append(bounds_pair)
     notes.append(note)
-  out = common.Output(cli.output_dir, "bench")
-  md = common.header("Benchmark: autoregressive vs speculative (greedy)", pairs, [
+  out = Output(cli.output_dir, "bench")
+  md = header("Benchmark: autoregressive vs speculative (greedy)", pairs, [
       f"{max_new_tokens} new tokens per row, median of {repeats} interleaved runs; "
       "compile_s = the warm-up run less the median run", *notes])
   if rows:
-    md += "\n" + common.markdown_table(rows, ["pair", "batch", "decoder", "compile_s", "steady_s",
+    md += "\n" + markdown_table(rows, ["pair", "batch", "decoder", "compile_s", "steady_s",
                                               "ms_per_token", "vs_ar", "alpha",
                                               "tokens_per_call", "same_as_specjax"])
   if streamed:
@@ -363,13 +369,13 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int
            "run (padded: each batch runs as long as its slowest row); ms_per_token over the "
            "tokens generated (with EOS: up to each row's EOS); same_tokens: equal to padded "
            "autoregressive.\n\n"
-           + common.markdown_table(streamed, STREAM_COLUMNS))
+           + markdown_table(streamed, STREAM_COLUMNS))
   out.tables(md, rows + streamed, pairs, notes=notes)
   print(md)
   return rows + streamed
 
 
-main = common.cli_main(
+main = cli_main(
     run, "bench", __doc__, FAST, needs_pairs=lambda flags: not flags["bounds"],
     flags={"--bounds": dict(action="store_true",
                             help="only the bounds table: a random-init pair with three drafts")})

@@ -28,7 +28,13 @@ import gin
 import jax
 import numpy as np
 
-from experiments import common
+from experiments.common.checks import check_counts
+from experiments.common.cli import Cli, cli_main
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import load_examples
+from experiments.common.output import Output, header, markdown_table
+from experiments.common.pairs import Pair
+from experiments.common.timed import passes_for
 from specjax import timing
 from specjax.decode import autoregressive_decode, calibrate_costs, speculative_decode
 
@@ -37,7 +43,7 @@ FAST = dict(batches=(1,), temperatures=(0.0,), gammas=(1,), max_new_tokens=8, re
 BAR = 0.95
 
 
-def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[int],
+def _cell(pair: Pair, batch: int, temperature: float, gammas: Sequence[int],
           max_new_tokens: int, repeats: int, max_input_len: int,
           min_seconds: float = 0.0, min_rows: int = 1) -> Dict:
   # A run decodes `draws` batches of different examples, each with its own seed: at T > 0
@@ -45,14 +51,14 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
   # four seeds at γ = 4), and a fixed γ's lucky path cannot set the bar for a policy whose
   # decisions walk a different one.
   draws = -(-max(min_rows, 1) // batch)
-  ex = common.examples(pair, batch * draws, max_input_len)
+  ex = load_examples(pair, batch * draws, max_input_len)
   parts = [ex.inputs[i * batch:(i + 1) * batch] for i in range(draws)]
   seeds = [jax.random.fold_in(jax.random.PRNGKey(0), i) for i in range(draws)]
   inputs, key = parts[0], seeds[0]
   max_gamma = max(gammas)
-  base = common.decode_config(temperature, max_input_len + max_new_tokens + max_gamma + 1)
+  base = decode_config(temperature, max_input_len + max_new_tokens + max_gamma + 1)
   auto_config = dataclasses.replace(base, gamma_policy="auto")
-  drafter, dparams = common.model_drafter(pair, max_gamma)
+  drafter, dparams = model_drafter(pair, max_gamma)
 
   def over_draws(decode):  # decode(inputs [B, W], rng) -> DecodeResult; a run: every draw
     return lambda: [decode(x, k) for x, k in zip(parts, seeds)]
@@ -60,7 +66,7 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
   runs = {"autoregressive": over_draws(lambda x, k: autoregressive_decode(
       pair.target, pair.target_params, x, max_new_tokens=max_new_tokens, rng=k, config=base))}
   for g in gammas:
-    fixed, fparams = common.model_drafter(pair, g)
+    fixed, fparams = model_drafter(pair, g)
     runs[f"γ={g}"] = over_draws(lambda x, k, fixed=fixed, fparams=fparams, g=g:
                                 speculative_decode(pair.target, pair.target_params, fixed,
                                                    fparams, x, max_new_tokens=max_new_tokens,
@@ -77,7 +83,7 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
   # Cheap cells get more repeats: at least min_seconds of timed runs in all (a batch-1 round
   # of every decoder takes ~1 s here, and ±10% host noise needs many of them).
   one_round = sum(t[0] for t in probe.samples.values())
-  repeats = common.passes_for(one_round, min_seconds, low=repeats)
+  repeats = passes_for(one_round, min_seconds, low=repeats)
   t = timing.interleaved(runs, repeats, warmup=False)
   steady = {name: t.median(name) for name in runs}
   fixed_names = [f"γ={g}" for g in gammas]
@@ -87,7 +93,7 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
   # min_seconds; each ratio is the median of its per-repeat ratios over both phases.
   # (Identical loops measured 0.942x as a ratio of 7-run medians, 1.007x over 40 pairs.)
   duel = list(dict.fromkeys(["autoregressive", best, "auto"]))
-  duel_repeats = common.passes_for(sum(steady[n] for n in duel), min_seconds, low=0)
+  duel_repeats = passes_for(sum(steady[n] for n in duel), min_seconds, low=0)
   if duel_repeats:
     t = t.extended(timing.interleaved({n: runs[n] for n in duel}, duel_repeats, warmup=False))
   ratio = {n: t.ratio(n, "auto")[0] for n in duel}
@@ -107,7 +113,7 @@ def _cell(pair: common.Pair, batch: int, temperature: float, gammas: Sequence[in
 
 
 @gin.configurable(module="bench_auto")
-def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
+def run(cli: Cli, *, batches: Sequence[int] = (1, 8, 32),
         temperatures: Sequence[float] = (0.0, 1.0), gammas: Sequence[int] = tuple(range(1, 8)),
         max_new_tokens: int = 64, repeats: int = 5, max_input_len: int = 32,
         min_seconds: float = 0.0, min_rows: int = 8) -> List[Dict]:
@@ -123,7 +129,7 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
       batches of different examples, each with its own seed (one sampled row is luck).
     max_input_len: encoder input / prompt width.
   """
-  common.check_counts(batches=tuple(batches), gammas=tuple(gammas),
+  check_counts(batches=tuple(batches), gammas=tuple(gammas),
                       max_new_tokens=max_new_tokens, repeats=repeats, min_rows=min_rows)
   rows, timings, md = [], [], ""
   for pair in cli.pairs:
@@ -153,7 +159,7 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
                           "steady_s": seconds, "min_s": low, "max_s": high,
                           "vs_ar": ar_s / seconds, "compile_s": cell["compile"][name],
                           "alpha": cell["alpha"].get(name, "")})
-        print(common.markdown_table(rows[-1:]), flush=True)
+        print(markdown_table(rows[-1:]), flush=True)
         md = _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas)
         # Each cell compiles ~10 loops; XLA:CPU executables hold memory mappings until
         # dropped, and a full grid once hit vm.max_map_count ("LLVM ERROR: Unable to
@@ -167,8 +173,8 @@ def run(cli: common.Cli, *, batches: Sequence[int] = (1, 8, 32),
 
 def _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas) -> str:
   """Writes the tables so far (after every cell: a crash keeps what was measured)."""
-  out = common.Output(cli.output_dir, "bench_auto")
-  md = common.header("Benchmark: the 'auto' γ policy vs autoregressive and every fixed γ",
+  out = Output(cli.output_dir, "bench_auto")
+  md = header("Benchmark: the 'auto' γ policy vs autoregressive and every fixed γ",
                      cli.pairs, [
       f"{max_new_tokens} new tokens per row (EOS ignored), inputs of width {max_input_len}, "
       "a run decodes `draws` batches of different examples, each with its own seed (at least "
@@ -183,7 +189,7 @@ def _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas) -
       "auto_vs_ar = median over both phases of AR time / auto time of the same repeat, "
       "auto_vs_best likewise with the best decoder (≥ 1: auto faster); meets_bar: both ≥ "
       f"{BAR}; ar_s, best_s, auto_s and the per-decoder table: medians"])
-  md += "\n" + common.markdown_table(rows) + "\n\nEvery decoder:\n\n" + common.markdown_table(
+  md += "\n" + markdown_table(rows) + "\n\nEvery decoder:\n\n" + markdown_table(
       timings)
   out.markdown(md)
   out.csv(rows)
@@ -192,7 +198,7 @@ def _write(cli, rows, timings, max_new_tokens, max_input_len, repeats, gammas) -
   return md
 
 
-main = common.cli_main(run, "bench_auto", __doc__, FAST)
+main = cli_main(run, "bench_auto", __doc__, FAST)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ from typing import Any, Dict, List, Sequence
 import jax
 import numpy as np
 
-from experiments import common
+from experiments.common.inputs import load_examples
+from experiments.common.output import markdown_table
+from experiments.common.pairs import Pair, RANDOM_CONFIGS, RANDOM_NOTE, pair_from_gin
 from specjax import timing
 from specjax.app import gin_config
 from specjax.decode import beam_search, speculative_beam_search
@@ -40,25 +42,25 @@ TASK = "translate_en_de"
 PROMPT_WORDS = 10**6
 """LM inputs: whole bundled texts (cut to --max_input_len tokens), not their first words."""
 
-def random_pairs(seed: int, noise: float) -> List[common.Pair]:
-  """Two random-init tiny T5 pairs over the bundled 8k vocabulary (`common.RANDOM_CONFIGS`'
+def random_pairs(seed: int, noise: float) -> List[Pair]:
+  """Two random-init tiny T5 pairs over the bundled 8k vocabulary (`RANDOM_CONFIGS`'
   translation target, as models/specjax_tiny_t5.gin): a close draft (the target perturbed by
   `noise`) and a 1-layer one."""
-  target_config = common.RANDOM_CONFIGS["translate"][0]
+  target_config = RANDOM_CONFIGS["translate"][0]
   target = T5Model(target_config)
   params = target.init(seed)
   rng = np.random.default_rng(seed + 1)
   close = jax.tree.map(
       lambda x: x + noise * np.std(x) * rng.normal(size=x.shape).astype(np.float32), params)
   small = T5Model(dataclasses.replace(target_config, num_encoder_layers=1, num_decoder_layers=1))
-  return [common.Pair(f"tiny T5 / close ({100 * noise:g}% noise)", TASK, target, params, target,
-                      close, common.RANDOM_NOTE),
-          common.Pair("tiny T5 / 1-layer random", TASK, target, params, small,
-                      small.init(seed + 2), common.RANDOM_NOTE)]
+  return [Pair(f"tiny T5 / close ({100 * noise:g}% noise)", TASK, target, params, target,
+                      close, RANDOM_NOTE),
+          Pair("tiny T5 / 1-layer random", TASK, target, params, small,
+                      small.init(seed + 2), RANDOM_NOTE)]
 
 
 def checkpoint_pair(args, gin_files: Sequence[str], bindings: Sequence[str],
-                    paths: Sequence[str]) -> common.Pair:
+                    paths: Sequence[str]) -> Pair:
   """The pair given by --target/--draft checkpoints and their model gin files.
 
   The model files are read under the gin scopes target/ and draft/ (as by
@@ -72,11 +74,11 @@ def checkpoint_pair(args, gin_files: Sequence[str], bindings: Sequence[str],
       ("TARGET_CHECKPOINT", args.target), ("DRAFT_CHECKPOINT", args.draft),
       ("PAIR_TASK", args.task)) if value]
   gin_config.parse(gin_files, [*macros, *bindings], paths)
-  pair = common.pair_from_gin(args.seed)
+  pair = pair_from_gin(args.seed)
   return dataclasses.replace(pair, name=f"{args.target} / {args.draft}")
 
 
-def bench_pair(pair: common.Pair, inputs: np.ndarray, args) -> List[Dict[str, Any]]:
+def bench_pair(pair: Pair, inputs: np.ndarray, args) -> List[Dict[str, Any]]:
   """One row per beam size: calls, walltimes and whether the beams agree."""
   rows = []
   for w in args.beam_sizes:
@@ -118,7 +120,7 @@ COLUMNS = {  # header -> the cell of a row
 
 def markdown(rows: List[Dict[str, Any]]) -> str:
   """The results as a markdown table."""
-  return common.markdown_table([{h: cell(r) for h, cell in COLUMNS.items()} for r in rows],
+  return markdown_table([{h: cell(r) for h, cell in COLUMNS.items()} for r in rows],
                                cell=str)
 
 
@@ -151,7 +153,7 @@ def main(argv=None) -> List[Dict[str, Any]]:
            else random_pairs(args.seed, args.noise))
   rows = []
   for pair in pairs:
-    ex = common.examples(dataclasses.replace(pair, task=args.task), args.num_examples,
+    ex = load_examples(dataclasses.replace(pair, task=args.task), args.num_examples,
                          args.max_input_len, prompt_words=PROMPT_WORDS)
     rows += bench_pair(pair, ex.inputs, args)
   print(f"{jax.devices()[0].platform}, {args.num_examples} examples of {args.task}, "

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from experiments import common
+from experiments.common.output import Output, markdown_table
 
 LAYOUTS = ((1, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2))
 """(processes, CPU devices per process, num_partitions): model axis within or across processes."""
@@ -106,12 +106,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--pair_role", default="lm/target", help="bundled PAIR/ROLE to load")
   parser.add_argument("--output_dir", default="out/experiments/bench_distributed")
   args = parser.parse_args(argv)
-  out = common.Output(args.output_dir, "bench_distributed")
+  out = Output(args.output_dir, "bench_distributed")
   rows = measure(args.pair_role, LAYOUTS, out.folder)
   md = (f"# Peak host memory of a sharded load: bundled:{args.pair_role}\n\n"
         "`python -m experiments.bench_distributed`: per process, `ru_maxrss` after minus "
         "before `load_sharded` (float32 arrays from the bfloat16 zarr checkpoint) under "
-        "`specjax.launch` (CPU devices, gloo).\n\n" + common.markdown_table(rows))
+        "`specjax.launch` (CPU devices, gloo).\n\n" + markdown_table(rows))
   out.markdown(md)
   out.csv(rows)
   out.json({"pair_role": args.pair_role, "layouts": LAYOUTS, "rows": rows})

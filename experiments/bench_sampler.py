@@ -13,9 +13,9 @@ process:
    the two samplers interleaved (`specjax.timing`), median of 7;
 2. the bundled LM pair at batch 1, T = 1, `examples` prompts × `new_tokens` (EOS ignored):
    autoregressive and speculative (γ, the model drafter) with each sampler, all four
-   decoders interleaved per prompt (`common.time_interleaved`, median of `repeats`). The
-   one-race variant is traced with `race` in place of `categorical` in every module that
-   draws (the loops, the drafters, the verifiers); compile time is reported apart.
+   decoders interleaved per prompt (`experiments.common.timed.time_interleaved`, median of
+   `repeats`). The one-race variant is traced with `race` in place of `categorical` in every
+   module that draws (the loops, the drafters, the verifiers); compile time is reported apart.
 """
 from __future__ import annotations
 
@@ -28,7 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import common
+from experiments.common.cli import add_weights_flags
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import load_examples
+from experiments.common.output import Output, markdown_table
+from experiments.common.pairs import Pair, load_pair, with_weights
+from experiments.common.timed import time_interleaved
 from specjax import sampling, timing
 from specjax.decode import autoregressive_decode, speculative_decode
 
@@ -80,15 +85,15 @@ def micro(batches: Sequence[int], vocabs: Sequence[int], repeats: int = 7,
   return rows
 
 
-def end_to_end(pair: common.Pair, *, examples: int, new_tokens: int, gamma: int,
+def end_to_end(pair: Pair, *, examples: int, new_tokens: int, gamma: int,
                repeats: int) -> List[Dict]:
-  ex = common.examples(pair, examples, max_input_len=48)
+  ex = load_examples(pair, examples, max_input_len=48)
   key = jax.random.PRNGKey(0)
-  drafter, dparams = common.model_drafter(pair, gamma)
+  drafter, dparams = model_drafter(pair, gamma)
   runs = {}
   for i, (name, sampler) in enumerate(SAMPLERS.items()):
     # A cache one slot longer per sampler: a different static config, so its own trace.
-    config = common.decode_config(1.0, ex.inputs.shape[1] + new_tokens + gamma + 1 + i)
+    config = decode_config(1.0, ex.inputs.shape[1] + new_tokens + gamma + 1 + i)
 
     def ar(row, config=config, sampler=sampler):
       with drawing_with(sampler):
@@ -100,7 +105,7 @@ def end_to_end(pair: common.Pair, *, examples: int, new_tokens: int, gamma: int,
         return speculative_decode(pair.target, pair.target_params, drafter, dparams, row,
                                   max_new_tokens=new_tokens, gamma=gamma, rng=key, config=config)
     runs[f"ar {name}"], runs[f"spec {name}"] = ar, spec
-  compile_s, seconds, stats = common.time_interleaved(runs, ex.inputs, repeats)
+  compile_s, seconds, stats = time_interleaved(runs, ex.inputs, repeats)
   # Both samplers are exact but draw different tokens from the same key: equal tokens would
   # mean a variant was not traced with its own sampler (a cached inner trace).
   for kind in ("ar", "spec"):
@@ -131,22 +136,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--gamma", type=int, default=3)
   parser.add_argument("--repeats", type=int, default=5)
-  common.add_weights_flags(parser, default="bfloat16")
+  add_weights_flags(parser, default="bfloat16")
   parser.add_argument("--output_dir", default=None,
                       help="also write the tables to OUTPUT_DIR/bench_sampler.md")
   args = parser.parse_args(argv)
-  pair = common.with_weights(common.load_pair("lm"), args.weights_dtype,
+  pair = with_weights(load_pair("lm"), args.weights_dtype,
                              args.draft_weights_dtype)
   text = ("One draw (jitted loop of 200, median of 7)\n\n"
-          + common.markdown_table(micro(args.batches, args.vocabs))
+          + markdown_table(micro(args.batches, args.vocabs))
           + f"\n\nLM pair ({args.weights_dtype} target), batch 1, T = 1, {args.examples} prompts "
           f"× {args.new_tokens} tokens, median of {args.repeats} interleaved runs\n\n"
-          + common.markdown_table(end_to_end(pair, examples=args.examples,
+          + markdown_table(end_to_end(pair, examples=args.examples,
                                              new_tokens=args.new_tokens, gamma=args.gamma,
                                              repeats=args.repeats)))
   print(text)
   if args.output_dir:
-    common.Output(args.output_dir, "bench_sampler").markdown(text)
+    Output(args.output_dir, "bench_sampler").markdown(text)
 
 
 if __name__ == "__main__":

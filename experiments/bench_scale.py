@@ -46,7 +46,7 @@ import numpy as np
 from jax._src import xla_bridge
 
 from experiments import hlo_stats
-from experiments.common import markdown_table
+from experiments.common.output import markdown_table
 from experiments.reference_decoder import reference_decode
 from specjax import timing
 from specjax.analysis import expected_tokens

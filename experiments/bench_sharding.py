@@ -21,7 +21,8 @@ import os
 import subprocess
 import sys
 
-from experiments import common
+from experiments.common.decoding import decode_config
+from experiments.common.output import markdown_table
 
 
 def _measure(args) -> list:
@@ -48,7 +49,7 @@ def _measure(args) -> list:
     target_params = partitioner.shard_params(target_params)
     draft_params = partitioner.shard_params(draft_params)
   prompts = np.random.default_rng(0).integers(2, 512, size=(args.batch, 16)).astype(np.int32)
-  config = common.decode_config(0.0, 16 + args.new_tokens + 8)
+  config = decode_config(0.0, 16 + args.new_tokens + 8)
   key = jax.random.PRNGKey(0)
   loops = {
       "autoregressive": lambda: autoregressive_decode(
@@ -98,7 +99,7 @@ def main(argv=None):
     if proc.returncode:
       raise SystemExit(proc.stderr[-3000:])
     rows += json.loads(proc.stdout.strip().splitlines()[-1])
-  print(common.markdown_table(rows))
+  print(markdown_table(rows))
   if rows[0]["platform"] == "cpu":
     print("CPU host devices share the same cores: a smoke test of the sharded path, "
           "not a scaling measurement.")

@@ -14,7 +14,7 @@ For each pair, batch, temperature and width w (the target call scores w position
 (`--trees K`: the first K of each kind only);
 with `--lookup`, also prompt lookup as a chain (`PromptLookupDrafter`, γ = w - 1) and as
 trees of 2 and 4 continuations (`PromptLookupTreeDrafter`, no draft model);
-with `--ngram`, also a bigram table (`BigramDrafter`, fitted on `common.ngram_corpus`) as a
+with `--ngram`, also a bigram table (`BigramDrafter`, fitted on `ngram_corpus`) as a
 chain (γ = w - 1) and as the first static tree (`NGramTreeDrafter`, no draft model);
 with `--auto`, also the chain and the first static tree under the 'auto' policy (each round
 the narrow round, a plain target step, or the chain's buckets / the tree, priced by the cost
@@ -42,7 +42,12 @@ import gin
 import jax
 import numpy as np
 
-from experiments import common
+from experiments.common.cli import parse_cli
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import load_examples, ngram_corpus
+from experiments.common.output import Output, header, markdown_table
+from experiments.common.timed import decode_loop, ms_per_call
+from specjax.timing import interleaved
 from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
 from specjax.draft import (BigramDrafter, DynamicTree, NGramTreeDrafter, PromptLookupDrafter,
                            PromptLookupTreeDrafter, StaticTree, TreeModelDrafter)
@@ -105,10 +110,10 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
              ngram: Any = None) -> List[dict]:
   """Every decoder of one setting over `batches` (each one call of the decoder)."""
   cache_len = batches[0].shape[1] + new + 2 * width + 1  # a cut dynamic tree grows more
-  config = common.decode_config(temperature, cache_len)
+  config = decode_config(temperature, cache_len)
   key = jax.random.PRNGKey(0)
   decoders = {"chain": ("chain", lambda x: speculative_decode(
-      pair.target, pair.target_params, *common.model_drafter(pair, width - 1), x,
+      pair.target, pair.target_params, *model_drafter(pair, width - 1), x,
       max_new_tokens=new, gamma=width - 1, rng=key, config=config))}
   configured = {name: tree for name, tree in extra_trees().items()
                 if tree.nodes < width and (temperature == 0 or not tree.greedy_only)}
@@ -142,7 +147,7 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
     auto_config = dataclasses.replace(config, gamma_policy="auto")
     name, tree = next(iter(static_trees(width).items()))
     decoders["chain auto"] = ("chain auto", lambda x: speculative_decode(
-        pair.target, pair.target_params, *common.model_drafter(pair, width - 1), x,
+        pair.target, pair.target_params, *model_drafter(pair, width - 1), x,
         max_new_tokens=new, gamma=width - 1, rng=key, config=auto_config))
     decoders[f"{name} auto"] = ("tree auto", lambda x: tree_decode(
         pair.target, pair.target_params, TreeModelDrafter(pair.draft, tree), pair.draft_params,
@@ -153,7 +158,7 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
   runs = {name: (lambda fn=fn: every(fn)) for name, (_, fn) in decoders.items()}
   if timing:  # warm-up (compiles, reported apart), then interleaved passes, AR among them
     runs["AR"] = lambda: every(ar)
-    timings = common.timing.interleaved(runs, repeats)
+    timings = interleaved(runs, repeats)
     results = {name: timings.outputs[name] for name in decoders}
   else:
     results = {name: run() for name, run in runs.items()}
@@ -209,13 +214,13 @@ def _costs(pair, inputs: np.ndarray, widths: Sequence[int], new: int):
 
   def loop(model, params, k):
     encoded = model.encode(params, rows) if model.is_encoder_decoder else None
-    return common.decode_loop(model, params, rows.shape[0], cache_len, k, encoded=encoded,
+    return decode_loop(model, params, rows.shape[0], cache_len, k, encoded=encoded,
                               position=position, calls=10)
 
   ks = sorted({1, *widths})
   runs = {f"target{k}": loop(pair.target, pair.target_params, k) for k in ks}
   runs["draft1"] = loop(pair.draft, pair.draft_params, 1)
-  ms, _ = common.ms_per_call(runs, repeats=3)
+  ms, _ = ms_per_call(runs, repeats=3)
   return {k: ms[f"target{k}"] / 1e3 for k in ks}, ms["draft1"] / ms["target1"]
 
 
@@ -231,15 +236,15 @@ def main(argv=None) -> List[dict]:
   parser.add_argument("--ngram", action="store_true")
   parser.add_argument("--no_timing", action="store_true")
   own, rest = parser.parse_known_args(argv)
-  cli = common.parse_cli(rest, __doc__, "bench_trees")
+  cli = parse_cli(rest, __doc__, "bench_trees")
   settings = FAST if cli.fast else FULL
   widths = tuple(own.width or settings["widths"])
   batches = tuple(own.batch or ((1,) if cli.fast else (1, 8)))
   temperatures = tuple(own.temperature or ((0.0,) if cli.fast else (0.0, 1.0)))
   rows = []
   for pair in cli.pairs:
-    inputs = common.examples(pair, max(settings["examples"], max(batches))).inputs
-    ngram = (BigramDrafter(common.ngram_corpus(pair)[0], pair.target.vocab_size, max_gamma=1)
+    inputs = load_examples(pair, max(settings["examples"], max(batches))).inputs
+    ngram = (BigramDrafter(ngram_corpus(pair)[0], pair.target.vocab_size, max_gamma=1)
              if own.ngram else None)
     for batch in batches:
       costs = _costs(pair, inputs[:batch], widths, settings["new"])
@@ -254,8 +259,8 @@ def main(argv=None) -> List[dict]:
           # XLA:CPU code mappings (vm.max_map_count): the whole grid in one process ran out.
           jax.clear_caches()
   best = _best(rows)
-  out = common.Output(cli.output_dir, "bench_trees")
-  md = common.header("Chains vs token trees at equal target-call width", cli.pairs, [
+  out = Output(cli.output_dir, "bench_trees")
+  md = header("Chains vs token trees at equal target-call width", cli.pairs, [
       "tokens per call: generated tokens / target calls; r: w-token call / 1-token call "
       "(chain calls at the row's batch); c: the draft's 1-token call / the target's; "
       "predicted = tokens per call / (r + c x draft calls per round); 'auto' rows: tokens / "
@@ -265,8 +270,8 @@ def main(argv=None) -> List[dict]:
       "speedup: per emitted token over autoregressive, median of interleaved passes (range); "
       "compile_s: the warm-up less a timed pass",
       "batch 1: each example decoded alone; batch B: the first B examples in one call"])
-  md += "\n" + common.markdown_table(rows) + "\n\n## Best tree vs best chain\n\n"
-  md += common.markdown_table(best) + "\n"
+  md += "\n" + markdown_table(rows) + "\n\n## Best tree vs best chain\n\n"
+  md += markdown_table(best) + "\n"
   out.tables(md, rows, cli.pairs, best=best)
   print(md)
   return rows

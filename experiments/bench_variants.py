@@ -26,8 +26,14 @@ import gin
 import jax
 import numpy as np
 
-from experiments import common
-from specjax.decode import speculative as decoding
+from experiments.common.checks import check_counts
+from experiments.common.cli import Cli, cli_main
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import Examples, load_examples
+from experiments.common.output import Output, fmt, header, markdown_table
+from experiments.common.pairs import Pair, tiny_model
+from experiments.common.timed import cost_ratios, time_interleaved
+from specjax.decode import runner
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
 from specjax.draft import HierarchicalDrafter
@@ -37,11 +43,11 @@ FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 2), repeats=1, step_rep
 
 
 def _counting(fn, counts: Dict, name):
-  """fn wrapped to add the speculative loop's jit-cache growth to counts[name]."""
+  """fn wrapped to add the decode loops' jit-cache growth (`runner.run_loop`) to counts[name]."""
   def wrapped(row):
-    before = decoding._speculative._cache_size()  # pylint: disable=protected-access
+    before = runner.run_loop._cache_size()  # pylint: disable=protected-access
     out = fn(row)
-    counts[name] = counts.get(name, 0) + decoding._speculative._cache_size() - before  # pylint: disable=protected-access
+    counts[name] = counts.get(name, 0) + runner.run_loop._cache_size() - before  # pylint: disable=protected-access
     return out
   return wrapped
 
@@ -56,13 +62,13 @@ def _row(pair, temp, name, seconds, stats, compile_s, total, ar_per_token, **ext
           "compile_s": compile_s[name]}
 
 
-def adaptive(pair: common.Pair, ex: common.Examples, temp: float, gammas: Sequence[int],
+def adaptive(pair: Pair, ex: Examples, temp: float, gammas: Sequence[int],
              max_new_tokens: int, repeats: int, c: float) -> List[Dict]:
   """Rows for AR, each constant γ, heuristic and optimal (see the module docstring)."""
   max_gamma = max(gammas)
   width = ex.inputs.shape[1]
-  base = common.decode_config(temp, width + max_new_tokens + max_gamma + 1)
-  drafter, dparams = common.model_drafter(pair, max_gamma)
+  base = decode_config(temp, width + max_new_tokens + max_gamma + 1)
+  drafter, dparams = model_drafter(pair, max_gamma)
   key = jax.random.PRNGKey(0)
   counts: Dict = {}
 
@@ -81,7 +87,7 @@ def adaptive(pair: common.Pair, ex: common.Examples, temp: float, gammas: Sequen
                            "heuristic")
   runs["optimal"] = spec(dataclasses.replace(base, gamma_policy="optimal",
                                                     cost_coefficient=c), start, "optimal")
-  compile_s, seconds, stats = common.time_interleaved(runs, ex.inputs, repeats)
+  compile_s, seconds, stats = time_interleaved(runs, ex.inputs, repeats)
   total = len(ex.inputs) * max_new_tokens
   ar = seconds["ar"] / total
   rows = []
@@ -95,11 +101,11 @@ def adaptive(pair: common.Pair, ex: common.Examples, temp: float, gammas: Sequen
   return rows
 
 
-def hierarchical(pair: common.Pair, tiny, tiny_params, ex: common.Examples, temp: float,
+def hierarchical(pair: Pair, tiny, tiny_params, ex: Examples, temp: float,
                  gamma: int, inner_gamma: int, max_new_tokens: int, repeats: int) -> List[Dict]:
   """Rows for AR, target←draft, target←tiny and target←draft←tiny (one γ)."""
   width = ex.inputs.shape[1]
-  config = common.decode_config(temp, width + max_new_tokens + gamma + 1)
+  config = decode_config(temp, width + max_new_tokens + gamma + 1)
   key = jax.random.PRNGKey(0)
   hier = HierarchicalDrafter(pair.draft, ModelDrafter(tiny, max_gamma=inner_gamma, window=3),
                              max_gamma=gamma, inner_gamma=inner_gamma)
@@ -120,7 +126,7 @@ def hierarchical(pair: common.Pair, tiny, tiny_params, ex: common.Examples, temp
     ar = np.asarray(runs["ar"](ex.inputs[:1]).tokens)
     identical = all(np.array_equal(np.asarray(runs[n](ex.inputs[:1]).tokens), ar)
                     for n in drafters)
-  compile_s, seconds, stats = common.time_interleaved(runs, ex.inputs, repeats)
+  compile_s, seconds, stats = time_interleaved(runs, ex.inputs, repeats)
   total = len(ex.inputs) * max_new_tokens
   ar_per_token = seconds["ar"] / total
   return [_row(pair, temp, name, seconds, stats, compile_s, total, ar_per_token, gamma=gamma,
@@ -128,14 +134,14 @@ def hierarchical(pair: common.Pair, tiny, tiny_params, ex: common.Examples, temp
 
 
 @gin.configurable(module="bench_variants")
-def run(cli: common.Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
+def run(cli: Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
         gammas: Sequence[int] = (1, 2, 3, 5, 7), temperatures: Sequence[float] = (0.0, 1.0),
         repeats: int = 3, step_repeats: int = 5, max_input_len: int = 48, hier_gamma: int = 4,
         inner_gamma: int = 2) -> List[Dict]:
   """Writes bench_variants.{md,csv,json}; returns the rows of both parts.
 
   Args:
-    cli: pairs and output folder (`common.parse_cli`).
+    cli: pairs and output folder (`experiments.common.cli.parse_cli`).
     num_examples: bundled examples per pair, each decoded alone (batch 1).
     max_new_tokens: tokens per example (EOS ignored so lengths match).
     gammas: the fixed γ values (their max caps the adaptive policies).
@@ -144,21 +150,21 @@ def run(cli: common.Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
     max_input_len: encoder input / prompt width.
     hier_gamma, inner_gamma: γ of the target round and of the draft's inner rounds.
   """
-  common.check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens,
+  check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens,
                       gammas=tuple(gammas), repeats=repeats, step_repeats=step_repeats,
                       hier_gamma=hier_gamma, inner_gamma=inner_gamma)
   adaptive_rows, hier_rows, notes = [], [], []
   for pair in cli.pairs:
-    ex = common.examples(pair, num_examples, max_input_len)
+    ex = load_examples(pair, num_examples, max_input_len)
     cache_len = max_input_len + max_new_tokens + max(gammas) + 1
-    c = common.cost_ratios(pair, ex.inputs[:1], (), cache_len, step_repeats)["c"]
+    c = cost_ratios(pair, ex.inputs[:1], (), cache_len, step_repeats)["c"]
     notes.append(f"{pair.name}: measured c = {c:.3f} (given to the optimal policy)")
     for temp in temperatures:
       rows = adaptive(pair, ex, temp, gammas, max_new_tokens, repeats, c)
       adaptive_rows += rows
       for r in rows:
-        print({k: common.fmt(v) for k, v in r.items()})
-    tiny = common.tiny_model(pair) if pair.name == "lm" else None
+        print({k: fmt(v) for k, v in r.items()})
+    tiny = tiny_model(pair) if pair.name == "lm" else None
     if pair.name == "lm" and tiny is None:
       notes.append("hierarchical: skipped (no specjax/assets/pairs/lm/tiny)")
     if tiny is not None:
@@ -167,16 +173,16 @@ def run(cli: common.Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
                             repeats)
         hier_rows += rows
         for r in rows:
-          print({k: common.fmt(v) for k, v in r.items()})
-  out = common.Output(cli.output_dir, "bench_variants")
-  md = common.header("Adaptive γ and hierarchical drafting (batch 1)", cli.pairs, [
+          print({k: fmt(v) for k, v in r.items()})
+  out = Output(cli.output_dir, "bench_variants")
+  md = header("Adaptive γ and hierarchical drafting (batch 1)", cli.pairs, [
       f"{num_examples} examples × {max_new_tokens} tokens, median of {repeats} interleaved runs, "
       "compile excluded", *notes])
-  md += "\n## Adaptive γ\n\n" + common.markdown_table(adaptive_rows, [
+  md += "\n## Adaptive γ\n\n" + markdown_table(adaptive_rows, [
       "pair", "temperature", "decoder", "alpha", "tokens_per_call", "ms_per_token", "speedup",
       "vs_best_fixed", "compiles"])
   if hier_rows:
-    md += "\n\n## Hierarchical\n\n" + common.markdown_table(hier_rows, [
+    md += "\n\n## Hierarchical\n\n" + markdown_table(hier_rows, [
         "pair", "temperature", "decoder", "gamma", "alpha", "tokens_per_call", "ms_per_token",
         "speedup", "greedy_identical"])
   out.tables(md, adaptive_rows + hier_rows, cli.pairs)
@@ -184,7 +190,7 @@ def run(cli: common.Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
   return adaptive_rows + hier_rows
 
 
-main = common.cli_main(run, "bench_variants", __doc__, FAST)
+main = cli_main(run, "bench_variants", __doc__, FAST)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import common
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import load_examples, pad_rows
+from experiments.common.output import Output, fmt, header, markdown_table
+from experiments.common.pairs import load_pair
+from experiments.common.timed import passes_for
 from specjax import timing
 from specjax.verify import FusedVerifier, Verifier, describe, get_verifier
 
@@ -127,7 +131,7 @@ def bench(vocabs: Sequence[int], gammas: Sequence[int], batches: Sequence[int],
           # A warm-up (compile) and one pass, then enough passes that the fastest verifier's
           # calls hold min_total_s (between min_repeats and MAX_REPEATS).
           probe = timing.interleaved(fns, 1)
-          passes = common.passes_for(min(t[0] for t in probe.samples.values()), min_total_s,
+          passes = passes_for(min(t[0] for t in probe.samples.values()), min_total_s,
                                      low=min_repeats, high=MAX_REPEATS)
           t = timing.interleaved(fns, passes, warmup=False)
           row.update({name: 1e3 * t.median(name) for name in fns})
@@ -178,12 +182,12 @@ def end_to_end(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
   from specjax.decode import speculative_decode  # pylint: disable=import-outside-toplevel
   rows = []
   for name in pair_names:
-    pair = common.load_pair(name)
-    drafter, dparams = common.model_drafter(pair, gamma)
+    pair = load_pair(name)
+    drafter, dparams = model_drafter(pair, gamma)
     for batch in batches:
-      ex = common.examples(pair, batch, 48)
+      ex = load_examples(pair, batch, 48)
       for temp in temperatures:
-        config = common.decode_config(temp, 48 + max_new_tokens + gamma + 1)
+        config = decode_config(temp, 48 + max_new_tokens + gamma + 1)
         run = lambda v: speculative_decode(
             pair.target, pair.target_params, drafter, dparams, ex.inputs,
             max_new_tokens=max_new_tokens, gamma=gamma, rng=jax.random.PRNGKey(0),
@@ -195,7 +199,7 @@ def end_to_end(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
                            compile_s=r["compile_s"], decode_s=r["decode_s"],
                            ms_per_token=1e3 * r["decode_s"] / (batch * max_new_tokens),
                            vs_reference=base / r["decode_s"]))
-          print({k: common.fmt(v) for k, v in rows[-1].items()}, flush=True)
+          print({k: fmt(v) for k, v in rows[-1].items()}, flush=True)
   return rows
 
 
@@ -233,14 +237,14 @@ def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
   from specjax.decode import speculative_decode  # pylint: disable=import-outside-toplevel
   rows = []
   for pair_name in pair_names:
-    pair = common.load_pair(pair_name)
-    ex = common.examples(pair, num_examples, 48)
+    pair = load_pair(pair_name)
+    ex = load_examples(pair, num_examples, 48)
     for gamma in gammas:
-      drafter, dparams = common.model_drafter(pair, gamma)
-      config = common.decode_config(1.0, 48 + max_new_tokens + gamma + 1)
+      drafter, dparams = model_drafter(pair, gamma)
+      config = decode_config(1.0, 48 + max_new_tokens + gamma + 1)
       for batch in batches:
         starts = range(0, num_examples, batch)
-        chunks = [common.pad_rows(ex.inputs[i:i + batch], batch) for i in starts]
+        chunks = [pad_rows(ex.inputs[i:i + batch], batch) for i in starts]
         real = [min(batch, num_examples - i) for i in starts]
 
         def run(name, seed):
@@ -284,7 +288,7 @@ def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
               ms_per_token=1e3 * median / (num_examples * max_new_tokens),
               speedup_vs_first=t.median(verifiers[0]) / median,
               compile_s=t.compile_s[name]))
-          print({k: common.fmt(v) for k, v in rows[-1].items()}, flush=True)
+          print({k: fmt(v) for k, v in rows[-1].items()}, flush=True)
   return rows
 
 
@@ -317,8 +321,8 @@ def main(argv=None) -> List[Dict[str, Any]]:
     rows = compare_block(pair_names, batches=args.batch, gammas=gammas,
                          num_examples=args.examples, max_new_tokens=args.max_new_tokens,
                          repeats=repeats)
-    pairs = [common.load_pair(name) for name in pair_names]
-    md = common.header("Block vs reference verification on the bundled pairs", pairs, [
+    pairs = [load_pair(name) for name in pair_names]
+    md = header("Block vs reference verification on the bundled pairs", pairs, [
         device_note(),
         f"temperature 1, {args.examples} examples per cell, {args.max_new_tokens} new tokens "
         f"per row (no EOS); γ ∈ {gammas}, batch ∈ {list(args.batch)}; {repeats} repeats, "
@@ -326,19 +330,19 @@ def main(argv=None) -> List[Dict[str, Any]]:
         "tokens_per_call pools every repeat (± tokens_per_call_se); eq1_tokens_per_call is Eq. 1 at the measured α "
         "(token verification's theory); decode_s is the median over repeats (min and max "
         "beside it), speedup_vs_first the ratio of medians to the reference's"])
-    md += "\n" + common.markdown_table(rows)
-    out = common.Output(args.output_dir, "bench_verify_block")
+    md += "\n" + markdown_table(rows)
+    out = Output(args.output_dir, "bench_verify_block")
     out.tables(md, rows, pairs)
     print(md)
     return rows
   if args.pair:
     rows = end_to_end(args.pair, repeats=args.repeats or 5)
-    pairs = [common.load_pair(name) for name in args.pair]
-    md = common.header("End-to-end decode walltime per verifier", pairs, [
+    pairs = [load_pair(name) for name in args.pair]
+    md = header("End-to-end decode walltime per verifier", pairs, [
         device_note(), "greedy and temperature 1, γ = 4, 48 new tokens per row (no EOS), "
         f"median of {args.repeats or 5}; sigmoid is NOT exact"])
-    md += "\n" + common.markdown_table(rows)
-    out = common.Output(args.output_dir, "bench_verify_e2e")
+    md += "\n" + markdown_table(rows)
+    out = Output(args.output_dir, "bench_verify_e2e")
     out.tables(md, rows, pairs)
     print(md)
     return rows

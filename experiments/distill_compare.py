@@ -29,7 +29,8 @@ from typing import Dict, List, Optional, Sequence
 
 import gin
 
-from experiments import common
+from experiments.common.cli import gin_overrides
+from experiments.common.output import Output, markdown_table
 from specjax import timing
 from specjax.app import bundled, gin_config
 from specjax.models import read_model_gin
@@ -79,7 +80,7 @@ def evaluate(pair: str, folder: str, data_dir: str, eval_batches: Optional[int])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  bindings, rest = common.gin_overrides(argv, "see RUN_FILES")
+  bindings, rest = gin_overrides(argv, "see RUN_FILES")
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--pair", required=True, choices=sorted(RUN_FILES))
   p.add_argument("--data_dir", required=True)
@@ -117,9 +118,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
                      evaluate(args.pair, model_dir, eval_data, args.eval_batches),
                      seconds.get(recipe), args.steps))
     print(json.dumps(rows[-1]), flush=True)
-  written = common.Output(out, "compare")
+  written = Output(out, "compare")
   written.json(rows)
-  md = common.markdown_table(rows, cell=str)
+  md = markdown_table(rows, cell=str)
   written.markdown(md)
   print(md)
   return rows

@@ -24,7 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import common
+from experiments.common.cli import Cli, cli_main
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import Examples, bleu, load_examples, output_ids, pad_rows
+from experiments.common.output import Output, fmt, header, markdown_table
+from experiments.common.pairs import Pair
 from specjax.app import bundled
 from specjax import data as data_lib  # load_bundled, read_split, TASK_FILES
 from specjax.train import Batches, make_features
@@ -38,7 +42,7 @@ FAST = dict(alpha_tokens=16, alpha_batch=2, max_new_tokens=8, bleu_examples=4, p
 TRAIN_TASK = {"lm_ddtp_en": "lm", "translate_en_de": "translate"}
 
 
-def training_info(pair: common.Pair, role: str) -> Dict:
+def training_info(pair: Pair, role: str) -> Dict:
   """train_summary.json of a shipped model ({} for a random-init or gin pair)."""
   if pair.random_init or pair.name not in bundled.PAIRS:
     return {}
@@ -67,28 +71,28 @@ def perplexity(model, params, task: str, examples: Sequence, max_batches: int,
   return float(trainer.evaluate(params32, batches)["perplexity"])
 
 
-def greedy_bleu(pair: common.Pair, which: str, ex: common.Examples, batch: int,
+def greedy_bleu(pair: Pair, which: str, ex: Examples, batch: int,
                 max_new_tokens: int) -> float:
   """Corpus BLEU of `which` ('target' or 'draft') decoding greedily on its own."""
   model, params = ((pair.target, pair.target_params) if which == "target"
                    else (pair.draft, pair.draft_params))
   vocab = load_vocab()
-  config = common.decode_config(0.0, max_new_tokens + 2, eos_id=1)
+  config = decode_config(0.0, max_new_tokens + 2, eos_id=1)
   hyps = []
   for start in range(0, len(ex.texts), batch):
-    rows = common.pad_rows(ex.inputs[start:start + batch], batch)
+    rows = pad_rows(ex.inputs[start:start + batch], batch)
     out = autoregressive_decode(model, params, rows, max_new_tokens=max_new_tokens,
                                 rng=jax.random.PRNGKey(0), config=config)
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     for i in range(min(batch, len(ex.texts) - start)):
-      hyps.append(vocab.decode(common.output_ids(tokens[i], int(lengths[i]))))
-  return common.bleu(ex.references, hyps)
+      hyps.append(vocab.decode(output_ids(tokens[i], int(lengths[i]))))
+  return bleu(ex.references, hyps)
 
 
-def measure_alpha(pair: common.Pair, temperature: float, *, gamma: int, batch: int,
+def measure_alpha(pair: Pair, temperature: float, *, gamma: int, batch: int,
                   max_new_tokens: int, min_tokens: int, max_input_len: int) -> Dict:
   """α over ≥ `min_tokens` generated tokens (batches of bundled examples in order)."""
-  drafter, dparams = common.model_drafter(pair, gamma)
+  drafter, dparams = model_drafter(pair, gamma)
   eos = 1 if pair.target.is_encoder_decoder else -1  # LM rows run their full budget
   alpha_sum = positions = tokens = calls = 0
   skip = 0
@@ -97,9 +101,9 @@ def measure_alpha(pair: common.Pair, temperature: float, *, gamma: int, batch: i
     if skip >= available:
       raise ValueError(f"{pair.task}: the bundled split ran out at {tokens} tokens "
                        f"(asked for {min_tokens}); raise max_new_tokens")
-    ex = common.examples(pair, min(batch, available - skip), max_input_len, skip=skip)
-    rows = common.pad_rows(ex.inputs, batch)
-    config = common.decode_config(temperature, max_input_len + max_new_tokens + gamma + 1,
+    ex = load_examples(pair, min(batch, available - skip), max_input_len, skip=skip)
+    rows = pad_rows(ex.inputs, batch)
+    config = decode_config(temperature, max_input_len + max_new_tokens + gamma + 1,
                                   eos_id=eos)
     out = speculative_decode(pair.target, pair.target_params, drafter, dparams, rows,
                              max_new_tokens=max_new_tokens, gamma=gamma,
@@ -115,14 +119,14 @@ def measure_alpha(pair: common.Pair, temperature: float, *, gamma: int, batch: i
 
 
 @gin.configurable(module="eval_pairs")
-def run(cli: common.Cli, *, alpha_tokens: int = 10000, alpha_batch: int = 64,
+def run(cli: Cli, *, alpha_tokens: int = 10000, alpha_batch: int = 64,
         max_new_tokens: int = 96, gamma: int = 4, temperatures: Sequence[float] = (0.0, 1.0),
         bleu_examples: int = 500, ppl_batches: int = 50, max_input_len: int = 48,
         data_dir: Optional[str] = "data") -> List[Dict]:
   """Writes eval_pairs.{md,csv,json}; returns one row per pair and model.
 
   Args:
-    cli: pairs and output folder (`common.parse_cli`).
+    cli: pairs and output folder (`experiments.common.cli.parse_cli`).
     alpha_tokens: generated tokens α is averaged over, per pair and temperature.
     alpha_batch: rows per speculative decode while measuring α.
     max_new_tokens: budget per example (LM rows run it all; translations stop at EOS).
@@ -149,7 +153,7 @@ def run(cli: common.Cli, *, alpha_tokens: int = 10000, alpha_batch: int = 64,
             f"({a['positions']} verified positions, {a['examples']} examples)")
       notes.append(f"{pair.name} α at T={t:g}: {a['tokens']} generated tokens, "
                    f"{a['positions']} verified positions, γ={gamma}")
-    bleu_ex = (common.examples(pair, bleu_examples, max_input_len)
+    bleu_ex = (load_examples(pair, bleu_examples, max_input_len)
                if pair.target.is_encoder_decoder else None)
     for role in ("target", "draft"):
       model, params = ((pair.target, pair.target_params) if role == "target"
@@ -167,19 +171,19 @@ def run(cli: common.Cli, *, alpha_tokens: int = 10000, alpha_batch: int = 64,
       for t, a in alphas.items():
         row[f"alpha_T{t:g}"] = a["alpha"] if role == "draft" else ""
       rows.append(row)
-      print({k: common.fmt(v) for k, v in row.items()})
-  out = common.Output(cli.output_dir, "eval_pairs")
+      print({k: fmt(v) for k, v in row.items()})
+  out = Output(cli.output_dir, "eval_pairs")
   columns = list(dict.fromkeys(k for r in rows for k in r))
-  md = common.header("The bundled pairs: size, training, quality, α", cli.pairs, notes)
+  md = header("The bundled pairs: size, training, quality, α", cli.pairs, notes)
   md += ("\n(α is a property of the pair; it sits on the draft's row. BLEU: greedy, "
          f"{bleu_examples} bundled examples.)\n\n")
-  md += common.markdown_table(rows, columns)
+  md += markdown_table(rows, columns)
   out.tables(md, rows, cli.pairs, alpha=details)
   out.announce()
   return rows
 
 
-main = common.cli_main(run, "eval_pairs", __doc__, FAST)
+main = cli_main(run, "eval_pairs", __doc__, FAST)
 
 
 if __name__ == "__main__":

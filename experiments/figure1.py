@@ -14,7 +14,10 @@ import gin
 import jax
 from rich.console import Console
 
-from experiments import common
+from experiments.common.cli import Cli, cli_main
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import load_examples, output_ids
+from experiments.common.output import Output, header
 from specjax.app import report
 from specjax.decode import speculative_decode
 from specjax.data import load_vocab
@@ -23,7 +26,7 @@ FAST = dict(max_new_tokens=8)
 
 
 @gin.configurable(module="figure1")
-def run(cli: common.Cli, *, example: int = 0, gamma: int = 5, temperature: float = 0.0,
+def run(cli: Cli, *, example: int = 0, gamma: int = 5, temperature: float = 0.0,
         max_new_tokens: int = 32, max_input_len: int = 48, seed: int = 0) -> Dict:
   """Decodes bundled example `example` of the first pair with a trace; writes the figure.
 
@@ -31,9 +34,9 @@ def run(cli: common.Cli, *, example: int = 0, gamma: int = 5, temperature: float
   """
   pair = cli.pairs[0]
   vocab = load_vocab()
-  ex = common.examples(pair, 1, max_input_len, skip=example)
-  drafter, dparams = common.model_drafter(pair, gamma)
-  config = common.decode_config(temperature, max_input_len + max_new_tokens + gamma + 1,
+  ex = load_examples(pair, 1, max_input_len, skip=example)
+  drafter, dparams = model_drafter(pair, gamma)
+  config = decode_config(temperature, max_input_len + max_new_tokens + gamma + 1,
                                 trace=True, eos_id=vocab.eos_id)
   result = speculative_decode(pair.target, pair.target_params, drafter, dparams, ex.inputs,
                               max_new_tokens=max_new_tokens, gamma=gamma,
@@ -45,14 +48,14 @@ def run(cli: common.Cli, *, example: int = 0, gamma: int = 5, temperature: float
   console.print(title, markup=False)
   console.print(f"input: {ex.texts[0]}", markup=False, highlight=False)
   console.print(report.render_trace(rounds, piece))
-  out = common.Output(cli.output_dir, "figure1")
+  out = Output(cli.output_dir, "figure1")
   plain = report.plain_trace(rounds, piece)
   out.path("figure1.txt").write_text(plain + "\n", encoding="utf-8")
   out.path("figure1.html").write_text(console.export_html(), encoding="utf-8")
-  md = common.header(title, [pair], [f"input: {ex.texts[0]}",
+  md = header(title, [pair], [f"input: {ex.texts[0]}",
                                      "[-x-] rejected guess, [+y+] the target's correction"])
   out.markdown(md + "\n```\n" + plain + "\n```")
-  text = vocab.decode(common.output_ids(result.tokens[0], int(result.lengths[0])))
+  text = vocab.decode(output_ids(result.tokens[0], int(result.lengths[0])))
   record = {"pair": pair.name, "source": pair.source, "input": ex.texts[0], "text": text,
             "target_calls": int(result.target_calls[0]), "rounds": [
                 {**r, "pieces": {"accepted": [piece(t) for t in r["accepted"]],
@@ -65,7 +68,7 @@ def run(cli: common.Cli, *, example: int = 0, gamma: int = 5, temperature: float
   return record
 
 
-main = common.cli_main(run, "figure1", __doc__, FAST, default_pairs=("translate",))
+main = cli_main(run, "figure1", __doc__, FAST, default_pairs=("translate",))
 
 
 if __name__ == "__main__":

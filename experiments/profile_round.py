@@ -37,9 +37,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import (add_weights_flags, decode_config, decode_loop, examples,
-                                load_pair, markdown_table, ms_per_call, propose_loop, verify_loop,
-                                with_weights)
+from experiments.common.cli import add_weights_flags
+from experiments.common.decoding import decode_config
+from experiments.common.inputs import load_examples
+from experiments.common.output import markdown_table
+from experiments.common.pairs import load_pair, with_weights
+from experiments.common.timed import decode_loop, ms_per_call, propose_loop, verify_loop
 from specjax import timing
 from specjax.analysis import expected_tokens
 from specjax.decode import autoregressive_decode, speculative_decode
@@ -85,7 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                        f"{args.new_tokens} new tokens and γ = {max(args.gammas)} (+1)")
   pair = with_weights(load_pair("lm"), args.weights_dtype, args.draft_weights_dtype)
   target, tparams, draft, dparams = pair.target, pair.target_params, pair.draft, pair.draft_params
-  prompts_all = examples(pair, max(args.batches), max_input_len=PROMPT_LEN).inputs
+  prompts_all = load_examples(pair, max(args.batches), max_input_len=PROMPT_LEN).inputs
   lengths_all = np.maximum((prompts_all != 0).sum(1), 1)
 
   gbps, read = memcpy_gbps(), read_gbps()

@@ -31,7 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import common
+from experiments.common.decoding import model_drafter
+from experiments.common.inputs import bleu, load_examples, output_ids, pad_rows, perplexity
+from experiments.common.output import Output, fmt, header, markdown_table
+from experiments.common.pairs import Pair, load_pair
+from specjax.data import load_vocab
 from specjax.app import bundled
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.sampling import Sampling
@@ -137,7 +141,7 @@ def table_quality(verifier: Verifier, vocab: int = 8, gamma: int = 4, steps: int
               exact_nll=float(exact_nll))
 
 
-def pair_quality(pair: common.Pair, verifiers: List[Verifier], temperature: float, *,
+def pair_quality(pair: Pair, verifiers: List[Verifier], temperature: float, *,
                  num_examples: int, max_new_tokens: int = 48, gamma: int = 4, batch: int = 16,
                  max_input_len: int = 48) -> List[Dict]:
   """Acceptance rate and output quality per verifier on a bundled pair (part 4).
@@ -147,10 +151,10 @@ def pair_quality(pair: common.Pair, verifiers: List[Verifier], temperature: floa
   scored by corpus BLEU; LM rows generate `max_new_tokens` and are scored by the
   perplexity of the generated tokens under the target.
   """
-  ex = common.examples(pair, num_examples, max_input_len)
+  ex = load_examples(pair, num_examples, max_input_len)
   eos = 1 if pair.target.is_encoder_decoder else -1
-  drafter, dparams = common.model_drafter(pair, gamma)
-  vocab = common.load_vocab()
+  drafter, dparams = model_drafter(pair, gamma)
+  vocab = load_vocab()
   rows = []
   for verifier in [None, *verifiers]:
     config = DecodeConfig(sampling=Sampling(temperature=temperature), eos_id=eos,
@@ -158,7 +162,7 @@ def pair_quality(pair: common.Pair, verifiers: List[Verifier], temperature: floa
                           **({"verifier": verifier} if verifier is not None else {}))
     outputs, accepted, proposed = [], 0, 0
     for start in range(0, len(ex.texts), batch):
-      inputs = common.pad_rows(ex.inputs[start:start + batch], batch)
+      inputs = pad_rows(ex.inputs[start:start + batch], batch)
       key = jax.random.PRNGKey(start)
       if verifier is None:
         out = autoregressive_decode(pair.target, pair.target_params, inputs,
@@ -169,7 +173,7 @@ def pair_quality(pair: common.Pair, verifiers: List[Verifier], temperature: floa
                                  config=config)
       n = min(batch, len(ex.texts) - start)
       tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-      outputs += [common.output_ids(tokens[i], int(lengths[i])) for i in range(n)]
+      outputs += [output_ids(tokens[i], int(lengths[i])) for i in range(n)]
       hist = np.asarray(out.accepted_hist)[:n]  # [n, γ+1]: rounds that accepted k guesses
       accepted += int((hist * np.arange(hist.shape[1])).sum())
       proposed += gamma * int(hist.sum())
@@ -178,11 +182,11 @@ def pair_quality(pair: common.Pair, verifiers: List[Verifier], temperature: floa
            "exact": True if verifier is None else verifier.exact,
            "accept_rate": accepted / proposed if proposed else ""}
     if pair.target.is_encoder_decoder:
-      row["bleu"] = common.bleu(ex.references, [vocab.decode(o) for o in outputs])
+      row["bleu"] = bleu(ex.references, [vocab.decode(o) for o in outputs])
     else:
-      row["target_ppl"] = common.perplexity(pair, ex.inputs, outputs)
+      row["target_ppl"] = perplexity(pair, ex.inputs, outputs)
     rows.append(row)
-    print({k: common.fmt(v) for k, v in row.items()}, flush=True)
+    print({k: fmt(v) for k, v in row.items()}, flush=True)
   return rows
 
 
@@ -249,19 +253,19 @@ def main(argv=None) -> Dict[str, list]:
 
 def pairs_part(args) -> List[Dict]:
   """Part 4 on the bundled pairs named by --pair; writes the table files."""
-  pairs = [common.load_pair(name) for name in args.pair]
+  pairs = [load_pair(name) for name in args.pair]
   verifiers = [get_verifier("reference"), get_verifier("fused"), get_verifier("sigmoid")]
   rows = []
   for pair in pairs:
     for temperature in (1.0, 0.0):
       rows += pair_quality(pair, verifiers, temperature, num_examples=args.examples,
                            max_new_tokens=args.max_new_tokens)
-  out = common.Output(args.output_dir, "sigmoid_quality")
-  md = common.header("Sigmoid verifier (NOT exact) vs exact verifiers on the bundled pairs",
+  out = Output(args.output_dir, "sigmoid_quality")
+  md = header("Sigmoid verifier (NOT exact) vs exact verifiers on the bundled pairs",
                      pairs, [f"{args.examples} bundled examples, γ = 4, "
                              f"≤ {args.max_new_tokens} new tokens; sigmoid α = −β = 10⁴"])
   columns = list(dict.fromkeys(k for r in rows for k in r))
-  md += "\n" + common.markdown_table(rows, columns)
+  md += "\n" + markdown_table(rows, columns)
   out.tables(md, rows, pairs)
   print(md)
   return rows

@@ -33,7 +33,14 @@ from typing import Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
-from experiments import common
+from experiments.common.checks import check_counts
+from experiments.common.cli import add_weights_flags
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import load_examples
+from experiments.common.output import Output, markdown_table
+from experiments.common.pairs import load_pair, with_weights
+from experiments.common.timed import decode_loop, ms_per_call, propose_loop, verify_loop
+from specjax.checks import check_int
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.decode.stream import Streaming
 from specjax.draft import ModelDrafter
@@ -44,10 +51,10 @@ PROMPT_LEN = 48
 def measure(pair, *, slots: int, inputs: int, gammas: Sequence[int], new_tokens: int,
             repeats: int) -> List[Dict]:
   """One row per γ (see the module docstring); all runs of the pair interleaved."""
-  ex = common.examples(pair, inputs, PROMPT_LEN)
+  ex = load_examples(pair, inputs, PROMPT_LEN)
   keys = jax.random.split(jax.random.PRNGKey(0), inputs)
   cache_len = PROMPT_LEN + new_tokens + max(gammas) + 1
-  config = common.decode_config(0.0, cache_len)
+  config = decode_config(0.0, cache_len)
   short = max(new_tokens // 8, 1)
   streaming = Streaming(slots)
   target, tparams = pair.target, pair.target_params
@@ -58,19 +65,19 @@ def measure(pair, *, slots: int, inputs: int, gammas: Sequence[int], new_tokens:
         target, tparams, ex.inputs, max_new_tokens=b, rng=keys, config=config,
         slots=streaming), 1)
     for gamma in gammas:
-      drafter, dparams = common.model_drafter(pair, gamma)  # max_gamma = γ: (γ+1)-token calls
+      drafter, dparams = model_drafter(pair, gamma)  # max_gamma = γ: (γ+1)-token calls
       runs[f"{gamma}@{budget}"] = (lambda b=budget, g=gamma, d=drafter, dp=dparams:
                                    speculative_decode(target, tparams, d, dp, ex.inputs,
                                                       max_new_tokens=b, gamma=g, rng=keys,
                                                       config=config, slots=streaming), 1)
   prompts = np.asarray(ex.inputs)[:slots]
-  runs["t1"] = common.decode_loop(target, tparams, slots, cache_len, 1)
+  runs["t1"] = decode_loop(target, tparams, slots, cache_len, 1)
   for gamma in gammas:
-    runs[f"t{gamma + 1}"] = common.decode_loop(target, tparams, slots, cache_len, gamma + 1)
-    runs[f"propose{gamma}"] = common.propose_loop(ModelDrafter(pair.draft, gamma),
+    runs[f"t{gamma + 1}"] = decode_loop(target, tparams, slots, cache_len, gamma + 1)
+    runs[f"propose{gamma}"] = propose_loop(ModelDrafter(pair.draft, gamma),
                                                   pair.draft_params, prompts, cache_len, gamma)
-    runs[f"verify{gamma}"] = common.verify_loop(config, slots, gamma, target.vocab_size)
-  ms, t = common.ms_per_call(runs, repeats)
+    runs[f"verify{gamma}"] = verify_loop(config, slots, gamma, target.vocab_size)
+  ms, t = ms_per_call(runs, repeats)
   rounds = {name: int(out.rounds) for name, out in t.outputs.items() if "@" in name}
 
   def slope(name):
@@ -107,24 +114,24 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2])
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
-  common.add_weights_flags(parser)
+  add_weights_flags(parser)
   parser.add_argument("--output_dir", default=None,
                       help="also write the table to OUTPUT_DIR/stream_round.md")
   args = parser.parse_args(argv)
-  common.check_counts(gammas=args.gammas, slots=args.slots, inputs=args.inputs,
+  check_counts(gammas=args.gammas, slots=args.slots, inputs=args.inputs,
                       repeats=args.repeats)
-  common.check_int("new_tokens (the slope's short run is new_tokens // 8)", args.new_tokens,
+  check_int("new_tokens (the slope's short run is new_tokens // 8)", args.new_tokens,
                    low=8)
-  pair = common.with_weights(common.load_pair("lm"), args.weights_dtype,
+  pair = with_weights(load_pair("lm"), args.weights_dtype,
                              args.draft_weights_dtype)
   rows = measure(pair, slots=args.slots, inputs=args.inputs, gammas=args.gammas,
                  new_tokens=args.new_tokens, repeats=args.repeats)
   text = (f"{pair.label}; {args.inputs} inputs through {args.slots} slots, greedy, "
           f"{args.new_tokens} tokens each (EOS ignored); medians of {args.repeats}, "
-          "interleaved.\n\n" + common.markdown_table(rows) + "\n")
+          "interleaved.\n\n" + markdown_table(rows) + "\n")
   print(text)
   if args.output_dir:
-    out = common.Output(args.output_dir, "stream_round")
+    out = Output(args.output_dir, "stream_round")
     out.markdown(text)
     print(f"wrote {out.written[0]}")
   print("median measured speedup:",

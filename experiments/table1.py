@@ -16,7 +16,8 @@ from typing import Dict, List, Sequence, Tuple
 import gin
 import numpy as np
 
-from experiments import common
+from experiments.common.cli import Cli, cli_main
+from experiments.common.output import Output, markdown_table
 from specjax import analysis
 
 PAPER_ROWS = ((0.6, 2), (0.7, 3), (0.8, 2), (0.8, 5), (0.9, 2), (0.9, 10))
@@ -24,7 +25,7 @@ FAST: Dict = {}  # nothing to run: the full table is already instant
 
 
 @gin.configurable(module="table1")
-def run(cli: common.Cli, *, rows: Sequence[Tuple[float, int]] = PAPER_ROWS, c: float = 0.0,
+def run(cli: Cli, *, rows: Sequence[Tuple[float, int]] = PAPER_ROWS, c: float = 0.0,
         c_hat: float = 0.0, fig2_gammas: Sequence[int] = (1, 3, 5, 7, 10),
         fig3_costs: Sequence[float] = (0.01, 0.05, 0.1, 0.2, 0.5),
         fig4_gammas: Sequence[int] = (1, 3, 5, 7, 10), fig4_c: float = 0.05,
@@ -32,13 +33,13 @@ def run(cli: common.Cli, *, rows: Sequence[Tuple[float, int]] = PAPER_ROWS, c: f
   """Writes table1.{md,csv,json} and figure{2,3,4}.png; returns the table rows.
 
   Args:
-    cli: from `common.parse_cli` (only output_dir is used).
+    cli: from `experiments.common.cli.parse_cli` (only output_dir is used).
     rows: (α, γ) pairs of the table (default: the paper's six).
     c, c_hat: the cost coefficients of the table (paper: 0 and 0).
     fig2_gammas: curves of Figure 2; fig3_costs: curves of Figure 3;
     fig4_gammas, fig4_c, fig4_c_hat: curves and costs of Figure 4.
   """
-  out = common.Output(cli.output_dir, "table1")
+  out = Output(cli.output_dir, "table1")
   table = []
   for alpha, gamma in rows:
     table.append({"alpha": alpha, "gamma": gamma,
@@ -48,7 +49,7 @@ def run(cli: common.Cli, *, rows: Sequence[Tuple[float, int]] = PAPER_ROWS, c: f
                   "optimal_gamma_at_c": int(analysis.optimal_gamma(alpha, max(c, 1e-9), 64))})
   md = ["# Table 1: expected improvement factors (Thm 3.8 speed, Thm 3.11 operations)", "",
         f"c = {c}, ĉ = {c_hat} (the paper's Table 1 uses 0 and 0).", "",
-        common.markdown_table(table, ["alpha", "gamma", "operations", "speed"]), "",
+        markdown_table(table, ["alpha", "gamma", "operations", "speed"]), "",
         "Figures: figure2.png (expected tokens vs α), figure3.png (optimal γ vs α), "
         "figure4.png (speed and operations vs α)."]
   out.markdown("\n".join(md))
@@ -60,7 +61,7 @@ def run(cli: common.Cli, *, rows: Sequence[Tuple[float, int]] = PAPER_ROWS, c: f
   return table
 
 
-def _figures(out: common.Output, fig2_gammas, fig3_costs, fig4_gammas, c, c_hat) -> None:
+def _figures(out: Output, fig2_gammas, fig3_costs, fig4_gammas, c, c_hat) -> None:
   alphas = np.linspace(0.0, 0.99, 100)
   with out.figure("figure2.png", (5, 4)) as ax:
     for g in fig2_gammas:
@@ -87,7 +88,7 @@ def _figures(out: common.Output, fig2_gammas, fig3_costs, fig4_gammas, c, c_hat)
     right.legend()
 
 
-main = common.cli_main(run, "table1", __doc__, FAST, needs_pairs=False)
+main = cli_main(run, "table1", __doc__, FAST, needs_pairs=False)
 
 
 if __name__ == "__main__":

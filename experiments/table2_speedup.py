@@ -9,7 +9,7 @@ jitted and compiled before timing, runs interleaved, median of `repeats`):
 - r(γ): target `decode` with k=γ+1 tokens / with k=1 (1 on an idle accelerator,
   more on a CPU, where verifying γ+1 tokens costs more than one);
   both in-loop: calls inside a jitted loop, as the decode loops make them
-  (`common.cost_ratios`), not single dispatched calls;
+  (`cost_ratios`), not single dispatched calls;
 - EXP: the paper's Thm 3.8, (1 − α^{γ+1}) / ((1 − α)(γc + 1));
 - EXP-CPU: E[tokens](α, γ) / (γc + r(γ)), Thm 3.8 with the verify cost r(γ) for 1;
 - EXP-CPU-obs: measured tokens per round / (γc + r(γ)): EXP-CPU without Eq. 1's i.i.d.
@@ -24,7 +24,13 @@ from typing import Dict, List, Sequence
 import gin
 import jax
 
-from experiments import common
+from experiments.common.checks import check_counts
+from experiments.common.cli import Cli, cli_main
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import Examples, load_examples
+from experiments.common.output import Output, header, markdown_table
+from experiments.common.pairs import Pair
+from experiments.common.timed import cost_ratios, time_interleaved
 from specjax import analysis
 from specjax.decode import autoregressive_decode, speculative_decode
 
@@ -32,12 +38,12 @@ FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 3), temperatures=(0.0,)
             step_repeats=2)
 
 
-def time_decoders(pair: common.Pair, ex: common.Examples, temperature: float,
+def time_decoders(pair: Pair, ex: Examples, temperature: float,
                   gammas: Sequence[int], max_new_tokens: int, repeats: int, seed: int = 0):
   """Per-example batch-1 timings; returns {'ar': s/token, γ: (s/token, α, tokens/call)}."""
   max_gamma = max(gammas)
   width = ex.inputs.shape[1]
-  config = common.decode_config(temperature, width + max_new_tokens + max_gamma + 1)
+  config = decode_config(temperature, width + max_new_tokens + max_gamma + 1)
   key = jax.random.PRNGKey(seed)
   runs = {"ar": lambda row: autoregressive_decode(
       pair.target, pair.target_params, row, max_new_tokens=max_new_tokens, rng=key,
@@ -46,11 +52,11 @@ def time_decoders(pair: common.Pair, ex: common.Examples, temperature: float,
     # Each γ with its own drafter of max_gamma = γ: the loop's target call is max_gamma + 1
     # wide whatever the round's γ (γ is data), so one drafter of max_gamma = max(gammas)
     # made every γ pay the widest call (γ = 1 rounds: 2.76 vs 2.36 ms on the bundled LM).
-    drafter, dparams = common.model_drafter(pair, g)
+    drafter, dparams = model_drafter(pair, g)
     runs[f"γ={g}"] = (lambda g, drafter, dparams: lambda row: speculative_decode(
         pair.target, pair.target_params, drafter, dparams, row, max_new_tokens=max_new_tokens,
         gamma=g, rng=key, config=config))(g, drafter, dparams)
-  compile_s, seconds, stats = common.time_interleaved(runs, ex.inputs, repeats)
+  compile_s, seconds, stats = time_interleaved(runs, ex.inputs, repeats)
   total = len(ex.inputs) * max_new_tokens  # eos_id -1: every row generates the full budget
   out = {"ar": seconds["ar"] / total, "compile_s": compile_s}
   for g in gammas:
@@ -61,26 +67,26 @@ def time_decoders(pair: common.Pair, ex: common.Examples, temperature: float,
 
 
 @gin.configurable(module="table2_speedup")
-def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
+def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
         gammas: Sequence[int] = (1, 2, 3, 5, 7), temperatures: Sequence[float] = (0.0, 1.0),
         repeats: int = 5, step_repeats: int = 7, max_input_len: int = 48) -> List[Dict]:
   """Writes table2_speedup.{md,csv,json,png}; returns the rows.
 
   Args:
-    cli: pairs and output folder (`common.parse_cli`).
+    cli: pairs and output folder (`experiments.common.cli.parse_cli`).
     num_examples: bundled examples per pair, each decoded alone (batch 1).
     max_new_tokens: tokens generated per example (EOS ignored so lengths match).
     gammas: the γ values; temperatures: sampling temperatures (0 = argmax).
     repeats: timed runs per example and decoder (median); step_repeats: for c and r(γ).
     max_input_len: encoder input / prompt width.
   """
-  common.check_counts(gammas=tuple(gammas), num_examples=num_examples,
+  check_counts(gammas=tuple(gammas), num_examples=num_examples,
                       max_new_tokens=max_new_tokens, repeats=repeats, step_repeats=step_repeats)
   rows = []
   for pair in cli.pairs:
-    ex = common.examples(pair, num_examples, max_input_len)
+    ex = load_examples(pair, num_examples, max_input_len)
     cache_len = max_input_len + max_new_tokens + max(gammas) + 1
-    costs = common.cost_ratios(pair, ex.inputs[:1], gammas, cache_len, step_repeats)
+    costs = cost_ratios(pair, ex.inputs[:1], gammas, cache_len, step_repeats)
     for temp in temperatures:
       timing = time_decoders(pair, ex, temp, gammas, max_new_tokens, repeats)
       for g in gammas:
@@ -98,21 +104,21 @@ def run(cli: common.Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
         print(f"{pair.name} T={temp} γ={g}: α={alpha:.2f} c={c:.3f} r={r:.2f} "
               f"EXP={rows[-1]['EXP']:.2f} EXP-CPU={rows[-1]['EXP_CPU']:.2f} "
               f"EMP={rows[-1]['EMP']:.2f}")
-  out = common.Output(cli.output_dir, "table2_speedup")
-  md = common.header("Tables 2/4 analog: walltime speedup, batch 1", cli.pairs, [
+  out = Output(cli.output_dir, "table2_speedup")
+  md = header("Tables 2/4 analog: walltime speedup, batch 1", cli.pairs, [
       f"{num_examples} examples × {max_new_tokens} tokens, median of {repeats} interleaved "
       "runs (`specjax.timing`), compile excluded",
       "c = draft step / target step (k=1); r = target step with k=γ+1 / k=1; both in-loop",
       "EXP = Thm 3.8; EXP-CPU = E[tokens]/(γc + r); EXP-CPU-obs = measured tokens per round / "
       "(γc + r); EMP = measured"])
-  md += "\n" + common.markdown_table(rows, ["pair", "temperature", "gamma", "alpha", "c", "r",
+  md += "\n" + markdown_table(rows, ["pair", "temperature", "gamma", "alpha", "c", "r",
                                              "tokens_per_call", "EXP", "EXP_CPU", "EXP_CPU_obs",
                                              "EMP", "ar_ms_per_token",
                                              "spec_ms_per_token"])
   return out.report(md, rows, cli.pairs, plot=lambda: _plot(out, rows))
 
 
-def _plot(out: common.Output, rows: List[Dict]) -> None:
+def _plot(out: Output, rows: List[Dict]) -> None:
   with out.figure("table2_speedup.png", (6, 4)) as ax:
     for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
       sel = [r for r in rows if (r["pair"], r["temperature"]) == key]
@@ -125,7 +131,7 @@ def _plot(out: common.Output, rows: List[Dict]) -> None:
     ax.legend(fontsize=7)
 
 
-main = common.cli_main(run, "table2_speedup", __doc__, FAST)
+main = cli_main(run, "table2_speedup", __doc__, FAST)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,11 @@ import gin
 import jax
 import numpy as np
 
-from experiments import common
+from experiments.common.cli import Cli, cli_main
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import Examples, load_examples, ngram_corpus
+from experiments.common.output import Output, header, markdown_table
+from experiments.common.pairs import Pair
 from specjax.decode import speculative_decode
 from specjax.draft import BigramDrafter, UnigramDrafter
 
@@ -25,11 +29,11 @@ FAST = dict(num_examples=2, max_new_tokens=6, temperatures=(1.0,), gamma=2,
             drafts=("bigram", "model"), ngram_lines=200)
 
 
-def measure_alpha(pair: common.Pair, drafter, drafter_params, ex: common.Examples,
+def measure_alpha(pair: Pair, drafter, drafter_params, ex: Examples,
                   temperature: float, gamma: int, max_new_tokens: int, seed: int = 0) -> Dict:
   """Decodes every example once (one batch); returns α and tokens per target call."""
   width = ex.inputs.shape[1]
-  config = common.decode_config(temperature, width + max_new_tokens + gamma + 1)
+  config = decode_config(temperature, width + max_new_tokens + gamma + 1)
   result = speculative_decode(pair.target, pair.target_params, drafter, drafter_params,
                               ex.inputs, max_new_tokens=max_new_tokens, gamma=gamma,
                               rng=jax.random.PRNGKey(seed), config=config)
@@ -40,14 +44,14 @@ def measure_alpha(pair: common.Pair, drafter, drafter_params, ex: common.Example
 
 
 @gin.configurable(module="table3_alpha")
-def run(cli: common.Cli, *, num_examples: int = 64, max_new_tokens: int = 32, gamma: int = 3,
+def run(cli: Cli, *, num_examples: int = 64, max_new_tokens: int = 32, gamma: int = 3,
         temperatures: Sequence[float] = (0.0, 1.0),
         drafts: Sequence[str] = ("unigram", "bigram", "model"), max_input_len: int = 48,
         ngram_lines: int = 20000) -> List[Dict]:
   """Writes table3_alpha.{md,csv,json}; returns the rows (pair, draft, temperature, α).
 
   Args:
-    cli: pairs and output folder (`common.parse_cli`).
+    cli: pairs and output folder (`experiments.common.cli.parse_cli`).
     num_examples: bundled evaluation examples per pair; max_new_tokens: budget per example.
     gamma: guesses per round while measuring (α does not depend on it).
     temperatures: sampling temperatures (0 = argmax).
@@ -60,14 +64,14 @@ def run(cli: common.Cli, *, num_examples: int = 64, max_new_tokens: int = 32, ga
   rows = []
   notes = []
   for pair in cli.pairs:
-    ex = common.examples(pair, num_examples, max_input_len)
-    corpus, where = (common.ngram_corpus(pair, ngram_lines) if set(drafts) - {"model"}
+    ex = load_examples(pair, num_examples, max_input_len)
+    corpus, where = (ngram_corpus(pair, ngram_lines) if set(drafts) - {"model"}
                      else ([], ""))
     if where:
       notes.append(f"{pair.name}: n-gram drafts fitted on {where}")
     for name in drafts:
       if name == "model":
-        drafter, params = common.model_drafter(pair, gamma)
+        drafter, params = model_drafter(pair, gamma)
       else:
         make = UnigramDrafter if name == "unigram" else BigramDrafter
         drafter, params = make(corpus, pair.target.vocab_size, max_gamma=gamma)
@@ -75,15 +79,15 @@ def run(cli: common.Cli, *, num_examples: int = 64, max_new_tokens: int = 32, ga
         stats = measure_alpha(pair, drafter, params, ex, temp, gamma, max_new_tokens)
         rows.append({"pair": pair.name, "draft": name, "temperature": temp, **stats})
         print(f"{pair.name:10s} {name:8s} T={temp}: α={stats['alpha']:.3f}")
-  out = common.Output(cli.output_dir, "table3_alpha")
-  md = common.header("Table 3 analog: α by draft and temperature", cli.pairs,
+  out = Output(cli.output_dir, "table3_alpha")
+  md = header("Table 3 analog: α by draft and temperature", cli.pairs,
                      [f"{num_examples} examples × {max_new_tokens} new tokens, γ={gamma}", *notes])
-  md += "\n" + common.markdown_table(rows, ["pair", "draft", "temperature", "alpha",
+  md += "\n" + markdown_table(rows, ["pair", "draft", "temperature", "alpha",
                                              "tokens_per_call"])
   return out.report(md, rows, cli.pairs, plot=lambda: _plot(out, rows))
 
 
-def _plot(out: common.Output, rows: List[Dict]) -> None:
+def _plot(out: Output, rows: List[Dict]) -> None:
   labels = [f"{r['pair']}/{r['draft']}\nT={r['temperature']:g}" for r in rows]
   with out.figure("table3_alpha.png", (6, 3.5)) as ax:
     ax.bar(range(len(rows)), [r["alpha"] for r in rows])
@@ -91,7 +95,7 @@ def _plot(out: common.Output, rows: List[Dict]) -> None:
     ax.set(ylabel="α", ylim=(0, 1), title="α by draft (Table 3 analog)")
 
 
-main = common.cli_main(run, "table3_alpha", __doc__, FAST)
+main = cli_main(run, "table3_alpha", __doc__, FAST)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,11 @@ from typing import Dict, List, Sequence
 import gin
 import jax
 
-from experiments import common
+from experiments.common.checks import check_counts
+from experiments.common.cli import Cli, cli_main
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import bleu, load_examples, output_ids, perplexity
+from experiments.common.output import Output, fmt, header, markdown_table
 from specjax import timing
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.data import load_vocab
@@ -30,15 +34,15 @@ FAST = dict(num_examples=2, max_new_tokens=6, leniences=(1.0, 0.3), argmax_lenie
 
 def _quality(pair, ex, result) -> Dict:
   vocab = load_vocab()
-  ids = [common.output_ids(result.tokens[i], int(result.lengths[i])) for i in range(len(ex.texts))]
-  out = {"perplexity": common.perplexity(pair, ex.inputs, ids)}
+  ids = [output_ids(result.tokens[i], int(result.lengths[i])) for i in range(len(ex.texts))]
+  out = {"perplexity": perplexity(pair, ex.inputs, ids)}
   if ex.references[0] is not None:
-    out["bleu"] = common.bleu(ex.references, [vocab.decode(i) for i in ids])
+    out["bleu"] = bleu(ex.references, [vocab.decode(i) for i in ids])
   return out
 
 
 @gin.configurable(module="table5_lenience")
-def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, gamma: int = 5,
+def run(cli: Cli, *, num_examples: int = 32, max_new_tokens: int = 32, gamma: int = 5,
         leniences: Sequence[float] = (1.0, 0.5, 0.3, 0.1),
         argmax_leniences: Sequence[float] = (1.0, 0.5, 0.3, 0.1), repeats: int = 3,
         max_input_len: int = 48) -> List[Dict]:
@@ -51,18 +55,18 @@ def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, ga
     leniences: l values at temperature 1; argmax_leniences: at temperature 0 (A.5).
     repeats: timed runs (median); max_input_len: input width.
   """
-  common.check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, gamma=gamma,
+  check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, gamma=gamma,
                       repeats=repeats)
   rows = []
   for pair in cli.pairs:
-    ex = common.examples(pair, num_examples, max_input_len)
+    ex = load_examples(pair, num_examples, max_input_len)
     cache_len = max_input_len + max_new_tokens + gamma + 1
-    drafter, dparams = common.model_drafter(pair, gamma)
+    drafter, dparams = model_drafter(pair, gamma)
     key = jax.random.PRNGKey(0)
     for temp, ls in ((1.0, leniences), (0.0, argmax_leniences)):
       if not ls:
         continue
-      ar_config = common.decode_config(temp, cache_len)
+      ar_config = decode_config(temp, cache_len)
       runs = {"AR": lambda: autoregressive_decode(pair.target, pair.target_params, ex.inputs,
                                                   max_new_tokens=max_new_tokens, rng=key,
                                                   config=ar_config)}
@@ -70,7 +74,7 @@ def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, ga
         runs[f"l={l}"] = functools.partial(
             speculative_decode, pair.target, pair.target_params, drafter, dparams, ex.inputs,
             max_new_tokens=max_new_tokens, gamma=gamma, rng=key,
-            config=common.decode_config(temp, cache_len, lenience=l))
+            config=decode_config(temp, cache_len, lenience=l))
       t = timing.interleaved(runs, repeats)
       rows.append({"pair": pair.name, "temperature": temp, "lenience": "AR", "alpha": None,
                    "tokens_per_call": 1.0, "speedup": 1.0,
@@ -82,14 +86,14 @@ def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, ga
                      "alpha": float(out.alpha_sum.sum() / max(int(out.alpha_count.sum()), 1)),
                      "tokens_per_call": float(out.lengths.sum()) / max(calls, 1),
                      "speedup": t.median("AR") / t.median(f"l={l}"), **_quality(pair, ex, out)})
-        print({k: common.fmt(v) for k, v in rows[-1].items()})
-  out = common.Output(cli.output_dir, "table5_lenience")
-  md = common.header("Table 5 analog: lenience", cli.pairs, [
+        print({k: fmt(v) for k, v in rows[-1].items()})
+  out = Output(cli.output_dir, "table5_lenience")
+  md = header("Table 5 analog: lenience", cli.pairs, [
       f"{num_examples} examples × {max_new_tokens} tokens in one batch, γ={gamma}; "
       "l = 1 is exact, l < 1 is NOT (quality columns show the cost)",
       "temperature 0 rows use the argmax lenience of A.5",
       f"speedup: AR / speculative median time of {repeats} interleaved runs"])
-  md += "\n" + common.markdown_table(rows, ["pair", "temperature", "lenience", "alpha",
+  md += "\n" + markdown_table(rows, ["pair", "temperature", "lenience", "alpha",
                                             "tokens_per_call", "speedup", "perplexity", "bleu"])
   out.tables(md, rows, cli.pairs)
   with out.figure("table5_lenience.png", (5, 3.5)) as ax:
@@ -103,7 +107,7 @@ def run(cli: common.Cli, *, num_examples: int = 32, max_new_tokens: int = 32, ga
   return rows
 
 
-main = common.cli_main(run, "table5_lenience", __doc__, FAST,
+main = cli_main(run, "table5_lenience", __doc__, FAST,
                        default_pairs=("translate", "lm"))
 
 

@@ -43,7 +43,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
 
-from experiments import common
+from experiments.common.cli import gin_overrides
 from specjax import checkpoints, timing
 from specjax.app import bundled, gin_config
 from specjax import train as train_lib
@@ -178,7 +178,7 @@ def run_one(name: str, model_dir: str, data_dir: Optional[str],
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
   """CLI (see the module docstring)."""
-  bindings, rest = common.gin_overrides(argv, "see RUNS")
+  bindings, rest = gin_overrides(argv, "see RUNS")
   parser = argparse.ArgumentParser(prog="python -m experiments.train_bundled",
                                    description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)

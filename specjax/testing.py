@@ -1,19 +1,69 @@
-"""Tiny fixtures shipped with the package: models given as fixed probability tables.
+"""Tiny fixtures shipped with the package: models given as fixed probability tables, and one
+tiny random-init target/draft pair of real models.
 
 `TableModel` implements `specjax.models.protocol.DecodingModel` with a trigram
 table: the logits at slot t are `log_table[token at t-1, token at t]`, where
 the token at t-1 is read from the model's own KV-style cache. Stale cache slots
 therefore change its output, so decode-loop tests through it also check that
 rollback never lets a rejected guess leak into later logits.
+
+`tiny_pair(family)` is a random-init pair over the bundled 8k vocabulary ('t5': the pair of
+gin/runs/random_tiny.gin; 'lm': a one-layer decoder-only pair), built once per process, so
+that tests sharing it share its compiled loops too. Its outputs mean nothing.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specjax.models import DecoderOnlyConfig, T5Config, build_model
+
+TINY_VOCAB = 8192
+"""The bundled SentencePiece vocabulary's size (`specjax.data.load_vocab`)."""
+
+TINY_CONFIGS = {
+    # gin/models/specjax_tiny_t5.gin, and its draft as gin/runs/random_tiny.gin binds it.
+    "t5": (T5Config(vocab_size=TINY_VOCAB, emb_dim=64, num_heads=4, num_encoder_layers=2,
+                    num_decoder_layers=2, head_dim=16, mlp_dim=128,
+                    mlp_activations=("gelu", "linear"), logits_via_embedding=False),
+           T5Config(vocab_size=TINY_VOCAB, emb_dim=64, num_heads=4, num_encoder_layers=1,
+                    num_decoder_layers=1, head_dim=16, mlp_dim=128,
+                    mlp_activations=("gelu", "linear"), logits_via_embedding=False)),
+    "lm": (DecoderOnlyConfig(vocab_size=TINY_VOCAB, emb_dim=16, num_heads=1, num_layers=1,
+                             head_dim=8, mlp_dim=16),
+           DecoderOnlyConfig(vocab_size=TINY_VOCAB, emb_dim=16, num_heads=1, num_layers=1,
+                             head_dim=8, mlp_dim=8)),
+}
+"""(target, draft) configs of the tiny pairs, by family."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyPair:
+  """A tiny random-init target/draft pair (`tiny_pair`)."""
+
+  target: Any  # the target DecodingModel
+  target_params: Any  # its random init (seed 0)
+  draft: Any  # the draft DecodingModel
+  draft_params: Any  # its random init (seed 1)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_pair(family: str = "t5") -> TinyPair:
+  """The tiny pair of `family` ('t5' or 'lm', `TINY_CONFIGS`), built once per process.
+
+  The params are shared by every caller: treat them as read-only."""
+  if family not in TINY_CONFIGS:
+    raise ValueError(f"family must be one of {sorted(TINY_CONFIGS)}, got {family!r}")
+  target_config, draft_config = TINY_CONFIGS[family]
+  target, draft = build_model(target_config), build_model(draft_config)
+  return TinyPair(target=target, target_params=target.init(jax.random.PRNGKey(0)), draft=draft,
+                  draft_params=draft.init(jax.random.PRNGKey(1)))
 
 
 @dataclasses.dataclass(frozen=True)

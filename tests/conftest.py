@@ -84,3 +84,19 @@ def gin_cleared():
   gin.clear_config()
   yield
   gin.clear_config()
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_pair():
+  """The tiny random-init T5 pair of runs/random_tiny.gin (`specjax.testing.tiny_pair`), built
+  once per session: tests that share it share its compiled loops. Read-only."""
+  from specjax.testing import tiny_pair  # pylint: disable=import-outside-toplevel
+  return tiny_pair("t5")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_pair():
+  """The tiny random-init decoder-only pair (`specjax.testing.tiny_pair`), built once per
+  session. Read-only."""
+  from specjax.testing import tiny_pair  # pylint: disable=import-outside-toplevel
+  return tiny_pair("lm")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from experiments import bench, common, figure1, table1, table2_speedup, table3_alpha, \
-    table5_lenience
+from experiments import bench, figure1, table1, table2_speedup, table3_alpha, table5_lenience
+from experiments.common.pairs import RANDOM_NOTE, load_pair
 from tests.test_analysis import TABLE1
 
 
@@ -35,7 +35,7 @@ def test_table3_alpha_gin_pair(tmp_path):
   _files(tmp_path, "table3_alpha")
   assert {r["draft"] for r in rows} == {"bigram", "model"}
   assert all(0.0 <= r["alpha"] <= 1.0 and r["positions"] > 0 for r in rows)
-  assert common.RANDOM_NOTE in (tmp_path / "table3_alpha.md").read_text()
+  assert RANDOM_NOTE in (tmp_path / "table3_alpha.md").read_text()
   assert json.loads((tmp_path / "table3_alpha.json").read_text())["rows"] == rows
 
 
@@ -91,4 +91,4 @@ def test_bench_with_hf_peer(tmp_path):
 
 def test_bad_pair_name_is_named():
   with pytest.raises(ValueError, match="unknown pair"):
-    common.load_pair("summarize")
+    load_pair("summarize")

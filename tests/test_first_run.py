@@ -37,6 +37,21 @@ def test_speedup_is_the_ratio_of_per_token_times():
   assert speedup == pytest.approx(2.0)
 
 
+def test_speedup_is_the_ratio_of_the_medians_within_the_per_pass_range():
+  # Per pass the ratios are 4.0, 0.8 and 1.0 (median 1.0); the medians are 3.0 s and 2.5 s.
+  # The summary prints the medians as ms per token, so the speedup is their ratio, 1.2.
+  timings = timing.Timings(samples={"ar": (4.0, 2.0, 3.0), "spec": (1.0, 2.5, 3.0)},
+                           compile_s={"ar": 0.0, "spec": 0.0}, outputs={})
+  speedup, low, high = report.per_token_speedup(timings, ar_tokens=100, spec_tokens=100)
+  assert speedup == pytest.approx(1.2) and low == pytest.approx(0.8)
+  assert high == pytest.approx(4.0)
+
+
+def _printed_rows(text):
+  """The summary table's rows as printed: metric -> value (both as text)."""
+  return dict(re.findall(r"^\W*\s(\w+)\s+\W\s+(\S.*?)\s+\W\s*$", text, re.MULTILINE))
+
+
 def _job(tmp_path, *bindings, prompts=("Hello world",)):
   args = [f"--gin_file={TINY}", "--plain", f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'",
           "--gin.BATCH_SIZE=1", *bindings]
@@ -60,6 +75,23 @@ def test_sampled_run_reports_both_decodes_tokens_and_rates(tmp_path):
   assert "ms per emitted token" in summary["speedup_is"]
 
 
+def test_a_reader_divides_the_printed_ms_per_token_and_gets_the_speedup(tmp_path, capsys):
+  # The settings of the sampled run above: its compiled loops are reused.
+  summary = _job(tmp_path, "--gin.MAX_NEW_TOKENS=12", "--gin.GAMMA_POLICY='constant'",
+                 "--gin.GAMMA=2", "--gin_file=decoding/sampling.gin",
+                 prompts=("Hello world", "A second input", "and a third"))
+  assert summary["speedup"] == pytest.approx(
+      summary["autoregressive_ms_per_token"] / summary["speculative_ms_per_token"], rel=1e-9)
+  rows = _printed_rows(capsys.readouterr().out)
+  ar, spec, speedup = (float(rows[k]) for k in ("autoregressive_ms_per_token",
+                                                "speculative_ms_per_token", "speedup"))
+  # Three significant digits each: the reader's division is within 1.5% of the printed value.
+  assert ar / spec == pytest.approx(speedup, rel=0.015)
+  low, high = map(float, rows["speedup_range"].split("-"))
+  assert low <= round(summary["speedup"], 2) <= high
+  assert rows["gamma"] == "2"
+
+
 def test_a_run_that_never_speculates_says_so_and_why(tmp_path, capsys):
   table = tmp_path / "costs.json"
   common = ("--gin.MAX_NEW_TOKENS=6", "--gin.GAMMA_POLICY='auto'", f"--gin.COST_TABLE='{table}'")
@@ -79,6 +111,10 @@ def test_a_run_that_never_speculates_says_so_and_why(tmp_path, capsys):
                    r"round costs [0-9.]+ autoregressive steps, so ", reason)
   assert "--gin.GAMMA_POLICY=\"'constant'\"" in reason
   assert "Note: speculation was off in" in printed
+  # No speedup, so no range of it, and no γ: no round played one.
+  assert "speedup_range" not in summary and "gamma" not in summary
+  assert "speedup_range" not in printed and " gamma " not in printed
+  assert "speedup_range" not in summary["speedup_is"]
 
 
 def test_break_even_alpha_solves_eq_1():

@@ -137,6 +137,57 @@ def test_cycle_check_sees_a_cycle(tmp_path):
     ROOT = saved
 
 
+def _named_settings(node) -> bool:
+  name = (node.id if isinstance(node, ast.Name)
+          else node.attr if isinstance(node, ast.Attribute) else "")
+  return "settings" in name.lower()
+
+
+def _untyped_settings(source: str):
+  """Lines of `source` that pack locals() (or vars()) into a dict, build a dict named
+  *settings* (a variable, attribute or keyword argument), or read a *settings* object by a
+  string key (`s["gamma"]`, `s.get("gamma")`)."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and (node.func.id == "locals" or (node.func.id == "vars" and not node.args))):
+      found.append(node.lineno)
+    elif (isinstance(node, ast.Subscript) and _named_settings(node.value)
+          and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)):
+      found.append(node.lineno)
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == "get" and _named_settings(node.func.value)):
+      found.append(node.lineno)
+    elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.keyword)):
+      targets = (node.targets if isinstance(node, ast.Assign) else
+                 [node.target] if isinstance(node, ast.AnnAssign) else [ast.Name(node.arg or "")])
+      value = node.value
+      is_dict = isinstance(value, (ast.Dict, ast.DictComp)) or (
+          isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+          and value.func.id == "dict")
+      if is_dict and any(_named_settings(t) for t in targets):
+        found.append(value.lineno)
+  return sorted(set(found))
+
+
+def test_app_settings_are_typed_fields():
+  """The main job's settings travel as typed fields (`specjax.app.settings.JobSettings`):
+  no locals() packed into a dict, no settings read back by string keys."""
+  offenders = {str(path.relative_to(ROOT)): lines
+               for path in sorted((PACKAGE / "app").rglob("*.py"))
+               if (lines := _untyped_settings(path.read_text()))}
+  assert not offenders, f"untyped settings (file: lines): {offenders}"
+
+
+def test_untyped_settings_check_sees_every_form():
+  source = ("def f(a, b):\n  settings = {k: v for k, v in locals().items()}\n"
+            "  x = plan.settings['gamma']\n  y = settings.get('tree')\n"
+            "  self.settings = dict(a=a)\n  job_settings: dict = {'a': a}\n  z = vars()\n"
+            "  ok = plan.settings.gamma + vars(plan)['x'] + table['gamma']\n"
+            "  return Plan(settings=dict(a, b=b))\n")
+  assert _untyped_settings(source) == [2, 3, 4, 5, 6, 7, 9]
+
+
 @pytest.fixture(scope="module")
 def wheel_file(tmp_path_factory):
   # Built from a fresh copy of the sources: a build/ folder left in the checkout by an earlier
@@ -220,13 +271,14 @@ def _experiment_imports(path: pathlib.Path):
 
 
 def test_experiment_scripts_import_no_other_script():
-  """experiments/common.py is the shared module (and the scale benchmark's two helpers, no
-  scripts themselves); no script imports another script."""
-  shared = {"experiments.common", "experiments.hlo_stats", "experiments.reference_decoder"}
+  """experiments/common/ holds the shared modules, beside the scale benchmark's two helpers
+  (no scripts themselves); no script imports another script."""
+  helpers = {"experiments.hlo_stats", "experiments.reference_decoder"}
   offenders = {}
   for path in sorted((ROOT / "experiments").glob("*.py")):
     own = f"experiments.{path.stem}"
-    others = _experiment_imports(path) - shared - {own}
+    others = {m for m in _experiment_imports(path) - {own} - helpers
+              if m != "experiments.common" and not m.startswith("experiments.common.")}
     if others:
       offenders[own] = sorted(others)
   assert not offenders, f"experiment scripts importing other scripts: {offenders}"
@@ -240,3 +292,49 @@ def test_experiment_import_check_sees_every_form(tmp_path):
   assert _experiment_imports(source) == {"experiments.a", "experiments.b", "experiments.common",
                                          "experiments.c", "experiments.d", "experiments.e",
                                          "experiments.f"}
+
+
+def _jitted_loops(path: pathlib.Path):
+  """Names of the functions in `path` under a `jax.jit` decorator whose own body runs a
+  `while_loop` (the whole-loop functions)."""
+  out = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if not isinstance(node, ast.FunctionDef):
+      continue
+    jitted = any("jax.jit" in ast.unparse(d) for d in node.decorator_list)
+    loops = any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith("while_loop")
+                for n in ast.walk(node))
+    if jitted and loops:
+      out.append(node.name)
+  return out
+
+
+def test_one_whole_loop_runner_in_decode():
+  """Every decode loop (autoregressive, chain, tree) runs through ONE jitted whole-loop
+  function per mode: `runner.run_loop` (a padded batch) and `stream._run` (slots); beam search
+  has its own loop."""
+  found = {f"{path.stem}.{name}" for path in sorted((PACKAGE / "decode").glob("*.py"))
+           if not path.stem.startswith("beam") for name in _jitted_loops(path)}
+  assert found == {"runner.run_loop", "stream._run"}, found
+  callers = sorted(f"{path.stem}:{node.lineno}" for path in (PACKAGE / "decode").glob("*.py")
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(".rounds"))
+  assert [c.split(":")[0] for c in callers] == ["runner", "stream"], callers
+
+
+def test_every_exported_drafter_is_registered():
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import specjax.draft as draft  # pylint: disable=import-outside-toplevel
+  exported = [getattr(draft, n) for n in draft.__all__]
+  classes = {c for c in exported if isinstance(c, type) and dataclasses.is_dataclass(c)
+             and hasattr(c, "propose")}
+  assert len(classes) == 7 and classes == set(draft.DRAFTERS.values())
+
+
+def test_no_duck_typed_drafters_in_decode():
+  """Loops read drafters through the `Drafter` protocol, never `getattr(drafter, ...)`."""
+  offenders = [f"{path.name}:{node.lineno}" for path in sorted((PACKAGE / "decode").glob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Call) and ast.unparse(node.func) in ("getattr", "hasattr")
+               and "drafter" in ast.unparse(node.args[0])]
+  assert not offenders, offenders

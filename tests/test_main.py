@@ -8,7 +8,6 @@ import os
 import signal
 
 import gin
-import jax
 import numpy as np
 import pytest
 
@@ -18,7 +17,7 @@ from specjax import app as main
 from specjax.app import bundled, gin_config
 from specjax.data import load_vocab
 from specjax.checkpoints import load_t5x_for_model, save_t5x
-from specjax.app import build_model, run
+from specjax.app import run
 
 TINY = "runs/random_tiny.gin"  # a random-init tiny pair: checkpoints can be made from it
 
@@ -41,17 +40,16 @@ def test_default_run_writes_outputs_and_is_greedy_identical(tmp_path):
   assert json.loads((tmp_path / "summary.json").read_text())["gamma"] == 4
   # Each decode timed 3 times, interleaved: medians, and the per-pass ratios' range.
   assert summary["timing_repeats"] == 3
-  low, high = map(float, summary["speedup_range"].split("-"))
   if isinstance(summary["speedup"], str):  # every round at γ = 0: no speedup, and why
     assert summary["speedup"].startswith("n/a") and "speculation_off" in summary
   else:
+    low, high = map(float, summary["speedup_range"].split("-"))
     assert low <= round(summary["speedup"], 2) <= high
 
 
-def test_checkpoints_round_trip_through_the_job(tmp_path):
-  gin_config.parse([TINY], [])
-  target = build_model(gin_config.model_config("target"))
-  params = target.init(jax.random.PRNGKey(0))
+def test_checkpoints_round_trip_through_the_job(tmp_path, tiny_t5_pair):
+  # The shared tiny pair is the random-init pair of TINY (seed 0 for the target).
+  target, params = tiny_t5_pair.target, tiny_t5_pair.target_params
   save_t5x(params, str(tmp_path / "target"), step=3, dtype="float32")
   loaded = load_t5x_for_model(str(tmp_path / "target"), target)
   inputs = np.array([[5, 6, 7, 1]], np.int32)
@@ -72,7 +70,7 @@ def test_checkpoints_round_trip_through_the_job(tmp_path):
   assert a["autoregressive"] == b["autoregressive"]
 
 
-def test_required_macros_and_bad_checkpoint_are_named(tmp_path):
+def test_required_macros_and_bad_checkpoint_are_named(tmp_path, tiny_t5_pair):
   with pytest.raises(ValueError, match="TARGET_MODEL"):
     run(["--gin_file=runs/decode.gin", "--prompt", "x"])
   gin.clear_config()
@@ -80,10 +78,7 @@ def test_required_macros_and_bad_checkpoint_are_named(tmp_path):
     run(["--prompt", "x", f"--gin.TARGET_CHECKPOINT='{tmp_path / 'nothing'}'"])
   gin.clear_config()
   # A checkpoint whose shapes do not match the model config names the parameter.
-  gin_config.parse([TINY], [])
-  draft = build_model(gin_config.model_config("draft"))
-  save_t5x(draft.init(jax.random.PRNGKey(0)), str(tmp_path / "draft"), dtype="float32")
-  gin.clear_config()
+  save_t5x(tiny_t5_pair.draft_params, str(tmp_path / "draft"), dtype="float32")
   with pytest.raises(ValueError, match="missing parameter|unexpected parameter|has shape"):
     run([f"--gin_file={TINY}", "--prompt", "x",
          f"--gin.TARGET_CHECKPOINT='{tmp_path / 'draft'}'"])
@@ -349,3 +344,33 @@ def test_read_model_gin_of_a_folder_uses_the_restricted_parser(tmp_path):
   path.write_text(TINY_LM + "import os\n")
   with pytest.raises(ValueError, match="model.gin:8: this line is not allowed"):
     read_model_gin(str(path.parent))
+
+
+def test_the_shared_tiny_pair_is_the_random_tiny_run(tiny_t5_pair):
+  from specjax.testing import tiny_pair  # pylint: disable=import-outside-toplevel
+  assert tiny_pair("t5") is tiny_t5_pair  # built once per process
+  gin_config.parse([TINY], [])
+  assert gin_config.model_config("target") == tiny_t5_pair.target.config
+  assert gin_config.model_config("draft") == tiny_t5_pair.draft.config
+  with pytest.raises(ValueError, match="family must be one of"):
+    tiny_pair("gpt")
+
+
+def test_job_settings_are_one_frozen_typed_object():
+  from specjax.app.settings import JobSettings  # pylint: disable=import-outside-toplevel
+  from specjax.decode import DecodeConfig  # pylint: disable=import-outside-toplevel
+  names = {f.name for f in dataclasses.fields(JobSettings)}
+  # Sampling, lenience, verifier and γ policy live in the DecodeConfig alone.
+  assert not names & {"sampling", "temperature", "lenience", "verifier", "gamma_policy"}
+  settings = JobSettings(
+      decoding=DecodeConfig(), drafter="model", drafter_options={}, gamma=2, max_gamma=4,
+      tree=None, max_new_tokens=8, batch_size=1, max_input_len=16, seed=0,
+      target_checkpoint=None, draft_checkpoint=None, weights_dtype="float32",
+      draft_weights_dtype="float32", partitioner=None, vocabulary=None, draft_vocabulary=None,
+      task_vocabulary=None, cost_table=None, output_dir=None, timing_repeats=1,
+      write_scores=False, plain=True)
+  assert settings.gamma == 2 and settings.drafter_class == "model"
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    settings.gamma = 3
+  with pytest.raises(ValueError, match=r"gamma must be in \[1, max_gamma=1\]"):
+    dataclasses.replace(settings, max_gamma=1)

@@ -34,3 +34,46 @@ def test_settings_a_tree_cannot_take_are_refused_first(monkeypatch, tmp_path, bi
   with pytest.raises(ValueError, match=message):
     run([f"--gin_file={TINY}", "--gin_file=decoding/tree.gin", "--prompt", "x",
          f"--gin.OUTPUT_DIR='{tmp_path}'", *bindings])
+
+
+def test_a_registered_tree_drafter_runs_by_name(tmp_path):
+  # Prompt lookup drafting its own tree (2 branches, depth 3): no TREE, no draft model.
+  summary = run([f"--gin_file={TINY}", "--prompt", "Hello world", "--gin.MAX_NEW_TOKENS=6",
+                 "--gin.BATCH_SIZE=1", "--gin.TIMING_REPEATS=1", "--plain",
+                 "--gin.decode_job.drafter='prompt_lookup_tree'",
+                 "--gin.decode_job.drafter_options={'depth': 3}",
+                 f"--gin.OUTPUT_DIR='{tmp_path}'"])
+  assert summary["drafter"] == "prompt_lookup_tree"
+  assert summary["tree"] == "StaticTree, nodes per level 2/2/2"
+  assert summary["greedy_identical"] is True
+
+
+@pytest.mark.parametrize("bindings,message", [
+    (["--gin.decode_job.drafter='no_such'"], r"drafter must be one of \[.*'prompt_lookup'"),
+    (["--gin.decode_job.drafter='ngram'"], "'ngram' drafts from params fitted in Python"),
+    (["--gin.decode_job.drafter_options={'nope': 1}"],
+     r"drafter 'model' has no field 'nope'; its fields are \['model', 'max_gamma'"),
+])
+def test_drafter_settings_are_refused_before_any_model(monkeypatch, tmp_path, bindings, message):
+  def fail(*args, **kwargs):
+    raise AssertionError("a model was built before the settings were checked")
+  monkeypatch.setattr("specjax.app.plan.build_model", fail)
+  with pytest.raises(ValueError, match=message):
+    run([f"--gin_file={TINY}", "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}'", *bindings])
+
+
+@pytest.mark.parametrize("bindings,message", [
+    # The drafter's own tree is known once it is built (its vocabulary is the target's).
+    (["--gin.decode_job.drafter='prompt_lookup_tree'", "--gin.GAMMA_POLICY='heuristic'"],
+     "TREE takes GAMMA_POLICY 'constant' or 'auto'"),
+    (["--gin.decode_job.drafter='prompt_lookup_tree'",
+      "--gin.decode_job.drafter_options={'branches': 9000}"],
+     "gives a node 9000 children, more than the vocabulary's 8192 tokens"),
+])
+def test_a_drafter_tree_is_refused_before_any_weights_load(monkeypatch, tmp_path, bindings,
+                                                           message):
+  def fail(*args, **kwargs):
+    raise AssertionError("weights were loaded before the tree was checked")
+  monkeypatch.setattr("specjax.app.measure.load_params", fail)
+  with pytest.raises(ValueError, match=message):
+    run([f"--gin_file={TINY}", "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}'", *bindings])

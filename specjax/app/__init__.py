@@ -3,6 +3,7 @@ bundled pairs and the HF export. Nothing below it imports it.
 
   main      `run` / `cli`: the `specjax` command (`python -m specjax.main`)
   job       `decode_job`: plan -> load -> measure -> report
+  settings  `JobSettings`: the job's settings as one frozen, typed object, checked when made
   plan      settings checked, models built, inputs framed (nothing loaded)
   loading   models and vocabulary from gin and T5X checkpoints
   measure   the weights loaded; the two decodes timed side by side (`specjax.timing`)

@@ -195,4 +195,4 @@ def explained(summary: Dict, plan, loaded, measured) -> Dict:
     return summary
   return {**summary, **greedy_difference(plan.target, loaded.target_params, plan.inputs,
                                          plan.prompt_lengths, measured.ar, measured.spec,
-                                         plan.settings["weights_dtype"])}
+                                         plan.settings.weights_dtype)}

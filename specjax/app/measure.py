@@ -40,14 +40,14 @@ class Measured:
 def load(plan: Plan) -> Loaded:
   """The target's and the draft's weights, cast to the plan's weight dtypes."""
   settings = plan.settings
-  seed, partitioner = settings["seed"], settings["partitioner"]
+  seed, partitioner = settings.seed, settings.partitioner
   target_params = load_params(plan.target, plan.checkpoints["target"], seed, partitioner)
   draft_params = (load_params(plan.draft, plan.checkpoints["draft"], seed + 1, partitioner)
                   if plan.draft is not None else None)
-  if settings["weights_dtype"] != "float32":
-    target_params = cast_kernels(target_params, WEIGHTS_DTYPES[settings["weights_dtype"]])
-  if settings["draft_weights_dtype"] != "float32" and draft_params is not None:
-    draft_params = cast_kernels(draft_params, WEIGHTS_DTYPES[settings["draft_weights_dtype"]])
+  if settings.weights_dtype != "float32":
+    target_params = cast_kernels(target_params, WEIGHTS_DTYPES[settings.weights_dtype])
+  if settings.draft_weights_dtype != "float32" and draft_params is not None:
+    draft_params = cast_kernels(draft_params, WEIGHTS_DTYPES[settings.draft_weights_dtype])
   return Loaded(target_params=target_params, draft_params=draft_params)
 
 
@@ -55,21 +55,21 @@ def decoders(plan: Plan, loaded: Loaded, costs) -> Dict[str, Callable[..., Decod
   """{'ar': ..., 'spec': ...}: each decodes every input (keyword: on_progress) through
   min(batch_size, inputs) slots (in-flight batching), one key per example."""
   settings = plan.settings
-  keys = jax.random.split(jax.random.PRNGKey(settings["seed"]), len(plan.examples))
-  stream = dict(rng=keys, partitioner=settings["partitioner"], slots=settings["slots"],
-                prompt_lengths=plan.prompt_lengths, max_new_tokens=settings["max_new_tokens"])
-  spec_config = dataclasses.replace(plan.config, trace=True)
-  if settings["tree"] is not None:
+  keys = jax.random.split(jax.random.PRNGKey(settings.seed), len(plan.examples))
+  stream = dict(rng=keys, partitioner=settings.partitioner, slots=plan.slots,
+                prompt_lengths=plan.prompt_lengths, max_new_tokens=settings.max_new_tokens)
+  spec_config = dataclasses.replace(settings.decoding, trace=True)
+  if plan.drafter.tree is not None:  # TREE, or a drafter that drafts its own tree
     spec = lambda **kw: tree_decode(plan.target, loaded.target_params, plan.drafter,
                                     loaded.draft_params, plan.inputs, config=spec_config,
                                     costs=costs, **stream, **kw)
   else:
     spec = lambda **kw: speculative_decode(plan.target, loaded.target_params, plan.drafter,
                                            loaded.draft_params, plan.inputs,
-                                           gamma=settings["gamma"], config=spec_config,
+                                           gamma=settings.gamma, config=spec_config,
                                            costs=costs, **stream, **kw)
   return {"ar": lambda **kw: autoregressive_decode(plan.target, loaded.target_params,
-                                                   plan.inputs, config=plan.config, **stream,
+                                                   plan.inputs, config=settings.decoding, **stream,
                                                    **kw),
           "spec": spec}
 
@@ -99,13 +99,13 @@ def measure(plan: Plan, loaded: Loaded, console: Console,
     console.print(f"interrupted after {done[0]} of {total} examples: nothing written")
     raise
   calibrated_s = 0.0
-  if plan.settings["gamma_policy"] == "auto" and costs is None:  # calibrated during that run
+  if plan.settings.decoding.gamma_policy == "auto" and costs is None:  # calibrated in that run
     costs = spec_first.cost_table
     calibrated_s = costs.calibration_s
-    if plan.settings["cost_table"]:
-      costs.save(plan.settings["cost_table"])
+    if plan.settings.cost_table:
+      costs.save(plan.settings.cost_table)
     fns = decoders(plan, loaded, costs)
-  timings = timing.interleaved(fns, plan.settings["timing_repeats"], warmup=False)
+  timings = timing.interleaved(fns, plan.settings.timing_repeats, warmup=False)
   compile_s = {"ar": max(ar_first_s - timings.median("ar"), 0.0),
                "spec": max(spec_first_s - timings.median("spec") - calibrated_s, 0.0)}
   spec = timings.outputs["spec"]
@@ -124,11 +124,12 @@ def draft_cost(plan: Plan, loaded: Loaded, tokens: int = 16) -> Optional[float]:
   first, lengths = plan.inputs[:1], None
   if plan.prompt_lengths is not None:
     lengths = plan.prompt_lengths[:1]
-  budget = min(tokens, plan.settings["max_new_tokens"])
+  budget = min(tokens, plan.settings.max_new_tokens)
   run = lambda model, params: lambda: autoregressive_decode(
       model, params, first, max_new_tokens=budget, rng=jax.random.PRNGKey(0),
-      config=dataclasses.replace(plan.config, eos_id=-1, cache_len=None), prompt_lengths=lengths,
-      partitioner=plan.settings["partitioner"])
+      config=dataclasses.replace(plan.settings.decoding, eos_id=-1, cache_len=None),
+      prompt_lengths=lengths,
+      partitioner=plan.settings.partitioner)
   timings = timing.interleaved({"draft": run(plan.draft, loaded.draft_params),
                                 "target": run(plan.target, loaded.target_params)}, 3)
   return timings.ratio("draft", "target")[0]

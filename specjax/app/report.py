@@ -107,11 +107,15 @@ def speculation_rounds(result: DecodeResult) -> tuple:
 
 
 def per_token_speedup(timings, ar_tokens: int, spec_tokens: int) -> tuple:
-  """Pass by pass, the autoregressive decode's seconds per emitted token over the speculative
-  one's: (median, min, max). At T = 0 both emit the same tokens; at T > 0 they differ."""
-  ratio, low, high = timings.ratio("ar", "spec")
+  """(speedup, low, high). The speedup is the autoregressive decode's median seconds per
+  emitted token over the speculative one's: the summary's autoregressive_ms_per_token /
+  speculative_ms_per_token. low and high are the least and greatest of the same ratio taken
+  pass by pass (the two decodes of a pass ran side by side); the ratio of the medians always
+  lies between them. At T = 0 both decodes emit the same tokens; at T > 0 they differ."""
+  _, low, high = timings.ratio("ar", "spec")
   scale = spec_tokens / max(ar_tokens, 1)
-  return ratio * scale, low * scale, high * scale
+  speedup = timings.median("ar") / max(timings.median("spec"), 1e-12) * scale
+  return speedup, low * scale, high * scale
 
 
 def tree_name(tree) -> str:
@@ -122,8 +126,9 @@ def tree_name(tree) -> str:
 def summarize(plan, measured) -> Dict:
   """The summary dict of a main job run (what the table prints and summary.json holds)."""
   settings, spec_out, ar_out = plan.settings, measured.spec, measured.ar
-  timings, costs, sampling = measured.timings, measured.costs, settings["sampling"]
-  verifier, lenience = settings["verifier"], settings["lenience"]
+  timings, costs, decoding = measured.timings, measured.costs, plan.settings.decoding
+  sampling, verifier, lenience = decoding.sampling, decoding.verifier, decoding.lenience
+  tree = plan.drafter.tree  # TREE, or the tree a drafter drafts on its own (None: a chain)
   identical = all(
       np.array_equal(np.asarray(ar_out.tokens[i, :int(ar_out.lengths[i])]),
                      np.asarray(spec_out.tokens[i, :int(spec_out.lengths[i])]))
@@ -137,18 +142,18 @@ def summarize(plan, measured) -> Dict:
   gamma_rounds = np.asarray(spec_out.gamma_hist).sum(0)
   summary = {
       "examples": len(plan.examples),
-      "gamma": settings["gamma"] if settings.get("tree") is None else "n/a: a tree",
-      **({} if settings.get("tree") is None else {"tree": tree_name(settings["tree"])}),
-      "gamma_policy": settings["gamma_policy"], "drafter": settings["drafter"],
-      "weights_dtype": settings["weights_dtype"],
-      "draft_weights_dtype": settings["draft_weights_dtype"],
+      **({} if not speculated else
+         {"gamma": settings.gamma if tree is None else "n/a: a tree"}),
+      **({} if tree is None else {"tree": tree_name(tree)}),
+      "gamma_policy": decoding.gamma_policy, "drafter": settings.drafter,
+      "weights_dtype": settings.weights_dtype,
+      "draft_weights_dtype": settings.draft_weights_dtype,
       "verifier": describe(verifier),
       "temperature": sampling.temperature, "lenience": lenience,
       **ar, **spec,
       "speedup": speedup if speculated else "n/a: speculation was off (below)",
-      "speedup_range": f"{low:.2f}-{high:.2f}",
-      "speedup_is": (f"ms per emitted token, autoregressive / speculative, median of "
-                     f"{settings['timing_repeats']} interleaved passes"),
+      **({} if not speculated else {"speedup_range": f"{low:.2f}-{high:.2f}"}),
+      "speedup_is": speedup_is(settings.timing_repeats, bool(speculated)),
       "speculating_rounds": f"{speculated} of {rounds} ({speculated / max(rounds, 1):.0%})",
       "alpha": float(np.sum(spec_out.alpha_sum) / max(int(np.sum(spec_out.alpha_count)), 1)),
       "tokens_per_target_call": float(np.sum(spec_out.lengths)
@@ -156,7 +161,7 @@ def summarize(plan, measured) -> Dict:
       "greedy_identical": (identical if sampling.greedy and lenience == 1.0
                            and verifier.exact else "n/a (sampling or not exact)"),
       "autoregressive_s": ar_s, "speculative_s": spec_s,
-      "timing_repeats": settings["timing_repeats"],
+      "timing_repeats": settings.timing_repeats,
       "compile_ar_s": measured.compile_s["ar"], "compile_spec_s": measured.compile_s["spec"],
       "slot_utilization": spec_out.slot_utilization,
       "slot_utilization_ar": ar_out.slot_utilization,
@@ -166,6 +171,14 @@ def summarize(plan, measured) -> Dict:
   if speculated < 0.5 * rounds:
     summary["speculation_off"] = speculation_off(speculated, rounds, costs, measured.draft_cost)
   return summary
+
+
+def speedup_is(repeats: int, speculated: bool) -> str:
+  """What the summary's speedup is, in words (the range only where there is a speedup)."""
+  text = (f"ms per emitted token, autoregressive / speculative: autoregressive_ms_per_token / "
+          f"speculative_ms_per_token, each the median of {repeats} interleaved passes")
+  return text + ("; speedup_range: the lowest and highest of that ratio pass by pass"
+                 if speculated else "")
 
 
 def break_even_alpha(round_cost: float, gamma: int) -> Optional[float]:

@@ -4,7 +4,7 @@ Cost model. A round whose largest γ is g costs `s[g]` seconds: s[0] is a plain 
 step (one token wide, no draft call, exactly an autoregressive step); for g ≥ 1 the round
 drafts g guesses and the target scores them in the compiled width of the smallest bucket
 b ≥ g (`DecodeConfig.auto_buckets`), so s[g] = s[b]. The `CostTable` holds s for
-γ = 0 and each bucket, measured once per (models, batch, cache length) by `calibrate`
+γ = 0 and each bucket, measured once per (models, batch, cache length) by `time_rounds`
 inside the compiled loop itself (verification and loop overhead included), so s[g] / s[0]
 is Thm 3.8's denominator γc + 1 with the measured r(γ+1) in place of the paper's r = 1:
 s[g] / s[0] = r(b+1) + g·c + (verification and loop overhead).
@@ -95,7 +95,7 @@ to 0.47, and it stayed narrow for the rest of its decode although its guesses we
 PROBE_EVERY = 16
 """Narrow decisions (g* = 0) are replaced by the prior's own choice every PROBE_EVERY-th round
 (module docstring, Probes)."""
-SCHEDULE_SLOTS = 64
+SCHEDULE_ROUNDS = 64
 """Static length of the forced-γ schedule buffer (calibration, tests)."""
 NO_LIMIT = np.iinfo(np.int32).max
 VERSION = 2
@@ -378,7 +378,7 @@ class AutoControl:
 
   costs: jax.Array  # float32 [G+1]: s[g] per largest γ (`CostTable.per_gamma`)
   gamma_cap: jax.Array  # int32 []: the largest γ the policy may pick
-  schedule: jax.Array  # int32 [SCHEDULE_SLOTS]: forced batch γ of round r (-1: the policy)
+  schedule: jax.Array  # int32 [SCHEDULE_ROUNDS]: forced batch γ of round r (-1: the policy)
   max_rounds: jax.Array  # int32 []: stop after this many rounds (calibration)
   rollback: jax.Array  # bool []: undo every round's commit (calibration: rows never move)
   prior: jax.Array  # float32 []: α of each row's prior positions (`prior_of`)
@@ -388,12 +388,12 @@ class AutoControl:
   def make(costs, gamma_cap: int, schedule: Sequence[int] = (), max_rounds: int = NO_LIMIT,
            rollback: bool = False, prior: Optional[float] = None,
            prior_weight: float = 1.0) -> "AutoControl":
-    if len(schedule) > SCHEDULE_SLOTS:
-      raise ValueError(f"a schedule holds at most {SCHEDULE_SLOTS} rounds, got {len(schedule)}")
-    slots = np.full(SCHEDULE_SLOTS, -1, np.int32)
-    slots[:len(schedule)] = schedule
+    if len(schedule) > SCHEDULE_ROUNDS:
+      raise ValueError(f"a schedule holds at most {SCHEDULE_ROUNDS} rounds, got {len(schedule)}")
+    padded = np.full(SCHEDULE_ROUNDS, -1, np.int32)
+    padded[:len(schedule)] = schedule
     return AutoControl(costs=jnp.asarray(costs, jnp.float32), gamma_cap=jnp.int32(gamma_cap),
-                       schedule=jnp.asarray(slots), max_rounds=jnp.int32(max_rounds),
+                       schedule=jnp.asarray(padded), max_rounds=jnp.int32(max_rounds),
                        rollback=jnp.bool_(rollback),
                        prior=jnp.float32(PRIOR_ALPHA if prior is None else prior),
                        prior_weight=jnp.float32(prior_weight))
@@ -402,7 +402,7 @@ class AutoControl:
 # --------------------------------------------------------------------------- calibration
 
 
-def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: int,
+def time_rounds(run: Callable[["AutoControl"], None], *, batch: int, cache_len: int,
               max_gamma: int, buckets: Tuple[int, ...], models: str, rounds: int = 6,
               repeats: int = 3, alpha_rounds: Optional[int] = None) -> CostTable:
   """Times every round variant inside the compiled loop and returns the `CostTable`.
@@ -425,12 +425,12 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   `repeats` times: a busy spell hits neighbours alike), and each cost is the median of
   its paired differences. A round with guesses does all a γ = 0 round does and more, so
   no bucket is costed below the γ = 0 round (noise can suggest it on a busy machine).
-  `alpha_rounds` sets the α run's length instead of R (at most SCHEDULE_SLOTS): a token
+  `alpha_rounds` sets the α run's length instead of R (at most SCHEDULE_ROUNDS): a token
   tree's α is one indicator per round (`specjax.decode.tree`), not one overlap per guess, so
   it needs more rounds for the same precision.
   """
-  if not 1 <= rounds <= SCHEDULE_SLOTS:
-    raise ValueError(f"calibration rounds must be in [1, {SCHEDULE_SLOTS}], got {rounds}")
+  if not 1 <= rounds <= SCHEDULE_ROUNDS:
+    raise ValueError(f"calibration rounds must be in [1, {SCHEDULE_ROUNDS}], got {rounds}")
   choices = (0,) + tuple(buckets)
   ones = np.ones(max_gamma + 1, np.float32)
 
@@ -445,14 +445,14 @@ def calibrate(run: Callable[["AutoControl"], None], *, batch: int, cache_len: in
   start = time.perf_counter()
   fixed = min(timed(0, 0), timed(0, 0))
   step = (timed(0, rounds) - fixed) / rounds
-  count = int(min(SCHEDULE_SLOTS, 4 * rounds, max(rounds, np.ceil(fixed / max(step, 1e-9)))))
+  count = int(min(SCHEDULE_ROUNDS, 4 * rounds, max(rounds, np.ceil(fixed / max(step, 1e-9)))))
   costs: Dict[int, List[float]] = {g: [] for g in choices}
   for _ in range(repeats):
     base = timed(0, 0)
     for g in choices:
       costs[g].append((timed(g, count) - base) / count)
   spent = time.perf_counter() - start
-  widest = min(SCHEDULE_SLOTS, alpha_rounds or count)
+  widest = min(SCHEDULE_ROUNDS, alpha_rounds or count)
   alpha_sum, alpha_count = run(AutoControl.make(ones, max_gamma, [buckets[-1]] * widest,
                                                 max_rounds=widest))
   alpha_sum, alpha_count = np.asarray(alpha_sum, np.float64), np.asarray(alpha_count)

@@ -35,8 +35,8 @@ def decision(control: auto.AutoControl, buckets, prefix_len, max_new_tokens,
   variant (0 narrow, i ≥ 1 bucket i-1) -> (int32 [B], int32 [])."""
   active, room = ~state.done, prefix_len + max_new_tokens - state.length
   rounds = jnp.max(state.target_calls)
-  forced = control.schedule[jnp.minimum(rounds, auto.SCHEDULE_SLOTS - 1)]
-  forced = jnp.where(rounds < auto.SCHEDULE_SLOTS, forced, -1)
+  forced = control.schedule[jnp.minimum(rounds, auto.SCHEDULE_ROUNDS - 1)]
+  forced = jnp.where(rounds < auto.SCHEDULE_ROUNDS, forced, -1)
   rule = auto.choose_gamma(control.costs, state.alpha_sum, state.alpha_count, active, room,
                            control.gamma_cap, control.prior, control.prior_weight)
   # A probe (auto module docstring): a narrow choice gives way, every PROBE_EVERY-th round, to
@@ -62,8 +62,8 @@ def narrow_stands(control: auto.AutoControl, prefix_len, done, state: LoopState)
   balance), while the control's schedule forces a γ (calibration), and before a probe round
   (`auto.PROBE_EVERY`)."""
   rounds = jnp.max(state.target_calls)
-  forced = (rounds < auto.SCHEDULE_SLOTS) & (
-      control.schedule[jnp.minimum(rounds, auto.SCHEDULE_SLOTS - 1)] >= 0)
+  forced = (rounds < auto.SCHEDULE_ROUNDS) & (
+      control.schedule[jnp.minimum(rounds, auto.SCHEDULE_ROUNDS - 1)] >= 0)
   made = state.length - prefix_len  # tokens so far per row: equal iff the rooms are
   busy = ~state.done
   first = jnp.max(jnp.where(busy, made, jnp.iinfo(jnp.int32).min))
@@ -74,7 +74,7 @@ def narrow_stands(control: auto.AutoControl, prefix_len, done, state: LoopState)
 
 def rolled_back(control: auto.AutoControl, variant, state: LoopState, gamma) -> LoopState:
   """One round of `variant` with the rows' γ; calibration rolls it back (rows never move or
-  finish: every round is the same work; stale cache slots past a row's length are never
+  finish: every round is the same work; stale cache positions past a row's length are never
   read, as after a rejection)."""
   after = variant(state.replace(gamma=gamma))
   return after.replace(length=jnp.where(control.rollback, state.length, after.length),

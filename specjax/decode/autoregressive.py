@@ -2,20 +2,20 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, ClassVar, Callable, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 
+from specjax.decode import runner
 from specjax.decode.config import DecodeConfig
-from specjax.decode.inputs import check_decode, check_nan, initial_seq
-from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
-from specjax.decode.state import DecodeResult, LoopState
-from specjax.decode.stream import Streaming, as_streaming, decode_streaming
+from specjax.decode.inputs import check_decode
+from specjax.decode.loop import advance, bad_logits, going, last_tokens, start_loop
+from specjax.decode.state import DecodeResult, LoopParams, LoopState
+from specjax.decode.stream import Streaming, as_streaming
 from specjax.models import DecodingModel
-from specjax.sampling import CORRECTION_STREAM, Sampling, position_key, row_keys
-from specjax.sharding import Partitioner, constrain, place, unpad
+from specjax.sampling import CORRECTION_STREAM, Sampling, position_key
+from specjax.sharding import Partitioner
 
 
 def next_tokens(sampling: Sampling, keys: jax.Array, length: jax.Array,
@@ -31,22 +31,39 @@ def next_tokens(sampling: Sampling, keys: jax.Array, length: jax.Array,
 
 @dataclasses.dataclass(frozen=True)
 class AutoregressiveLoop:
-  """The baseline's start and round (static, hashable), shared by the padded-batch loop and the
-  streaming decode (`specjax.decode.stream`). `params` is the model's parameters."""
+  """The baseline as a `runner.Loop`: one target call per row per round (static, hashable).
+  `params` is a `LoopParams` (the target's; no drafter)."""
 
   target: DecodingModel
   config: DecodeConfig
 
-  def start(self, params, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
+  drafter: ClassVar[None] = None
+  takes_gamma: ClassVar[bool] = False
+  auto: ClassVar[bool] = False  # the 'auto' policy is a speculative loop's
+  max_gamma: ClassVar[int] = 0
+  buckets: ClassVar[Tuple[int, ...]] = ()
+  alpha_rounds: ClassVar[Optional[int]] = None
+
+  @classmethod
+  def of(cls, target: DecodingModel, config: DecodeConfig) -> "AutoregressiveLoop":
+    """The loop for `config`, keeping only what it reads (sampling, EOS, cache length), so
+    every decode that runs it (an 'auto' fallback included) shares one compiled loop."""
+    return cls(target, DecodeConfig(sampling=config.sampling, eos_id=config.eos_id,
+                                    cache_len=config.cache_len))
+
+  def fallback_loop(self) -> "AutoregressiveLoop":
+    return self
+
+  def start(self, params: LoopParams, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
     """inputs [B, L], seq [B, T], length [B] -> (LoopState, encoded) after encode / prefill."""
     del gamma  # one token per call
-    return start_loop(self.target, params, inputs, seq, length, seq.shape[1], 1)
+    return start_loop(self.target, params.target, inputs, seq, length, seq.shape[1], 1)
 
-  def round(self, params, state: LoopState, keys, encoded, prefix_len,
+  def round(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
             max_new_tokens) -> LoopState:
     """One target call per row: keys [B] row keys, prefix_len int32 [B]."""
-    logits, cache = self.target.decode(params, state.cache, last_tokens(state), state.length - 1,
-                                       encoded)
+    logits, cache = self.target.decode(params.target, state.cache, last_tokens(state),
+                                       state.length - 1, encoded)
     token = next_tokens(self.config.sampling, keys, state.length, logits[:, 0])
     seq, length, done = advance(state, token[:, None], jnp.ones_like(state.length), prefix_len,
                                 max_new_tokens, self.config.eos_id)
@@ -55,29 +72,17 @@ class AutoregressiveLoop:
         seq=seq, length=length, done=done, cache=cache, target_calls=state.target_calls + active,
         nan=state.nan | (active & bad_logits(logits)))
 
-  def going(self, params, state: LoopState) -> jax.Array:
+  def going(self, params: LoopParams, state: LoopState) -> jax.Array:
     """bool []: whether the decode goes on (a row is busy)."""
     del params
-    return jnp.any(~state.done)
+    return going(state)
 
-  def rounds(self, params, state: LoopState, keys, encoded, prefix_len, max_new_tokens,
-             running: Callable = lambda s: True, place: Callable = lambda s: s) -> LoopState:
-    """One round (the interface of `SpeculativeLoop.rounds`; `running` is not needed)."""
+  def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+             max_new_tokens, running: Callable = lambda s: True,
+             place: Callable = lambda s: s) -> LoopState:
+    """One round (`running` is not needed)."""
     del running
     return place(self.round(params, state, keys, encoded, prefix_len, max_new_tokens))
-
-
-@functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
-def _autoregressive(loop, partitioner, params, inputs, seq, length, keys, max_new_tokens):
-  prefix_len = length
-  state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length, None))
-
-  def body(state: LoopState) -> LoopState:
-    return constrain(partitioner, loop.round(params, state, keys, encoded, prefix_len,
-                                             max_new_tokens))
-
-  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
-  return finish(state, prefix_len)
 
 
 def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_tokens: int,
@@ -112,19 +117,6 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
   rows = None if streaming is None else streaming.sizes(partitioner)[0] + streaming.refill_rows
   checked = check_decode(model, config, inputs, max_new_tokens, prompt_lengths, rows=rows,
                          partitioner=partitioner)
-  max_new_tokens, inputs = checked.max_new_tokens, checked.inputs
-  loop = AutoregressiveLoop(model, config)
-  if streaming is not None:
-    if partitioner is not None:
-      params = partitioner.shard_params(params)
-    return decode_streaming(loop, params, inputs, checked.length, rng, streaming=streaming,
-                            width=checked.cache_len, max_new_tokens=max_new_tokens,
-                            partitioner=partitioner, on_progress=on_progress)
-  seq = initial_seq(model, inputs, checked.cache_len)
-  (params,), arrays = place(partitioner, [params], [
-      jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(checked.length),
-      row_keys(rng, inputs.shape[0])])
-  result, nan = unpad(partitioner, _autoregressive(loop, partitioner, params, *arrays,
-                                                   jnp.int32(max_new_tokens)), inputs.shape[0])
-  check_nan(nan)
-  return result.replace(tokens=result.tokens[:, :max_new_tokens])
+  loop = AutoregressiveLoop.of(model, dataclasses.replace(config, cache_len=checked.cache_len))
+  return runner.decode(loop, LoopParams(target=params), checked, rng, streaming=streaming,
+                       partitioner=partitioner, on_progress=on_progress)

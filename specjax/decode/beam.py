@@ -11,14 +11,14 @@
   EOS. Extensions ending in EOS get NEG_INF added to their live score and the
   top w of the 2w become the live beams; the EOS ones, scored with the penalty
   of their length, compete with the old finished beams for the w finished slots.
-- Before each step, a row stops when every finished slot is filled and the
+- Before each step, a row stops when every finished entry is filled and the
   worst finished score beats the best live log-probability divided by the
   penalty of length max_new_tokens + 1 (T5X's `max_decode_len` after it adds
   the start token): log-probabilities only fall and the penalty only grows, so
   no live beam can still enter the finished set. It also stops after
   max_new_tokens steps.
 - The result is the finished beams, or, for a row where none finished, the live
-  beams with their raw log-probabilities. Finished slots never filled hold
+  beams with their raw log-probabilities. Finished entries never filled hold
   filler with a score near NEG_INF (T5X returns the same).
 
 Where specjax differs from T5X: beams are kept in T5X's order (ascending,
@@ -123,7 +123,7 @@ def beam_search(model: DecodingModel, params: Any, inputs: Any, *, beam_size: in
   """
   check_eos(model, eos_id)
   beam_size = check_count("beam_size", beam_size)
-  prep = prepare(model, inputs, prompt_lengths, max_new_tokens, alpha, extra_slots=2)
+  prep = prepare(model, inputs, prompt_lengths, max_new_tokens, alpha, extra_positions=2)
   batch = prep.seq.shape[0]
   check_cache_size([model], batch * beam_size, prep.seq.shape[1], partitioner)
   (params,), rows = place(partitioner, [params], [

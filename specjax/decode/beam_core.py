@@ -49,7 +49,7 @@ class Beams:
   live_lp: jax.Array  # float32 [w]: log-probabilities, ascending (best last)
   fin_seq: jax.Array  # int32 [w, T]: finished beams (EOS included)
   fin_score: jax.Array  # float32 [w]: log-probability / brevity penalty, ascending
-  fin_flag: jax.Array  # bool [w]: the slot holds a finished beam (not filler)
+  fin_flag: jax.Array  # bool [w]: the entry holds a finished beam (not filler)
   step: jax.Array  # int32 []: tokens generated so far (T5X `cur_index`)
 
 
@@ -69,7 +69,7 @@ def beam_step(beams: Beams, log_probs: jax.Array, prefix_len: jax.Array, alpha: 
   Args:
     beams: the example's state.
     log_probs: float32 [w, V], log-softmax of the target's logits at each live beam's end.
-    prefix_len: int32 []: decoder prefix length (the new token goes to slot prefix_len + step).
+    prefix_len: int32 []: decoder prefix length (the new token goes to position prefix_len + step).
     alpha: float32 [] brevity-penalty exponent.
     eos_id: int32 [].
   Returns:
@@ -128,7 +128,7 @@ def start_copies(model: DecodingModel, params: Any, inputs: jax.Array, prefix_le
 
 
 def last_tokens(beams: Beams, prefix_len: jax.Array) -> Tuple[jax.Array, jax.Array]:
-  """Batched beams -> (each live beam's last token int32 [B, w], its slot int32 [B])."""
+  """Batched beams -> (each live beam's last token int32 [B, w], its position int32 [B])."""
   pos = prefix_len + beams.step - 1
   last = jnp.take_along_axis(beams.live_seq, pos[:, None, None], axis=2)[..., 0]
   return last, pos
@@ -165,15 +165,15 @@ class Prepared:
 
 
 def prepare(model: DecodingModel, inputs: Any, prompt_lengths: Any, max_new_tokens: Any,
-            alpha: Any, extra_slots: int) -> Prepared:
-  """Validates inputs and sizes the buffers (prefix + max_new_tokens + extra_slots, to 128)."""
+            alpha: Any, extra_positions: int) -> Prepared:
+  """Validates inputs and sizes the buffers (prefix + max_new_tokens + extra_positions, to 128)."""
   max_new_tokens = check_count("max_new_tokens", max_new_tokens)
   if isinstance(alpha, bool) or not np.isfinite(alpha) or alpha < 0:
     raise ValueError(f"alpha must be a finite number >= 0 (the brevity-penalty exponent), "
                      f"got {alpha!r}")
   inputs = check_inputs(model, inputs)
   prefix = prefix_lengths(model, inputs, prompt_lengths)
-  prefix_width = 1 if model.is_encoder_decoder else inputs.shape[1]  # prefill writes L slots
-  width = cache_length(None, prefix_width, max_new_tokens, extra_slots)
+  prefix_width = 1 if model.is_encoder_decoder else inputs.shape[1]  # prefill writes L positions
+  width = cache_length(None, prefix_width, max_new_tokens, extra_positions)
   return Prepared(inputs=inputs, prefix_len=prefix, seq=initial_seq(model, inputs, width),
                   alpha=float(alpha))

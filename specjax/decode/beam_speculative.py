@@ -1,7 +1,7 @@
 """Speculative beam search (paper A.4), equal to `beam_search` by construction.
 
 A round, for one example whose w live target beams (the round's *roots*) have
-`step` generated tokens and end at slot r = prefix + step - 1:
+`step` generated tokens and end at position r = prefix + step - 1:
 
 1. Draft. The draft runs one beam search of width u >= w for γ steps, started
    from the w roots scored with the target's log-probabilities (as the
@@ -12,7 +12,7 @@ A round, for one example whose w live target beams (the round's *roots*) have
    the draft's search dropped a step later). γ draft calls: the first over the
    w roots (a window that catches their caches up), the others over the u beams.
 2. Score. ONE target `decode` call over w + γ * u rows per example, all at
-   slot r: each root's row feeds [root's last token, 0, ..., 0], each node's
+   position r: each root's row feeds [root's last token, 0, ..., 0], each node's
    row [root's last token, its chain, 0, ...]. A row's logits at position s are
    the target's logits after its root and exactly the row's first s tokens.
 3. Replay. The target's beam search runs from the roots with the same
@@ -35,8 +35,8 @@ A round, for one example whose w live target beams (the round's *roots*) have
    logits the last step read); row p of the round's target cache holds every
    token of the new beam but its last, so the new root's target row is copied
    from p. The draft keeps the cache row of the new beam's old root, valid up
-   to slot r; the next round's first draft call feeds the new root's tokens from
-   slot r + 1 on (at most γ + 1 of them) before drafting.
+   to position r; the next round's first draft call feeds the new root's tokens from
+   position r + 1 on (at most γ + 1 of them) before drafting.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class _SpecLoop:
   beams: Beams  # the target's beams, batched: [B, w, T] sequences, [B, w] scores, [B] steps
   cache: Any  # the target's cache of the roots: B * w rows (row b * w + i: live beam i)
   draft_cache: Any  # the draft's cache of the roots, the same rows, valid below `valid`
-  valid: jax.Array  # int32 [B]: root slot - γ <= valid <= root slot
+  valid: jax.Array  # int32 [B]: root position - γ <= valid <= root position
   done: jax.Array  # bool [B]
   target_calls: jax.Array  # int32 [B]
   draft_calls: jax.Array  # int32 [B]
@@ -78,12 +78,12 @@ def _draft_tree(draft, params, cache, encoded_roots, encoded_paths, beams, prefi
   """The draft's width-u beam search of γ steps from the roots, every node kept.
 
   Args:
-    cache: the draft's cache of the roots (B * w rows), valid below slot `valid`.
-    valid: int32 [B], root slot - γ <= valid <= root slot.
+    cache: the draft's cache of the roots (B * w rows), valid below position `valid`.
+    valid: int32 [B], root position - γ <= valid <= root position.
   Returns:
     (chains int32 [B, γ * u, γ]: node j of depth d (row d * u + j) as tokens after
      its root, 0 beyond d; node_root int32 [B, γ * u]; the draft's root cache,
-     now valid up to the root slot).
+     now valid up to the root position).
   """
   batch, width, _ = beams.live_seq.shape
   _, pos = last_tokens(beams, prefix_len)
@@ -261,7 +261,7 @@ def speculative_beam_search(target: DecodingModel, target_params: Any, draft: De
     raise ValueError("target and draft must both be encoder-decoder or both decoder-only; got "
                      f"target.is_encoder_decoder={target.is_encoder_decoder}, "
                      f"draft.is_encoder_decoder={draft.is_encoder_decoder}")
-  prep = prepare(target, inputs, prompt_lengths, max_new_tokens, alpha, extra_slots=gamma + 2)
+  prep = prepare(target, inputs, prompt_lengths, max_new_tokens, alpha, extra_positions=gamma + 2)
   batch = prep.seq.shape[0]  # the score call's target rows: w roots + γ·u nodes per example
   check_cache_size([target, draft], [batch * (beam_size + gamma * draft_beam_size),
                                      batch * draft_beam_size], prep.seq.shape[1])

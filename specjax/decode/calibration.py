@@ -1,7 +1,7 @@
 """The 'auto' policy's cost tables: measured once per decode shape, kept in a bounded cache.
 
 A table is valid for one (models, drafter, config, partitioner, input shape, cache length);
-`calibrate` measures it with the compiled loop of a `PreparedDecode` (no extra compile),
+`measure` measures it with the compiled loop of a `PreparedDecode` (no extra compile),
 `CALIBRATED` keeps the tables this process measured (least recently used dropped past
 `CostCache.max_entries`), and `decode_control` turns a table into the loop's data.
 """
@@ -33,7 +33,7 @@ class PreparedDecode:
   buckets: Tuple[int, ...]
   max_new_tokens: int
   run: Callable  # (max_new_tokens, gamma, control) -> (DecodeResult, nan)
-  alpha_rounds: Optional[int] = None  # the α run's rounds (`auto.calibrate`); None: as timed
+  alpha_rounds: Optional[int] = None  # the α run's rounds (`auto.time_rounds`); None: as timed
 
 
 class CostCache:
@@ -67,8 +67,8 @@ CALIBRATED = CostCache()
 """The tables `costs_for` calibrated in this process (bounded; `CALIBRATED.clear()` resets)."""
 
 
-def calibrate(prepared: PreparedDecode, rounds: int = 6, repeats: int = 3) -> auto.CostTable:
-  """Measures `prepared`'s cost table (`auto.calibrate` over its compiled loop) and keeps it."""
+def measure(prepared: PreparedDecode, rounds: int = 6, repeats: int = 3) -> auto.CostTable:
+  """Measures `prepared`'s cost table (`auto.time_rounds` over its compiled loop) and keeps it."""
   # Rounds are rolled back, so the budget only has to let every bucket's γ be offered.
   budget = max(prepared.max_new_tokens, prepared.max_gamma + 1)
 
@@ -76,7 +76,7 @@ def calibrate(prepared: PreparedDecode, rounds: int = 6, repeats: int = 3) -> au
     result, _ = jax.block_until_ready(prepared.run(budget, 1, control))
     return np.asarray(result.alpha_sum), np.asarray(result.alpha_count)
 
-  table = auto.calibrate(run, batch=prepared.batch, cache_len=prepared.cache_len,
+  table = auto.time_rounds(run, batch=prepared.batch, cache_len=prepared.cache_len,
                          max_gamma=prepared.max_gamma, buckets=prepared.buckets,
                          models=prepared.models, rounds=rounds, repeats=repeats,
                          alpha_rounds=prepared.alpha_rounds)
@@ -93,7 +93,7 @@ def costs_for(prepared: PreparedDecode, costs: Optional[auto.CostTable]) -> auto
     costs.check(batch=prepared.batch, cache_len=prepared.cache_len,
                 max_gamma=prepared.max_gamma, buckets=prepared.buckets, models=prepared.models)
     return costs
-  return CALIBRATED.get(prepared.key) or calibrate(prepared)
+  return CALIBRATED.get(prepared.key) or measure(prepared)
 
 
 @functools.lru_cache(maxsize=64)
@@ -103,7 +103,7 @@ def decode_control(costs: auto.CostTable, gamma_cap: int) -> auto.AutoControl:
   return auto.AutoControl.make(costs.per_gamma(), gamma_cap, prior=prior, prior_weight=weight)
 
 
-def plan(prepared: PreparedDecode, costs: Optional[auto.CostTable], gamma_cap: int,
+def decide(prepared: PreparedDecode, costs: Optional[auto.CostTable], gamma_cap: int,
          max_new_tokens: int) -> Tuple[auto.CostTable, Optional[auto.AutoControl]]:
   """The 'auto' branch of a speculative decode, decided once: (the cost table, the loop's
   control), the control None when the policy would play only γ = 0 rounds (the caller then

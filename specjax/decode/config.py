@@ -23,7 +23,7 @@ class DecodeConfig:
   lenience: float = 1.0
   """l in (0, 1]; 1 is exact. At temperature 0 and l < 1 the argmax lenience of A.5 is used."""
   cache_len: Optional[int] = None
-  """Decoder slots per row (prefix + new tokens + max_gamma + 1). None: rounded up to 128."""
+  """Cache positions per row (prefix + new tokens + max_gamma + 1). None: rounded up to 128."""
   trace: bool = False
   """Record every round's guesses, accepted count and correction (for Figure-1 traces)."""
   gamma_policy: str = "constant"

@@ -72,18 +72,18 @@ def prefix_lengths(model: DecodingModel, inputs: np.ndarray,
 
 
 def cache_length(cache_len: Optional[int], prefix_max: int, max_new_tokens: int,
-                 extra_slots: int) -> int:
-  """Decoder slots per row: prefix + max_new_tokens + extra, rounded up to 128 unless pinned."""
-  need = prefix_max + max_new_tokens + extra_slots
+                 extra_positions: int) -> int:
+  """Cache positions per row: prefix + max_new_tokens + extra, rounded up to 128 unless pinned."""
+  need = prefix_max + max_new_tokens + extra_positions
   if need + 128 > 2**31 - 1:  # positions and budgets are int32 on the device
-    raise ValueError(f"prompt + max_new_tokens = {prefix_max} + {max_new_tokens} (+ {extra_slots} "
-                     "extra slots) is beyond the int32 positions of the loops (2**31 - 128)")
+    raise ValueError(f"prompt + max_new_tokens = {prefix_max} + {max_new_tokens} "
+                     f"(+ {extra_positions} extra positions) is beyond the int32 positions of the loops (2**31 - 128)")
   if cache_len is None:
     return int(-(-need // 128) * 128)
   if need > cache_len:
     raise ValueError(
         f"prompt + max_new_tokens beyond the cache length: prefix {prefix_max} + "
-        f"max_new_tokens {max_new_tokens} + {extra_slots} extra slots = {need} > "
+        f"max_new_tokens {max_new_tokens} + {extra_positions} extra positions = {need} > "
         f"cache_len {cache_len}")
   return cache_len
 
@@ -92,20 +92,20 @@ MEMORY_FRACTION = 0.5
 """The largest share of a device's memory (or of the host's, on CPU) the caches may take."""
 
 
-def cache_bytes(model: DecodingModel, batch: int, slots: int) -> int:
-  """Bytes of `model.init_cache(batch, slots)`, from its abstract shapes (nothing allocated).
+def cache_bytes(model: DecodingModel, batch: int, positions: int) -> int:
+  """Bytes of `model.init_cache(batch, positions)`, from its abstract shapes (nothing allocated).
 
-  Remembered per (model, batch, slots) for hashable models: tracing `init_cache` costs
+  Remembered per (model, batch, positions) for hashable models: tracing `init_cache` costs
   milliseconds, paid before every decode call otherwise."""
   try:
     hash(model)
   except TypeError:
-    return _cache_bytes(model, batch, slots)
-  return _remembered_cache_bytes(model, batch, slots)
+    return _cache_bytes(model, batch, positions)
+  return _remembered_cache_bytes(model, batch, positions)
 
 
-def _cache_bytes(model: DecodingModel, batch: int, slots: int) -> int:
-  shapes = jax.eval_shape(lambda: model.init_cache(batch, slots))
+def _cache_bytes(model: DecodingModel, batch: int, positions: int) -> int:
+  shapes = jax.eval_shape(lambda: model.init_cache(batch, positions))
   return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize
                  for x in jax.tree.leaves(shapes)))
 
@@ -130,22 +130,22 @@ def device_memory(partitioner: Any = None) -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_cache_size(models: Sequence[DecodingModel], batch: Any, slots: int,
+def check_cache_size(models: Sequence[DecodingModel], batch: Any, positions: int,
                      partitioner: Any = None) -> int:
   """Refuses, before any allocation, caches larger than MEMORY_FRACTION of `device_memory`.
 
-  The size is each model's KV cache (layers × 2 × heads × head_dim × dtype bytes per slot,
-  read from `init_cache`'s abstract shapes) × `slots` × `batch` rows, summed over `models`
+  The size is each model's KV cache (layers × 2 × heads × head_dim × dtype bytes per position,
+  read from `init_cache`'s abstract shapes) × `positions` × `batch` rows, summed over `models`
   (`batch`: one row count for all, or one per model). Returns the size in bytes; ValueError
   giving it (GiB) and the limit.
   """
   rows = [int(batch)] * len(models) if np.ndim(batch) == 0 else [int(b) for b in batch]
-  size = sum(cache_bytes(m, b, slots) for m, b in zip(models, rows))
+  size = sum(cache_bytes(m, b, positions) for m, b in zip(models, rows))
   limit = int(MEMORY_FRACTION * device_memory(partitioner))
   if size > limit:
     raise ValueError(
-        f"the KV caches would take {size / 2**30:.2f} GiB ({max(rows)} rows × {slots} slots over "
-        f"{len(models)} model(s)), above the limit of {limit / 2**30:.2f} GiB "
+        f"the KV caches would take {size / 2**30:.2f} GiB ({max(rows)} rows × {positions} "
+        f"positions over {len(models)} model(s)), above the limit of {limit / 2**30:.2f} GiB "
         f"({MEMORY_FRACTION:.0%} of the device's memory): lower max_new_tokens, the batch or "
         "cache_len")
   return size
@@ -171,15 +171,6 @@ def check_memory(models: Sequence[Any], cache_size: int, partitioner: Any = None
   return params + cache_size
 
 
-def drafter_models(drafter: Any) -> list:
-  """The models whose caches a drafter allocates (ModelDrafter, HierarchicalDrafter; n-gram
-  and prompt-lookup drafters hold none)."""
-  models = [getattr(drafter, name) for name in ("model", "medium")
-            if getattr(drafter, name, None) is not None]
-  inner = getattr(drafter, "inner", None)
-  return models + (drafter_models(inner) if inner is not None else [])
-
-
 def initial_seq(model: DecodingModel, inputs: np.ndarray, width: int) -> np.ndarray:
   """int32 [B, width]: the decoder prefix (T5: the start token 0; decoder-only: the prompt)."""
   seq = np.zeros((inputs.shape[0], width), np.int32)
@@ -203,7 +194,7 @@ class Checked:
   inputs: np.ndarray  # int32 [B, L]: encoder inputs or left-aligned prompts, 0-padded
   length: np.ndarray  # int32 [B]: each row's decoder prefix length
   max_new_tokens: int  # generation budget per row
-  cache_len: int  # decoder slots per row
+  cache_len: int  # cache positions per row
   gamma: Optional[int] = None  # the checked `gamma` argument (speculative decodes)
 
 
@@ -216,8 +207,8 @@ def check_decode(target: DecodingModel, config: Any, inputs: Any, max_new_tokens
   vocabulary against the target's, `max_new_tokens` >= 1, the inputs (int [B, L] ids in the
   vocabulary, no empty prompt), `gamma` (when a drafter is given: an integer in
   [1, drafter.max_gamma]; None: max_gamma), sizes the cache (prefix + budget + the round's
-  width: 1, or max_gamma + 1 with a drafter) and refuses caches for `rows` rows (default B)
-  that would not fit the device (`check_cache_size`).
+  width: 1, or `drafter.lookahead` + 1 with a drafter) and refuses caches for `rows` rows
+  (default B) that would not fit the device (`check_cache_size`).
   """
   check_config(target, config)
   width = 1
@@ -226,12 +217,12 @@ def check_decode(target: DecodingModel, config: Any, inputs: Any, max_new_tokens
     gamma = drafter.max_gamma if gamma is None else gamma
     gamma = check_int("gamma", gamma, low=1, high=drafter.max_gamma,
                       expected=f"an integer in [1, max_gamma={drafter.max_gamma}]")
-    width = drafter.max_gamma + 1
+    width = drafter.lookahead + 1
   max_new_tokens = check_count("max_new_tokens", max_new_tokens)
   inputs = check_inputs(target, inputs)
   length = prefix_lengths(target, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens, width)
-  models = [target] + (drafter_models(drafter) if drafter is not None else [])
+  models = [target] + (list(drafter.models) if drafter is not None else [])
   check_cache_size(models, inputs.shape[0] if rows is None else rows, cache_len, partitioner)
   return Checked(inputs=inputs, length=length, max_new_tokens=max_new_tokens,
                  cache_len=cache_len, gamma=gamma)

@@ -1,11 +1,11 @@
-"""Pieces shared by the autoregressive and speculative loops (traced, inside jit).
+"""Pieces shared by the decode loops (traced, inside jit).
 
 Both loops keep, per row, a token buffer `seq` [B, T] holding the decoder
 prefix (T5: the start token 0; decoder-only: the prompt) followed by the
 generated tokens, and the committed length. Caches hold every committed token
 but the last, which each round feeds again, so a round is always "feed the last
 token (+ guesses) at length - 1". Rolling back rejected guesses is only not
-advancing the length: their cache slots are overwritten before any query sees them.
+advancing the length: their cache positions are overwritten before any query sees them.
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from specjax.models import start_model
 from specjax.rows import take_rows, update_rows
 
 
-def start_loop(model, params, inputs, seq, length, cache_len: int, gamma_slots: int):
+def start_loop(model, params, inputs, seq, length, cache_len: int, hist_width: int):
   """The loop state after the target's encode / prefill -> (LoopState, encoded)."""
   batch = seq.shape[0]
   cache, encoded, _ = start_model(model, params, inputs, length, cache_len)
   zeros = jnp.zeros((batch,), jnp.int32)
   state = LoopState(seq=seq, length=length, done=jnp.zeros((batch,), jnp.bool_), cache=cache,
                     drafter_state=None, target_calls=zeros, draft_calls=zeros,
-                    accepted_hist=jnp.zeros((batch, gamma_slots), jnp.int32),
+                    accepted_hist=jnp.zeros((batch, hist_width), jnp.int32),
                     alpha_sum=jnp.zeros((batch,), jnp.float32), alpha_count=zeros,
                     nan=jnp.zeros((batch,), jnp.bool_))
   return state, encoded
@@ -54,6 +54,15 @@ def advance(state: LoopState, emitted, num_emitted, prefix_len, max_new_tokens, 
   length = jnp.where(active, state.length + count, state.length)
   done = state.done | hit_eos | (length >= prefix_len + max_new_tokens)
   return seq, length, done
+
+
+def going(state: LoopState, control=None) -> jax.Array:
+  """bool []: whether a decode goes on: a row is busy and, given the 'auto' policy's control
+  (`auto.AutoControl`), the rounds are within its max_rounds."""
+  busy = jnp.any(~state.done)
+  if control is None:
+    return busy
+  return busy & (jnp.max(state.target_calls) < control.max_rounds)
 
 
 def bad_logits(logits: jax.Array) -> jax.Array:

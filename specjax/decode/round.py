@@ -15,7 +15,7 @@ autoregressive step) or a wide round whose target call has the width of a bucket
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, ClassVar, Optional, Tuple
 
 import flax
 import jax
@@ -25,21 +25,12 @@ from specjax.decode import auto, auto_rounds
 from specjax.decode.autoregressive import AutoregressiveLoop
 from specjax.decode.config import DecodeConfig
 from specjax.decode.gamma import next_gamma
-from specjax.decode.loop import advance, bad_logits, last_tokens, start_loop
-from specjax.decode.state import LoopState, Trace
-from specjax.draft import Drafter, Proposal
+from specjax.decode.loop import advance, bad_logits, going, last_tokens, start_loop
+from specjax.decode.state import LoopParams, LoopState, Trace, empty_trace
+from specjax.draft import Accepted, Drafter, Proposal
 from specjax.models import DecodingModel
 from specjax.rows import take_rows
 from specjax.verify import emitted_tokens, verify_batch
-
-
-@flax.struct.dataclass
-class LoopParams:
-  """What a speculative loop reads besides its state (all data: changing it never recompiles)."""
-
-  target: Any  # the target's parameters
-  drafter: Any  # the drafter's parameters (model params, n-gram tables, or None)
-  control: Optional[auto.AutoControl] = None  # the 'auto' policy's control; None otherwise
 
 
 @flax.struct.dataclass
@@ -89,7 +80,8 @@ def commit(config: DecodeConfig, drafter: Drafter, state: LoopState, proposal: P
   seq, length, done = advance(state, emitted, verdict.n + 1, prefix_len, max_new_tokens,
                               config.eos_id)
   return state.replace(seq=seq, length=length, done=done, cache=cache,
-                       drafter_state=drafter.update(drafter_state, verdict.n, state.gamma))
+                       drafter_state=drafter.update(drafter_state, Accepted(
+                           start=state.length, n=verdict.n, gamma=state.gamma)))
 
 
 def record_trace(trace: Trace, active, round_index, guesses, n, token, gamma) -> Trace:
@@ -111,8 +103,8 @@ def record(config: DecodeConfig, before: LoopState, after: LoopState, proposal: 
   active = ~before.done
   gamma, n = before.gamma, verdict.n
   # α estimate over positions whose prefix is the committed one: i ≤ n, i < γ.
-  slots = jnp.arange(max_gamma)[None, :]
-  seen = (slots <= n[:, None]) & (slots < gamma[:, None]) & active[:, None]
+  at = jnp.arange(max_gamma)[None, :]
+  seen = (at <= n[:, None]) & (at < gamma[:, None]) & active[:, None]
   alpha_sum = before.alpha_sum + jnp.where(seen, verdict.overlap, 0.0).sum(1)
   alpha_count = before.alpha_count + seen.sum(1)
   trace = before.trace
@@ -134,11 +126,11 @@ def record(config: DecodeConfig, before: LoopState, after: LoopState, proposal: 
 
 def narrow_round(target: DecodingModel, config: DecodeConfig, params: LoopParams,
                  state: LoopState, keys, encoded, prefix_len, max_new_tokens,
-                 guess_slots: int) -> LoopState:
+                 max_gamma: int) -> LoopState:
   """Every row one autoregressive step (one 1-token target call, the same key, no draft
-  call), counted as a γ = 0 round in the histograms and the trace (`guess_slots` wide)."""
+  call), counted as a γ = 0 round in the histograms and the trace (`max_gamma` guesses wide)."""
   after = AutoregressiveLoop(target, config).round(
-      params.target, state, keys, encoded, prefix_len, max_new_tokens)
+      params, state, keys, encoded, prefix_len, max_new_tokens)
   active = ~state.done
   counted = active.astype(jnp.int32)
   after = after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
@@ -147,27 +139,48 @@ def narrow_round(target: DecodingModel, config: DecodeConfig, params: LoopParams
     return after
   zeros = jnp.zeros_like(state.length)
   token = take_rows(after.seq, state.length[:, None])[:, 0]
-  guesses = jnp.zeros((zeros.shape[0], guess_slots), jnp.int32)
+  guesses = jnp.zeros((zeros.shape[0], max_gamma), jnp.int32)
   return after.replace(trace=record_trace(state.trace, active, state.target_calls, guesses,
                                           zeros, token, zeros))
 
 
-def empty_trace(batch: int, rounds: int, max_gamma: int) -> Trace:
-  """A zeroed `Trace` of `rounds` rounds per row."""
-  return Trace(guesses=jnp.zeros((batch, rounds, max_gamma), jnp.int32),
-               accepted=jnp.zeros((batch, rounds), jnp.int32),
-               correction=jnp.zeros((batch, rounds), jnp.int32),
-               gamma=jnp.zeros((batch, rounds), jnp.int32))
+class DraftingLoop:
+  """What the chain and tree loops share as `runner.Loop`s (both hold `target`, `drafter` and
+  `config`): the 'auto' policy, γ's bound, the fallback and when the decode goes on."""
+
+  @property
+  def auto(self) -> bool:
+    return self.config.gamma_policy == "auto"
+
+  @property
+  def max_gamma(self) -> int:
+    return self.drafter.max_gamma
+
+  def fallback_loop(self) -> AutoregressiveLoop:
+    """'auto': the autoregressive loop (its result is reported as γ = 0 rounds)."""
+    return AutoregressiveLoop.of(self.target, self.config)
+
+  def going(self, params: LoopParams, state: LoopState) -> jax.Array:
+    """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
+    return going(state, params.control if self.auto else None)
 
 
 @dataclasses.dataclass(frozen=True)
-class SpeculativeLoop:
+class SpeculativeLoop(DraftingLoop):
   """Algorithm 1's start and rounds (static, hashable), shared by the padded-batch loop and
   the streaming decode (`specjax.decode.stream`). `params` is a `LoopParams`."""
 
   target: DecodingModel
   drafter: Drafter
   config: DecodeConfig
+
+  takes_gamma: ClassVar[bool] = True  # every row's first γ
+  alpha_rounds: ClassVar[Optional[int]] = None
+
+  @property
+  def buckets(self) -> Tuple[int, ...]:
+    """'auto': the γ of each wide-round variant (`DecodeConfig.auto_buckets` resolved)."""
+    return auto.resolve_buckets(self.config.auto_buckets, self.max_gamma) if self.auto else ()
 
   def start(self, params: LoopParams, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
     """inputs [B, L], seq [B, T], length [B], gamma int32 [] -> (LoopState, encoded): the
@@ -182,8 +195,8 @@ class SpeculativeLoop:
         gamma_hist=jnp.zeros((batch, max_gamma + 1), jnp.int32),
         trace=empty_trace(batch, width, max_gamma) if self.config.trace else None), encoded
 
-  def wide(self, bucket: int, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
-           max_new_tokens) -> LoopState:
+  def round(self, bucket: int, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+            max_new_tokens) -> LoopState:
     """draft -> score -> verify -> commit -> record, the target call scoring the last token
     and `bucket` guesses; keys [B] row keys, prefix_len int32 [B]."""
     config, drafter = self.config, self.drafter
@@ -207,12 +220,6 @@ class SpeculativeLoop:
     return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
                         max_new_tokens, self.drafter.max_gamma)
 
-  def going(self, params: LoopParams, state: LoopState) -> jax.Array:
-    """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
-    busy = jnp.any(~state.done)
-    if self.config.gamma_policy != "auto":
-      return busy
-    return busy & (jnp.max(state.target_calls) < params.control.max_rounds)
 
   def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
              max_new_tokens, running: Callable = lambda s: True,
@@ -223,10 +230,10 @@ class SpeculativeLoop:
     max_gamma = self.drafter.max_gamma
     step = dict(params=params, keys=keys, encoded=encoded, prefix_len=prefix_len,
                 max_new_tokens=max_new_tokens)
-    if self.config.gamma_policy != "auto":
-      return place(self.wide(max_gamma, state=state, **step))
-    buckets = auto.resolve_buckets(self.config.auto_buckets, max_gamma)
+    if not self.auto:
+      return place(self.round(max_gamma, state=state, **step))
     variants = [lambda s: self.narrow(state=s, **step)] + [
-        lambda s, b=b: self.wide(b, state=s, **step) for b in buckets]
-    return auto_rounds.run(params.control, buckets, variants, state, prefix_len, max_new_tokens,
+        lambda s, b=b: self.round(b, state=s, **step) for b in self.buckets]
+    return auto_rounds.run(params.control, self.buckets, variants, state, prefix_len,
+                           max_new_tokens,
                            running=lambda s: self.going(params, s) & running(s), place=place)

@@ -1,10 +1,8 @@
-"""The speculative decode: Algorithm 1 in one `lax.while_loop` under `jax.jit`.
+"""The speculative decode: Algorithm 1's loop (`round.SpeculativeLoop`) under the one runner.
 
-`speculative_decode` checks its arguments once (`inputs.check_decode`), settles the 'auto'
-policy once (`calibration.plan`: a cost table and the loop's control, or the autoregressive
-loop when the policy would never speculate, `fallback`), then runs the rounds of a
-`round.SpeculativeLoop` over one padded batch (`_speculative`) or streams the inputs through
-slots (`stream.decode_streaming`).
+`speculative_decode` checks its arguments once (`inputs.check_decode`), then hands the loop to
+`runner.decode`: the 'auto' policy settled once (`calibration.decide`; the autoregressive loop
+when the policy would never speculate), one padded batch or the inputs streamed through slots.
 
 Rows advance independently (each by its own n + 1 per round), finish at their own EOS or
 budget, and draw randomness from keys tied to (row, absolute position, stream), so a row's
@@ -14,41 +12,23 @@ data: changing them does not recompile.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, Optional, Union
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from specjax.decode import auto, calibration
+from specjax.decode import auto, calibration, runner
 from specjax.decode.config import DecodeConfig
-from specjax.decode.fallback import autoregressive_instead
-from specjax.decode.inputs import Checked, check_decode, check_nan, initial_seq
-from specjax.decode.loop import finish
-from specjax.decode.round import LoopParams, SpeculativeLoop
-from specjax.decode.state import DecodeResult
-from specjax.decode.stream import Streaming, as_streaming, decode_streaming
+from specjax.decode.inputs import check_decode
+from specjax.decode.round import SpeculativeLoop
+from specjax.decode.state import DecodeResult, LoopParams
+from specjax.decode.stream import Streaming, as_streaming
 from specjax.draft import Drafter
 from specjax.models import DecodingModel
-from specjax.sampling import row_keys
-from specjax.sharding import Partitioner, constrain, place, unpad
-
-
-@functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
-def _speculative(loop: SpeculativeLoop, partitioner, params: LoopParams, inputs, seq, length,
-                 keys, max_new_tokens, gamma):
-  prefix_len = length
-  state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length, gamma))
-  place_state = functools.partial(constrain, partitioner)
-  body = lambda s: loop.rounds(params, s, keys, encoded, prefix_len, max_new_tokens,
-                               place=place_state)
-  state = jax.lax.while_loop(functools.partial(loop.going, params), body, state)
-  return finish(state, prefix_len)
+from specjax.sharding import Partitioner
 
 
 def speculative_decode(target: DecodingModel, target_params: Any, drafter: Drafter,
-                       drafter_params: Any, inputs, *, max_new_tokens: int,
+                       draft_params: Any, inputs, *, max_new_tokens: int,
                        gamma: Optional[int] = None, rng: jax.Array,
                        config: DecodeConfig = DecodeConfig(), prompt_lengths=None,
                        partitioner: Optional[Partitioner] = None,
@@ -66,7 +46,7 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
     target: the target `DecodingModel`.
     target_params: its parameters.
     drafter: a `specjax.draft` drafter (its `max_gamma` sizes the static buffers).
-    drafter_params: the drafter's parameters (model params or n-gram tables; None if unused).
+    draft_params: the drafter's parameters (its model's params or n-gram tables; None if unused).
     inputs: int32 [B, L]: encoder inputs (T5) or left-aligned prompts (decoder-only), 0-padded.
     max_new_tokens: generation budget per row (data).
     gamma: guesses per round, 1 ≤ γ ≤ drafter.max_gamma (data: no recompile); the first
@@ -102,45 +82,14 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
   checked = check_decode(target, config, inputs, max_new_tokens, prompt_lengths,
                          drafter=drafter, gamma=gamma, rows=rows, partitioner=partitioner)
   # The cache length is fixed here, so a streaming calibration's padded batch sees the stream's.
-  config = dataclasses.replace(config, cache_len=checked.cache_len)
-  prepared = None
-  if streaming is None or auto_policy:
-    # Streaming: the 'auto' policy is calibrated on a padded batch of the first `slots` inputs.
-    some = (slice(None) if streaming is None
-            else np.arange(rows - streaming.refill_rows) % checked.inputs.shape[0])
-    prepared = _prepare(target, target_params, drafter, drafter_params, checked, some, config,
-                        partitioner, rng if streaming is None else jax.random.PRNGKey(0))
-  control = None
-  if auto_policy:
-    costs, control = calibration.plan(prepared, costs, checked.gamma, checked.max_new_tokens)
-    if control is None:
-      return autoregressive_instead(
-          target, target_params, checked.inputs, checked.max_new_tokens, rng, config,
-          checked.cache_len, drafter.max_gamma, costs, prompt_lengths=prompt_lengths,
-          partitioner=partitioner, slots=streaming, on_progress=on_progress)
-  if streaming is None:
-    result, nan = prepared.run(checked.max_new_tokens, checked.gamma, control)
-    check_nan(nan)
-    return result.replace(tokens=result.tokens[:, :checked.max_new_tokens], cost_table=costs)
-  params = LoopParams(target=target_params, drafter=drafter_params, control=control)
-  return _stream(SpeculativeLoop(target, drafter, config), params, checked, rng, streaming,
-                 partitioner, on_progress).replace(cost_table=costs)
-
-
-def _stream(loop: SpeculativeLoop, params: LoopParams, checked: Checked, rng,
-            streaming: Streaming, partitioner, on_progress) -> DecodeResult:
-  """The checked inputs streamed through the slots (params placed on the mesh first)."""
-  if partitioner is not None:
-    params = params.replace(target=partitioner.shard_params(params.target),
-                            drafter=partitioner.shard_params(params.drafter))
-  return decode_streaming(loop, params, checked.inputs, checked.length, rng,
-                          streaming=streaming, width=checked.cache_len,
-                          max_new_tokens=checked.max_new_tokens, gamma=checked.gamma,
-                          partitioner=partitioner, on_progress=on_progress)
+  loop = SpeculativeLoop(target, drafter, dataclasses.replace(config, cache_len=checked.cache_len))
+  return runner.decode(loop, LoopParams(target=target_params, drafter=draft_params), checked,
+                       rng, streaming=streaming, partitioner=partitioner,
+                       on_progress=on_progress, costs=costs)
 
 
 def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
-                    drafter_params: Any, inputs, *, max_new_tokens: int,
+                    draft_params: Any, inputs, *, max_new_tokens: int,
                     config: DecodeConfig = DecodeConfig(gamma_policy="auto"), prompt_lengths=None,
                     partitioner: Optional[Partitioner] = None, rng: Optional[jax.Array] = None,
                     rounds: int = 6, repeats: int = 3) -> auto.CostTable:
@@ -149,7 +98,7 @@ def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
   Runs the compiled speculative loop on `inputs` (the same executable the decode uses:
   no extra compile), each run forcing one round variant (γ = 0 or a bucket) for R ≥
   `rounds` rolled-back rounds, beside runs of 0 rounds for the fixed part
-  (`auto.calibrate`): about repeats × (len(buckets) + 2) runs holding repeats ×
+  (`auto.time_rounds`): about repeats × (len(buckets) + 2) runs holding repeats ×
   (len(buckets) + 1) × R rounds, milliseconds on an accelerator, seconds on a loaded CPU
   at large batch (reported as `calibration_s`). Arguments as for `speculative_decode`;
   config must use gamma_policy='auto'.
@@ -157,14 +106,14 @@ def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
   if config.gamma_policy != "auto":
     raise ValueError(f"calibrate_costs needs gamma_policy='auto', got {config.gamma_policy!r}")
   rng = jax.random.PRNGKey(0) if rng is None else rng
-  prepared = prepare_decode(target, target_params, drafter, drafter_params, inputs,
+  prepared = prepare_decode(target, target_params, drafter, draft_params, inputs,
                             max_new_tokens=max_new_tokens, rng=rng, config=config,
                             prompt_lengths=prompt_lengths, partitioner=partitioner)
-  return calibration.calibrate(prepared, rounds, repeats)
+  return calibration.measure(prepared, rounds, repeats)
 
 
 def prepare_decode(target: DecodingModel, target_params: Any, drafter: Drafter,
-                   drafter_params: Any, inputs, *, max_new_tokens: int, rng: jax.Array,
+                   draft_params: Any, inputs, *, max_new_tokens: int, rng: jax.Array,
                    config: DecodeConfig = DecodeConfig(), prompt_lengths=None,
                    partitioner: Optional[Partitioner] = None) -> calibration.PreparedDecode:
   """A checked padded-batch decode whose `run(max_new_tokens, gamma, control)` runs the
@@ -173,33 +122,6 @@ def prepare_decode(target: DecodingModel, target_params: Any, drafter: Drafter,
   for `speculative_decode`."""
   checked = check_decode(target, config, inputs, max_new_tokens, prompt_lengths,
                          drafter=drafter, partitioner=partitioner)
-  return _prepare(target, target_params, drafter, drafter_params, checked, slice(None),
-                  config, partitioner, rng)
-
-
-def _prepare(target, target_params, drafter, drafter_params, checked: Checked, rows, config,
-             partitioner, rng) -> calibration.PreparedDecode:
-  """The padded-batch decode of `checked`'s inputs[rows] (placed on the first run only: a
-  decode that runs the autoregressive loop instead never places them)."""
-  inputs, length = checked.inputs[rows], checked.length[rows]
-  batch = inputs.shape[0]
-  buckets = (auto.resolve_buckets(config.auto_buckets, drafter.max_gamma)
-             if config.gamma_policy == "auto" else ())
-  loop = SpeculativeLoop(target, drafter, config)
-
-  @functools.lru_cache(maxsize=1)
-  def placed():
-    seq = initial_seq(target, inputs, checked.cache_len)
-    return place(partitioner, [target_params, drafter_params], [
-        jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length), row_keys(rng, batch)])
-
-  def run(budget: int, gamma: int, control):
-    (target_params_, drafter_params_), arrays = placed()
-    params = LoopParams(target=target_params_, drafter=drafter_params_, control=control)
-    return unpad(partitioner, _speculative(loop, partitioner, params, *arrays,
-                                           jnp.int32(budget), jnp.int32(gamma)), batch)
-
-  return calibration.PreparedDecode(key=(target, drafter, config, partitioner, inputs.shape, checked.cache_len),
-                   models=f"target {auto.describe(target)}; drafter {auto.describe(drafter)}",
-                   batch=batch, cache_len=checked.cache_len, max_gamma=drafter.max_gamma,
-                   buckets=buckets, max_new_tokens=checked.max_new_tokens, run=run)
+  loop = SpeculativeLoop(target, drafter, dataclasses.replace(config, cache_len=checked.cache_len))
+  return runner.prepare(loop, LoopParams(target=target_params, drafter=draft_params), checked,
+                        slice(None), rng, partitioner)

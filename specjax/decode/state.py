@@ -7,6 +7,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from specjax.decode.auto import AutoControl
+
 
 @flax.struct.dataclass
 class Trace:
@@ -78,3 +80,20 @@ class LoopState:
   gamma: Optional[jax.Array] = None  # int32 [B]: each row's γ for the next round
   trace: Optional[Trace] = None  # filled when DecodeConfig.trace
   gamma_hist: Optional[jax.Array] = None  # int32 [B, G + 1]: rounds by the row's γ
+
+
+@flax.struct.dataclass
+class LoopParams:
+  """What a loop reads besides its state (all data: changing it never recompiles)."""
+
+  target: Any  # the target's parameters
+  drafter: Any = None  # the drafter's parameters (model params, n-gram tables; None: none)
+  control: Optional[AutoControl] = None  # the 'auto' policy's control; None otherwise
+
+
+def empty_trace(batch: int, rounds: int, max_gamma: int) -> Trace:
+  """A zeroed `Trace` of `rounds` rounds per row."""
+  return Trace(guesses=jnp.zeros((batch, rounds, max_gamma), jnp.int32),
+               accepted=jnp.zeros((batch, rounds), jnp.int32),
+               correction=jnp.zeros((batch, rounds), jnp.int32),
+               gamma=jnp.zeros((batch, rounds), jnp.int32))

@@ -41,10 +41,9 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.decode.inputs import check_count, check_nan
+from specjax.decode.inputs import check_count
 from specjax.decode.loop import finish
 from specjax.decode.state import DecodeResult, LoopState
-from specjax.sampling import row_keys
 from specjax.sharding import Partitioner, constrain, unpad
 
 
@@ -300,19 +299,6 @@ def stream_decode(loop, params: Any, inputs: jax.Array, length: jax.Array, keys:
 def _first_rows(total: int, out, nan):
   """The stream's outputs cut from the queue's bucket to its N examples (one call)."""
   return jax.tree.map(lambda x: x[:total], (out, nan))
-
-
-def decode_streaming(loop, params, inputs, length, rng, *, streaming: Streaming, width: int,
-                     max_new_tokens: int, gamma: int = 1, partitioner: Optional[Partitioner] = None,
-                     on_progress: Optional[Callable[[int, int], None]] = None) -> DecodeResult:
-  """`stream_decode` from host arrays: per-example keys from `rng` (as `row_keys`), NaN rows
-  reported, tokens cut to max_new_tokens. Params must already sit on the partitioner's mesh."""
-  keys = row_keys(rng, inputs.shape[0])
-  result, nan = stream_decode(loop, params, jnp.asarray(inputs), jnp.asarray(length), keys,
-                              streaming=streaming, width=width, max_new_tokens=max_new_tokens,
-                              gamma=gamma, partitioner=partitioner, on_progress=on_progress)
-  check_nan(nan)
-  return result.replace(tokens=result.tokens[:, :max_new_tokens])
 
 
 def as_streaming(slots: Any) -> Optional[Streaming]:

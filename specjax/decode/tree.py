@@ -4,7 +4,7 @@ A round over the loop state:
   draft   the tree drafter proposes N nodes (one draft call per level)   (`TreeProposal`)
   score   the target scores the root and every node in ONE tree call    (logits [B, N+1, V])
   verify  `specjax.verify.tree` per row accepts a path of n nodes and draws one more token
-  commit  the path's cache slots move into place (target and draft); the row advances n + 1
+  commit  the path's cache positions move into place (target and draft); the row advances n + 1
   record  per-row statistics
 
 Rows advance independently and finish at their own EOS or budget, as in the chain loop.
@@ -29,30 +29,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, ClassVar, Optional, Tuple, Union
 
+import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from specjax.decode import auto, auto_rounds, calibration
+from specjax.decode import auto, auto_rounds, runner
 from specjax.decode.config import DecodeConfig
-from specjax.decode.fallback import autoregressive_instead
-from specjax.decode.inputs import (cache_length, check_cache_size, check_config, check_count,
-                                   check_inputs, check_nan, initial_seq, prefix_lengths)
-from specjax.decode.loop import advance, bad_logits, finish, last_tokens, start_loop
-from specjax.decode.round import LoopParams, empty_trace, narrow_round, record_trace
-from specjax.decode.state import DecodeResult, LoopState
-from specjax.decode.stream import Streaming, as_streaming, decode_streaming
-from specjax.draft.lookup_tree import PromptLookupTreeDrafter
-from specjax.draft.ngram import NGramDrafter
-from specjax.draft.ngram_tree import NGramTreeDrafter
+from specjax.decode.inputs import check_decode
+from specjax.decode.loop import advance, bad_logits, last_tokens, start_loop
+from specjax.decode.round import DraftingLoop, narrow_round, record_trace
+from specjax.decode.state import DecodeResult, LoopParams, LoopState, empty_trace
+from specjax.decode.stream import Streaming, as_streaming
+from specjax.decode.tree_checks import check_tree
+from specjax.draft import Accepted, Drafter, NGramDrafter, NGramTreeDrafter
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
-from specjax.models import DecodingModel, check_same_vocab
+from specjax.models import DecodingModel
 from specjax.models.tree import tree_call
-from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, position_key, row_keys
-from specjax.sharding import Partitioner, constrain, place, unpad
-from specjax.verify import ReferenceVerifier
+from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, position_key
+from specjax.sharding import Partitioner
 from specjax.verify.tree import path_tokens, tree_verify
 
 
@@ -73,23 +69,40 @@ def _correction_keys(keys, length, max_depth: int):
       lambda o: position_key(k, l + o, CORRECTION_STREAM))(offsets))(keys, length)
 
 
+@flax.struct.dataclass
+class TreeVerdict:
+  """The outcome of verifying one tree round."""
+
+  n: jax.Array  # int32 [B]: path nodes accepted
+  path: jax.Array  # int32 [B, D]: the accepted nodes, root to leaf (-1 past n)
+  emitted: jax.Array  # int32 [B, D + 1]: the path's tokens, then the drawn one
+  bad: jax.Array  # bool [B]: NaN in the row's target logits or draft q
+
+
 @dataclasses.dataclass(frozen=True)
-class TreeLoop:
-  """The tree loop's start and rounds (static, hashable); params is a `LoopParams`."""
+class TreeLoop(DraftingLoop):
+  """The tree loop as a `runner.Loop`: its start and rounds (static, hashable); params is a
+  `LoopParams`."""
 
   target: DecodingModel
-  drafter: Any  # TreeModelDrafter or PromptLookupTreeDrafter
+  drafter: Drafter  # a tree drafter (`drafter.tree` is its StaticTree or DynamicTree)
   config: DecodeConfig
 
+  takes_gamma: ClassVar[bool] = False  # the tree's shape replaces γ
+  alpha_rounds: ClassVar[int] = auto.SCHEDULE_ROUNDS  # α: one indicator per round, so many
+  # rounds (on the bundled LM pair at T = 0, 6 rounds of the first prompt gave α 0.6 where 64
+  # give 0.83: the policy then never played a tree that decodes 1.6x autoregressive)
+
   @property
-  def auto(self) -> bool:
-    return self.config.gamma_policy == "auto"
+  def buckets(self) -> Tuple[int, ...]:
+    """'auto': the one wide round, the tree, as the bucket γ = max_depth."""
+    return (self.max_gamma,)
 
   def start(self, params: LoopParams, inputs, seq, length, gamma=None):
     """-> (LoopState, encoded): the target encoded / prefilled, the drafter started
-    (`gamma`: the streaming interface's, unused: the tree's shape replaces it)."""
+    (`gamma` unused: the tree's shape replaces it)."""
     del gamma
-    depth = self.drafter.tree.max_depth
+    depth = self.max_gamma
     state, encoded = start_loop(self.target, params.target, inputs, seq, length, seq.shape[1],
                                 depth + 1)
     state = state.replace(drafter_state=self.drafter.init(params.drafter, inputs, seq, length,
@@ -105,36 +118,11 @@ class TreeLoop:
   def round(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
             max_new_tokens) -> LoopState:
     """One tree round: draft -> score -> verify -> commit -> record."""
-    config, tree = self.config, self.drafter.tree
-    proposal, drafter_state = self.drafter.propose(params.drafter, state.drafter_state,
-                                                   state.seq, state.length, keys, config.sampling)
+    proposal, drafter_state = self._draft(params, state, keys)
     logits, cache = self._score(params.target, state, proposal, encoded)
-    n, path, token = self._verify(keys, state, proposal, logits)
-    cache = move_path(self.target, cache, state.length, path, n)
-    drafter_state = self.drafter.update(drafter_state, state.length, path, n)
-    emitted = jax.vmap(path_tokens)(proposal.tokens, path, n, token)  # [B, D + 1]
-    seq, length, done = advance(state, emitted, n + 1, prefix_len, max_new_tokens,
-                                config.eos_id)
-    active = ~state.done
-    bad = bad_logits(logits) | jnp.any(jnp.isnan(proposal.probs), axis=(1, 2))
-    level = lambda i: jax.nn.one_hot(i, tree.max_depth + 1, dtype=jnp.int32) * active[:, None]
-    seen = jnp.where(active, n + (n < tree.max_depth), 0)  # depth-equivalent α (docstring)
-    after = state.replace(
-        seq=seq, length=length, done=done, cache=cache, drafter_state=drafter_state,
-        target_calls=state.target_calls + active,
-        draft_calls=state.draft_calls + jnp.where(active, proposal.calls, 0),
-        accepted_hist=state.accepted_hist + level(n),
-        alpha_sum=state.alpha_sum + jnp.where(active, n, 0).astype(jnp.float32),
-        alpha_count=state.alpha_count + seen,
-        nan=state.nan | (active & bad))
-    after = after.replace(gamma_hist=state.gamma_hist + level(jnp.full_like(n, tree.max_depth)))
-    if state.trace is None:
-      return after
-    guesses, offered = jax.vmap(functools.partial(trace_guesses, max_depth=tree.max_depth))(
-        proposal.tokens, proposal.parent, proposal.depth, proposal.valid, path, n)
-    return after.replace(trace=record_trace(state.trace, active, state.target_calls, guesses, n,
-                                            jnp.take_along_axis(emitted, n[:, None], 1)[:, 0],
-                                            offered))
+    verdict = self._verify(keys, state, proposal, logits)
+    after = self._commit(state, verdict, cache, drafter_state, prefix_len, max_new_tokens)
+    return self._record(state, after, proposal, verdict)
 
   def narrow(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
              max_new_tokens) -> LoopState:
@@ -142,14 +130,8 @@ class TreeLoop:
     step, the key a tree round's n = 0 correction uses; no draft call), counted at γ = 0.
     The drafter catches up the tokens it missed on its next `propose`."""
     return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
-                        max_new_tokens, self.drafter.tree.max_depth)
+                        max_new_tokens, self.max_gamma)
 
-  def going(self, params: LoopParams, state: LoopState) -> jax.Array:
-    """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
-    busy = jnp.any(~state.done)
-    if not self.auto:
-      return busy
-    return busy & (jnp.max(state.target_calls) < params.control.max_rounds)
 
   def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
              max_new_tokens, running: Callable = lambda s: True,
@@ -161,9 +143,14 @@ class TreeLoop:
     if not self.auto:
       return place(self.round(state=state, **step))
     variants = [lambda s: self.narrow(state=s, **step), lambda s: self.round(state=s, **step)]
-    return auto_rounds.run(params.control, (self.drafter.tree.max_depth,), variants, state,
+    return auto_rounds.run(params.control, self.buckets, variants, state,
                            prefix_len, max_new_tokens,
                            running=lambda s: self.going(params, s) & running(s), place=place)
+
+  def _draft(self, params: LoopParams, state: LoopState, keys) -> Tuple[TreeProposal, Any]:
+    """The drafter's tree of N nodes for every row (`TreeProposal`) and its new state."""
+    return self.drafter.propose(params.drafter, state.drafter_state, state.seq, state.length,
+                                state.gamma, keys, self.config.sampling)
 
   def _score(self, target_params, state: LoopState, proposal: TreeProposal, encoded):
     """The target's logits [B, N + 1, V] at the root and every node, in one call."""
@@ -171,7 +158,8 @@ class TreeLoop:
     return self.target.decode(target_params, state.cache, tokens, state.length - 1, encoded,
                               tree=tree_call(proposal.parent, proposal.depth, state.length))
 
-  def _verify(self, keys, state: LoopState, proposal: TreeProposal, logits):
+  def _verify(self, keys, state: LoopState, proposal: TreeProposal, logits) -> TreeVerdict:
+    """`specjax.verify.tree` per row: the accepted path and the token drawn after it."""
     tree, sampling = self.drafter.tree, self.config.sampling
     uniforms = _node_uniforms(keys, state.length, proposal.depth)
     lenient_argmax = sampling.greedy and self.config.lenience < 1  # needs p itself
@@ -179,10 +167,50 @@ class TreeLoop:
     correction = _correction_keys(keys, state.length, tree.max_depth)
     verify = functools.partial(tree_verify, iid=tree.iid, greedy=sampling.greedy,
                                max_depth=tree.max_depth, lenience=self.config.lenience,
-                               deterministic=getattr(self.drafter, "deterministic", False))
-    return jax.vmap(verify)(
+                               deterministic=self.drafter.deterministic)
+    n, path, token = jax.vmap(verify)(
         uniforms, correction, proposal.tokens, proposal.parent, proposal.depth, proposal.valid,
         proposal.probs, target_probs)
+    return TreeVerdict(n=n, path=path, emitted=jax.vmap(path_tokens)(proposal.tokens, path, n,
+                                                                     token),
+                       bad=bad_logits(logits) | jnp.any(jnp.isnan(proposal.probs), axis=(1, 2)))
+
+  def _commit(self, state: LoopState, verdict: TreeVerdict, cache, drafter_state, prefix_len,
+              max_new_tokens) -> LoopState:
+    """The path's cache positions move into place (target and draft); each active row advances
+    by n + 1, stopping at EOS and its budget."""
+    n, path = verdict.n, verdict.path
+    cache = move_path(self.target, cache, state.length, path, n)
+    drafter_state = self.drafter.update(drafter_state, Accepted(
+        start=state.length, n=n, gamma=jnp.full_like(n, self.max_gamma), path=path))
+    seq, length, done = advance(state, verdict.emitted, n + 1, prefix_len, max_new_tokens,
+                                self.config.eos_id)
+    return state.replace(seq=seq, length=length, done=done, cache=cache,
+                         drafter_state=drafter_state)
+
+  def _record(self, before: LoopState, after: LoopState, proposal: TreeProposal,
+              verdict: TreeVerdict) -> LoopState:
+    """`after` with the round's statistics: calls, histograms, the depth-equivalent α (module
+    docstring), NaN flags and the trace."""
+    depth, n = self.max_gamma, verdict.n
+    active = ~before.done
+    level = lambda i: jax.nn.one_hot(i, depth + 1, dtype=jnp.int32) * active[:, None]
+    seen = jnp.where(active, n + (n < depth), 0)  # depth-equivalent α (module docstring)
+    after = after.replace(
+        target_calls=before.target_calls + active,
+        draft_calls=before.draft_calls + jnp.where(active, proposal.calls, 0),
+        accepted_hist=before.accepted_hist + level(n),
+        alpha_sum=before.alpha_sum + jnp.where(active, n, 0).astype(jnp.float32),
+        alpha_count=before.alpha_count + seen,
+        nan=before.nan | (active & verdict.bad))
+    after = after.replace(gamma_hist=before.gamma_hist + level(jnp.full_like(n, depth)))
+    if before.trace is None:
+      return after
+    guesses, offered = jax.vmap(functools.partial(trace_guesses, max_depth=depth))(
+        proposal.tokens, proposal.parent, proposal.depth, proposal.valid, verdict.path, n)
+    token = jnp.take_along_axis(verdict.emitted, n[:, None], 1)[:, 0]
+    return after.replace(trace=record_trace(before.trace, active, before.target_calls, guesses,
+                                            n, token, offered))
 
 
 def trace_guesses(tokens, parent, depth, valid, path, n, *, max_depth: int):
@@ -192,52 +220,27 @@ def trace_guesses(tokens, parent, depth, valid, path, n, *, max_depth: int):
   last = jnp.where(n > 0, path[jnp.maximum(n - 1, 0)], -1)
   child = valid & (parent == last) & (depth == n + 1)  # [N]
   has = jnp.any(child)
-  slots = jnp.arange(max_depth)
-  guesses = jnp.where(slots < n, tokens[jnp.maximum(path, 0)],
-                      jnp.where((slots == n) & has, tokens[jnp.argmax(child)], 0))
+  at = jnp.arange(max_depth)
+  guesses = jnp.where(at < n, tokens[jnp.maximum(path, 0)],
+                      jnp.where((at == n) & has, tokens[jnp.argmax(child)], 0))
   return guesses.astype(jnp.int32), (n + has).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
-def _tree_decode(loop: TreeLoop, partitioner, params: LoopParams, inputs, seq, length, keys,
-                 max_new_tokens):
-  prefix_len = length
-  state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length))
-  place_state = functools.partial(constrain, partitioner)
-  body = lambda s: loop.rounds(params, s, keys, encoded, prefix_len, max_new_tokens,
-                               place=place_state)
-  state = jax.lax.while_loop(functools.partial(loop.going, params), body, state)
-  return finish(state, prefix_len)
-
-
-def _checked_drafter(drafter: Any, tree: Any, config: DecodeConfig, costs: Any):
+def _tree_drafter(drafter: Any, tree: Any) -> Drafter:
   """The tree drafter of `tree_decode`'s arguments; ValueError naming what it cannot take."""
   if tree is not None:
     if not isinstance(tree, (StaticTree, DynamicTree)):
       raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
     drafter = (NGramTreeDrafter(drafter, tree) if isinstance(drafter, NGramDrafter)
                else TreeModelDrafter(drafter, tree))
-  if not isinstance(drafter, (TreeModelDrafter, PromptLookupTreeDrafter, NGramTreeDrafter)):
-    raise ValueError("tree_decode needs a TreeModelDrafter, NGramTreeDrafter or "
-                     "PromptLookupTreeDrafter, or a draft model or n-gram table with tree=..., "
+  if not isinstance(drafter, Drafter) or drafter.tree is None:
+    raise ValueError("tree_decode needs a tree drafter (TreeModelDrafter, NGramTreeDrafter or "
+                     "PromptLookupTreeDrafter), or a draft model or n-gram table with tree=..., "
                      f"got {type(drafter).__name__}")
-  auto_policy = config.gamma_policy == "auto"
-  if config.gamma_policy not in ("constant", "auto") or not isinstance(config.verifier,
-                                                                        ReferenceVerifier):
-    raise ValueError("tree_decode verifies with the tree rule (specjax.verify.tree): it takes "
-                     "gamma_policy='constant' or 'auto' and the reference verifier only")
-  if auto_policy and config.auto_buckets:
-    raise ValueError(f"tree_decode: auto_buckets {config.auto_buckets} do not apply to a tree "
-                     "(its one wide round scores the whole tree): leave them empty")
-  if costs is not None and not auto_policy:
-    raise ValueError(f"a cost table is for gamma_policy='auto', not {config.gamma_policy!r}")
-  if drafter.tree.greedy_only and not config.sampling.greedy:
-    raise ValueError("DynamicTree(keep=...) prunes drawn children by their own probability, "
-                     "which is exact at temperature 0 only (specjax.verify.tree)")
   return drafter
 
 
-def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter_params: Any,
+def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, draft_params: Any,
                 inputs, *, max_new_tokens: int, rng: jax.Array,
                 config: DecodeConfig = DecodeConfig(), tree: Any = None,
                 prompt_lengths=None, slots: Union[int, Streaming, None] = None,
@@ -257,7 +260,7 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
       a `specjax.draft.NGramTreeDrafter`, or an `NGramDrafter` with `tree` (the tree drawn
       from its table); a `specjax.draft.PromptLookupTreeDrafter` (several prompt-lookup
       continuations).
-    drafter_params: the draft model's or table's parameters (None for prompt lookup).
+    draft_params: the draft model's or table's parameters (None for prompt lookup).
     inputs: int32 [B, L]: encoder inputs (T5) or left-aligned prompts (decoder-only), 0-padded.
     max_new_tokens: generation budget per row (data).
     rng: one PRNG key, or one key per row [B].
@@ -282,87 +285,17 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, drafter
     gamma_hist [B, D + 1] counts narrow rounds ('auto') at 0 and tree rounds at D; under
     'auto', cost_table is the table it decided with.
   """
-  drafter = _checked_drafter(drafter, tree, config, costs)
-  check_config(target, config)
-  check_same_vocab(target, drafter.vocab_size)
-  max_new_tokens = check_count("max_new_tokens", max_new_tokens)
-  inputs = check_inputs(target, inputs)
-  length = prefix_lengths(target, inputs, prompt_lengths)
-  cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens,
-                           drafter.slots + 1)
-  config = dataclasses.replace(config, cache_len=cache_len)
+  drafter = _tree_drafter(drafter, tree)
+  check_tree(drafter.tree, config, costs=costs)
   streaming = as_streaming(slots)
-  rows = (inputs.shape[0] if streaming is None
-          else streaming.sizes(partitioner)[0] + streaming.refill_rows)
-  check_cache_size([m for m in (target, drafter.model) if m], rows, cache_len, partitioner)
-  loop = TreeLoop(target, drafter, config)
-  control = None
-  if config.gamma_policy == "auto":
-    some = (slice(None) if streaming is None
-            else np.arange(rows - streaming.refill_rows) % inputs.shape[0])
-    prepared = prepare_tree_decode(loop, (target_params, drafter_params), inputs[some],
-                                   length[some], max_new_tokens,
-                                   rng if streaming is None else jax.random.PRNGKey(0),
-                                   partitioner)
-    costs, control = calibration.plan(prepared, costs, drafter.tree.max_depth, max_new_tokens)
-    if control is None:
-      return autoregressive_instead(target, target_params, inputs, max_new_tokens, rng, config,
-                                    cache_len, drafter.tree.max_depth, costs,
-                                    prompt_lengths=prompt_lengths, slots=streaming,
-                                    on_progress=on_progress, partitioner=partitioner)
-  params = LoopParams(target=target_params, drafter=drafter_params, control=control)
-  if streaming is not None:
-    return _stream(loop, params, inputs, length, rng, streaming, max_new_tokens, partitioner,
-                   on_progress).replace(cost_table=costs)
-  result, nan = _run(loop, params, inputs, length, rng, max_new_tokens, partitioner)
-  check_nan(nan)
-  return result.replace(tokens=result.tokens[:, :max_new_tokens], cost_table=costs)
-
-
-def _stream(loop: TreeLoop, params: LoopParams, inputs, length, rng, streaming: Streaming,
-            max_new_tokens: int, partitioner: Optional[Partitioner], on_progress
-            ) -> DecodeResult:
-  """The inputs streamed through the slots (params placed on the mesh first)."""
-  if partitioner is not None:
-    params = params.replace(target=partitioner.shard_params(params.target),
-                            drafter=partitioner.shard_params(params.drafter))
-  return decode_streaming(loop, params, inputs, length, rng, streaming=streaming,
-                          width=loop.config.cache_len, max_new_tokens=max_new_tokens,
-                          partitioner=partitioner, on_progress=on_progress)
-
-
-def _run(loop: TreeLoop, params: LoopParams, inputs, length, rng, max_new_tokens,
-         partitioner: Optional[Partitioner] = None):
-  """The compiled padded-batch loop -> (DecodeResult, nan bool [B]); with a partitioner the
-  params and rows are placed on its mesh (rows padded to its 'data' axis, cut after)."""
-  batch = inputs.shape[0]
-  seq = initial_seq(loop.target, inputs, loop.config.cache_len)
-  (target_params, drafter_params), arrays = place(
-      partitioner, [params.target, params.drafter],
-      [jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length), row_keys(rng, batch)])
-  params = params.replace(target=target_params, drafter=drafter_params)
-  return unpad(partitioner, _tree_decode(loop, partitioner, params, *arrays,
-                                         jnp.int32(max_new_tokens)), batch)
-
-
-def prepare_tree_decode(loop: TreeLoop, params, inputs, length, max_new_tokens: int, rng,
-                        partitioner: Optional[Partitioner] = None
-                        ) -> calibration.PreparedDecode:
-  """The tree loop over one padded batch as `calibration` runs it: a cost table with the
-  narrow round at γ = 0 and the tree round as the one bucket γ = max_depth, its α measured
-  over up to `auto.SCHEDULE_SLOTS` tree rounds (on the bundled LM pair at T = 0, 6 rounds of
-  the first prompt gave α 0.6, where 64 rounds of the same prompt give 0.83: the
-  policy then never played a tree that decodes 1.6x autoregressive).
-  params = (target params, drafter params); inputs [B, L] and length [B] checked already."""
-  depth = loop.drafter.tree.max_depth
-
-  def run(budget: int, gamma: int, control):
-    del gamma  # the tree's shape replaces it
-    return _run(loop, LoopParams(target=params[0], drafter=params[1], control=control), inputs,
-                length, rng, budget, partitioner)
-
-  return calibration.PreparedDecode(
-      key=(loop, partitioner, inputs.shape), batch=inputs.shape[0], cache_len=loop.config.cache_len,
-      models=f"target {auto.describe(loop.target)}; drafter {auto.describe(loop.drafter)}",
-      max_gamma=depth, buckets=(depth,), max_new_tokens=max_new_tokens, run=run,
-      alpha_rounds=auto.SCHEDULE_SLOTS)  # α: one indicator per round, so many rounds
+  rows = None if streaming is None else (streaming.sizes(partitioner)[0]
+                                         + streaming.refill_rows)
+  checked = check_decode(target, config, inputs, max_new_tokens, prompt_lengths,
+                         drafter=drafter, rows=rows, partitioner=partitioner)
+  check_tree(drafter.tree, config, vocab_size=target.vocab_size,
+             models=[target, *drafter.models], rows=rows or checked.inputs.shape[0],
+             cache_len=checked.cache_len, partitioner=partitioner)
+  loop = TreeLoop(target, drafter, dataclasses.replace(config, cache_len=checked.cache_len))
+  return runner.decode(loop, LoopParams(target=target_params, drafter=draft_params), checked,
+                       rng, streaming=streaming, partitioner=partitioner,
+                       on_progress=on_progress, costs=costs)

@@ -1,21 +1,23 @@
-"""Drafters: who guesses the γ tokens that the target verifies.
+"""Drafters: who guesses the tokens that the target verifies.
 
-One protocol, several drafters. A drafter is stateless Python configuration
+One protocol for every drafter, chain or tree. A drafter is stateless Python configuration
 (hashable, passed to `jax.jit` as static) plus a `params` pytree of arrays and a
 per-generation `state` pytree, so the decode loop stays a pure function:
 
   state = drafter.init(params, inputs, seq, length, cache_len)
   proposal, state = drafter.propose(params, state, seq, length, gamma, row_keys, sampling)
-  state = drafter.update(state, num_accepted, gamma)
+  state = drafter.update(state, Accepted(start=..., n=..., gamma=..., path=...))
 
-`proposal.probs` are the standardized q (same `Sampling` as the target), which the
-tokens were drawn from, so verification stays exact whatever the drafter.
-Randomness: the guess at absolute position j of a row uses
+A chain drafter (`tree` None) proposes up to `max_gamma` guesses in a `Proposal`; a tree
+drafter (`tree` a `StaticTree` / `DynamicTree`) proposes the tree's nodes in a
+`TreeProposal` (`specjax.draft.tree`) and ignores γ. `proposal.probs` are the standardized
+q (same `Sampling` as the target) the tokens were drawn from, so verification stays exact
+whatever the drafter. Randomness: the guess at absolute position j of a row uses
 `fold_in(fold_in(row_key, j), DRAFT_STREAM)`.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Tuple
+from typing import Any, Optional, Protocol, Tuple, runtime_checkable
 
 import flax
 import jax
@@ -34,11 +36,39 @@ class Proposal:
   calls: jax.Array  # int32 [B]: draft model calls spent (0 for table drafters)
 
 
-class Drafter(Protocol):
-  """What `speculative_decode` needs from a drafter."""
+@flax.struct.dataclass
+class Accepted:
+  """What verification decided in one round, handed to `Drafter.update`."""
 
-  max_gamma: int
-  """Static size of the guess buffers; γ (data) is at most this."""
+  start: jax.Array  # int32 [B]: each row's committed length when the round began
+  n: jax.Array  # int32 [B]: guesses (chain) or path nodes (tree) accepted
+  gamma: jax.Array  # int32 [B]: guesses offered (chain: the row's γ; tree: max_depth)
+  path: Optional[jax.Array] = None  # int32 [B, D]: a tree's accepted nodes (-1 pad); chain None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+  """What every decode loop needs from a drafter, chain or tree (module docstring)."""
+
+  tree: Any
+  """None for a chain drafter; the `StaticTree` / `DynamicTree` a tree drafter proposes."""
+
+  deterministic: bool
+  """Whether every q is a point mass at its guess (prompt lookup): a tree is then verified by
+  the deterministic rule of `specjax.verify.tree`, which needs no q."""
+
+  @property
+  def max_gamma(self) -> int:
+    """Static bound of γ (data): guess buffers are [B, max_gamma]; a tree's `max_depth`."""
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions one round writes past a row's committed tokens (the target's and the
+    draft's): max_gamma for a chain, every grown node for a tree."""
+
+  @property
+  def models(self) -> Tuple[Any, ...]:
+    """The draft `DecodingModel`s whose caches the drafter keeps (() for tables)."""
 
   @property
   def vocab_size(self) -> Optional[int]:
@@ -49,13 +79,12 @@ class Drafter(Protocol):
     """inputs: int32 [B, L_in] (encoder inputs or prompts); seq: int32 [B, T]; length: int32 [B]."""
 
   def propose(self, params: Any, state: Any, seq: jax.Array, length: jax.Array,
-              gamma: jax.Array, row_keys: jax.Array, sampling: Sampling
-              ) -> Tuple["Proposal", Any]:
-    """gamma: int32 [B] (each row's γ) -> (Proposal, state); guesses beyond a row's γ
-    are ignored by the verifier."""
+              gamma: jax.Array, row_keys: jax.Array, sampling: Sampling) -> Tuple[Any, Any]:
+    """gamma: int32 [B] (each row's γ; a tree drafter ignores it) -> (Proposal or
+    TreeProposal, state); guesses beyond a row's γ are ignored by the verifier."""
 
-  def update(self, state: Any, num_accepted: jax.Array, gamma: jax.Array) -> Any:
-    """Called after verification with num_accepted int32 [B] (0..γ) and gamma int32 [B]."""
+  def update(self, state: Any, accepted: Accepted) -> Any:
+    """The state after verification (`Accepted`)."""
 
 
 def check_sizes(drafter: Any, **minimums: int) -> None:

@@ -13,13 +13,13 @@ never reuse the target-level streams.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Proposal, check_sizes
+from specjax.draft.base import Accepted, Proposal, check_sizes
 from specjax.draft.model import ModelDrafter, catch_up_cache
 from specjax.models import DecodingModel, start_model
 from specjax.rows import take_rows, update_rows
@@ -32,7 +32,7 @@ INNER_KEY = 7
 class HierarchicalState:
   cache: Any  # the medium model's KV cache
   encoded: Any  # the medium model's encoder output (None for decoder-only)
-  fed: jax.Array  # int32 [B]: medium cache slots 0..fed-1 hold committed tokens
+  fed: jax.Array  # int32 [B]: medium cache positions 0..fed-1 hold committed tokens
   start: jax.Array  # int32 [B]: the row's committed length at the last `propose`
   inner: Any  # the inner ModelDrafter's state
 
@@ -49,6 +49,9 @@ class HierarchicalDrafter:
   max_gamma: int
   inner_gamma: int = 3
 
+  tree: ClassVar[None] = None  # a chain drafter
+  deterministic: ClassVar[bool] = False
+
   def __post_init__(self):
     check_sizes(self, max_gamma=1, inner_gamma=1)
     if self.inner.vocab_size != self.medium.vocab_size:
@@ -63,6 +66,15 @@ class HierarchicalDrafter:
   @property
   def vocab_size(self) -> int:
     return self.medium.vocab_size
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: the guesses."""
+    return self.max_gamma
+
+  @property
+  def models(self) -> Tuple[DecodingModel, ...]:
+    return (self.medium,) + self.inner.models
 
   def init(self, params, inputs, seq, length, cache_len):
     cache, encoded, fed = start_model(self.medium, params["medium"], inputs, length, cache_len)
@@ -97,7 +109,7 @@ class HierarchicalDrafter:
       # NaN in the inner q breaks the inner verification: pass it on as NaN in M's q, so the
       # decode loop reports the row instead of verifying tokens not drawn from that q.
       p = jnp.where(jnp.any(jnp.isnan(q), axis=(1, 2))[:, None, None], jnp.nan, p)
-      inner = self.inner.update(inner, n, inner_gamma)
+      inner = self.inner.update(inner, Accepted(start=tlen, n=n, gamma=inner_gamma))
       fed = tlen + n  # the medium fed everything it accepted, not the correction
       emitted = emitted_tokens(guesses, n, token)  # [B, g+1]
       # Append to the tentative sequence and to the outputs (with M's probabilities).
@@ -126,7 +138,7 @@ class HierarchicalDrafter:
     state = state.replace(cache=cache, fed=fed, start=length, inner=inner)
     return Proposal(tokens=out, probs=probs, calls=calls), state  # calls: medium-model calls
 
-  def update(self, state, num_accepted, gamma):
-    valid = state.start + num_accepted  # committed slots that survived the target's check
+  def update(self, state, accepted: Accepted):
+    valid = state.start + accepted.n  # committed positions that survived the target's check
     return state.replace(fed=jnp.minimum(state.fed, valid),
                          inner=self.inner.truncate(state.inner, valid))

@@ -11,13 +11,13 @@ committed tokens, so each node's q is δ at its own token and the tree is verifi
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import ClassVar, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import check_sizes
+from specjax.draft.base import Accepted, check_sizes
 from specjax.draft.ngram import NoState
 from specjax.draft.prompt_lookup import continuation, match_scores
 from specjax.draft.tree import StaticTree, TreeProposal
@@ -36,8 +36,8 @@ class PromptLookupTreeDrafter:
   depth: int = 4
   max_ngram: int = 3
 
-  deterministic = True  # each node's q is δ at its token (`specjax.verify.tree`)
-  model = None  # no draft model: nothing to cache
+  deterministic: ClassVar[bool] = True  # each node's q is δ at its token (`specjax.verify.tree`)
+  models: ClassVar[Tuple] = ()  # no draft model: nothing to cache
 
   def __post_init__(self):
     check_sizes(self, vocab=1, branches=1, depth=1, max_ngram=1)
@@ -51,23 +51,24 @@ class PromptLookupTreeDrafter:
     return self.vocab
 
   @property
-  def size(self) -> int:
-    """Nodes the target scores per round."""
-    return self.branches * self.depth
+  def max_gamma(self) -> int:
+    """The tree's depth: the most guesses a round can accept."""
+    return self.depth
 
   @property
-  def slots(self) -> int:
-    """Cache slots a round writes past the committed tokens."""
-    return self.size
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: every node."""
+    return self.branches * self.depth
 
   def init(self, params, inputs, seq, length, cache_len):
     del params, inputs, seq, length, cache_len
     return NoState()
 
-  def propose(self, params, state, seq, length, row_keys, sampling: Sampling
+  def propose(self, params, state, seq, length, gamma, row_keys, sampling: Sampling
               ) -> Tuple[TreeProposal, NoState]:
     """seq [B, T], length [B] -> (TreeProposal with q unused [B, N + 1, 1], state)."""
-    del params, row_keys, sampling
+    del params, gamma, row_keys, sampling
+    nodes = self.branches * self.depth
     batch, total = seq.shape
     score = match_scores(seq, length, self.max_ngram)  # [B, T]
     after = take_rows(seq, jnp.minimum(jnp.arange(total) + 1, total - 1)[None, :]
@@ -80,19 +81,19 @@ class PromptLookupTreeDrafter:
       found.append(hit if branch else jnp.ones_like(hit))
       score = jnp.where(after == tokens[:, :1], -1, score)  # later branches start elsewhere
     # Level order of from_spines((depth,) * branches): depth-major, branch-minor.
-    tokens = jnp.stack(spines, axis=2).reshape(batch, self.size)
+    tokens = jnp.stack(spines, axis=2).reshape(batch, nodes)
     valid = jnp.broadcast_to(jnp.stack(found, axis=1)[:, None, :],
-                             (batch, self.depth, self.branches)).reshape(batch, self.size)
+                             (batch, self.depth, self.branches)).reshape(batch, nodes)
     tree = self.tree
-    shape = (batch, self.size)
+    shape = (batch, nodes)
     proposal = TreeProposal(
         tokens=tokens.astype(jnp.int32),
         parent=jnp.broadcast_to(jnp.asarray(np.asarray(tree.parents, np.int32)), shape),
         depth=jnp.broadcast_to(jnp.asarray(tree.depth), shape), valid=valid,
-        probs=jnp.zeros((batch, self.size + 1, 1), jnp.float32),
+        probs=jnp.zeros((batch, nodes + 1, 1), jnp.float32),
         calls=jnp.zeros((batch,), jnp.int32))
     return proposal, state
 
-  def update(self, state, length, path, n):
-    del length, path, n
+  def update(self, state, accepted: Accepted):
+    del accepted
     return state

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Proposal, check_sizes, draft_step
+from specjax.draft.base import Accepted, Proposal, check_sizes, draft_step
 from specjax.models import DecodingModel, start_model
 from specjax.models.protocol import decode_logits_at
 from specjax.rows import take_rows
@@ -19,7 +19,7 @@ class ModelDrafterState:
   """A `ModelDrafter`'s per-decode state: its KV cache and how far each row has fed it."""
   cache: Any  # the draft model's KV cache
   encoded: Any  # the draft's encoder output (None for decoder-only)
-  fed: jax.Array  # int32 [B]: cache slots 0..fed-1 hold the row's committed tokens
+  fed: jax.Array  # int32 [B]: cache positions 0..fed-1 hold the row's committed tokens
   start: jax.Array  # int32 [B]: the row's length at the last `propose`
 
 
@@ -27,10 +27,10 @@ class ModelDrafterState:
 class ModelDrafter:
   """Any specjax model as the draft, with its own KV cache.
 
-  The cache holds the committed tokens in slots 0..fed-1. A round needs slots up
+  The cache holds the committed tokens at positions 0..fed-1. A round needs positions up
   to length-2 (the last token is fed again), so its first call feeds a short
   catch-up window [x_{L-1-lag} .. x_{L-1}] with lag = L-1-fed: after a rejection
-  lag is 0 (stale slots are overwritten), after a round that accepted all γ it is
+  lag is 0 (stale positions are overwritten), after a round that accepted all γ it is
   1 (x_γ was drafted but never fed), so no extra full draft pass is needed.
   Rounds the drafter did not see (γ = 0 rounds of the 'auto' policy: a plain target
   step, no draft call) leave a longer lag; `propose` first feeds the missed tokens
@@ -44,12 +44,24 @@ class ModelDrafter:
   catch_up: int = 8
   """Static chunk width that feeds longer lags (after rounds without a draft call)."""
 
+  tree: ClassVar[None] = None  # a chain drafter
+  deterministic: ClassVar[bool] = False
+
   def __post_init__(self):
     check_sizes(self, max_gamma=1, window=2)
 
   @property
   def vocab_size(self) -> int:
     return self.model.vocab_size
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: the guesses."""
+    return self.max_gamma
+
+  @property
+  def models(self) -> Tuple[DecodingModel, ...]:
+    return (self.model,)
 
   def init(self, params, inputs, seq, length, cache_len):
     cache, encoded, fed = start_model(self.model, params, inputs, length, cache_len)
@@ -61,7 +73,7 @@ class ModelDrafter:
                                 state.fed, self.window, self.catch_up)
     state = state.replace(cache=cache, fed=fed)
     lag = jnp.clip(length - 1 - state.fed, 0, self.window - 1)
-    # First call: the catch-up window x_{L-1-lag} .. x_{L-1} (+ junk slots that
+    # First call: the catch-up window x_{L-1-lag} .. x_{L-1} (+ junk positions that
     # later calls overwrite); the distribution of x_1 is read at index lag.
     begin = length - 1 - lag
     window = take_rows(seq, begin[:, None] + jnp.arange(self.window)[None, :])
@@ -89,11 +101,11 @@ class ModelDrafter:
     state = state.replace(cache=cache, fed=length + most - 1, start=length)
     return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
 
-  def update(self, state, num_accepted, gamma):
-    return self.truncate(state, state.start + num_accepted)
+  def update(self, state, accepted: Accepted):
+    return self.truncate(state, state.start + accepted.n)
 
   def truncate(self, state, valid):
-    """Only slots 0..valid-1 still hold committed tokens (valid int32 [B])."""
+    """Only positions 0..valid-1 still hold committed tokens (valid int32 [B])."""
     return state.replace(fed=jnp.minimum(state.fed, valid))
 
 
@@ -101,9 +113,9 @@ def catch_up_cache(model: DecodingModel, params, cache, encoded, seq, length, fe
                    chunk: int):
   """Feeds the committed tokens a model's cache missed until every row lags < `window`.
 
-  seq: int32 [B, T]; length, fed: int32 [B] (slots 0..fed-1 hold committed tokens).
+  seq: int32 [B, T]; length, fed: int32 [B] (positions 0..fed-1 hold committed tokens).
   While some row lags by window or more (lag = length-1-fed), every row is fed the
-  `chunk` tokens from its slot min(fed, length-1, T-chunk): committed slots are only
+  `chunk` tokens from its position min(fed, length-1, T-chunk): committed positions are only
   ever rewritten with the same tokens, and junk written past a row's length is
   overwritten by later calls before any query reads it (keys past a row's position are
   masked). Returns (cache, fed int32 [B]); no call at all when no row lags that far.

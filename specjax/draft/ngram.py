@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence, Tuple
+from typing import ClassVar, Sequence, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import Proposal, check_sizes, sample_guess
+from specjax.draft.base import Accepted, Proposal, check_sizes, sample_guess
 from specjax.rows import take_rows
 
 
@@ -45,6 +45,10 @@ class NGramDrafter:
   vocab: int
   max_gamma: int
 
+  tree: ClassVar[None] = None  # a chain drafter
+  deterministic: ClassVar[bool] = False
+  models: ClassVar[Tuple] = ()  # a table: no cache
+
   def __post_init__(self):
     if self.order not in (1, 2):
       raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {self.order!r}")
@@ -53,6 +57,11 @@ class NGramDrafter:
   @property
   def vocab_size(self) -> int:
     return self.vocab
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: the guesses."""
+    return self.max_gamma
 
   @staticmethod
   def from_corpus(token_lists: Sequence[Sequence[int]], vocab_size: int, *, order: int,
@@ -105,7 +114,7 @@ class NGramDrafter:
     tokens, all_probs, _ = jax.lax.fori_loop(0, jnp.max(gamma), body, (tokens, all_probs, prev))
     return Proposal(tokens=tokens, probs=all_probs, calls=jnp.zeros((batch,), jnp.int32)), state
 
-  def update(self, state, num_accepted, gamma):
+  def update(self, state, accepted: Accepted):
     return state
 
 

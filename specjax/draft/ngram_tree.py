@@ -11,11 +11,12 @@ and the output follows the target exactly. A level costs one table lookup per no
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Tuple
+from typing import Any, ClassVar, Tuple
 
 import jax
 import jax.numpy as jnp
 
+from specjax.draft.base import Accepted
 from specjax.draft.ngram import NGramDrafter, NoState, table_probs
 from specjax.draft.tree import (DynamicTree, StaticTree, TreeProposal, _level_starts,
                                 draw_level, keep_most_probable)
@@ -31,8 +32,8 @@ class NGramTreeDrafter:
   table: NGramDrafter
   tree: Any  # StaticTree or DynamicTree
 
-  deterministic = False  # each node's q is the table's distribution
-  model = None  # no draft model: nothing to cache
+  deterministic: ClassVar[bool] = False  # each node's q is the table's distribution
+  models: ClassVar[Tuple] = ()  # no draft model: nothing to cache
 
   def __post_init__(self):
     if not isinstance(self.table, NGramDrafter):
@@ -45,13 +46,13 @@ class NGramTreeDrafter:
     return self.table.vocab
 
   @property
-  def size(self) -> int:
-    """Nodes the target scores per round."""
-    return self.tree.nodes
+  def max_gamma(self) -> int:
+    """The tree's depth: the most guesses a round can accept."""
+    return self.tree.max_depth
 
   @property
-  def slots(self) -> int:
-    """Cache slots a round writes past the committed tokens (the target's only)."""
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens (the target's only)."""
     return self.tree.nodes
 
   def init(self, params, inputs, seq, length, cache_len):
@@ -65,11 +66,12 @@ class NGramTreeDrafter:
       flat = jnp.zeros_like(flat)
     return jnp.log(table_probs(params, flat)).reshape(*context.shape, self.vocab_size)
 
-  def propose(self, params, state, seq, length, row_keys, sampling: Sampling
+  def propose(self, params, state, seq, length, gamma, row_keys, sampling: Sampling
               ) -> Tuple[TreeProposal, NoState]:
-    """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state)."""
+    """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state); gamma unused."""
+    del gamma
     tree, batch, vocab = self.tree, seq.shape[0], self.vocab_size
-    size, starts = tree.size, _level_starts(tree.levels)
+    size, starts = tree.grown, _level_starts(tree.levels)
     tokens = jnp.zeros((batch, size), jnp.int32)
     parent = jnp.full((batch, size), -1, jnp.int32)
     valid = jnp.zeros((batch, size), jnp.bool_)
@@ -96,6 +98,6 @@ class NGramTreeDrafter:
       proposal, _ = keep_most_probable(proposal, path_logq, tree.nodes)
     return proposal, state
 
-  def update(self, state, length, path, n):
-    del length, path, n
+  def update(self, state, accepted: Accepted):
+    del accepted
     return state

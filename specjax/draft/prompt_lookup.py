@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar, Tuple
 
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Proposal, check_sizes
+from specjax.draft.base import Accepted, Proposal, check_sizes
 from specjax.draft.ngram import NoState
 from specjax.rows import take_rows
 
@@ -56,12 +57,21 @@ class PromptLookupDrafter:
   max_gamma: int
   max_ngram: int = 3
 
+  tree: ClassVar[None] = None  # a chain drafter
+  deterministic: ClassVar[bool] = True  # q is one-hot at each guess
+  models: ClassVar[Tuple] = ()  # no draft model
+
   def __post_init__(self):
     check_sizes(self, vocab=1, max_gamma=1, max_ngram=1)
 
   @property
   def vocab_size(self) -> int:
     return self.vocab
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: the guesses."""
+    return self.max_gamma
 
   def init(self, params, inputs, seq, length, cache_len):
     return NoState()
@@ -74,5 +84,5 @@ class PromptLookupDrafter:
     probs = jax.nn.one_hot(tokens, self.vocab, dtype=jnp.float32)
     return Proposal(tokens=tokens, probs=probs, calls=jnp.zeros((batch,), jnp.int32)), state
 
-  def update(self, state, num_accepted, gamma):
+  def update(self, state, accepted: Accepted):
     return state

@@ -16,14 +16,14 @@ j + 1 node j), so a row's tree does not depend on its batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Optional, Sequence, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import check_sizes
+from specjax.draft.base import Accepted, check_sizes
 from specjax.draft.model import catch_up_cache
 from specjax.models import DecodingModel, start_model
 from specjax.models.protocol import decode_logits_at
@@ -127,7 +127,8 @@ class StaticTree:
     return tuple(int(c) for c in np.bincount(self.depth)[1:])
 
   @property
-  def size(self) -> int:
+  def grown(self) -> int:
+    """Nodes drafted per round: all of them."""
     return len(self.parents)
 
   @property
@@ -137,7 +138,12 @@ class StaticTree:
   @property
   def nodes(self) -> int:
     """Nodes the target scores: all of them."""
-    return self.size
+    return self.grown
+
+  @property
+  def max_children(self) -> int:
+    """The most children of one node (the root included): drawn from one q of V tokens."""
+    return max(self.ranks) + 1
 
   @property
   def greedy_only(self) -> bool:
@@ -175,8 +181,8 @@ class DynamicTree:
                        f"{self.branch} nodes")
     if self.keep is not None:
       check_sizes(self, keep=1)
-      if self.keep > self.size:
-        raise ValueError(f"DynamicTree.keep={self.keep} exceeds the {self.size} nodes grown")
+      if self.keep > self.grown:
+        raise ValueError(f"DynamicTree.keep={self.keep} exceeds the {self.grown} nodes grown")
 
   @property
   def levels(self) -> Tuple[int, ...]:
@@ -185,18 +191,23 @@ class DynamicTree:
 
   @property
   def depth(self) -> np.ndarray:
-    """int32 [size]: each grown node's depth (1-based)."""
+    """int32 [grown]: each grown node's depth (1-based)."""
     return np.repeat(np.arange(1, self.max_depth + 1), self.levels).astype(np.int32)
 
   @property
-  def size(self) -> int:
-    """Nodes grown (and fed to the draft)."""
+  def grown(self) -> int:
+    """Nodes drafted per round (each fed to the draft)."""
     return sum(self.levels)
 
   @property
   def nodes(self) -> int:
     """Nodes the target scores: `keep`, or every grown node."""
-    return self.size if self.keep is None else self.keep
+    return self.grown if self.keep is None else self.keep
+
+  @property
+  def max_children(self) -> int:
+    """The most children of one node: `branch` (drawn from one q of V tokens)."""
+    return self.branch
 
   @property
   def greedy_only(self) -> bool:
@@ -250,8 +261,8 @@ def _children_keys(row_keys, length, depth: int, nodes: jax.Array):
 class TreeDrafterState:
   cache: Any  # the draft model's KV cache
   encoded: Any  # the draft's encoder output (None for decoder-only)
-  fed: jax.Array  # int32 [B]: cache slots 0..fed-1 hold the row's committed tokens
-  source: jax.Array  # int32 [B, N]: the grown node (draft cache slot length + j) of node j
+  fed: jax.Array  # int32 [B]: cache positions 0..fed-1 hold the row's committed tokens
+  source: jax.Array  # int32 [B, N]: the grown node (draft cache position length + j) of node j
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,15 +271,17 @@ class TreeModelDrafter:
 
   The first call feeds the catch-up window ending at the last committed token (as
   `ModelDrafter`) and yields the root's q; the call for level d feeds all level-d nodes
-  at slots length + j (each sees the committed cache and its ancestors), yielding the q
+  at positions length + j (each sees the committed cache and its ancestors), yielding the q
   of their children. After verification `update` moves the accepted path's draft cache
-  slots into place, as the target's.
+  positions into place, as the target's.
   """
 
   model: DecodingModel
   tree: Any  # StaticTree or DynamicTree
   window: int = 2
   catch_up: int = 8
+
+  deterministic: ClassVar[bool] = False
 
   def __post_init__(self):
     check_sizes(self, window=2, catch_up=1)
@@ -280,23 +293,30 @@ class TreeModelDrafter:
     return self.model.vocab_size
 
   @property
-  def size(self) -> int:
-    """Nodes the target scores per round."""
-    return self.tree.nodes
+  def max_gamma(self) -> int:
+    """The tree's depth: the most guesses a round can accept."""
+    return self.tree.max_depth
 
   @property
-  def slots(self) -> int:
-    """Cache slots a round writes past the committed tokens: every grown node."""
-    return self.tree.size
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: every grown node."""
+    return self.tree.grown
+
+  @property
+  def models(self) -> Tuple[DecodingModel, ...]:
+    return (self.model,)
 
   def init(self, params, inputs, seq, length, cache_len):
     cache, encoded, fed = start_model(self.model, params, inputs, length, cache_len)
-    source = jnp.broadcast_to(jnp.arange(self.size, dtype=jnp.int32), (seq.shape[0], self.size))
+    nodes = self.tree.nodes
+    source = jnp.broadcast_to(jnp.arange(nodes, dtype=jnp.int32), (seq.shape[0], nodes))
     return TreeDrafterState(cache=cache, encoded=encoded, fed=fed, source=source)
 
-  def propose(self, params, state: TreeDrafterState, seq, length, row_keys, sampling: Sampling
-              ) -> Tuple[TreeProposal, TreeDrafterState]:
-    """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state)."""
+  def propose(self, params, state: TreeDrafterState, seq, length, gamma, row_keys,
+              sampling: Sampling) -> Tuple[TreeProposal, TreeDrafterState]:
+    """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state); gamma unused (the
+    tree's shape is static)."""
+    del gamma
     tree, batch = self.tree, seq.shape[0]
     cache, fed = catch_up_cache(self.model, params, state.cache, state.encoded, seq, length,
                                 state.fed, self.window, self.catch_up)
@@ -306,7 +326,7 @@ class TreeModelDrafter:
     logits, cache = decode_logits_at(self.model, params, cache, window, begin, state.encoded,
                                      lag)  # [B, V]
     starts = _level_starts(tree.levels)
-    size, vocab = tree.size, logits.shape[-1]
+    size, vocab = tree.grown, logits.shape[-1]
     depth = jnp.broadcast_to(jnp.asarray(tree.depth), (batch, size))
     tokens = jnp.zeros((batch, size), jnp.int32)
     parent = jnp.full((batch, size), -1, jnp.int32)
@@ -340,12 +360,12 @@ class TreeModelDrafter:
                                             first + d, d, sampling, a)
       cache, tokens, parent, valid, path_logq, probs = jax.lax.fori_loop(
           tail, tree.max_depth + 1, step, (cache, tokens, parent, valid, path_logq, probs))
-    fed = length  # slots < length hold the committed tokens; the tree's slots are junk
+    fed = length  # positions < length hold the committed tokens; the tree's are junk
     proposal = TreeProposal(tokens=tokens, parent=parent, depth=depth, valid=valid, probs=probs,
                             calls=jnp.full((batch,), tree.max_depth, jnp.int32))
     source = state.source
-    if self.size < size:
-      proposal, source = keep_most_probable(proposal, path_logq, self.size)
+    if tree.nodes < size:
+      proposal, source = keep_most_probable(proposal, path_logq, tree.nodes)
     return proposal, state.replace(cache=cache, fed=fed, source=source)
 
   def _spine_level(self, params, encoded, row_keys, length, anc, depth, node, d, sampling,
@@ -370,10 +390,11 @@ class TreeModelDrafter:
             put(path_logq, logq), jax.lax.dynamic_update_slice_in_dim(
                 probs, q[:, None].astype(probs.dtype), node, axis=1))
 
-  def update(self, state: TreeDrafterState, length, path, n) -> TreeDrafterState:
-    """After verification: length int32 [B] the round's start, path int32 [B, D] accepted
-    nodes, n int32 [B]. The path's slots move to length.. and the fed count covers the
-    path nodes that were fed (all but a deepest-level node)."""
+  def update(self, state: TreeDrafterState, accepted: Accepted) -> TreeDrafterState:
+    """After verification (`Accepted`: the round's start, the path of n accepted nodes): the
+    path's positions move to start.. and the fed count covers the path nodes that were fed (all
+    but a deepest-level node)."""
+    length, path, n = accepted.start, accepted.path, accepted.n
     grown = jnp.where(path >= 0, jnp.take_along_axis(state.source, jnp.maximum(path, 0), axis=1),
                       -1)
     cache = move_path(self.model, state.cache, length, grown, n)
@@ -459,13 +480,14 @@ def keep_most_probable(proposal: TreeProposal, path_logq: jax.Array, keep: int
 
 
 def _cache_len(cache) -> int:
-  """The cache's slots per row (a KVCache or a table model's token buffer)."""
+  """The cache's positions per row (a KVCache or a table model's token buffer)."""
   return cache.max_len if hasattr(cache, "max_len") else cache.shape[1]
 
 
 def move_path(model: DecodingModel, cache, length, path, n):
-  """Moves each row's accepted path nodes' slots (node j at slot length + j) to slots
-  length .. length + n - 1; the slots past n are copied onto themselves."""
+  """Moves each row's accepted path nodes' positions (node j at position length + j) to positions
+  length .. length + n - 1; the positions past n are copied onto themselves (the model
+  protocol's `move_slots`)."""
   offsets = jnp.arange(path.shape[1])[None, :]
   src = jnp.where(offsets < n[:, None], length[:, None] + jnp.maximum(path, 0),
                   length[:, None] + offsets)

@@ -34,11 +34,11 @@ def ancestors(parent: jax.Array) -> jax.Array:
   before children) -> bool [N, N]: node i descends from node j or is j."""
   size = parent.shape[0]
   eye = jnp.eye(size, dtype=jnp.bool_)
-  up = jax.nn.one_hot(parent, size, dtype=jnp.bool_)  # [N, N]: j is i's parent
 
-  def step(_, reach):  # reach[i, j]: j is an ancestor of i within the steps so far
-    return reach | jnp.any(reach[:, :, None] & up[None, :, :], axis=1)
-  return lax.fori_loop(0, size, step, eye)
+  def step(i, reach):  # row i: node i and its parent's row, final since parents come first
+    above = parent[i]
+    return reach.at[i].set(eye[i] | (reach[jnp.maximum(above, 0)] & (above >= 0)))
+  return lax.fori_loop(0, size, step, eye)  # O(N^2) memory: no [N, N, N] intermediate
 
 
 def tree_call(parent: jax.Array, depth: jax.Array, length: jax.Array) -> TreeAttention:

@@ -10,7 +10,7 @@ from specjax.verify.step import verify
 
 @dataclasses.dataclass(frozen=True)
 class ReferenceVerifier:
-  """Algorithm 1 as written (`specjax.speculative.verify`). Exact."""
+  """Algorithm 1 as written (`specjax.verify.step.verify`). Exact."""
 
   exact: ClassVar[bool] = True
   name: ClassVar[str] = "reference"

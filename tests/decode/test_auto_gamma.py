@@ -15,6 +15,7 @@ import pytest
 
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.decode import auto, auto_rounds, calibration
+from specjax.decode import runner
 from specjax.decode import speculative as decoding
 from specjax.draft import HierarchicalDrafter, ModelDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
@@ -320,7 +321,7 @@ def test_greedy_auto_equals_autoregressive_and_compiles_once(tables):
                                     config=DecodeConfig(sampling=greedy, cache_len=64),
                                     prompt_lengths=lengths)
   drafter = ModelDrafter(TableModel(V), max_gamma=3)
-  before = decoding._speculative._cache_size()
+  before = runner.run_loop._cache_size()
   gammas = []
   for seconds in ((1.0, 1.1, 1.3), (1.0, 1.4, 1.8), (1.0, 9.0, 9.0)):
     result = speculative_decode(TableModel(V), target_table, drafter, draft_table, prompts,
@@ -336,7 +337,7 @@ def test_greedy_auto_equals_autoregressive_and_compiles_once(tables):
   assert {0, 1, 3} <= set(np.unique(every))  # narrow rounds and every bucket ran
   mixed = [len(set(col) - {0}) > 0 and 0 in col for col in every.T]
   assert any(mixed)  # rows with γ = 0 inside a wide round
-  assert decoding._speculative._cache_size() == before + 1  # tables are data
+  assert runner.run_loop._cache_size() == before + 1  # tables are data
 
 
 # ------------------------------------------------------------- drafters after γ = 0 rounds
@@ -517,7 +518,7 @@ def test_calibration_prior_comes_from_a_run_that_is_not_rolled_back():
     # Rows with α 0.9 and 0.6, and one that was never verified (counted in no row's α).
     return np.array([0.9 * 3, 0.6 * 5, 0.0]), np.array([3, 5, 0])
 
-  table = auto.calibrate(run, batch=3, cache_len=32, max_gamma=4, buckets=(1, 2, 4),
+  table = auto.time_rounds(run, batch=3, cache_len=32, max_gamma=4, buckets=(1, 2, 4),
                          models="fake", rounds=2, repeats=1)
   # The batch's slowest row sets the prior: its α, not the mean (0.71).
   assert table.alpha == pytest.approx(0.6)

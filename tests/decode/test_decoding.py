@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from specjax.decode import speculative as decoding
+from specjax.decode import runner
 from specjax.verify import ReferenceVerifier
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.draft import BigramDrafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
@@ -163,22 +163,20 @@ def test_gamma_and_budget_are_data_not_recompiled(tables):
   prompts, lengths = _prompts(batch=2)
   drafter = ModelDrafter(TableModel(V), max_gamma=5)
   config = DecodeConfig(eos_id=NO_EOS, cache_len=32)
-  before = decoding._speculative._cache_size()
+  before = runner.run_loop._cache_size()
   for gamma, budget in [(1, 5), (3, 9), (5, 7)]:
     speculative_decode(TableModel(V), target_table, drafter, draft_table, prompts,
                        max_new_tokens=budget, gamma=gamma, rng=jax.random.PRNGKey(0),
                        config=config, prompt_lengths=lengths)
-  assert decoding._speculative._cache_size() == before + 1
+  assert runner.run_loop._cache_size() == before + 1
 
 
 def test_one_compile_per_static_config(tables):
   """γ, max_new_tokens, rng and new inputs of the same padded shape reuse the compiled loops."""
-  from specjax.decode import autoregressive as ar_loop  # pylint: disable=import-outside-toplevel
   target_table, draft_table = tables
   drafter = ModelDrafter(TableModel(V), max_gamma=4)
   config = DecodeConfig(eos_id=NO_EOS, cache_len=40)
-  spec_before = decoding._speculative._cache_size()
-  ar_before = ar_loop._autoregressive._cache_size()
+  before = runner.run_loop._cache_size()  # the one whole-loop function of every loop
   rng = np.random.default_rng(3)
   for i, (gamma, budget) in enumerate([(1, 6), (4, 11), (2, 3)]):
     prompts = rng.integers(2, V, size=(3, 5)).astype(np.int32)
@@ -188,8 +186,7 @@ def test_one_compile_per_static_config(tables):
                        config=config, prompt_lengths=lengths)
     autoregressive_decode(TableModel(V), target_table, prompts, max_new_tokens=budget,
                           rng=jax.random.PRNGKey(i), config=config, prompt_lengths=lengths)
-  assert decoding._speculative._cache_size() == spec_before + 1
-  assert ar_loop._autoregressive._cache_size() == ar_before + 1
+  assert runner.run_loop._cache_size() == before + 2  # one compile each: chain, autoregressive
 
 
 def test_nan_logits_are_reported(tables):
@@ -251,13 +248,13 @@ def test_adaptive_gamma_stays_exact_greedy_and_compiles_once(tables, policy):
   config = DecodeConfig(sampling=greedy, cache_len=64, gamma_policy=policy, trace=True,
                         cost_coefficient=0.05)
   drafter = ModelDrafter(TableModel(V), max_gamma=7)
-  before = decoding._speculative._cache_size()
+  before = runner.run_loop._cache_size()
   for gamma in (1, 4):
     result = speculative_decode(TableModel(V), target_table, drafter, draft_table, prompts,
                                 max_new_tokens=20, gamma=gamma, rng=jax.random.PRNGKey(0),
                                 config=config, prompt_lengths=lengths)
     np.testing.assert_array_equal(result.tokens, reference.tokens)
-  assert decoding._speculative._cache_size() == before + 1
+  assert runner.run_loop._cache_size() == before + 1
   used = np.asarray(result.trace.gamma)[np.asarray(result.trace.gamma) > 0]
   assert len(set(used.tolist())) > 1, "γ should adapt"
   if policy == "heuristic":  # +2 after all-accepted rounds, −1 otherwise

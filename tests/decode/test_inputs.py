@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 
 from specjax.decode import autoregressive_decode, beam_search, speculative_decode
-from specjax.decode import autoregressive as ar_module
 from specjax.decode import beam as beam_module
 from specjax.decode import inputs as inputs_module
-from specjax.decode import speculative as spec_module
+from specjax.decode import runner as runner_module
 from specjax.draft import ModelDrafter, UnigramDrafter
 from specjax.models import T5Config, T5Model
 from specjax.testing import TableModel, random_table
@@ -99,8 +98,7 @@ def test_cache_bytes_is_layers_x_2_x_heads_x_head_dim_x_dtype_per_slot():
 def _forbid_compiled_call(monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("the compiled loop was reached: the cache would have been allocated")
-  for module, name in ((ar_module, "_autoregressive"), (spec_module, "_speculative"),
-                       (beam_module, "_beam_search")):
+  for module, name in ((runner_module, "run_loop"), (beam_module, "_beam_search")):
     monkeypatch.setattr(module, name, fail)
 
 

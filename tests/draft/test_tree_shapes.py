@@ -19,7 +19,7 @@ def test_spines_are_one_deep_guess_plus_shorter_alternatives():
 
 def test_dynamic_tree_keep_scores_fewer_nodes_than_it_grows():
   tree = DynamicTree(branch=2, expand=2, max_depth=3, keep=7)
-  assert tree.size == 10 and tree.nodes == 7 and tree.greedy_only
+  assert tree.grown == 10 and tree.nodes == 7 and tree.greedy_only
   uncut = DynamicTree(branch=2, expand=2, max_depth=3)
   assert uncut.nodes == 10 and not uncut.greedy_only
 

@@ -5,10 +5,9 @@ import os
 import pytest
 
 from specjax import train as T
-from specjax.models import DecoderOnlyConfig
+from specjax.testing import TINY_CONFIGS
 
-TINY = DecoderOnlyConfig(vocab_size=8192, emb_dim=16, num_heads=1, num_layers=1, head_dim=8,
-                         mlp_dim=16)
+TINY = TINY_CONFIGS["lm"][0]  # the tiny LM target of specjax.testing
 DOCS = "".join(f"Document {i} describes a package for the command line.\n" for i in range(60))
 
 

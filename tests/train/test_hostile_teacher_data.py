@@ -7,11 +7,11 @@ import pytest
 
 from specjax import checkpoints
 from specjax.data import splits
-from specjax.models import DecoderOnlyConfig, build_model, model_gin_text
+from specjax.models import build_model, model_gin_text
+from specjax.testing import TINY_CONFIGS
 from specjax.train import teacher_data
 
-TINY = DecoderOnlyConfig(vocab_size=8192, emb_dim=16, num_heads=1, num_layers=1, head_dim=8,
-                         mlp_dim=16)
+TINY = TINY_CONFIGS["lm"][0]  # the tiny LM target of specjax.testing
 DOCS = [f"The package number {i} provides tools for the command line." for i in range(40)]
 KW = dict(batch=8, max_new_tokens=4, prompt_tokens=3)
 

@@ -13,12 +13,11 @@ import pytest
 from specjax import checkpoints
 from specjax import train as T
 from specjax.data import splits
-from specjax.models import DecoderOnlyConfig
 from specjax.params import flatten
+from specjax.testing import TINY_CONFIGS
 from specjax.train import batches as td
 
-TINY = DecoderOnlyConfig(vocab_size=8192, emb_dim=16, num_heads=1, num_layers=1, head_dim=8,
-                         mlp_dim=16)
+TINY = TINY_CONFIGS["lm"][0]  # the tiny LM target of specjax.testing
 
 
 @pytest.mark.parametrize("kwargs, message", [

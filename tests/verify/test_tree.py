@@ -44,7 +44,7 @@ def _wrong_verify(uniforms, key, tokens, parent, depth, valid, q_all, p_all, *, 
 def _one_row(tree: StaticTree, target, draft, key, wrong=False, greedy=False, lenience=1.0):
   """Draws a tree from the draft table, verifies it, completes the output -> int32 [D+1]."""
   probs = lambda table, a, b: jax.nn.softmax(table[a, b])
-  size, depth = tree.size, jnp.asarray(tree.depth)
+  size, depth = tree.grown, jnp.asarray(tree.depth)
   keys = jax.random.split(key, size + 4)
   sampling = Sampling(temperature=0.0) if greedy else SAMPLING
   # Node v's children, in rank order, from one draw at v (v = 0 root, j + 1 node j).
@@ -168,7 +168,7 @@ def _deterministic_row(tree: StaticTree, target, key, wrong=False):
   with context (a, b) is (a + 2b + r) mod V for r < 2, and rank 2 repeats rank 0. Verified
   with the deterministic rule (or the planted wrong one: every sibling tested against the
   node's own p, no residual update) and completed by exact target draws -> int32 [D + 1]."""
-  size, depth = tree.size, jnp.asarray(tree.depth)
+  size, depth = tree.grown, jnp.asarray(tree.depth)
   keys = jax.random.split(key, 3)
   prev_of, tok_of, tokens = {0: PREFIX[0]}, {0: PREFIX[1]}, []
   for j, (p, r) in enumerate(zip(tree.parents, tree.ranks)):

@@ -1,0 +1,99 @@
+"""The experiment scripts' command line: T5X-style gin flags plus --pair, --fast, --seed,
+--output_dir and the weight dtypes; `cli_main` makes a script's `main`."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import gin
+
+from experiments.common.pairs import Pair, load_pair, pair_from_gin, with_weights
+from specjax.app import bundled, gin_config
+from specjax.params import WEIGHTS_DTYPES
+
+@dataclasses.dataclass
+class Cli:
+  pairs: List[Pair]
+  output_dir: Path
+  fast: bool
+  flags: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  """The module's own flags (`parse_cli`'s `flags`), by destination name."""
+
+
+def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
+              default_pairs: Sequence[str] = ("lm", "translate"),
+              needs_pairs: Union[bool, Callable[[Dict[str, Any]], bool]] = True,
+              flags: Optional[Dict[str, Dict[str, Any]]] = None) -> Cli:
+  """gin flags (T5X style) plus --pair (repeatable), --fast and --output_dir.
+
+  `--fast` asks for the module's FAST settings (tests, smoke runs); they win over
+  gin. Pairs are loaded before the experiment's own gin settings are parsed
+  again, since a preset pair parses its own model gin files.
+  flags: the module's own flags, '--name' -> `argparse.add_argument` keywords (in Cli.flags);
+  needs_pairs: whether pairs are loaded, or a function of those flags that says so.
+  """
+  argv = sys.argv[1:] if argv is None else list(argv)
+  files, bindings, paths, rest = gin_config.split_gin_args(argv)
+  parser = argparse.ArgumentParser(description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--pair", action="append", choices=sorted(bundled.PAIRS),
+                      help="a preset pair (repeatable; default: both)")
+  parser.add_argument("--fast", action="store_true", help="tiny settings (tests, smoke runs)")
+  parser.add_argument("--output_dir", default=f"out/experiments/{name}")
+  parser.add_argument("--seed", type=int, default=0)
+  add_weights_flags(parser)
+  actions = [parser.add_argument(flag, **kwargs) for flag, kwargs in (flags or {}).items()]
+  args = parser.parse_args(rest)
+  own = {action.dest: getattr(args, action.dest) for action in actions}
+  if callable(needs_pairs):
+    needs_pairs = needs_pairs(own)
+
+  def reparse():
+    gin.clear_config()
+    gin_config.parse(files, bindings, paths)
+
+  reparse()
+  pairs = []
+  if needs_pairs:
+    if isinstance(gin_config.query_macro("TARGET_MODEL"), str):
+      if args.pair:
+        raise ValueError("give either --pair or TARGET_MODEL/DRAFT_MODEL in gin, not both")
+      pairs = [pair_from_gin(args.seed)]
+    else:
+      for pair_name in args.pair or default_pairs:
+        pairs.append(load_pair(pair_name, args.seed))
+      reparse()
+  pairs = [with_weights(pair, args.weights_dtype, args.draft_weights_dtype) for pair in pairs]
+  return Cli(pairs=pairs, output_dir=Path(args.output_dir), fast=args.fast, flags=own)
+
+
+def add_weights_flags(parser: argparse.ArgumentParser, default: str = "float32") -> None:
+  """--weights_dtype (the target's, default `default`) and --draft_weights_dtype: the dtypes
+  the pair's dense kernels and embedding run in (`with_weights`)."""
+  parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default=default,
+                      help="run the target's dense kernels and embedding in this dtype "
+                      "(cast once)")
+  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
+                      default="float32", help="the same for the draft model")
+
+
+def cli_main(run: Callable[..., Any], name: str, description: str, fast: Dict[str, Any],
+             **parse_kwargs: Any) -> Callable[[Optional[Sequence[str]]], Any]:
+  """The `main(argv=None)` of a gin-configured experiment: `parse_cli(argv, description, name,
+  **parse_kwargs)`, then `run(cli)`, with the `fast` settings under --fast."""
+  def main(argv: Optional[Sequence[str]] = None) -> Any:
+    cli = parse_cli(argv, description, name, **parse_kwargs)
+    return run(cli, **(fast if cli.fast else {}))
+  return main
+
+
+def gin_overrides(argv: Optional[Sequence[str]], runs: str) -> Tuple[List[str], List[str]]:
+  """(--gin.NAME=VALUE bindings, the other arguments) of a module whose gin run files are
+  fixed (`runs` names them in the error); ValueError on --gin_file."""
+  files, bindings, _, rest = gin_config.split_gin_args(sys.argv[1:] if argv is None else argv)
+  if files:
+    raise ValueError(f"the run files are fixed ({runs}); pass --gin.NAME=VALUE overrides only")
+  return list(bindings), list(rest)

@@ -1,0 +1,175 @@
+"""The main job's settings as one frozen, typed object, checked when it is made.
+
+`decode_job` (gin: `decode_job.NAME`) builds a `JobSettings` field by field; the plan, the
+measurement and the report read its fields. Each value is stored once: sampling, lenience,
+the verifier and the γ policy live in `JobSettings.decoding` (a `DecodeConfig`), nowhere else.
+γ, for one, goes gin `decode_job.gamma` -> `JobSettings.gamma` -> `speculative_decode(gamma=...)`
+-> `LoopState.gamma`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional
+
+from specjax.checks import check_count, check_int
+from specjax.decode import DecodeConfig
+from specjax.decode import check_tree as decode_check_tree
+from specjax.draft import DRAFTERS, drafter_fields
+from specjax.params import WEIGHTS_DTYPES
+from specjax.sharding import Partitioner
+from specjax.verify import ReferenceVerifier, default_verifier
+
+FITTED_IN_PYTHON = ("ngram", "ngram_tree", "hierarchical")
+"""Registered drafters whose params the main job has no source for (an n-gram table fitted
+on a corpus, an inner drafter): they run from Python (`specjax.draft`)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobSettings:
+  """Every setting of the main job, checked (a bad one is named before anything loads).
+
+  The defaults are `decode_job`'s (its signature is what gin binds); this object has none.
+  """
+
+  decoding: DecodeConfig
+  """Sampling (both models' standardization), lenience (l in (0, 1]; 1 = exact), verifier (the
+  sigmoid one is NOT exact, flagged in the output) and γ policy ('auto': per round and row, γ
+  in [0, gamma] from measured costs, γ = 0 a plain target step; 'constant', 'heuristic',
+  'optimal'); the plan adds the vocabulary's EOS and the cache length."""
+  drafter: str
+  """A name in `specjax.draft.DRAFTERS`: 'model' (the draft checkpoint; with a TREE it drafts
+  the tree), 'prompt_lookup', 'prompt_lookup_tree', ..."""
+  drafter_options: Mapping[str, Any]
+  """More fields of the drafter's class (e.g. {'max_ngram': 4}); the job gives the draft
+  model, the vocabulary size, max_gamma and the tree itself."""
+  gamma: int
+  """Guesses per round (the γ policy's start, or with 'auto' the largest γ it may pick)."""
+  max_gamma: int
+  """The largest γ a round may play (>= gamma)."""
+  tree: Any
+  """TREE: a `specjax.draft.StaticTree` / `DynamicTree` drafted every round (`tree_decode`), or
+  None for a chain of gamma."""
+  max_new_tokens: int
+  """Generation budget per example."""
+  batch_size: int
+  """Decode slots: the examples stream through this many rows (in-flight batching: a finished
+  example's slot takes the next input)."""
+  max_input_len: int
+  """Input tokens kept per example (EOS included; a BOS comes on top)."""
+  seed: int
+  """Random init (smoke runs) and the per-example keys."""
+  target_checkpoint: Optional[str]
+  """The target's T5X checkpoint, 'bundled:...', or None (random init: smoke runs only)."""
+  draft_checkpoint: Optional[str]
+  """The draft's T5X checkpoint, 'bundled:...', or None (random init: smoke runs only)."""
+  weights_dtype: str
+  """WEIGHTS_DTYPE: 'float32', or 'bfloat16' to run the target's dense layers and vocabulary
+  product with bfloat16 weights, sums in float32 (`specjax.params.cast_kernels`), for both
+  decodes alike."""
+  draft_weights_dtype: str
+  """DRAFT_WEIGHTS_DTYPE: the same for the draft."""
+  partitioner: Optional[Partitioner]
+  """A `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a device mesh; None:
+  one device."""
+  vocabulary: Any
+  """VOCABULARY: a SentencePiece model path, 'bundled:specjax_8k', a `Vocab` or a
+  seqio.Vocabulary. None: the task's vocabulary, or the bundled one when both checkpoints are
+  bundled pairs; otherwise an error."""
+  draft_vocabulary: Any
+  """DRAFT_VOCABULARY, checked to be the run's (None: shared)."""
+  task_vocabulary: Any
+  """The inputs' seqio task's vocabulary, checked to be the run's (None: no task)."""
+  cost_table: Optional[str]
+  """'auto' only: a JSON cost table (`specjax.decode.auto.CostTable`). If the file exists it is
+  used as is (same table + same seed = same tokens); otherwise the table is calibrated on the
+  first batch and written there. None: calibrate, keep."""
+  output_dir: Optional[str]
+  """Where results.jsonl and summary.json go (None: nowhere)."""
+  timing_repeats: int
+  """TIMING_REPEATS: each decode is timed this many times, the two interleaved (order
+  alternating); the summary reports the medians (the speedup is their ratio per token) and
+  the range of the per-pass ratios. Compile time is reported apart."""
+  write_scores: bool
+  """WRITE_SCORES: add each prediction's log-likelihood under the target to its record."""
+  plain: bool
+  """Print the trace without colours."""
+
+  def __post_init__(self):
+    if self.drafter not in DRAFTERS:
+      raise ValueError(f"drafter must be one of {sorted(DRAFTERS)}, got {self.drafter!r}")
+    if self.drafter in FITTED_IN_PYTHON:
+      raise ValueError(f"drafter {self.drafter!r} drafts from params fitted in Python (an n-gram "
+                       "table or an inner drafter): the main job runs 'model', 'prompt_lookup' "
+                       "and 'prompt_lookup_tree'")
+    if not isinstance(self.drafter_options, Mapping):
+      raise ValueError(f"drafter_options must be a dict of the drafter's fields, "
+                       f"got {self.drafter_options!r}")
+    fields = drafter_fields(self.drafter_class)
+    unknown = sorted(set(self.drafter_options) - set(fields))
+    if unknown:
+      raise ValueError(f"drafter_options: drafter {self.drafter_class!r} has no field "
+                       f"{unknown[0]!r}; its fields are {list(fields)}")
+    gamma = check_count("gamma", self.gamma)
+    max_gamma = check_count("max_gamma", self.max_gamma)
+    if gamma > max_gamma:
+      raise ValueError(f"gamma must be in [1, max_gamma={max_gamma}], got {gamma}")
+    check_count("max_new_tokens", self.max_new_tokens)
+    check_count("batch_size", self.batch_size)
+    check_count("timing_repeats", self.timing_repeats)
+    if check_count("max_input_len", self.max_input_len) < 2:
+      raise ValueError(f"max_input_len must be >= 2 (a token and EOS), got {self.max_input_len}")
+    check_int("seed", self.seed)
+    for name in ("weights_dtype", "draft_weights_dtype"):
+      if getattr(self, name) not in WEIGHTS_DTYPES:
+        raise ValueError(f"{name} must be one of {sorted(WEIGHTS_DTYPES)}, "
+                         f"got {getattr(self, name)!r}")
+    if self.cost_table and self.decoding.gamma_policy != "auto":
+      raise ValueError(f"cost_table is for gamma_policy='auto', not "
+                       f"{self.decoding.gamma_policy!r}")
+    check_tree(self)
+
+  @property
+  def drafter_class(self) -> str:
+    """The registry name of the drafter built: `drafter`, where 'model' with a TREE is the
+    draft model drafting that tree ('tree_model')."""
+    return "tree_model" if self.tree is not None and self.drafter == "model" else self.drafter
+
+
+def drafts_a_tree(drafter: str, tree: Any) -> bool:
+  """Whether the job drafts a token tree: a TREE is given, or the drafter's class drafts its
+  own (`Drafter.tree` is None only on chain drafters)."""
+  return tree is not None or (drafter in DRAFTERS
+                              and getattr(DRAFTERS[drafter], "tree", True) is not None)
+
+
+def check_tree(settings: JobSettings) -> None:
+  """ValueError naming the first setting a TREE run cannot take (a chain: nothing to check):
+  the main job's own rule (a TREE is drafted by the draft model), then the decode's rules
+  (`specjax.decode.check_tree`; the plan checks the tree again with the models' sizes)."""
+  if settings.tree is None:
+    return
+  if settings.drafter != "model":
+    raise ValueError("TREE needs the draft model (drafter='model'); prompt lookup drafts "
+                     "its own tree with drafter='prompt_lookup_tree' and no TREE")
+  decode_check_tree(settings.tree, settings.decoding)
+
+
+def job_verifier(verifier: Any, drafter: str, tree: Any, sampling: Any, lenience: Any) -> Any:
+  """`verifier`, or when None the main job's default: the reference verifier for a tree (it
+  verifies with the tree rule), else `specjax.verify.default_verifier`."""
+  if verifier is not None:
+    return verifier
+  if drafts_a_tree(drafter, tree):
+    return ReferenceVerifier()
+  return default_verifier(sampling, lenience)
+
+
+def feature_lengths(task_feature_lengths: Any) -> Dict[str, int]:
+  """TASK_FEATURE_LENGTHS checked: a dict of feature name -> length >= 1 (None: {})."""
+  if task_feature_lengths is None:
+    return {}
+  if not isinstance(task_feature_lengths, Mapping):
+    raise ValueError("TASK_FEATURE_LENGTHS must be a dict such as {'inputs': 64, 'targets': 32}, "
+                     f"got {task_feature_lengths!r}")
+  return {k: check_count(f"TASK_FEATURE_LENGTHS['{k}']", v)
+          for k, v in task_feature_lengths.items()}

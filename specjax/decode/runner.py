@@ -1,0 +1,163 @@
+"""One runner for every decode loop: the autoregressive, chain and tree loops are `Loop`s.
+
+A loop is static, hashable configuration (its models, drafter and `DecodeConfig`) with three
+traced methods over the typed `LoopState`: `start` (encode / prefill, the drafter started),
+`rounds` (at least one round: draft -> score -> verify -> commit -> record) and `going`
+(whether the decode goes on). This module runs any of them the same way:
+
+  decode    after the entry's checks: the 'auto' policy decided once (`calibration.decide`:
+            a cost table and the loop's control, or the autoregressive loop instead when the
+            policy would never speculate, `fallback`), then one padded batch or the inputs
+            streamed through slots (`specjax.decode.stream`)
+  prepare   one padded batch, placed on first use, whose `run(budget, gamma, control)`
+            calibration also runs (the same compiled loop: no extra compile)
+  run_loop  THE whole-loop function: start, then one `lax.while_loop` of `rounds` while
+            `going`, under one `jax.jit` (the loop and partitioner static, the rest data)
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, Protocol, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.decode import auto, calibration
+from specjax.decode.config import DecodeConfig
+from specjax.decode.fallback import as_narrow_rounds
+from specjax.decode.inputs import Checked, check_nan, initial_seq
+from specjax.decode.loop import finish
+from specjax.decode.state import DecodeResult, LoopParams, LoopState
+from specjax.decode.stream import Streaming, stream_decode
+from specjax.models import DecodingModel
+from specjax.sampling import row_keys
+from specjax.sharding import Partitioner, constrain, place, unpad
+
+
+class Loop(Protocol):
+  """What the runner drives (`AutoregressiveLoop`, `SpeculativeLoop`, `TreeLoop`)."""
+
+  target: DecodingModel
+  config: DecodeConfig
+  drafter: Any  # the loop's drafter (None: the autoregressive loop)
+
+  @property
+  def takes_gamma(self) -> bool:
+    """Whether `start` reads γ (data): the chain loop's first γ per row."""
+
+  @property
+  def auto(self) -> bool:
+    """Whether the 'auto' policy chooses each round (a speculative loop only)."""
+
+  @property
+  def max_gamma(self) -> int:
+    """The γ bound of its buffers (a tree's depth); 0 without a drafter."""
+
+  @property
+  def buckets(self) -> Tuple[int, ...]:
+    """'auto': the γ of each compiled wide-round variant."""
+
+  @property
+  def alpha_rounds(self) -> Optional[int]:
+    """'auto': rounds of the calibration's α run (None: as many as it times)."""
+
+  def fallback_loop(self) -> "Loop":
+    """'auto': the autoregressive loop the decode runs when the policy never speculates."""
+
+  def start(self, params: LoopParams, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
+    """inputs [B, L], seq [B, T], length [B], gamma int32 [] or None -> (LoopState, encoded)."""
+
+  def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+             max_new_tokens, running: Callable = lambda s: True,
+             place: Callable = lambda s: s) -> LoopState:
+    """At least one round; 'auto': rounds while `running(state)` (the streaming decode stops
+    them when a slot is free); `place` constrains each round's state (sharding)."""
+
+  def going(self, params: LoopParams, state: LoopState) -> jax.Array:
+    """bool []: whether the decode goes on."""
+
+
+@functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
+def run_loop(loop: Loop, partitioner, params: LoopParams, inputs, seq, length, keys,
+             max_new_tokens, gamma):
+  """The whole decode of one padded batch: (DecodeResult with tokens [B, T], nan bool [B])."""
+  prefix_len = length
+  state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length, gamma))
+  place_state = functools.partial(constrain, partitioner)
+  body = lambda s: loop.rounds(params, s, keys, encoded, prefix_len, max_new_tokens,
+                               place=place_state)
+  state = jax.lax.while_loop(functools.partial(loop.going, params), body, state)
+  return finish(state, prefix_len)
+
+
+def decode(loop: Loop, params: LoopParams, checked: Checked, rng, *,
+           streaming: Optional[Streaming] = None, partitioner: Optional[Partitioner] = None,
+           on_progress: Optional[Callable[[int, int], None]] = None,
+           costs: Optional[auto.CostTable] = None) -> DecodeResult:
+  """Runs `loop` over the checked inputs (`loop.config.cache_len` = checked.cache_len).
+
+  'auto' loops decide once from `costs` (None: calibrated on these inputs, streaming on a
+  padded batch of the first `slots`) and run the autoregressive loop instead when the
+  policy would never speculate. Returns the `DecodeResult` (tokens [B, max_new_tokens]; the
+  cost table under 'auto'); ValueError naming rows whose logits held NaN.
+  """
+  rows = None if streaming is None else (streaming.sizes(partitioner)[0]
+                                         + streaming.refill_rows)
+  prepared = None
+  if streaming is None or loop.auto:
+    some = (slice(None) if streaming is None
+            else np.arange(rows - streaming.refill_rows) % checked.inputs.shape[0])
+    prepared = prepare(loop, params, checked, some,
+                       rng if streaming is None else jax.random.PRNGKey(0), partitioner)
+  if loop.auto:
+    costs, control = calibration.decide(prepared, costs, checked.gamma, checked.max_new_tokens)
+    if control is None:  # the autoregressive loop, reported as rounds at γ = 0
+      result = decode(loop.fallback_loop(), LoopParams(target=params.target), checked, rng,
+                      streaming=streaming, partitioner=partitioner, on_progress=on_progress)
+      trace_width = checked.cache_len if loop.config.trace else 0
+      return as_narrow_rounds(result, loop.max_gamma, trace_width).replace(cost_table=costs)
+    params = params.replace(control=control)
+  if streaming is None:
+    result, nan = prepared.run(checked.max_new_tokens, checked.gamma, params.control)
+    check_nan(nan)
+    return result.replace(tokens=result.tokens[:, :checked.max_new_tokens], cost_table=costs)
+  if partitioner is not None:
+    params = params.replace(target=partitioner.shard_params(params.target),
+                            drafter=partitioner.shard_params(params.drafter))
+  result, nan = stream_decode(loop, params, jnp.asarray(checked.inputs),
+                              jnp.asarray(checked.length), row_keys(rng, checked.inputs.shape[0]),
+                              streaming=streaming, width=checked.cache_len,
+                              max_new_tokens=checked.max_new_tokens,
+                              gamma=1 if checked.gamma is None else checked.gamma,
+                              partitioner=partitioner, on_progress=on_progress)
+  check_nan(nan)
+  return result.replace(tokens=result.tokens[:, :checked.max_new_tokens], cost_table=costs)
+
+
+def prepare(loop: Loop, params: LoopParams, checked: Checked, rows, rng,
+            partitioner: Optional[Partitioner] = None) -> calibration.PreparedDecode:
+  """The padded-batch decode of checked.inputs[rows] (placed on the first run only: a decode
+  that runs the autoregressive loop instead never places them)."""
+  inputs, length = checked.inputs[rows], checked.length[rows]
+  batch = inputs.shape[0]
+
+  @functools.lru_cache(maxsize=1)
+  def placed():
+    seq = initial_seq(loop.target, inputs, checked.cache_len)
+    return place(partitioner, [params.target, params.drafter], [
+        jnp.asarray(inputs), jnp.asarray(seq), jnp.asarray(length), row_keys(rng, batch)])
+
+  def run(budget: int, gamma: Optional[int], control):
+    (target_params, draft_params), arrays = placed()
+    loop_params = LoopParams(target=target_params, drafter=draft_params, control=control)
+    return unpad(partitioner, run_loop(loop, partitioner, loop_params, *arrays,
+                                       jnp.int32(budget),
+                                       jnp.int32(gamma) if loop.takes_gamma else None), batch)
+
+  return calibration.PreparedDecode(
+      key=(loop, partitioner, inputs.shape, checked.cache_len),
+      models=f"target {auto.describe(loop.target)}; drafter {auto.describe(loop.drafter)}",
+      batch=batch, cache_len=checked.cache_len, max_gamma=loop.max_gamma,
+      buckets=loop.buckets, max_new_tokens=checked.max_new_tokens, run=run,
+      alpha_rounds=loop.alpha_rounds)

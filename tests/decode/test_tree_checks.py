@@ -1,0 +1,61 @@
+"""The one validation of tree settings (`specjax.decode.check_tree`), through the public API."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.decode import DecodeConfig, TreeLoop, check_tree, inputs, tree_decode
+from specjax.draft import DynamicTree, StaticTree
+from specjax.draft.tree import _static_ancestors
+from specjax.models.tree import ancestors
+from specjax.sampling import Sampling
+from specjax.testing import TableModel, random_table
+from specjax.verify import BlockVerifier
+
+V = 6
+
+
+def _decode(tree, **kw):
+  table = random_table(0, V)
+  return tree_decode(TableModel(V), table, TableModel(V), table, np.ones((1, 2), np.int32),
+                     max_new_tokens=4, rng=jax.random.PRNGKey(0), tree=tree, **kw)
+
+
+def test_a_tree_wider_than_the_vocabulary_is_one_clear_error():
+  with pytest.raises(ValueError, match="gives a node 7 children, more than the vocabulary's 6"):
+    _decode(StaticTree.from_branching((7,)))
+  with pytest.raises(ValueError, match="gives a node 9 children"):
+    _decode(DynamicTree(branch=9, expand=1, max_depth=2))
+  assert _decode(StaticTree.from_branching((V,))).tokens.shape == (1, 4)  # V children: fine
+
+
+def test_a_tree_too_big_for_the_device_is_refused_before_compiling(monkeypatch):
+  monkeypatch.setattr(inputs, "device_memory", lambda partitioner=None: 16 * 2**30)
+  def fail(*args, **kwargs):
+    raise AssertionError("the tree loop was traced: its arrays would have been allocated")
+  monkeypatch.setattr(TreeLoop, "start", fail)
+  huge = DynamicTree(branch=5, expand=1, max_depth=13_128)
+  assert huge.grown == 65_640
+  with pytest.raises(ValueError, match=r"a tree of 65640 nodes needs about [\d.]+ GiB per round "
+                                       r".* above the limit of 8\.00 GiB"):
+    _decode(huge, config=DecodeConfig(sampling=Sampling(temperature=0.0)))
+
+
+def test_the_rules_need_no_model():
+  tree, greedy = StaticTree.from_spines((3, 1)), Sampling(temperature=0.0)
+  check_tree(tree, DecodeConfig(sampling=greedy))  # fine
+  for bad, config, message in (
+      (3, DecodeConfig(), "TREE must be a StaticTree or DynamicTree"),
+      (tree, DecodeConfig(gamma_policy="heuristic"),
+       "TREE takes GAMMA_POLICY 'constant' or 'auto'"),
+      (tree, DecodeConfig(verifier=BlockVerifier()), "TREE verifies with the tree rule"),
+      (tree, DecodeConfig(gamma_policy="auto", auto_buckets=(2,)), "auto_buckets"),
+      (DynamicTree(2, 2, 3, keep=5), DecodeConfig(), "exact at temperature 0 only")):
+    with pytest.raises(ValueError, match=message):
+      check_tree(bad, config)
+
+
+def test_tree_ancestors_match_the_static_table():
+  for tree in (StaticTree.from_spines((5, 3, 2, 1)), StaticTree.from_branching((3, 2, 2))):
+    got = ancestors(jnp.asarray(tree.parents, jnp.int32))
+    np.testing.assert_array_equal(np.asarray(got), _static_ancestors(tree.parents))
