@@ -114,7 +114,7 @@ def resolve(coordinator_address: Optional[str] = None, num_processes: Any = None
 def split_address(address: str) -> Tuple[str, int]:
   """(host, port) of 'host:port' or '[ipv6]:port'; ValueError naming what is wrong (a port
   outside 1..65535, no host, unbalanced brackets)."""
-  bad = f"coordinator_address must be host:port or [ipv6]:port with a port in 1..65535, got "
+  bad = "coordinator_address must be host:port or [ipv6]:port with a port in 1..65535, got "
   if not isinstance(address, str) or ":" not in address:
     raise ValueError(bad + repr(address))
   host, port = address.rsplit(":", 1)

@@ -144,7 +144,7 @@ def test_greedy_difference_scores_the_autoregressive_sequence_with_the_target():
   assert same == {"greedy_verdict": "identical"}
   # The main job's summary gains the two entries only when it reports a difference.
   plan = types.SimpleNamespace(target=model, inputs=inputs, prompt_lengths=None,
-                               settings={"weights_dtype": "float32"})
+                               settings=types.SimpleNamespace(weights_dtype="float32"))
   loaded, measured = types.SimpleNamespace(target_params=params), types.SimpleNamespace(
       ar=ar, spec=spec)
   summary = greedy_check.explained({"greedy_identical": False}, plan, loaded, measured)
