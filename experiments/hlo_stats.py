@@ -17,9 +17,10 @@ import re
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-LOOP_MODULES = r".*(_autoregressive|_speculative|reference_decode|decode_steps).*"
-"""Module names (jit function names) of the loops worth counting: specjax's autoregressive and
-speculative loops, the reference decoder and the bench's step loop."""
+LOOP_MODULES = r".*(run_loop|reference_decode|decode_steps).*"
+"""Module names (jit function names) of the loops worth counting: specjax's one whole-loop
+runner (`specjax.decode.runner.run_loop`: the autoregressive and speculative loops are two
+compiles of it), the reference decoder and the bench's step loop."""
 
 FREE_OPS = frozenset({"parameter", "get-tuple-element", "tuple", "bitcast", "constant"})
 """Ops that launch no work (names and views of buffers)."""
@@ -42,13 +43,15 @@ def dump_flags(folder: str) -> str:
 
 
 def loop_modules(folder: str) -> Dict[str, str]:
-  """{module name (e.g. 'jit__speculative'): its optimized HLO text} of the dumps in `folder`;
-  the last dump of a name wins (the loop as it ran last)."""
+  """{module name and number (e.g. 'jit_run_loop.0012'): its optimized HLO text} of the dumps
+  in `folder`, one entry per compiled module: every decode loop is a compile of the one runner
+  `run_loop`, so the name alone does not tell the loops apart (`loop_stats` does: a
+  speculative round holds the draft's loop)."""
   out = {}
   for path in sorted(Path(folder).glob("*after_optimizations.txt")):
     parts = path.name.split(".")
     if len(parts) >= 3:
-      out[parts[1]] = path.read_text()
+      out[f"{parts[1]}.{parts[0].rsplit('_', 1)[-1]}"] = path.read_text()
   return out
 
 

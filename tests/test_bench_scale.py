@@ -57,14 +57,19 @@ def test_smoke_rows_are_complete_and_greedy_equal(smoke):
 def test_smoke_hlo_has_no_host_transfer_inside_a_round(smoke):
   for label, hlo in smoke["hlo"].items():
     loops = hlo["loops"]
-    assert {"jit__autoregressive", "jit__speculative"} <= set(loops), label
+    runs = {name: stats for name, stats in loops.items() if name.startswith("jit_run_loop.")}
+    # the autoregressive loop and the speculative loops: compiles of the one runner
+    assert len(runs) >= 2, (label, sorted(loops))
     for name, stats in loops.items():
       assert stats["whiles"] >= 1 and stats["body_kernels"] > 0, (label, name)
       assert stats["body_host_transfers"] == 0, (label, name, stats)
-    # a round holds the draft's loop: one nested while at least
-    assert loops["jit__speculative"]["body_whiles"] >= 1
+    # a speculative round holds the draft's loop (one nested while at least); the
+    # autoregressive step holds none
+    nested = sorted(stats["body_whiles"] for stats in runs.values())
+    assert nested[0] == 0 and nested[-1] >= 1, (label, nested)
     assert set(hlo["decode_step"]) == {"specjax"}
-  assert "jit_reference_decode" in smoke["hlo"]["decoder_only/tiny/B1"]["loops"]
+  assert any(name.startswith("jit_reference_decode.")
+             for name in smoke["hlo"]["decoder_only/tiny/B1"]["loops"])
 
 
 def _with_callback(x):

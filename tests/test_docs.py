@@ -174,6 +174,30 @@ def test_the_sample_output_is_the_output_of_the_command_named_before_it():
   assert named != caption
 
 
+def summary_values(block):
+  """{metric: value} of the summary table in a sample output (rich's box drawing)."""
+  rows = re.findall(r"^│ (\w+)\s+│\s+(.*?) │$", block, re.M)
+  return {name: value for name, value in rows}
+
+
+def test_the_sample_speedup_is_the_ratio_of_its_printed_milliseconds():
+  """A reader who divides the sample's printed ms per token gets its printed speedup (to the
+  printed digits), and the speedup lies inside its printed range."""
+  text = (ROOT / "README.md").read_text()
+  values = summary_values(text[text.index("<!-- first-run:start -->"):
+                               text.index("<!-- first-run:end -->")])
+  ratio = (float(values["autoregressive_ms_per_token"])
+           / float(values["speculative_ms_per_token"]))
+  speedup = float(values["speedup"])
+  assert abs(ratio - speedup) <= 0.006 * speedup + 0.005, (ratio, speedup)
+  low, high = map(float, values["speedup_range"].split("-"))
+  assert low <= speedup <= high
+  # The sample this check was written against: 7.44 / 4.74 = 1.57, printed as 1.67.
+  wrong = {"autoregressive_ms_per_token": 7.44, "speculative_ms_per_token": 4.74, "speedup": 1.67}
+  assert abs(wrong["autoregressive_ms_per_token"] / wrong["speculative_ms_per_token"]
+             - wrong["speedup"]) > 0.006 * wrong["speedup"] + 0.005
+
+
 PAIR_WORDS = {"lm": ("LM pair", "decoder-only LM pair"),
               "translate": ("EN→DE", "EN->DE", "translation pair")}
 """Words that name a bundled pair in the manual."""

@@ -145,9 +145,9 @@ def test_an_export_never_replaces_its_checkpoint(model_folder, tmp_path):
   assert results[0][1] == [f"specjax: error: --out {model_folder} holds or lies inside the "
                            f"checkpoint being exported ({checkpoint}); give a folder of its own"]
   assert "holds or lies inside the checkpoint" in results[1][1][0]
-  assert results[2][1] == [f"specjax: error: --out {mixed} holds 'notes.txt', which an HF "
-                           "export does not write; refusing to replace it: give a new or an "
-                           "earlier export's folder"]
+  assert results[2][1] == [f"specjax: error: --out {mixed} holds no HF model alone "
+                           "('notes.txt' is not a file an HF export writes); refusing to replace "
+                           "it: give a new or an earlier export's folder"]
   assert "remote paths are not supported here" in results[3][1][0]
   assert _tree(model_folder) == before
   assert (mixed / "notes.txt").read_text() == "mine"

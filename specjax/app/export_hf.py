@@ -167,9 +167,9 @@ def check_out_dir(out_dir: str, checkpoint: Optional[str] = None) -> str:
                     or not os.path.isfile(os.path.join(out_dir, name))
                     or os.path.islink(os.path.join(out_dir, name)))
     if others:
-      raise ValueError(f"--out {out_dir} holds {others[0]!r}, which an HF export does not "
-                       "write; refusing to replace it: give a new or an earlier export's "
-                       "folder")
+      raise ValueError(f"--out {out_dir} holds no HF model alone ({others[0]!r} is not a file "
+                       "an HF export writes); refusing to replace it: give a new or an earlier "
+                       "export's folder")
   return out_dir
 
 

@@ -175,10 +175,8 @@ def summarize(plan, measured) -> Dict:
 
 def speedup_is(repeats: int, speculated: bool) -> str:
   """What the summary's speedup is, in words (the range only where there is a speedup)."""
-  text = (f"ms per emitted token, autoregressive / speculative: autoregressive_ms_per_token / "
-          f"speculative_ms_per_token, each the median of {repeats} interleaved passes")
-  return text + ("; speedup_range: the lowest and highest of that ratio pass by pass"
-                 if speculated else "")
+  text = f"ms per emitted token, autoregressive / speculative, medians of {repeats} passes"
+  return text + ("; range: pass by pass" if speculated else "")
 
 
 def break_even_alpha(round_cost: float, gamma: int) -> Optional[float]:

@@ -39,7 +39,7 @@ def family(request):
     model, vocab = TableModel(7), 7
     params, encoded = random_table(0, vocab), None
   prefix = rng.integers(1, vocab, (2, PREFIX)).astype(np.int32)
-  nodes = rng.integers(1, vocab, (2, TREE.size)).astype(np.int32)
+  nodes = rng.integers(1, vocab, (2, TREE.grown)).astype(np.int32)
   cache = model.init_cache(2, CACHE)
   _, cache = model.decode(params, cache, prefix[:, :-1], jnp.zeros(2, jnp.int32), encoded)
   return types.SimpleNamespace(model=model, params=params, encoded=encoded, prefix=prefix,
@@ -65,13 +65,13 @@ def _chain(f, path, cache=None):
 def test_tree_call_matches_chains(family):
   f = family
   length = jnp.full(2, PREFIX, jnp.int32)
-  parent = jnp.broadcast_to(jnp.asarray(TREE.parents), (2, TREE.size))
-  depth = jnp.broadcast_to(jnp.asarray(TREE.depth), (2, TREE.size))
+  parent = jnp.broadcast_to(jnp.asarray(TREE.parents), (2, TREE.grown))
+  depth = jnp.broadcast_to(jnp.asarray(TREE.depth), (2, TREE.grown))
   tokens = np.concatenate([f.prefix[:, -1:], f.nodes], axis=1)
   logits, tree_cache = f.model.decode(f.params, f.cache, tokens, length - 1, f.encoded,
                                       tree=tree_call(parent, depth, length))
   logits = np.asarray(logits)
-  for j in range(TREE.size):
+  for j in range(TREE.grown):
     path = _path(j)
     chain, _ = _chain(f, path)
     np.testing.assert_allclose(logits[:, j + 1], chain[:, -1], atol=ATOL)
@@ -92,8 +92,8 @@ def test_level_calls_match_chains(family):
   """The drafter's way: root first, then one call per level with earlier levels cached."""
   f = family
   length = jnp.full(2, PREFIX, jnp.int32)
-  parent = jnp.broadcast_to(jnp.asarray(TREE.parents), (2, TREE.size))
-  depth = jnp.broadcast_to(jnp.asarray(TREE.depth), (2, TREE.size))
+  parent = jnp.broadcast_to(jnp.asarray(TREE.parents), (2, TREE.grown))
+  depth = jnp.broadcast_to(jnp.asarray(TREE.depth), (2, TREE.grown))
   _, cache = f.model.decode(f.params, f.cache, f.prefix[:, -1:], length - 1, f.encoded)
   start = 0
   for level in TREE.levels:
