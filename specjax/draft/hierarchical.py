@@ -19,7 +19,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Accepted, Proposal, check_sizes
+from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes
 from specjax.draft.model import ModelDrafter, catch_up_cache
 from specjax.models import DecodingModel, start_model
 from specjax.rows import take_rows, update_rows
@@ -38,7 +38,7 @@ class HierarchicalState:
 
 
 @dataclasses.dataclass(frozen=True)
-class HierarchicalDrafter:
+class HierarchicalDrafter(DrafterDefaults):
   """Medium model verified against an inner `ModelDrafter`, drafting for the target.
 
   params: {'medium': medium params, 'inner': the inner drafter's params}.
