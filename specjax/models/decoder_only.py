@@ -407,16 +407,19 @@ class DecoderOnlyModel(NetworkModel):
     Returns:
       float32 [B, L, V]; logits[:, i] predicts the token after tokens[:, i].
     """
-    self.check_params(params)
-    tokens = check_tokens(tokens, self.vocab_size, "logits tokens")
-    if not self.prefix_lm:
-      prefix_lengths = None
-    elif prefix_lengths is None:
-      raise ValueError("a prefix-LM model needs prefix_lengths int32 [batch] in logits()")
-    else:
-      prefix_lengths = check_prefix_lengths(prefix_lengths, tokens.shape[0],
-                                            jnp.full(tokens.shape[:1], tokens.shape[1]))
+    tokens, prefix_lengths = self._check_teacher_forced(params, tokens, prefix_lengths,
+                                                        "logits")
     return self._apply("forward", params, tokens, prefix_lengths)
+
+  def _check_teacher_forced(self, params, tokens, prefix_lengths, method: str):
+    self.check_params(params)
+    tokens = check_tokens(tokens, self.vocab_size, f"{method} tokens")
+    if not self.prefix_lm:
+      return tokens, None
+    if prefix_lengths is None:
+      raise ValueError(f"a prefix-LM model needs prefix_lengths int32 [batch] in {method}()")
+    return tokens, check_prefix_lengths(prefix_lengths, tokens.shape[0],
+                                        jnp.full(tokens.shape[:1], tokens.shape[1]))
 
   def decode(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
              encoded: Any = None, *, prefix_lengths: Any = None, logits_at: Any = None,
@@ -479,12 +482,8 @@ class DecoderOnlyModel(NetworkModel):
                ) -> Tuple[Array, Array]:
     """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E]); arguments as
     `logits`."""
-    self.check_params(params)
-    tokens = check_tokens(tokens, self.vocab_size, "features tokens")
-    if not self.prefix_lm:
-      prefix_lengths = None
-    elif prefix_lengths is None:
-      raise ValueError("a prefix-LM model needs prefix_lengths int32 [batch] in features()")
+    tokens, prefix_lengths = self._check_teacher_forced(params, tokens, prefix_lengths,
+                                                        "features")
     return self._apply("forward_features", params, tokens, prefix_lengths)
 
   def embed(self, params: Any, tokens: Any) -> Array:

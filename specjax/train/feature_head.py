@@ -38,6 +38,7 @@ from specjax.models import FeatureHead, FeatureHeadConfig, build_model
 from specjax.models.feature_head import shift_features
 from specjax.train._checks import check_real
 from specjax.train.batches import DataConfig, make_batches
+from specjax.train import trainer as base
 from specjax.train.checkpoints import (check_model_gin, read_trained_folder, restore,
                                        resume_fingerprint, save_checkpoint)
 
@@ -124,10 +125,9 @@ class HeadTrainer:
 
   def __init__(self, head: FeatureHead, target: Any, target_params: Any, optimizer: Any,
                num_steps: int, feature: FeatureHeadTraining):
-    from specjax.train.trainer import make_optimizer  # pylint: disable=import-outside-toplevel
     self.model = head
     self.target_params = target_params
-    self.optimizer = make_optimizer(optimizer, num_steps)
+    self.optimizer = base.make_optimizer(optimizer, num_steps)
 
     def loss_fn(params, batch):
       sums = head_loss_sums(head, target, params, target_params, batch, feature)
@@ -144,10 +144,10 @@ class HeadTrainer:
 
   def init_state(self, params: Any, step: int = 0, opt_state: Any = None):
     """A `TrainState` at `step` with float32 `params` and a fresh or given optax state."""
-    from specjax.train.trainer import TrainState  # pylint: disable=import-outside-toplevel
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-    return TrainState(step=jnp.asarray(step, jnp.int32), params=params,
-                      opt_state=self._opt_init(params) if opt_state is None else opt_state)
+    return base.TrainState(step=jnp.asarray(step, jnp.int32), params=params,
+                           opt_state=self._opt_init(params) if opt_state is None
+                           else opt_state)
 
 
 def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig] = None,
@@ -155,7 +155,6 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
                        feature: Optional[FeatureHeadTraining] = None):
   """Trains (or resumes) a feature head; see the module docstring. Configs left None are
   built from gin bindings. Returns a `specjax.train.TrainResult`."""
-  from specjax.train import trainer as base  # pylint: disable=import-outside-toplevel
   data = data if data is not None else gin.get_configurable(DataConfig)()
   optimizer = (optimizer if optimizer is not None
                else gin.get_configurable(base.OptimizerConfig)())
@@ -213,3 +212,6 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
   result.step = int(state.step)
   result.params = jax.device_get(state.params)
   return result
+
+
+base.OTHER_LOOPS[FeatureHeadConfig] = train_feature_head

@@ -67,7 +67,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeRemainingColumn)
 
 from specjax import checkpoints
-from specjax.models import MODEL_GIN, FeatureHeadConfig, build_model, model_gin_text
+from specjax.models import MODEL_GIN, build_model, model_gin_text
 from specjax.train._checks import check_int, check_real
 from specjax.train.batches import DataConfig, make_batches
 from specjax.train.checkpoints import (OPT_STATE_FILE, TRAIN_STATE_FILE, check_model_gin,
@@ -87,6 +87,9 @@ __all__ = [
 ]
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
+OTHER_LOOPS: Dict[type, Callable] = {}
+"""Model config classes that another training loop trains, by class: `train` hands such a run
+to it (`specjax.train.feature_head` registers `FeatureHeadConfig`)."""
 
 
 # ----------------------------------------------------------------------------
@@ -460,15 +463,14 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
     optimizer: None builds `OptimizerConfig()` from gin bindings.
     config: the loop; None builds `TrainConfig()` from gin bindings.
     distill: a teacher to distill from (`specjax.distill`); None trains on the data alone.
-    feature: a `FeatureHeadConfig` model_config only: its `FeatureHeadTraining` (None: from
-      gin bindings).
+    feature: `OTHER_LOOPS` only: a feature head's `FeatureHeadTraining` (None: from gin).
 
   Returns:
     A TrainResult.
   """
-  if isinstance(model_config, FeatureHeadConfig):  # learns from a frozen target's features
-    from specjax.train.feature_head import train_feature_head  # pylint: disable=import-outside-toplevel
-    return train_feature_head(model_config, data, optimizer, config, feature)
+  for config_class, other in OTHER_LOOPS.items():
+    if isinstance(model_config, config_class):
+      return other(model_config, data, optimizer, config, feature)
   # gin.register leaves the classes untouched: their configured versions read the bindings.
   data = data if data is not None else gin.get_configurable(DataConfig)()
   optimizer = optimizer if optimizer is not None else gin.get_configurable(OptimizerConfig)()
