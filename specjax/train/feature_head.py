@@ -189,19 +189,8 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
     state, sums = trainer.train_step(state, train_batches.batch(step))
     pending.append(sums)
     done = step + 1
-    if done == start + 1 or done % config.log_every == 0 or done == config.num_steps:
-      window = jax.device_get(pending)
-      total = {k: sum(float(s[k]) for s in window) for k in window[0]}
-      record = dict(base.summarize(total), step=done,
-                    feature_loss=total["feature_sum"] / max(total["weight_sum"], 1.0))
-      result.history.append(record)
-      base._append_metrics(config.model_dir, dict(record, split="train"))  # pylint: disable=protected-access
-      if not math.isfinite(record["loss"]):
-        base._diverged(config.model_dir, done, f"the training loss is {record['loss']}")  # pylint: disable=protected-access
-      if config.progress:
-        print(f"step {done}: loss {record['loss']:.4f} feature {record['feature_loss']:.4f} "
-              f"agreement {record['accuracy']:.3f} 1-TV {1 - record['teacher_tv']:.3f}",
-              flush=True)
+    if done in (start + 1, config.num_steps) or done % config.log_every == 0:
+      result.history.append(_log(config, jax.device_get(pending), done))
       pending = []
     last = done == config.num_steps
     if last or done % config.checkpoint_every == 0:
@@ -212,6 +201,21 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
   result.step = int(state.step)
   result.params = jax.device_get(state.params)
   return result
+
+
+def _log(config: Any, window: Any, done: int) -> Dict[str, float]:
+  """The metrics of the steps since the last log point (their loss sums), appended to
+  metrics.jsonl and printed with progress; FloatingPointError when the loss diverged."""
+  total = {name: sum(float(sums[name]) for sums in window) for name in window[0]}
+  record = dict(base.summarize(total), step=done,
+                feature_loss=total["feature_sum"] / max(total["weight_sum"], 1.0))
+  base._append_metrics(config.model_dir, dict(record, split="train"))  # pylint: disable=protected-access
+  if not math.isfinite(record["loss"]):
+    base._diverged(config.model_dir, done, f"the training loss is {record['loss']}")  # pylint: disable=protected-access
+  if config.progress:
+    print(f"step {done}: loss {record['loss']:.4f} feature {record['feature_loss']:.4f} "
+          f"agreement {record['accuracy']:.3f} 1-TV {1 - record['teacher_tv']:.3f}", flush=True)
+  return record
 
 
 base.OTHER_LOOPS[FeatureHeadConfig] = train_feature_head
