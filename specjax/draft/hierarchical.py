@@ -54,6 +54,9 @@ class HierarchicalDrafter(DrafterDefaults):
 
   def __post_init__(self):
     check_sizes(self, max_gamma=1, inner_gamma=1)
+    if not isinstance(self.inner, ModelDrafter):  # e.g. a FeatureDrafter: no target features here
+      raise ValueError(f"HierarchicalDrafter.inner must be a ModelDrafter, got "
+                       f"{type(self.inner).__name__}")
     if self.inner.vocab_size != self.medium.vocab_size:
       raise ValueError(f"medium and inner draft vocabularies differ: {self.medium.vocab_size} "
                        f"vs {self.inner.vocab_size}")

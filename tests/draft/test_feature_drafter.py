@@ -10,7 +10,8 @@ import pytest
 
 from specjax.decode import (DecodeConfig, autoregressive_decode, speculative_beam_search,
                             speculative_decode, tree_decode)
-from specjax.draft import DRAFTERS, FeatureDrafter, StaticTree, get_drafter
+from specjax.draft import (DRAFTERS, FeatureDrafter, HierarchicalDrafter, StaticTree,
+                           get_drafter)
 from specjax.models import DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, build_model
 from specjax.models.feature_head import shift_features
 from specjax.sampling import Sampling
@@ -140,6 +141,20 @@ def test_greedy_equals_autoregressive_and_rounds_read_true_features(family):
         assert int(result.trace.guesses[row, r, 0]) == token, (row, r)
 
 
+def test_streamed_through_slots_greedy_equals_autoregressive():
+  pair = tiny_pair("lm")
+  head, head_params = _near_copy_head(pair.target)
+  drafter = FeatureDrafter(pair.target, head, max_gamma=3)
+  inputs = np.concatenate([_inputs("lm"), [[9, 9, 2, 0, 0]]]).astype(np.int32)
+  reference = autoregressive_decode(pair.target, pair.target_params, inputs, max_new_tokens=12,
+                                    rng=jax.random.PRNGKey(0), config=GREEDY)
+  result = speculative_decode(pair.target, pair.target_params, drafter,
+                              drafter.params(head_params, pair.target_params), inputs,
+                              max_new_tokens=12, gamma=3, rng=jax.random.PRNGKey(0),
+                              config=GREEDY, slots=2)
+  np.testing.assert_array_equal(result.tokens, reference.tokens)
+
+
 def test_bundled_lm_target_with_a_random_head_decodes_as_autoregressive():
   from specjax.app import bundled  # pylint: disable=import-outside-toplevel
   target, params = bundled.load("lm", "target")
@@ -192,6 +207,9 @@ def test_loops_that_cannot_supply_features_refuse_it_in_one_line():
     with pytest.raises(ValueError, match="drafts with a DecodingModel.*no target features"):
       speculative_beam_search(pair.target, pair.target_params, draft, params, inputs,
                               beam_size=2, draft_beam_size=2, gamma=2, max_new_tokens=4)
+  with pytest.raises(ValueError, match="HierarchicalDrafter.inner must be a ModelDrafter, got "
+                                       "FeatureDrafter"):
+    HierarchicalDrafter(pair.draft, drafter, max_gamma=3)
   state = drafter.init(params, jnp.asarray(inputs), jnp.zeros((3, 16), jnp.int32),
                        jnp.array([4, 2, 1]), 16)
   from specjax.draft import Accepted  # pylint: disable=import-outside-toplevel
