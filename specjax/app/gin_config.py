@@ -30,7 +30,8 @@ import gin
 from specjax.app import bundled
 from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
 from specjax.draft import DynamicTree, StaticTree
-from specjax.models import DecoderOnlyConfig, T5Config, config_from_model_file, parse_model_file
+from specjax.models import (DecoderOnlyConfig, FeatureHeadConfig, T5Config, config_from_model_file,
+                            parse_model_file)
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
 from specjax.verify import BlockVerifier, FusedVerifier, ReferenceVerifier, SigmoidApproxVerifierNotExact
@@ -61,6 +62,7 @@ def register(obj, module: str, name: Optional[str] = None):
 
 
 for _obj, _module in ((T5Config, "specjax.models"), (DecoderOnlyConfig, "specjax.models"),
+                      (FeatureHeadConfig, "specjax.models"),
                       (Sampling, "specjax"), (DecodeConfig, "specjax.decode"),
                       (ReferenceVerifier, "specjax.verify"), (FusedVerifier, "specjax.verify"),
                       (BlockVerifier, "specjax.verify"),

@@ -245,6 +245,9 @@ def speculative_beam_search(target: DecodingModel, target_params: Any, draft: De
   Returns:
     A `BeamResult`; `target_calls` counts rounds, `draft_calls` the draft's calls.
   """
+  if not isinstance(draft, DecodingModel):
+    raise ValueError(f"speculative beam search drafts with a DecodingModel, got "
+                     f"{type(draft).__name__}: it supplies no target features for a feature head")
   check_eos(target, eos_id)
   beam_size = check_count("beam_size", beam_size)
   draft_beam_size = check_count("draft_beam_size", draft_beam_size)

@@ -52,11 +52,16 @@ def draft(drafter: Drafter, params: LoopParams, state: LoopState, keys,
 
 
 def score(target: DecodingModel, params: LoopParams, state: LoopState, proposal: Proposal,
-          encoded, bucket: int):
+          encoded, bucket: int, features: bool = False):
   """The target's logits [B, bucket+1, V] at the last token and the first `bucket` guesses,
-  and its cache."""
+  its features there (float32 [B, bucket+1, E]) when `features` (static; else None), and its
+  cache."""
   tokens = jnp.concatenate([last_tokens(state), proposal.tokens[:, :bucket]], axis=1)
-  return target.decode(params.target, state.cache, tokens, state.length - 1, encoded)
+  if features:
+    return target.decode_features(params.target, state.cache, tokens, state.length - 1,
+                                  encoded)
+  logits, cache = target.decode(params.target, state.cache, tokens, state.length - 1, encoded)
+  return logits, None, cache
 
 
 def verify(config: DecodeConfig, keys, state: LoopState, proposal: Proposal, logits) -> Verdict:
@@ -73,15 +78,17 @@ def verify(config: DecodeConfig, keys, state: LoopState, proposal: Proposal, log
 
 
 def commit(config: DecodeConfig, drafter: Drafter, state: LoopState, proposal: Proposal,
-           verdict: Verdict, cache, drafter_state, prefix_len, max_new_tokens) -> LoopState:
+           verdict: Verdict, cache, drafter_state, prefix_len, max_new_tokens,
+           features=None) -> LoopState:
   """Each active row advances by n + 1 (stopping at EOS and its budget); the drafter rolls
-  back to what was accepted."""
+  back to what was accepted (and reads the scored positions' `features` when it wants them)."""
   emitted = emitted_tokens(proposal.tokens, verdict.n, verdict.token)  # [B, G+1]
   seq, length, done = advance(state, emitted, verdict.n + 1, prefix_len, max_new_tokens,
                               config.eos_id)
   return state.replace(seq=seq, length=length, done=done, cache=cache,
                        drafter_state=drafter.update(drafter_state, Accepted(
-                           start=state.length, n=verdict.n, gamma=state.gamma)))
+                           start=state.length, n=verdict.n, gamma=state.gamma,
+                           features=features)))
 
 
 def record_trace(trace: Trace, active, round_index, guesses, n, token, gamma) -> Trace:
@@ -177,6 +184,12 @@ class SpeculativeLoop(DraftingLoop):
   takes_gamma: ClassVar[bool] = True  # every row's first γ
   alpha_rounds: ClassVar[Optional[int]] = None
 
+  def __post_init__(self):
+    if self.drafter.wants_features and self.auto:
+      raise ValueError(f"{type(self.drafter).__name__} reads the target's features, which the "
+                       "'auto' policy's γ = 0 rounds do not supply; use gamma_policy "
+                       "'constant', 'heuristic' or 'optimal'")
+
   @property
   def buckets(self) -> Tuple[int, ...]:
     """'auto': the γ of each wide-round variant (`DecodeConfig.auto_buckets` resolved)."""
@@ -206,10 +219,11 @@ class SpeculativeLoop(DraftingLoop):
       # draws at those positions again: fold in the round's start (unique per row).
       round_keys = jax.vmap(jax.random.fold_in)(keys, state.length)
     proposal, drafter_state = draft(drafter, params, state, round_keys, config)
-    logits, cache = score(self.target, params, state, proposal, encoded, bucket)
+    logits, features, cache = score(self.target, params, state, proposal, encoded, bucket,
+                                    drafter.wants_features)
     verdict = verify(config, round_keys, state, proposal, logits)
     after = commit(config, drafter, state, proposal, verdict, cache, drafter_state, prefix_len,
-                   max_new_tokens)
+                   max_new_tokens, features)
     return record(config, state, after, proposal, verdict, drafter.max_gamma)
 
   def narrow(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,

@@ -228,6 +228,9 @@ def trace_guesses(tokens, parent, depth, valid, path, n, *, max_depth: int):
 
 def _tree_drafter(drafter: Any, tree: Any) -> Drafter:
   """The tree drafter of `tree_decode`'s arguments; ValueError naming what it cannot take."""
+  if isinstance(drafter, Drafter) and drafter.wants_features:
+    raise ValueError(f"tree_decode does not supply the target features {type(drafter).__name__} "
+                     "reads; decode with it through speculative_decode (a chain)")
   if tree is not None:
     if not isinstance(tree, (StaticTree, DynamicTree)):
       raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")

@@ -6,7 +6,8 @@ of guesses, their q, calls) or a `TreeProposal` (a tree's nodes), `update` takes
 verification `Accepted`. `DRAFTERS` names every shipped drafter class (`get_drafter` builds one
 by name), as `specjax.verify.VERIFIERS` names the verifiers.
 """
-from specjax.draft.base import Accepted, Drafter, Proposal, sample_guess
+from specjax.draft.base import Accepted, Drafter, DrafterDefaults, Proposal, sample_guess
+from specjax.draft.feature import FeatureDrafter, FeatureDrafterState
 from specjax.draft.hierarchical import HierarchicalDrafter
 from specjax.draft.model import ModelDrafter, ModelDrafterState
 from specjax.draft.ngram import BigramDrafter, NGramDrafter, NoState, UnigramDrafter
@@ -20,4 +21,5 @@ __all__ = ["Drafter", "Accepted", "Proposal", "sample_guess", "ModelDrafter",
            "ModelDrafterState", "NGramDrafter", "UnigramDrafter", "BigramDrafter",
            "PromptLookupDrafter", "HierarchicalDrafter", "NoState", "StaticTree", "DynamicTree",
            "TreeModelDrafter", "TreeProposal", "PromptLookupTreeDrafter", "NGramTreeDrafter",
-           "DRAFTERS", "get_drafter", "drafter_fields"]
+           "DRAFTERS", "get_drafter", "drafter_fields", "DrafterDefaults", "FeatureDrafter",
+           "FeatureDrafterState"]

@@ -17,7 +17,7 @@ whatever the drafter. Randomness: the guess at absolute position j of a row uses
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, ClassVar, Optional, Protocol, Tuple, runtime_checkable
 
 import flax
 import jax
@@ -44,6 +44,8 @@ class Accepted:
   n: jax.Array  # int32 [B]: guesses (chain) or path nodes (tree) accepted
   gamma: jax.Array  # int32 [B]: guesses offered (chain: the row's γ; tree: max_depth)
   path: Optional[jax.Array] = None  # int32 [B, D]: a tree's accepted nodes (-1 pad); chain None
+  features: Optional[jax.Array] = None  # float32 [B, k, E]: the target's features at the k
+  # positions the round scored (start - 1 ..), for a drafter that `wants_features`; else None
 
 
 @runtime_checkable
@@ -56,6 +58,11 @@ class Drafter(Protocol):
   deterministic: bool
   """Whether every q is a point mass at its guess (prompt lookup): a tree is then verified by
   the deterministic rule of `specjax.verify.tree`, which needs no q."""
+
+  wants_features: bool
+  """Whether `update` needs the target's features at the scored positions (`Accepted.features`,
+  a `specjax.models.FeatureModel` target): the chain loop then scores with `decode_features`.
+  False (`DrafterDefaults`) for every drafter but `FeatureDrafter`."""
 
   @property
   def max_gamma(self) -> int:
@@ -85,6 +92,13 @@ class Drafter(Protocol):
 
   def update(self, state: Any, accepted: Accepted) -> Any:
     """The state after verification (`Accepted`)."""
+
+
+class DrafterDefaults:
+  """The protocol's attributes that only some drafters change, with their defaults, in one
+  place: every shipped drafter inherits them and overrides what it needs."""
+
+  wants_features: ClassVar[bool] = False
 
 
 def check_sizes(drafter: Any, **minimums: int) -> None:

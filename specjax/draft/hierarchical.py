@@ -19,7 +19,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Accepted, Proposal, check_sizes
+from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes
 from specjax.draft.model import ModelDrafter, catch_up_cache
 from specjax.models import DecodingModel, start_model
 from specjax.rows import take_rows, update_rows
@@ -38,7 +38,7 @@ class HierarchicalState:
 
 
 @dataclasses.dataclass(frozen=True)
-class HierarchicalDrafter:
+class HierarchicalDrafter(DrafterDefaults):
   """Medium model verified against an inner `ModelDrafter`, drafting for the target.
 
   params: {'medium': medium params, 'inner': the inner drafter's params}.
@@ -54,6 +54,9 @@ class HierarchicalDrafter:
 
   def __post_init__(self):
     check_sizes(self, max_gamma=1, inner_gamma=1)
+    if not isinstance(self.inner, ModelDrafter):  # e.g. a FeatureDrafter: no target features here
+      raise ValueError(f"HierarchicalDrafter.inner must be a ModelDrafter, got "
+                       f"{type(self.inner).__name__}")
     if self.inner.vocab_size != self.medium.vocab_size:
       raise ValueError(f"medium and inner draft vocabularies differ: {self.medium.vocab_size} "
                        f"vs {self.inner.vocab_size}")

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import Accepted, check_sizes
+from specjax.draft.base import Accepted, DrafterDefaults, check_sizes
 from specjax.draft.ngram import NoState
 from specjax.draft.prompt_lookup import continuation, match_scores
 from specjax.draft.tree import StaticTree, TreeProposal
@@ -26,7 +26,7 @@ from specjax.sampling import Sampling
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookupTreeDrafter:
+class PromptLookupTreeDrafter(DrafterDefaults):
   """`branches` prompt-lookup continuations of `depth` tokens each, as one tree (module
   docstring). A branch with no match of its own is invalid (never accepted); with no match
   at all the first branch repeats the last token, as `PromptLookupDrafter` does."""

@@ -8,7 +8,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Accepted, Proposal, check_sizes, draft_step
+from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes, draft_step
 from specjax.models import DecodingModel, start_model
 from specjax.models.protocol import decode_logits_at
 from specjax.rows import take_rows
@@ -24,7 +24,7 @@ class ModelDrafterState:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelDrafter:
+class ModelDrafter(DrafterDefaults):
   """Any specjax model as the draft, with its own KV cache.
 
   The cache holds the committed tokens at positions 0..fed-1. A round needs positions up

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import Accepted, Proposal, check_sizes, sample_guess
+from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes, sample_guess
 from specjax.rows import take_rows
 
 
@@ -32,7 +32,7 @@ class NoState:
 
 
 @dataclasses.dataclass(frozen=True)
-class NGramDrafter:
+class NGramDrafter(DrafterDefaults):
   """Unigram (order 1) or bigram (order 2) drafter with add-k smoothing; c ≈ 0.
 
   `params` (from `from_corpus`) is a sparse count table: for each context token

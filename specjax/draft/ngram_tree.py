@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Tuple
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Accepted
+from specjax.draft.base import Accepted, DrafterDefaults
 from specjax.draft.ngram import NGramDrafter, NoState, table_probs
 from specjax.draft.tree import (DynamicTree, StaticTree, TreeProposal, _level_starts,
                                 draw_level, keep_most_probable)
@@ -25,7 +25,7 @@ from specjax.sampling import Sampling
 
 
 @dataclasses.dataclass(frozen=True)
-class NGramTreeDrafter:
+class NGramTreeDrafter(DrafterDefaults):
   """The tree `tree` drafted from the table of `table` (an `NGramDrafter`, whose params
   this drafter takes: `NGramDrafter.from_corpus`). Module docstring."""
 

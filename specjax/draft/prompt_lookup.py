@@ -7,7 +7,7 @@ from typing import ClassVar, Tuple
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Accepted, Proposal, check_sizes
+from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes
 from specjax.draft.ngram import NoState
 from specjax.rows import take_rows
 
@@ -41,7 +41,7 @@ def continuation(seq: jax.Array, length: jax.Array, end: jax.Array, found: jax.A
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookupDrafter:
+class PromptLookupDrafter(DrafterDefaults):
   """Copies the continuation of the longest earlier match of the row's last n-gram.
 
   Looks for the longest suffix (up to `max_ngram` tokens) of the row's committed

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any, Mapping, Optional
 
 from specjax.draft.base import Drafter
+from specjax.draft.feature import FeatureDrafter
 from specjax.draft.hierarchical import HierarchicalDrafter
 from specjax.draft.lookup_tree import PromptLookupTreeDrafter
 from specjax.draft.model import ModelDrafter
@@ -21,6 +22,7 @@ DRAFTERS = {
     "tree_model": TreeModelDrafter,
     "ngram_tree": NGramTreeDrafter,
     "prompt_lookup_tree": PromptLookupTreeDrafter,
+    "feature": FeatureDrafter,
 }
 """Every shipped drafter class by its registry name."""
 
@@ -35,7 +37,7 @@ def get_drafter(name: str, offered: Optional[Mapping[str, Any]] = None, **fields
 
   Args:
     name: the registry name ('model' | 'ngram' | 'prompt_lookup' | 'hierarchical' |
-      'tree_model' | 'ngram_tree' | 'prompt_lookup_tree').
+      'tree_model' | 'ngram_tree' | 'prompt_lookup_tree' | 'feature').
     offered: values a caller has for any drafter (e.g. the main job's {'model': the draft
       model, 'vocab': the target's vocabulary size, 'max_gamma': ..., 'tree': ...}); each is
       passed only when the class has a field of that name.

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import Accepted, check_sizes
+from specjax.draft.base import Accepted, DrafterDefaults, check_sizes
 from specjax.draft.model import catch_up_cache
 from specjax.models import DecodingModel, start_model
 from specjax.models.protocol import decode_logits_at
@@ -266,7 +266,7 @@ class TreeDrafterState:
 
 
 @dataclasses.dataclass(frozen=True)
-class TreeModelDrafter:
+class TreeModelDrafter(DrafterDefaults):
   """A specjax model drafts a token tree, ONE draft call per level (static shapes).
 
   The first call feeds the catch-up window ending at the last committed token (as

@@ -101,6 +101,39 @@ class DecoderLayer(nn.Module):
     return x + self.mlp(self.pre_mlp_layer_norm(x)), cache
 
 
+def chain_bias(relpos_bias: nn.Module, positions: Array, k: int, max_len: int,
+               prefix_lengths: Optional[Array] = None) -> Tuple[Array, Array]:
+  """The self-attention biases of a cached chain call of k tokens at positions[b] + i.
+
+  Returns (float32 [B, H, k, max_len] over the cache before the call: every query sees the
+  slots before its row's position, later ones are stale or about to be written; float32
+  [B|1, H, k, k] over the call's own keys: causal, or also every key below
+  prefix_lengths[b] when given).
+  """
+  slots = jnp.arange(max_len, dtype=jnp.int32)
+  query_pos = positions[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [B, k]
+  old_visible = (slots[None, :] < positions[:, None])[:, None, None, :]  # [B, 1, 1, max_len]
+  old_bias = relpos_bias(query_pos, slots, False) + mask_to_bias(old_visible)
+  # Key j minus query i is j - i in every row.
+  new = jnp.arange(k, dtype=jnp.int32)
+  visible = (new[None, :] <= new[:, None])[None]  # [1, k, k]
+  if prefix_lengths is not None:
+    visible = visible | (query_pos[:, None, :] < prefix_lengths[:, None, None])
+  new_bias = relpos_bias(new[None], new, False) + mask_to_bias(visible)[:, None]
+  return old_bias, new_bias
+
+
+def causal_bias(relpos_bias: nn.Module, length: int,
+                prefix_lengths: Optional[Array] = None) -> Array:
+  """The self-attention bias [B|1, H, L, L] of a teacher-forced pass over L tokens: causal,
+  or also every key below prefix_lengths[b] (T5X's prefix-LM mask) when given."""
+  pos = jnp.arange(length, dtype=jnp.int32)
+  visible = (pos[None, :] <= pos[:, None])[None]  # [1, L, L]
+  if prefix_lengths is not None:
+    visible = visible | (pos[None, None, :] < prefix_lengths[:, None, None])
+  return relpos_bias(pos[None], pos, False) + mask_to_bias(visible)[:, None]
+
+
 class DecoderStack(nn.Module):
   """T5X decoder: embedding, `relpos_bias`, `layers_i`, `decoder_norm`, logits.
 
@@ -131,7 +164,20 @@ class DecoderStack(nn.Module):
     pairs = [layer.encoder_decoder_attention.project_kv_heads(encoded) for layer in self.layers]
     return tuple(k for k, _ in pairs), tuple(v for _, v in pairs)
 
-  def _run(self, tokens, bias, caches, starts, encoded, logits_at=None):
+  def embed(self, tokens: Array) -> Array:
+    """tokens int32 [...] -> the input embeddings [..., E] (the model's dtype)."""
+    return self._embedder()(tokens)
+
+  def output_logits(self, y: Array) -> Array:
+    """The final hidden state y [..., E] (after `decoder_norm`) -> float32 logits [..., V]."""
+    cfg = self.config
+    if cfg.logits_via_embedding:
+      logits = self._embedder().attend(y) / jnp.sqrt(jnp.float32(cfg.emb_dim))
+    else:
+      logits = self.logits_dense(y)
+    return logits.astype(jnp.float32)
+
+  def _run(self, tokens, bias, caches, starts, encoded, logits_at=None, features=False):
     """Shared body of `forward` and `decode_step`.
 
     Args:
@@ -141,12 +187,12 @@ class DecoderStack(nn.Module):
       starts: int32 [B] slot of tokens[:, 0] when `caches` is given.
       encoded: EncodedInputs (cross-attention) or None.
       logits_at: int32 [B] or None: the logits of token logits_at[b] only.
+      features: static; also return the final hidden states (after `decoder_norm`).
 
     Returns:
       (float32 logits [B, q, V] ([B, 1, V] with logits_at), per-layer updated caches
-      or Nones).
+      or Nones), and with `features` float32 features [B, q, E] ([B, 1, E]) third.
     """
-    cfg = self.config
     cross_bias = None
     if self.cross_attention:
       cross_bias = mask_to_bias(encoded.mask)[:, None, None, :]  # [B, 1, 1, L_in]
@@ -161,15 +207,13 @@ class DecoderStack(nn.Module):
     if logits_at is not None:  # the final norm and logits of one token per row
       x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
     y = self.decoder_norm(x)
-    if cfg.logits_via_embedding:
-      logits = self._embedder().attend(y) / jnp.sqrt(jnp.float32(cfg.emb_dim))
-    else:
-      logits = self.logits_dense(y)
-    return logits.astype(jnp.float32), new_caches
+    if features:
+      return self.output_logits(y), new_caches, y.astype(jnp.float32)
+    return self.output_logits(y), new_caches
 
   def forward(self, tokens: Array, prefix_lengths: Optional[Array] = None,
-              encoded: Optional[EncodedInputs] = None) -> Array:
-    """Teacher-forced logits.
+              encoded: Optional[EncodedInputs] = None, features: bool = False) -> Array:
+    """Teacher-forced logits (with static `features`: (logits, features float32 [B, L, E])).
 
     Args:
       tokens: int32 [B, L] decoder input tokens.
@@ -180,20 +224,15 @@ class DecoderStack(nn.Module):
     Returns:
       float32 [B, L, V].
     """
-    length = tokens.shape[1]
-    pos = jnp.arange(length, dtype=jnp.int32)
-    visible = (pos[None, :] <= pos[:, None])[None]  # [1, L, L]
-    if prefix_lengths is not None:
-      visible = visible | (pos[None, None, :] < prefix_lengths[:, None, None])
-    bias = self.relpos_bias(pos[None], pos, False) + mask_to_bias(visible)[:, None]
-    logits, _ = self._run(tokens, bias, None, None, encoded)
-    return logits
+    bias = causal_bias(self.relpos_bias, tokens.shape[1], prefix_lengths)
+    out = self._run(tokens, bias, None, None, encoded, features=features)
+    return (out[0], out[2]) if features else out[0]
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
                   prefix_lengths: Optional[Array] = None,
                   encoded: Optional[EncodedInputs] = None,
-                  logits_at: Optional[Array] = None, tree: Optional[TreeAttention] = None
-                  ) -> Tuple[Array, KVCache]:
+                  logits_at: Optional[Array] = None, tree: Optional[TreeAttention] = None,
+                  features: bool = False) -> Tuple[Array, KVCache]:
     """Writes tokens[b] at slots positions[b] + (0..k-1) and returns their logits.
 
     Args:
@@ -205,30 +244,25 @@ class DecoderStack(nn.Module):
       logits_at: int32 [B] or None: only the logits of tokens[b, logits_at[b]].
       tree: None (a chain: token i at position positions + i, causal), or the call's
         `TreeAttention` (positions and visibility of a token tree).
+      features: static; also return the final hidden states of the k tokens.
 
     Returns:
-      (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated KVCache).
+      (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated KVCache); with
+      `features` (logits, float32 features [B, k, E], KVCache).
     """
     k = tokens.shape[1]
     slots = jnp.arange(cache.max_len, dtype=jnp.int32)
     if tree is None:
-      query_pos = positions[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [B, k]
-      # Over the cache before this call: every query sees the slots before the
-      # row's position (later slots are stale or about to be written).
-      old_visible = (slots[None, :] < positions[:, None])[:, None, None, :]  # [B, 1, 1, max_len]
-      old_bias = self.relpos_bias(query_pos, slots, False) + mask_to_bias(old_visible)
-      # Over this call's own keys: causal; key j minus query i is j - i in every row.
-      new = jnp.arange(k, dtype=jnp.int32)
-      visible = (new[None, :] <= new[:, None])[None]  # [1, k, k]
-      if prefix_lengths is not None:
-        visible = visible | (query_pos[:, None, :] < prefix_lengths[:, None, None])
-      new_bias = self.relpos_bias(new[None], new, False) + mask_to_bias(visible)[:, None]
+      old_bias, new_bias = chain_bias(self.relpos_bias, positions, k, cache.max_len,
+                                      prefix_lengths)
     else:
       old_bias, new_bias = self._tree_bias(tree, positions, slots)
     caches = list(zip(cache.keys, cache.values))
-    logits, out = self._run(tokens, (old_bias, new_bias), caches, positions, encoded,
-                            logits_at)
-    return logits, KVCache(keys=tuple(c[0] for c in out), values=tuple(c[1] for c in out))
+    result = self._run(tokens, (old_bias, new_bias), caches, positions, encoded, logits_at,
+                       features)
+    out = result[1]
+    cache = KVCache(keys=tuple(c[0] for c in out), values=tuple(c[1] for c in out))
+    return (result[0], result[2], cache) if features else (result[0], cache)
 
 
   def _tree_bias(self, tree: TreeAttention, positions: Array, slots: Array):
@@ -321,6 +355,23 @@ class DecoderOnlyNetwork(nn.Module):
     return self.decoder.decode_step(tokens, positions, cache, prefix_lengths, None, logits_at,
                                     tree)
 
+  def forward_features(self, tokens: Array, prefix_lengths: Optional[Array] = None):
+    """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E])."""
+    return self.decoder.forward(tokens, prefix_lengths, features=True)
+
+  def decode_step_features(self, tokens: Array, positions: Array, cache: KVCache,
+                           prefix_lengths: Optional[Array] = None):
+    """Cached chain step -> (logits [B, k, V], features [B, k, E], KVCache)."""
+    return self.decoder.decode_step(tokens, positions, cache, prefix_lengths, features=True)
+
+  def embed(self, tokens: Array) -> Array:
+    """The input embeddings [..., E] of tokens int32 [...]."""
+    return self.decoder.embed(tokens)
+
+  def output_logits(self, features: Array) -> Array:
+    """Features [..., E] -> float32 logits [..., V] (the model's own output projection)."""
+    return self.decoder.output_logits(features)
+
 
 class DecoderOnlyModel(NetworkModel):
   """Decoder-only LM behind the `DecodingModel` protocol.
@@ -360,16 +411,19 @@ class DecoderOnlyModel(NetworkModel):
     Returns:
       float32 [B, L, V]; logits[:, i] predicts the token after tokens[:, i].
     """
-    self.check_params(params)
-    tokens = check_tokens(tokens, self.vocab_size, "logits tokens")
-    if not self.prefix_lm:
-      prefix_lengths = None
-    elif prefix_lengths is None:
-      raise ValueError("a prefix-LM model needs prefix_lengths int32 [batch] in logits()")
-    else:
-      prefix_lengths = check_prefix_lengths(prefix_lengths, tokens.shape[0],
-                                            jnp.full(tokens.shape[:1], tokens.shape[1]))
+    tokens, prefix_lengths = self._check_teacher_forced(params, tokens, prefix_lengths,
+                                                        "logits")
     return self._apply("forward", params, tokens, prefix_lengths)
+
+  def _check_teacher_forced(self, params, tokens, prefix_lengths, method: str):
+    self.check_params(params)
+    tokens = check_tokens(tokens, self.vocab_size, f"{method} tokens")
+    if not self.prefix_lm:
+      return tokens, None
+    if prefix_lengths is None:
+      raise ValueError(f"a prefix-LM model needs prefix_lengths int32 [batch] in {method}()")
+    return tokens, check_prefix_lengths(prefix_lengths, tokens.shape[0],
+                                        jnp.full(tokens.shape[:1], tokens.shape[1]))
 
   def decode(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
              encoded: Any = None, *, prefix_lengths: Any = None, logits_at: Any = None,
@@ -399,6 +453,53 @@ class DecoderOnlyModel(NetworkModel):
       (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated cache).
     """
     del encoded
+    tokens, positions, prefix_lengths = self._check_decode(params, cache, tokens, positions,
+                                                           prefix_lengths)
+    batch, k = tokens.shape
+    logits_at = check_logits_at(logits_at, batch, k)
+    check_tree(tree, batch, k, cache.max_len, prefix_lengths)
+    return self._apply("decode_step", params, tokens, positions, cache, prefix_lengths,
+                       logits_at, tree)
+
+  # Target features (opt-in): the final hidden state, after `decoder_norm`, of every token.
+  @property
+  def feature_dim(self) -> int:
+    """Width E of the features `decode_features` returns."""
+    return self.config.emb_dim
+
+  def decode_features(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
+                      encoded: Any = None, *, prefix_lengths: Any = None
+                      ) -> Tuple[Array, Array, KVCache]:
+    """`decode` (a chain call) that also returns each token's final hidden state.
+
+    Returns:
+      (float32 logits [B, k, V], float32 features [B, k, E], updated cache); logits equal
+      `feature_logits(params, features)`.
+    """
+    del encoded
+    tokens, positions, prefix_lengths = self._check_decode(params, cache, tokens, positions,
+                                                           prefix_lengths)
+    return self._apply("decode_step_features", params, tokens, positions, cache,
+                       prefix_lengths)
+
+  def features(self, params: Any, tokens: Any, prefix_lengths: Any = None
+               ) -> Tuple[Array, Array]:
+    """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E]); arguments as
+    `logits`."""
+    tokens, prefix_lengths = self._check_teacher_forced(params, tokens, prefix_lengths,
+                                                        "features")
+    return self._apply("forward_features", params, tokens, prefix_lengths)
+
+  def embed(self, params: Any, tokens: Any) -> Array:
+    """tokens int32 [...] -> the model's input embeddings [..., E]."""
+    return self._apply("embed", params, jnp.asarray(tokens, jnp.int32))
+
+  def feature_logits(self, params: Any, features: Any) -> Array:
+    """features [..., E] -> float32 logits [..., V] through the model's own output projection
+    (the embedding / sqrt(E) when `logits_via_embedding`, else `logits_dense`)."""
+    return self._apply("output_logits", params, features)
+
+  def _check_decode(self, params, cache, tokens, positions, prefix_lengths):
     self.check_params(params)
     tokens = check_tokens(tokens, self.vocab_size, "decode tokens")
     batch, k = tokens.shape
@@ -408,7 +509,4 @@ class DecoderOnlyModel(NetworkModel):
       prefix_lengths = check_prefix_lengths(prefix_lengths, batch, positions + k)
     else:
       prefix_lengths = None
-    logits_at = check_logits_at(logits_at, batch, k)
-    check_tree(tree, batch, k, cache.max_len, prefix_lengths)
-    return self._apply("decode_step", params, tokens, positions, cache, prefix_lengths,
-                       logits_at, tree)
+    return tokens, positions, prefix_lengths

@@ -20,10 +20,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from specjax import files
 from specjax.models.decoder_only import DecoderOnlyConfig
+from specjax.models.feature_head import FeatureHeadConfig
 from specjax.models.t5 import T5Config
 
 MODEL_GIN = "model.gin"
-MODEL_CLASSES = {"T5Config": T5Config, "DecoderOnlyConfig": DecoderOnlyConfig}
+MODEL_CLASSES = {"T5Config": T5Config, "DecoderOnlyConfig": DecoderOnlyConfig,
+                 "FeatureHeadConfig": FeatureHeadConfig}
 """The configurables a model gin file may bind, by their gin name."""
 
 Resolver = Callable[[str, Optional[str]], str]

@@ -16,6 +16,8 @@ Cache semantics (shared by every implementation):
   ``logits_at`` int32 [B] and returns only the logits of tokens[b, logits_at[b]]
   ([B, 1, V]); `decode_logits_at` calls any model that way or falls back to a
   gather from the full logits.
+- Optionally (`FeatureModel`, as the Flax models), ``decode_features`` returns each
+  token's final hidden state beside its logits, for feature-level drafters.
 - For an encoder-decoder model ``encoded = encode(params, inputs[B, L_in])``
   holds what cross-attention needs (computed once per generation); a
   decoder-only model returns ``None`` and ignores ``encoded``.
@@ -54,6 +56,31 @@ class DecodingModel(Protocol):
              positions: jax.Array, encoded: Encoded
              ) -> Tuple[jax.Array, Cache]:
     """tokens: int32 [B, k]; positions: int32 [B] -> (float32 logits [B, k, V], cache)."""
+
+
+@runtime_checkable
+class FeatureModel(DecodingModel, Protocol):
+  """A `DecodingModel` that can also return its target features (opt-in): the final hidden
+  state (after the final norm, before the output projection) of every token it scores.
+  Feature-level drafters (`specjax.draft.FeatureDrafter`) read them; the plain `decode` is
+  unchanged (and compiles the same) when they are not asked for."""
+
+  @property
+  def feature_dim(self) -> int:
+    """Width E of a feature."""
+
+  def decode_features(self, params: Params, cache: Cache, tokens: jax.Array,
+                      positions: jax.Array, encoded: Encoded
+                      ) -> Tuple[jax.Array, jax.Array, Cache]:
+    """As `decode` (a chain call) -> (float32 logits [B, k, V], float32 features [B, k, E],
+    cache)."""
+
+  def embed(self, params: Params, tokens: jax.Array) -> jax.Array:
+    """tokens int32 [...] -> the model's input embeddings [..., E]."""
+
+  def feature_logits(self, params: Params, features: jax.Array) -> jax.Array:
+    """features [..., E] -> float32 logits [..., V] through the model's own output
+    projection, so `decode`'s logits equal feature_logits(decode_features(...)[1])."""
 
 
 def decode_logits_at(model: DecodingModel, params: Params, cache: Cache, tokens: jax.Array,

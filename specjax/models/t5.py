@@ -136,6 +136,23 @@ class T5Network(nn.Module):
     """Cached step; see `DecoderStack.decode_step`."""
     return self.decoder.decode_step(tokens, positions, cache, None, encoded, logits_at, tree)
 
+  def forward_features(self, inputs: Array, decoder_input_tokens: Array):
+    """Teacher-forced (logits float32 [B, L_dec, V], features float32 [B, L_dec, E])."""
+    return self.decoder.forward(decoder_input_tokens, None, self.encode(inputs), features=True)
+
+  def decode_step_features(self, tokens: Array, positions: Array, cache: KVCache,
+                           encoded: EncodedInputs):
+    """Cached chain step -> (logits [B, k, V], features [B, k, E], KVCache)."""
+    return self.decoder.decode_step(tokens, positions, cache, None, encoded, features=True)
+
+  def embed(self, tokens: Array) -> Array:
+    """The shared input embeddings [..., E] of tokens int32 [...]."""
+    return self.token_embedder(tokens)
+
+  def output_logits(self, features: Array) -> Array:
+    """Decoder features [..., E] -> float32 logits [..., V]."""
+    return self.decoder.output_logits(features)
+
 
 class T5Model(NetworkModel):
   """T5 1.1 encoder-decoder behind the `DecodingModel` protocol.
@@ -211,6 +228,45 @@ class T5Model(NetworkModel):
     Returns:
       (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated cache).
     """
+    tokens, positions = self._check_decode(params, cache, tokens, positions, encoded)
+    batch, k = tokens.shape
+    logits_at = check_logits_at(logits_at, batch, k)
+    check_tree(tree, batch, k, cache.max_len, None)
+    return self._apply("decode_step", params, tokens, positions, cache, encoded, logits_at,
+                       tree)
+
+  # Target features (opt-in): the decoder's final hidden state, after `decoder_norm`.
+  @property
+  def feature_dim(self) -> int:
+    """Width E of the features `decode_features` returns."""
+    return self.config.emb_dim
+
+  def decode_features(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
+                      encoded: EncodedInputs) -> Tuple[Array, Array, KVCache]:
+    """`decode` (a chain call) that also returns each decoder token's final hidden state:
+    (float32 logits [B, k, V], float32 features [B, k, E], updated cache)."""
+    tokens, positions = self._check_decode(params, cache, tokens, positions, encoded)
+    return self._apply("decode_step_features", params, tokens, positions, cache, encoded)
+
+  def features(self, params: Any, inputs: Any, decoder_input_tokens: Any
+               ) -> Tuple[Array, Array]:
+    """Teacher-forced (logits float32 [B, L_dec, V], features float32 [B, L_dec, E])."""
+    self.check_params(params)
+    inputs = check_tokens(inputs, self.vocab_size, "encoder inputs")
+    decoder_input_tokens = check_tokens(decoder_input_tokens, self.vocab_size,
+                                        "decoder_input_tokens")
+    return self._apply("forward_features", params, inputs, decoder_input_tokens)
+
+  def embed(self, params: Any, tokens: Any) -> Array:
+    """tokens int32 [...] -> the shared input embeddings [..., E]."""
+    return self._apply("embed", params, jnp.asarray(tokens, jnp.int32))
+
+  def feature_logits(self, params: Any, features: Any) -> Array:
+    """Decoder features [..., E] -> float32 logits [..., V] (`logits_dense`, or the shared
+    embedding / sqrt(E) when `logits_via_embedding`)."""
+    return self._apply("output_logits", params, features)
+
+  def _check_decode(self, params, cache, tokens, positions, encoded):
     self.check_params(params)
     tokens = check_tokens(tokens, self.vocab_size, "decode tokens")
     batch, k = tokens.shape
@@ -224,7 +280,4 @@ class T5Model(NetworkModel):
       raise ValueError(f"encoded holds {len(encoded.keys)} layers for "
                        f"{encoded.mask.shape[0]} rows; decode has {batch} rows and the "
                        f"model {self.config.num_decoder_layers} decoder layers")
-    logits_at = check_logits_at(logits_at, batch, k)
-    check_tree(tree, batch, k, cache.max_len, None)
-    return self._apply("decode_step", params, tokens, positions, cache, encoded, logits_at,
-                       tree)
+    return tokens, positions

@@ -8,6 +8,8 @@ from specjax.train.checkpoints import (OPT_STATE_FILE, TRAIN_STATE_FILE, check_m
                                        list_checkpoints, load_opt_state, restore,
                                        resume_fingerprint, save_checkpoint, save_opt_state)
 from specjax.train.distill import DistillConfig, Teacher, load_teacher
+from specjax.train.feature_head import (FeatureHeadTraining, load_head, load_target,
+                                        train_feature_head)
 from specjax.train.trainer import (METRICS_FILE, OptimizerConfig, TrainConfig, Trainer,
                                    TrainResult, TrainState, cross_entropy, get_trainer,
                                    make_optimizer, make_schedule, summarize, train)
@@ -18,4 +20,5 @@ __all__ = ["train", "Trainer", "TrainState", "TrainResult", "TrainConfig",
            "make_schedule", "cross_entropy", "summarize", "save_checkpoint", "restore",
            "list_checkpoints", "save_opt_state", "load_opt_state", "check_model_gin",
            "OPT_STATE_FILE", "TRAIN_STATE_FILE", "METRICS_FILE", "MODEL_GIN", "model_gin_text",
-           "resume_fingerprint"]
+           "resume_fingerprint", "FeatureHeadTraining", "train_feature_head", "load_head",
+           "load_target"]

@@ -88,6 +88,9 @@ __all__ = [
 ]
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
+OTHER_LOOPS: Dict[type, Callable] = {}
+"""Model config classes that another training loop trains, by class: `train` hands such a run
+to it (`specjax.train.feature_head` registers `FeatureHeadConfig`)."""
 
 
 # ----------------------------------------------------------------------------
@@ -451,7 +454,7 @@ def _diverged(model_dir: str, step: int, what: str) -> None:
 def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
           optimizer: Optional[OptimizerConfig] = None,
           config: Optional[TrainConfig] = None,
-          distill: Optional[DistillConfig] = None) -> TrainResult:
+          distill: Optional[DistillConfig] = None, feature: Any = None) -> TrainResult:
   """Trains (or resumes training) a model; see the module docstring.
 
   Args:
@@ -460,10 +463,14 @@ def train(model_config: Any = gin.REQUIRED, data: Optional[DataConfig] = None,
     optimizer: None builds `OptimizerConfig()` from gin bindings.
     config: the loop; None builds `TrainConfig()` from gin bindings.
     distill: a teacher to distill from (`specjax.distill`); None trains on the data alone.
+    feature: `OTHER_LOOPS` only: a feature head's `FeatureHeadTraining` (None: from gin).
 
   Returns:
     A TrainResult.
   """
+  for config_class, other in OTHER_LOOPS.items():
+    if isinstance(model_config, config_class):
+      return other(model_config, data, optimizer, config, feature)
   # gin.register leaves the classes untouched: their configured versions read the bindings.
   data = data if data is not None else gin.get_configurable(DataConfig)()
   optimizer = optimizer if optimizer is not None else gin.get_configurable(OptimizerConfig)()

@@ -1,0 +1,162 @@
+"""`FeatureDrafter`: drafts from the target's own features through a feature head (EAGLE-style).
+
+The head (`specjax.models.feature_head`) runs over the target's positions: at position p it
+reads [f_{p-1}, embedding(x_p)] and predicts f_p, whose logits through the target's own
+output projection give the draft q of x_{p+1}. Its cache holds positions 0..fed-1 fed with
+the target's TRUE features; a round's later positions hold its own predictions.
+
+  propose at committed length L: the head is fed positions fed .. L-1 in one window (true
+    features f_{fed-1} .. f_{L-2}), the last of which gives q(x_L); each further guess feeds
+    (its own predicted feature, the previous guess). `fed` becomes L.
+  update: the loop hands the target's features at the positions the round scored
+    (`Accepted.features`, positions L-1 .. L-1+bucket); they are kept in the state, so the
+    next window re-feeds the accepted positions with true features. The correction token's
+    feature is not known yet: the next round's target call scores it first.
+
+Params: `FeatureDrafter.params(head_params, target_params)` -> {'head', 'target'}: the head's
+own parameters and the target's (frozen: its embedding and output projection are read, and a
+decoder-only target is run once over the prompt for the prompt's features in `init`).
+Verification is unchanged, so the output is exactly the target's distribution.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes, draft_step
+from specjax.models import FeatureModel
+from specjax.models.feature_head import FeatureHead, shift_features
+from specjax.rows import take_rows, update_rows
+
+
+@flax.struct.dataclass
+class FeatureDrafterState:
+  """A `FeatureDrafter`'s per-decode state."""
+  cache: Any  # the head's KV cache (KVCache, one layer)
+  features: jax.Array  # float32 [B, T, E]: the target's features by position (valid below
+  # each row's length - 1; later positions are stale and rewritten before they are read)
+  fed: jax.Array  # int32 [B]: head positions 0..fed-1 were fed true features
+  start: jax.Array  # int32 [B]: the row's length at the last `propose`
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureDrafter(DrafterDefaults):
+  """A chain drafter whose guesses come from a feature head over the target's features.
+
+  `target` is the `FeatureModel` being decoded (its features, embedding and output projection
+  are read); `head` the `FeatureHead` trained for it (same emb_dim and vocabulary, checked
+  here). Its params are `FeatureDrafter.params(head_params, target_params)`.
+  """
+
+  target: Any  # a specjax.models.FeatureModel
+  head: FeatureHead
+  max_gamma: int
+
+  tree: ClassVar[None] = None  # a chain drafter
+  deterministic: ClassVar[bool] = False
+  wants_features: ClassVar[bool] = True
+
+  def __post_init__(self):
+    check_sizes(self, max_gamma=1)
+    if not isinstance(self.head, FeatureHead):
+      raise ValueError(f"FeatureDrafter.head must be a FeatureHead, got "
+                       f"{type(self.head).__name__}")
+    if not isinstance(self.target, FeatureModel):
+      raise ValueError(f"FeatureDrafter needs a target that returns its features (a "
+                       f"specjax.models.FeatureModel), got {type(self.target).__name__}")
+    self.head.check_target(self.target)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.head.config.vocab_size
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: the guesses."""
+    return self.max_gamma
+
+  @property
+  def models(self) -> Tuple[Any, ...]:
+    return ()  # the head's one-layer cache is small; the target's is the loop's
+
+  def params(self, head_params: Any, target_params: Any) -> dict:
+    """The drafter's params {'head', 'target'}: ValueError naming the first parameter of
+    either that does not fit the head's or the target's config."""
+    self.head.check_params(head_params)
+    self.target.check_params(target_params, "target parameters")
+    return {"head": head_params, "target": target_params}
+
+  def init(self, params, inputs, seq, length, cache_len):
+    batch, width = seq.shape
+    features = jnp.zeros((batch, width, self.head.config.emb_dim), jnp.float32)
+    cache = self.head.init_cache(batch, cache_len)
+    if self.target.is_encoder_decoder:  # the decoder starts at token 0: nothing fed yet
+      zeros = jnp.zeros((batch,), jnp.int32)
+      return FeatureDrafterState(cache=cache, features=features, fed=zeros, start=length)
+    prompt_features = _prompt_features(self.target, params["target"], inputs, length)
+    features = jax.lax.dynamic_update_slice_in_dim(features, prompt_features, 0, axis=1)
+    _, cache = self.head.decode(params["head"], cache, shift_features(prompt_features),
+                                self.target.embed(params["target"], inputs),
+                                jnp.zeros((batch,), jnp.int32))
+    return FeatureDrafterState(cache=cache, features=features,
+                               fed=jnp.maximum(length - 1, 0), start=length)
+
+  def propose(self, params, state, seq, length, gamma, row_keys, sampling):
+    head, target_params = params["head"], params["target"]
+    batch, width = seq.shape[0], self.max_gamma + 1
+    # One window feeds positions fed .. L-1 (true features); q(x_L) is read at index lag.
+    lag = jnp.clip(length - 1 - state.fed, 0, width - 1)
+    begin = length - 1 - lag
+    at = begin[:, None] + jnp.arange(width)[None, :]  # [B, W]
+    before = jnp.take_along_axis(state.features, jnp.clip(at - 1, 0)[:, :, None], axis=1)
+    before = jnp.where((at >= 1)[:, :, None], before, 0.0)  # f_{-1} = 0
+    predicted, cache = self.head.decode(head, state.cache, before,
+                                        self.target.embed(target_params, take_rows(seq, at)),
+                                        begin)
+    feature = jnp.take_along_axis(predicted, lag[:, None, None], axis=1)[:, 0]  # [B, E]
+    guess0, probs0 = draft_step(row_keys, length, 0,
+                                self.target.feature_logits(target_params, feature), sampling)
+    tokens = jnp.zeros((batch, self.max_gamma), jnp.int32).at[:, 0].set(guess0)
+    all_probs = jnp.zeros((batch, self.max_gamma, probs0.shape[-1]),
+                          jnp.float32).at[:, 0].set(probs0)
+
+    def body(i, carry):  # one head step (its own last prediction, the last guess)
+      tokens, all_probs, cache, feature = carry
+      prev = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)  # [B, 1]
+      predicted, cache = self.head.decode(head, cache, feature[:, None],
+                                          self.target.embed(target_params, prev),
+                                          length + i - 1)
+      feature = predicted[:, 0]
+      guess, probs = draft_step(row_keys, length, i,
+                                self.target.feature_logits(target_params, feature), sampling)
+      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
+      all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
+      return tokens, all_probs, cache, feature
+
+    # Rows with a smaller γ ride along to the batch's largest γ; only their own count.
+    tokens, all_probs, cache, _ = jax.lax.fori_loop(1, jnp.max(gamma), body,
+                                                    (tokens, all_probs, cache, feature))
+    state = state.replace(cache=cache, fed=length, start=length)
+    return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
+
+  def update(self, state, accepted: Accepted):
+    if accepted.features is None:
+      raise ValueError("FeatureDrafter needs the target's features of every round; this loop "
+                       "does not supply them (chain speculative decoding does)")
+    features = update_rows(state.features, accepted.features.astype(jnp.float32),
+                           accepted.start - 1)
+    return state.replace(features=features, fed=jnp.minimum(state.fed, accepted.start))
+
+
+def _prompt_features(target: Any, params: Any, prompts: jax.Array, length: jax.Array):
+  """The target's features float32 [B, P, E] over decoder-only prompts [B, P] (a pass on a
+  scratch cache of P slots, as the loop's prefill: prefix-LM targets see their prefix)."""
+  batch, width = prompts.shape
+  kwargs = {"prefix_lengths": length} if getattr(target, "prefix_lm", False) else {}
+  _, features, _ = target.decode_features(params, target.init_cache(batch, width), prompts,
+                                          jnp.zeros((batch,), jnp.int32), None, **kwargs)
+  return features

@@ -1,0 +1,165 @@
+"""A feature head: one T5X decoder layer that predicts the target's next feature (EAGLE-style).
+
+The target's feature at position p is its final hidden state there (after `decoder_norm`,
+before the output projection; `specjax.models.FeatureModel`). The head runs over the same
+positions as the target: at position p it reads [f_{p-1}, embedding(x_p)] (f_{-1} = 0, the
+embedding the target's own frozen input embedding), projects the concatenation to E
+(`input_projection`, as EAGLE's fc), runs one decoder layer with its own KV cache and a final
+RMSNorm, and predicts f_p; the target's own `feature_logits(f_p)` then give the distribution
+of x_{p+1}. The head's parameters hold no vocabulary matrix.
+
+Parameter tree (T5X names): `input_projection/kernel [2E, E]`, `relpos_bias/rel_embedding
+[H, 32]`, `layers_0/{pre_self_attention_layer_norm, self_attention/{query,key,value,out},
+pre_mlp_layer_norm, mlp/{wi_0,wi_1,wo}}`, `decoder_norm/scale [E]`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Tuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.models.decoder_only import DecoderLayer, causal_bias, chain_bias
+from specjax.checks import check_int
+from specjax.models.layers import (DTYPES, Array, Dense, KVCache, RelativePositionBias, RMSNorm,
+                                   activation_fn, apply_network, check_params_match,
+                                   mlp_kernel_init, zeros_cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureHeadConfig:
+  """Sizes of a feature head (field names of T5X's TransformerConfig)."""
+  vocab_size: int
+  """The vocabulary of the target it reads (it holds no vocabulary matrix itself)."""
+  emb_dim: int
+  """Width E of the target's features and embeddings (the head's residual stream too)."""
+  num_heads: int
+  """Attention heads H of its one layer."""
+  head_dim: int
+  """Width D of each head."""
+  mlp_dim: int
+  """Hidden width of its MLP."""
+  mlp_activations: Tuple[str, ...] = ("gelu", "linear")
+  """One name per MLP input kernel, as `DecoderOnlyConfig.mlp_activations`."""
+  dtype: str = "float32"
+  """Activation, compute and cache dtype; parameters stay float32."""
+
+  def __post_init__(self):
+    name = type(self).__name__
+    for field in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
+      check_int(f"{name}.{field}", getattr(self, field), low=1, expected="a positive integer")
+    acts = self.mlp_activations
+    if isinstance(acts, str) or not isinstance(acts, (tuple, list)) or not acts:
+      raise ValueError(f"{name}.mlp_activations must be a non-empty tuple of names, got {acts!r}")
+    object.__setattr__(self, "mlp_activations", tuple(acts))  # gin may give a list
+    for act in self.mlp_activations:
+      activation_fn(act)
+    if self.dtype not in DTYPES:
+      raise ValueError(f"{name}.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+
+
+class FeatureHeadNetwork(nn.Module):
+  """Flax module of the head (module docstring)."""
+  config: FeatureHeadConfig
+
+  def setup(self):
+    cfg, dtype = self.config, DTYPES[self.config.dtype]
+    self.input_projection = Dense(cfg.emb_dim, mlp_kernel_init, dtype)
+    self.relpos_bias = RelativePositionBias(cfg.num_heads)
+    self.layers_0 = DecoderLayer(cfg, cross_attention=False)
+    self.decoder_norm = RMSNorm(dtype)
+
+  def _fuse(self, prev_features: Array, embedded: Array) -> Array:
+    dtype = DTYPES[self.config.dtype]
+    return self.input_projection(jnp.concatenate(
+        [prev_features.astype(dtype), embedded.astype(dtype)], axis=-1))
+
+  def forward(self, prev_features: Array, embedded: Array) -> Array:
+    """Teacher-forced: [B, L, E] twice -> predicted features float32 [B, L, E]."""
+    bias = causal_bias(self.relpos_bias, prev_features.shape[1])
+    x, _ = self.layers_0(self._fuse(prev_features, embedded), bias, None, None, None)
+    return self.decoder_norm(x).astype(jnp.float32)
+
+  def decode_step(self, prev_features: Array, embedded: Array, positions: Array,
+                  cache: KVCache) -> Tuple[Array, KVCache]:
+    """Cached chain step at slots positions[b] + i -> (features float32 [B, k, E], cache)."""
+    bias = chain_bias(self.relpos_bias, positions, prev_features.shape[1], cache.max_len)
+    x, (keys, values) = self.layers_0(self._fuse(prev_features, embedded), bias,
+                                      (cache.keys[0], cache.values[0]), positions, None)
+    return self.decoder_norm(x).astype(jnp.float32), KVCache(keys=(keys,), values=(values,))
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureHead:
+  """The head behind pure functions (hashable: a jit static argument, a drafter field).
+
+  Example:
+    head = FeatureHead(FeatureHeadConfig(vocab_size=V, emb_dim=E, num_heads=2, head_dim=8,
+                                         mlp_dim=32))
+    params = head.init(jax.random.PRNGKey(0))
+    predicted = head.forward(params, shift_right(features), target.embed(tp, tokens))
+  """
+  config: FeatureHeadConfig
+
+  @property
+  def _net(self) -> FeatureHeadNetwork:
+    return FeatureHeadNetwork(self.config)
+
+  def init(self, rng: Any) -> Any:
+    """Random float32 parameters with T5X names (module docstring)."""
+    if isinstance(rng, (int, np.integer)):
+      rng = jax.random.PRNGKey(int(rng))
+    return flax.core.unfreeze(_init(self._net, rng))
+
+  def check_params(self, params: Any, what: str = "feature head parameters") -> None:
+    """ValueError naming the first parameter that does not fit the config."""
+    if not hasattr(params, "keys"):
+      raise ValueError(f"{what} must be a nested dict of arrays, got {type(params).__name__}")
+    check_params_match(params, self.param_shapes(), what)
+
+  def param_shapes(self) -> Any:
+    """The parameter tree as jax.ShapeDtypeStruct leaves (no computation)."""
+    return flax.core.unfreeze(jax.eval_shape(lambda: _init(self._net, jax.random.PRNGKey(0))))
+
+  def check_target(self, target: Any) -> None:
+    """ValueError, naming both shapes, unless `target` has this head's feature width and
+    vocabulary (a head only fits the target it was trained for)."""
+    cfg = self.config
+    target_dim = target.feature_dim
+    if (cfg.emb_dim, cfg.vocab_size) != (target_dim, target.vocab_size):
+      raise ValueError(f"the feature head was built for a target with emb_dim {cfg.emb_dim} "
+                       f"and vocab_size {cfg.vocab_size}, but this target has emb_dim "
+                       f"{target_dim} and vocab_size {target.vocab_size}")
+
+  def init_cache(self, batch: int, max_len: int) -> KVCache:
+    """The head's zeroed KV cache: keys [batch, H, D, max_len], values [batch, H, max_len, D]."""
+    cfg = self.config
+    return zeros_cache(batch, max_len, 1, cfg.num_heads, cfg.head_dim, DTYPES[cfg.dtype])
+
+  def forward(self, params: Any, prev_features: Array, embedded: Array) -> Array:
+    """Teacher-forced: prev_features [B, L, E] (f_{p-1}, zeros at p = 0), embedded [B, L, E]
+    (the target's embedding of x_p) -> predicted f_p float32 [B, L, E]."""
+    return apply_network(self._net, "forward", params, prev_features, embedded)
+
+  def decode(self, params: Any, cache: KVCache, prev_features: Array, embedded: Array,
+             positions: Array) -> Tuple[Array, KVCache]:
+    """Writes k positions per row at positions[b] .. positions[b] + k - 1 (inputs as
+    `forward`, [B, k, E]) -> (predicted features float32 [B, k, E], cache). Slots past a
+    row's position are masked, as the target's cache (`specjax.models.protocol`)."""
+    return apply_network(self._net, "decode_step", params, prev_features, embedded,
+                         positions, cache)
+
+
+def shift_features(features: Array) -> Array:
+  """f [B, L, E] -> f_{p-1} [B, L, E] (zeros at p = 0): the head's feature input."""
+  return jnp.pad(features, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+
+
+def _init(net: FeatureHeadNetwork, rng: Array) -> Any:
+  width = net.config.emb_dim
+  zeros = jnp.zeros((1, 1, width), jnp.float32)
+  return net.init(rng, zeros, zeros, method="forward")["params"]

@@ -1,0 +1,221 @@
+"""Training a feature head (`specjax.models.FeatureHead`) from a frozen target's features.
+
+    python -m specjax.train --gin_file=runs/train_lm_eagle.gin --gin.MODEL_DIR="'/tmp/eagle'"
+
+`specjax.train.train` hands a run whose `train.model_config` is a `FeatureHeadConfig` to
+`train_feature_head`. Each step runs the frozen target teacher-forced over the batch (its
+features f and logits), the head over [f_{p-1}, embedding(x_p)], and minimizes, per
+non-padding position,
+
+  feature_weight * smooth_L1(predicted f_p - f_p)       (mean over E; EAGLE's regression)
+  + token_weight * CE(target's distribution, head's)     (through the target's frozen
+                                                          output projection)
+
+Only the head's parameters change. The batches are `specjax.train.batches`' (`DataConfig`:
+the prepared corpus, or a folder written by `specjax.train.teacher_data`). Checkpoints,
+model.gin, metrics.jsonl and resuming are the trainer's (`specjax.train.trainer`): a run
+killed at any point resumes from its newest checkpoint and continues exactly; the target
+folder and the loss weights are part of the resume fingerprint. Logged: loss, cross_entropy,
+feature_loss, accuracy (argmax agreement with the target, an α estimate at T = 0) and
+teacher_tv (1 - teacher_tv estimates α at T = 1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import gin
+import jax
+import jax.numpy as jnp
+import optax
+
+from specjax import checkpoints
+from specjax.models import FeatureHead, FeatureHeadConfig, build_model
+from specjax.models.feature_head import shift_features
+from specjax.train._checks import check_real
+from specjax.train.batches import DataConfig, make_batches
+from specjax.train import trainer as base
+from specjax.train.checkpoints import (check_model_gin, read_trained_folder, restore,
+                                       resume_fingerprint, save_checkpoint)
+
+log = logging.getLogger(__name__)
+
+
+@gin.register(module="specjax.train")
+@dataclasses.dataclass(frozen=True)
+class FeatureHeadTraining:
+  """What a feature head learns from, beside the trainer's configs."""
+  target: str
+  """The frozen target: a model folder written by specjax.train (its latest checkpoint; a
+  bundled pair's folder, e.g. 'specjax/assets/pairs/lm/target') or one checkpoint_N in it."""
+  feature_weight: float = 1.0
+  """Weight of the smooth-L1 feature regression."""
+  token_weight: float = 0.1
+  """Weight of the cross-entropy from the target's distribution to the head's."""
+
+  def __post_init__(self):
+    if not isinstance(self.target, (str, os.PathLike)) or not os.fspath(self.target):
+      raise ValueError(f"FeatureHeadTraining.target must be a model folder, got {self.target!r}")
+    check_real(self, "feature_weight", 0)
+    check_real(self, "token_weight", 0)
+
+
+def load_target(folder: Any) -> Tuple[Any, Any]:
+  """(target model, float32 params) of a trained model folder; FileNotFoundError without its
+  model.gin."""
+  folder, config = read_trained_folder(folder, "feature head target")
+  model = build_model(config)
+  return model, checkpoints.load_t5x_for_model(folder, model, dtype="float32")
+
+
+def load_head(folder: Any) -> Tuple[FeatureHead, Any]:
+  """(FeatureHead, float32 params) of a folder written by `train_feature_head` (its latest
+  checkpoint) or one checkpoint_N in it.
+
+  Raises FileNotFoundError when the folder has no model.gin, ValueError when its model.gin
+  describes no feature head."""
+  folder, config = read_trained_folder(folder, "feature head")
+  if not isinstance(config, FeatureHeadConfig):
+    raise ValueError(f"feature head {folder}: its model.gin describes a "
+                     f"{type(config).__name__}, not a FeatureHeadConfig")
+  head = FeatureHead(config)
+  return head, checkpoints.load_t5x_for_model(folder, head, dtype="float32")
+
+
+def smooth_l1(x: jax.Array) -> jax.Array:
+  """Huber loss with threshold 1, elementwise (EAGLE's feature regression)."""
+  magnitude = jnp.abs(x)
+  return jnp.where(magnitude < 1.0, 0.5 * jnp.square(x), magnitude - 0.5)
+
+
+def head_loss_sums(head: FeatureHead, target: Any, head_params: Any, target_params: Any,
+                   batch: Dict[str, jax.Array], feature: FeatureHeadTraining
+                   ) -> Dict[str, jax.Array]:
+  """Weighted sums over a batch's non-padding positions (float32 scalars): loss_sum,
+  ce_sum, feature_sum, correct_sum (argmax agreement with the target), tv_sum (total
+  variation to the target's distribution) and weight_sum."""
+  tokens = batch["decoder_input_tokens"]  # [B, L]
+  weights = batch["decoder_loss_weights"].astype(jnp.float32)  # [B, L]
+  if target.is_encoder_decoder:
+    logits, features = target.features(target_params, batch["encoder_input_tokens"], tokens)
+  else:
+    logits, features = target.features(target_params, tokens)
+  features = jax.lax.stop_gradient(features)  # [B, L, E]
+  p = jax.lax.stop_gradient(jax.nn.softmax(logits, axis=-1))  # [B, L, V]
+  embedded = jax.lax.stop_gradient(target.embed(target_params, tokens))
+  predicted = head.forward(head_params, shift_features(features), embedded)
+  regression = jnp.mean(smooth_l1(predicted - features), axis=-1)  # [B, L]
+  log_q = jax.nn.log_softmax(target.feature_logits(target_params, predicted), axis=-1)
+  ce = -jnp.sum(p * log_q, axis=-1)  # [B, L]
+  agree = (jnp.argmax(log_q, -1) == jnp.argmax(p, -1)).astype(jnp.float32)
+  tv = 0.5 * jnp.sum(jnp.abs(p - jnp.exp(log_q)), axis=-1)
+  loss = feature.feature_weight * regression + feature.token_weight * ce
+  return {"loss_sum": jnp.sum(loss * weights), "ce_sum": jnp.sum(ce * weights),
+          "feature_sum": jnp.sum(regression * weights), "correct_sum": jnp.sum(agree * weights),
+          "tv_sum": jnp.sum(tv * weights), "weight_sum": jnp.sum(weights)}
+
+
+class HeadTrainer:
+  """The head, the frozen target, the optimizer and the jitted step (the `trainer.restore`
+  interface: `model` and `init_state`)."""
+
+  def __init__(self, head: FeatureHead, target: Any, target_params: Any, optimizer: Any,
+               num_steps: int, feature: FeatureHeadTraining):
+    self.model = head
+    self.target_params = target_params
+    self.optimizer = base.make_optimizer(optimizer, num_steps)
+
+    def loss_fn(params, batch):
+      sums = head_loss_sums(head, target, params, target_params, batch, feature)
+      return sums["loss_sum"] / jnp.maximum(sums["weight_sum"], 1.0), sums
+
+    def step_fn(state, batch):
+      (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+      updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+      return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                           opt_state=opt_state), sums
+
+    self.train_step = jax.jit(step_fn, donate_argnums=0)
+    self._opt_init = jax.jit(self.optimizer.init)
+
+  def init_state(self, params: Any, step: int = 0, opt_state: Any = None):
+    """A `TrainState` at `step` with float32 `params` and a fresh or given optax state."""
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    return base.TrainState(step=jnp.asarray(step, jnp.int32), params=params,
+                           opt_state=self._opt_init(params) if opt_state is None
+                           else opt_state)
+
+
+def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig] = None,
+                       optimizer: Any = None, config: Any = None,
+                       feature: Optional[FeatureHeadTraining] = None):
+  """Trains (or resumes) a feature head; see the module docstring. Configs left None are
+  built from gin bindings. Returns a `specjax.train.TrainResult`."""
+  data = data if data is not None else gin.get_configurable(DataConfig)()
+  optimizer = (optimizer if optimizer is not None
+               else gin.get_configurable(base.OptimizerConfig)())
+  config = config if config is not None else gin.get_configurable(base.TrainConfig)()
+  feature = feature if feature is not None else gin.get_configurable(FeatureHeadTraining)()
+  if config.init_from is not None:
+    raise ValueError("TrainConfig.init_from is not supported for a feature head; resume by "
+                     "running again with the same model_dir")
+  head = FeatureHead(head_config)
+  target, target_params = load_target(feature.target)
+  head.check_target(target)  # before anything is written
+  train_batches, _ = make_batches(data, target.config)
+  if os.path.exists(config.model_dir) and not os.path.isdir(config.model_dir):
+    raise ValueError(f"TrainConfig.model_dir {config.model_dir} is a file, not a folder")
+  os.makedirs(config.model_dir, exist_ok=True)
+  check_model_gin(config.model_dir, head_config, write=False)
+  trainer = HeadTrainer(head, target, target_params, optimizer, config.num_steps, feature)
+  fingerprint = dict(resume_fingerprint(head_config, data, optimizer, config),
+                     feature=json.loads(json.dumps(dataclasses.asdict(feature), default=str)))
+  state = restore(config.model_dir, trainer, fingerprint, config.allow_changed_training)
+  if state is None:
+    state = trainer.init_state(head.init(jax.random.PRNGKey(config.seed)))
+  start = int(state.step)
+  check_model_gin(config.model_dir, head_config)  # the run is accepted: now write
+  base._truncate_metrics(config.model_dir, start)  # pylint: disable=protected-access
+  result = base.TrainResult(step=start, start_step=start, params=None, history=[], evals=[],
+                            tokens_per_second=float("nan"), checkpoint=None,
+                            model_config=head_config, data=data, optimizer=optimizer,
+                            config=config)
+  pending = []
+  for step in range(start, config.num_steps):
+    state, sums = trainer.train_step(state, train_batches.batch(step))
+    pending.append(sums)
+    done = step + 1
+    if done in (start + 1, config.num_steps) or done % config.log_every == 0:
+      result.history.append(_log(config, jax.device_get(pending), done))
+      pending = []
+    last = done == config.num_steps
+    if last or done % config.checkpoint_every == 0:
+      saved = save_checkpoint(config.model_dir, state,
+                              config.final_dtype if last else "float32",
+                              config.keep_checkpoints, fingerprint)
+      result.checkpoint = saved if last else result.checkpoint
+  result.step = int(state.step)
+  result.params = jax.device_get(state.params)
+  return result
+
+
+def _log(config: Any, window: Any, done: int) -> Dict[str, float]:
+  """The metrics of the steps since the last log point (their loss sums), appended to
+  metrics.jsonl and printed with progress; FloatingPointError when the loss diverged."""
+  total = {name: sum(float(sums[name]) for sums in window) for name in window[0]}
+  record = dict(base.summarize(total), step=done,
+                feature_loss=total["feature_sum"] / max(total["weight_sum"], 1.0))
+  base._append_metrics(config.model_dir, dict(record, split="train"))  # pylint: disable=protected-access
+  if not math.isfinite(record["loss"]):
+    base._diverged(config.model_dir, done, f"the training loss is {record['loss']}")  # pylint: disable=protected-access
+  if config.progress:
+    print(f"step {done}: loss {record['loss']:.4f} feature {record['feature_loss']:.4f} "
+          f"agreement {record['accuracy']:.3f} 1-TV {1 - record['teacher_tv']:.3f}", flush=True)
+  return record
+
+
+base.OTHER_LOOPS[FeatureHeadConfig] = train_feature_head

@@ -1,0 +1,218 @@
+"""FeatureDrafter: exactness of speculative decoding with a feature head, its state between
+rounds, and the refusals of inputs and loops it cannot work with."""
+import collections
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.decode import (DecodeConfig, autoregressive_decode, speculative_beam_search,
+                            speculative_decode, tree_decode)
+from specjax.draft import (DRAFTERS, FeatureDrafter, HierarchicalDrafter, StaticTree,
+                           get_drafter)
+from specjax.models import DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, build_model
+from specjax.models.feature_head import shift_features
+from specjax.sampling import Sampling
+from specjax.testing import TableModel, tiny_pair
+
+GREEDY = DecodeConfig(sampling=Sampling(temperature=0.0), trace=True)
+
+
+def _head(target, seed=3):
+  head = FeatureHead(FeatureHeadConfig(vocab_size=target.vocab_size, emb_dim=target.feature_dim,
+                                       num_heads=2, head_dim=8, mlp_dim=32))
+  return head, head.init(seed)
+
+
+def _near_copy_head(target):
+  """A head whose prediction is about its input feature f_{p-1} (a small random layer on
+  top): greedy, it mostly guesses the last token again, so rounds accept 0..γ guesses."""
+  head, params = _head(target)
+  width = target.feature_dim
+  params["input_projection"]["kernel"] = jnp.concatenate([jnp.eye(width),
+                                                          jnp.zeros((width, width))])
+  layer = params["layers_0"]
+  layer["self_attention"]["out"]["kernel"] = layer["self_attention"]["out"]["kernel"] * 0.1
+  layer["mlp"]["wo"]["kernel"] = layer["mlp"]["wo"]["kernel"] * 0.1
+  return head, params
+
+
+# ------------------------------------------------------------- sequence-level exactness
+
+# Power: 3 tokens over V = 4 give 64 outcomes; with N = 200,000 rows the empirical TV of a
+# correct sampler is about 0.005 (measured 0.005), so the 0.015 bound passes, while a loop
+# whose joint law is off by 0.025 or more in TV fails. The head's own first-token law is
+# more than 0.05 in TV from the target's (asserted), so a loop that kept unverified guesses
+# or a stale feature state would be caught.
+V, STEPS, N = 4, 3, 200_000
+PROMPT = [2, 3]
+
+
+def _exact_joint(target, params):
+  """The target's law of the next STEPS tokens after PROMPT, from teacher-forced logits."""
+  law = {}
+  for continuation in itertools.product(range(V), repeat=STEPS):
+    seq = jnp.asarray([PROMPT + list(continuation)], jnp.int32)
+    probs = np.asarray(jax.nn.softmax(target.logits(params, seq)[0], axis=-1), np.float64)
+    law[continuation] = float(np.prod([probs[len(PROMPT) - 1 + i, token]
+                                       for i, token in enumerate(continuation)]))
+  return law
+
+
+def test_joint_of_first_three_tokens_matches_target_at_temperature_one():
+  target = build_model(DecoderOnlyConfig(vocab_size=V, emb_dim=8, num_heads=2, num_layers=1,
+                                         head_dim=4, mlp_dim=8))
+  params = target.init(jax.random.PRNGKey(5))
+  head = FeatureHead(FeatureHeadConfig(vocab_size=V, emb_dim=8, num_heads=2, head_dim=4,
+                                       mlp_dim=8))
+  head_params = head.init(7)
+  drafter = FeatureDrafter(target, head, max_gamma=2)
+  result = speculative_decode(target, params, drafter, drafter.params(head_params, params),
+                              np.array([PROMPT] * N, np.int32), max_new_tokens=STEPS, gamma=2,
+                              rng=jax.random.PRNGKey(0),
+                              config=DecodeConfig(eos_id=-1, cache_len=16))
+  law = _exact_joint(target, params)
+  counts = collections.Counter(map(tuple, np.asarray(result.tokens)[:, :STEPS].tolist()))
+  tv = 0.5 * sum(abs(counts.get(k, 0) / N - p) for k, p in law.items())
+  assert tv < 0.015, tv
+  # Rounds accepted 0, 1 and 2 guesses: the state was rolled back and re-fed.
+  assert np.all(np.asarray(result.accepted_hist).sum(0) > 1000)
+  # Power: the head's q of the first token, computed independently, is far from p.
+  seq = jnp.asarray([PROMPT], jnp.int32)
+  _, features = target.features(params, seq)
+  predicted = head.forward(head_params, shift_features(features), target.embed(params, seq))
+  q = jax.nn.softmax(target.feature_logits(params, predicted[0, -1]))
+  p = jax.nn.softmax(target.logits(params, seq)[0, -1])
+  assert 0.5 * float(jnp.abs(p - q).sum()) > 0.05
+
+
+# --------------------------------------------------------------------------- greedy
+
+def _inputs(family):
+  if family == "lm":
+    return np.array([[5, 7, 9, 11, 0], [3, 4, 0, 0, 0], [8, 0, 0, 0, 0]], np.int32)
+  return np.array([[5, 7, 9, 1, 0], [3, 4, 1, 0, 0], [8, 1, 0, 0, 0]], np.int32)
+
+
+def _first_guesses(pair, head, head_params, inputs, result):
+  """What the head predicts, teacher-forced on the target's TRUE features of the output,
+  as the first guess of every round a row ran: [(row, round, token)]."""
+  target, params = pair.target, pair.target_params
+  expected = []
+  for row in range(inputs.shape[0]):
+    generated = list(np.asarray(result.tokens)[row, :int(result.lengths[row])])
+    if target.is_encoder_decoder:
+      prefix = [0]
+      seq = jnp.asarray([prefix + generated], jnp.int32)
+      _, features = target.features(params, inputs[row:row + 1], seq)
+    else:
+      prefix = [int(t) for t in inputs[row] if t]
+      seq = jnp.asarray([prefix + generated], jnp.int32)
+      _, features = target.features(params, seq)
+    predicted = head.forward(head_params, shift_features(features), target.embed(params, seq))
+    guesses = np.asarray(jnp.argmax(target.feature_logits(params, predicted[0]), axis=-1))
+    length = len(prefix)
+    for r in range(int(result.target_calls[row])):
+      expected.append((row, r, int(guesses[length - 1])))
+      length += int(result.trace.accepted[row, r]) + 1
+  return expected
+
+
+@pytest.mark.parametrize("family", ["lm", "t5"])
+def test_greedy_equals_autoregressive_and_rounds_read_true_features(family):
+  pair = tiny_pair(family)
+  head, head_params = _near_copy_head(pair.target)
+  drafter = FeatureDrafter(pair.target, head, max_gamma=3)
+  inputs = _inputs(family)
+  reference = autoregressive_decode(pair.target, pair.target_params, inputs, max_new_tokens=20,
+                                    rng=jax.random.PRNGKey(0), config=GREEDY)
+  for gamma in (1, 3):
+    result = speculative_decode(pair.target, pair.target_params, drafter,
+                                drafter.params(head_params, pair.target_params), inputs,
+                                max_new_tokens=20, gamma=gamma, rng=jax.random.PRNGKey(0),
+                                config=GREEDY)
+    np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=f"γ={gamma}")
+    np.testing.assert_array_equal(result.lengths, reference.lengths)
+    if gamma == 3:  # rounds accepted 0..3 guesses; the first guess of each read f_{L-2}
+      assert np.count_nonzero(np.asarray(result.accepted_hist).sum(0)) >= 3
+      for row, r, token in _first_guesses(pair, head, head_params, inputs, result):
+        assert int(result.trace.guesses[row, r, 0]) == token, (row, r)
+
+
+def test_streamed_through_slots_greedy_equals_autoregressive():
+  pair = tiny_pair("lm")
+  head, head_params = _near_copy_head(pair.target)
+  drafter = FeatureDrafter(pair.target, head, max_gamma=3)
+  inputs = np.concatenate([_inputs("lm"), [[9, 9, 2, 0, 0]]]).astype(np.int32)
+  reference = autoregressive_decode(pair.target, pair.target_params, inputs, max_new_tokens=12,
+                                    rng=jax.random.PRNGKey(0), config=GREEDY)
+  result = speculative_decode(pair.target, pair.target_params, drafter,
+                              drafter.params(head_params, pair.target_params), inputs,
+                              max_new_tokens=12, gamma=3, rng=jax.random.PRNGKey(0),
+                              config=GREEDY, slots=2)
+  np.testing.assert_array_equal(result.tokens, reference.tokens)
+
+
+def test_bundled_lm_target_with_a_random_head_decodes_as_autoregressive():
+  from specjax.app import bundled  # pylint: disable=import-outside-toplevel
+  target, params = bundled.load("lm", "target")
+  head, head_params = _head(target, seed=11)
+  drafter = get_drafter("feature", {"max_gamma": 4}, target=target, head=head)
+  prompts = np.array([[100, 200, 300, 0], [17, 42, 9, 5]], np.int32)
+  reference = autoregressive_decode(target, params, prompts, max_new_tokens=12,
+                                    rng=jax.random.PRNGKey(0), config=GREEDY)
+  result = speculative_decode(target, params, drafter, drafter.params(head_params, params),
+                              prompts, max_new_tokens=12, gamma=4, rng=jax.random.PRNGKey(0),
+                              config=GREEDY)
+  np.testing.assert_array_equal(result.tokens, reference.tokens)
+
+
+# ------------------------------------------------------------------------- bad input
+
+def test_registered_and_refuses_a_head_built_for_another_target():
+  assert DRAFTERS["feature"] is FeatureDrafter
+  pair = tiny_pair("lm")
+  wide = FeatureHead(FeatureHeadConfig(vocab_size=8192, emb_dim=64, num_heads=2, head_dim=8,
+                                       mlp_dim=32))
+  with pytest.raises(ValueError, match="emb_dim 64 and vocab_size 8192.*emb_dim 16 and "
+                                       "vocab_size 8192"):
+    FeatureDrafter(pair.target, wide, max_gamma=3)
+  with pytest.raises(ValueError, match="FeatureModel"):
+    FeatureDrafter(TableModel(8192), _head(pair.target)[0], max_gamma=3)
+  head, head_params = _head(pair.target)
+  drafter = FeatureDrafter(pair.target, head, max_gamma=3)
+  with pytest.raises(ValueError, match="feature head parameters"):
+    drafter.params(tiny_pair("t5").draft_params, pair.target_params)
+
+
+def test_loops_that_cannot_supply_features_refuse_it_in_one_line():
+  pair = tiny_pair("lm")
+  head, head_params = _head(pair.target)
+  drafter = FeatureDrafter(pair.target, head, max_gamma=3)
+  params = drafter.params(head_params, pair.target_params)
+  inputs = _inputs("lm")
+  with pytest.raises(ValueError, match=r"^FeatureDrafter reads the target's features, which "
+                                       r"the 'auto' policy's γ = 0 rounds do not supply"):
+    speculative_decode(pair.target, pair.target_params, drafter, params, inputs,
+                       max_new_tokens=4, rng=jax.random.PRNGKey(0),
+                       config=DecodeConfig(gamma_policy="auto"))
+  for tree in (None, StaticTree.from_branching([2])):
+    with pytest.raises(ValueError, match="^tree_decode does not supply the target features "
+                                         "FeatureDrafter reads"):
+      tree_decode(pair.target, pair.target_params, drafter, params, inputs, max_new_tokens=4,
+                  rng=jax.random.PRNGKey(0), tree=tree)
+  for draft in (drafter, head):
+    with pytest.raises(ValueError, match="drafts with a DecodingModel.*no target features"):
+      speculative_beam_search(pair.target, pair.target_params, draft, params, inputs,
+                              beam_size=2, draft_beam_size=2, gamma=2, max_new_tokens=4)
+  with pytest.raises(ValueError, match="HierarchicalDrafter.inner must be a ModelDrafter, got "
+                                       "FeatureDrafter"):
+    HierarchicalDrafter(pair.draft, drafter, max_gamma=3)
+  state = drafter.init(params, jnp.asarray(inputs), jnp.zeros((3, 16), jnp.int32),
+                       jnp.array([4, 2, 1]), 16)
+  from specjax.draft import Accepted  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="needs the target's features"):
+    drafter.update(state, Accepted(start=jnp.array([4, 2, 1]), n=jnp.zeros(3, jnp.int32),
+                                   gamma=jnp.full(3, 3)))

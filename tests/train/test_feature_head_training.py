@@ -1,0 +1,83 @@
+"""Training a feature head from a frozen tiny target: a few steps, a resume that continues
+exactly, the head loaded back and decoding; a head folder without its model.gin refused."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from specjax import checkpoints
+from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.draft import FeatureDrafter
+from specjax.models import FeatureHeadConfig, model_gin_text
+from specjax.sampling import Sampling
+from specjax.testing import tiny_pair
+from specjax.train import (DataConfig, FeatureHeadTraining, OptimizerConfig, TrainConfig,
+                           load_head, train)
+
+HEAD = FeatureHeadConfig(vocab_size=8192, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32)
+DATA = DataConfig(task="lm", batch_size=4, seq_len=32)
+# Constant decay: the schedule does not depend on num_steps, so a run cut short and resumed
+# is the same run as one that went through.
+OPTIMIZER = OptimizerConfig(learning_rate=1e-2, warmup_steps=2, decay="constant")
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+  """The tiny LM target as a trained model folder (model.gin + checkpoint_0)."""
+  folder = tmp_path_factory.mktemp("target")
+  pair = tiny_pair("lm")
+  checkpoints.save_t5x(jax.device_get(pair.target_params), str(folder), step=0)
+  (folder / "model.gin").write_text(model_gin_text(pair.target.config))
+  return str(folder)
+
+
+def _train(model_dir, target_dir, num_steps):
+  config = TrainConfig(model_dir=str(model_dir), num_steps=num_steps, checkpoint_every=2,
+                       log_every=1, progress=False)
+  return train(HEAD, DATA, OPTIMIZER, config, feature=FeatureHeadTraining(target=target_dir))
+
+
+def test_trains_resumes_exactly_and_decodes(tmp_path, target_dir):
+  through = _train(tmp_path / "through", target_dir, 6)
+  assert through.step == 6 and len(through.history) == 6
+  losses = [r["loss"] for r in through.history]
+  assert losses[-1] < losses[0], losses
+  assert {"feature_loss", "accuracy", "teacher_tv"} <= set(through.history[-1])
+  cut = _train(tmp_path / "cut", target_dir, 3)
+  assert cut.step == 3
+  resumed = _train(tmp_path / "cut", target_dir, 6)
+  assert resumed.start_step == 3  # the cut run's final checkpoint (float32, with its optimizer)
+  for a, b in zip(jax.tree.leaves(through.params), jax.tree.leaves(resumed.params)):
+    np.testing.assert_array_equal(a, b)
+  # The head loads back (its model.gin) and drafts for the target it was trained for.
+  head, params = load_head(tmp_path / "cut")
+  assert head.config == HEAD
+  pair = tiny_pair("lm")
+  drafter = FeatureDrafter(pair.target, head, max_gamma=3)
+  config = DecodeConfig(sampling=Sampling(temperature=0.0))
+  prompts = np.array([[5, 7, 9, 11], [3, 4, 0, 0]], np.int32)
+  result = speculative_decode(pair.target, pair.target_params, drafter,
+                              drafter.params(params, pair.target_params), prompts,
+                              max_new_tokens=8, gamma=3, rng=jax.random.PRNGKey(0), config=config)
+  reference = autoregressive_decode(pair.target, pair.target_params, prompts, max_new_tokens=8,
+                                    rng=jax.random.PRNGKey(0), config=config)
+  np.testing.assert_array_equal(result.tokens, reference.tokens)
+
+
+def test_a_head_folder_without_model_gin_is_refused(tmp_path, target_dir):
+  _train(tmp_path / "head", target_dir, 1)
+  (tmp_path / "head" / "model.gin").unlink()
+  with pytest.raises(FileNotFoundError, match="feature head .*no model.gin"):
+    load_head(tmp_path / "head")
+  with pytest.raises(ValueError, match="describes a DecoderOnlyConfig, not a FeatureHeadConfig"):
+    load_head(target_dir)
+
+
+def test_a_target_of_another_size_is_refused_before_training(tmp_path, target_dir):
+  wide = dataclasses.replace(HEAD, emb_dim=32)
+  config = TrainConfig(model_dir=str(tmp_path / "wide"), num_steps=1, progress=False)
+  with pytest.raises(ValueError, match="emb_dim 32 and vocab_size 8192.*emb_dim 16 and "
+                                       "vocab_size 8192"):
+    train(wide, DATA, OPTIMIZER, config, feature=FeatureHeadTraining(target=target_dir))
+  assert not (tmp_path / "wide").exists()
