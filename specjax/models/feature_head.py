@@ -47,6 +47,9 @@ class FeatureHeadConfig:
   """One name per MLP input kernel, as `DecoderOnlyConfig.mlp_activations`."""
   dtype: str = "float32"
   """Activation, compute and cache dtype; parameters stay float32."""
+  attention_impl: str = "specjax"
+  """How the layer's attention is computed (`layers.ATTENTION_IMPLEMENTATIONS`), as on the
+  target's configs; same parameters."""
 
   def __post_init__(self):
     name = type(self).__name__
