@@ -65,8 +65,10 @@ class StaticTree:
       depth.append(1 if p < 0 else depth[p] + 1)
     if depth != sorted(depth):
       raise ValueError("nodes must be in level order (every depth-d node before depth d+1)")
-    for p in set(self.parents):
-      got = [r for q, r in zip(self.parents, self.ranks) if q == p]
+    children = {}  # parent -> its children's ranks, in node order (one pass: O(nodes))
+    for p, r in zip(self.parents, self.ranks):
+      children.setdefault(p, []).append(r)
+    for p, got in children.items():
       if got != list(range(len(got))):
         raise ValueError(f"the children of node {p} must have ranks 0..{len(got) - 1} in "
                          f"order, got {got}")
