@@ -125,12 +125,18 @@ def resolve_buckets(buckets: Sequence[int], max_gamma: int) -> Tuple[int, ...]:
 # ------------------------------------------------------------------------- cost table
 
 
+DESCRIBED_WHEN_SET = frozenset({"attention_impl"})
+"""Config fields added after cost tables were first saved: described only when they differ
+from their default, so a table saved before them still names the same models."""
+
+
 def describe(obj) -> str:
   """A stable description of a model or drafter: dataclass fields and model configs, never
   an object address (it names what a saved cost table was measured on)."""
   if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
     fields = ", ".join(f"{f.name}={describe(getattr(obj, f.name))}"
-                       for f in dataclasses.fields(obj))
+                       for f in dataclasses.fields(obj)
+                       if f.name not in DESCRIBED_WHEN_SET or getattr(obj, f.name) != f.default)
     return f"{type(obj).__name__}({fields})"
   config = getattr(obj, "config", None)
   if config is not None:

@@ -165,3 +165,15 @@ def test_cudnn_needs_half_precision_and_is_refused_clearly_without_cudnn():
   _, fused, params = pair(dataclasses.replace(DEC, dtype="bfloat16"), "cudnn")
   with pytest.raises(RuntimeError, match="cuDNN"):
     fused.logits(params, np.ones((1, 4), np.int32))
+
+
+def test_a_cost_table_saved_before_the_option_still_names_the_same_models():
+  """A cost table names the models it was measured on (`auto.describe`); the option left at its
+  default adds nothing to that name, so a table saved before the option existed still matches,
+  and a model that computes attention another way is told apart."""
+  from specjax.decode.auto import describe  # pylint: disable=import-outside-toplevel
+  default = describe(DecoderOnlyModel(DEC))
+  assert "attention_impl" not in default
+  assert default.endswith("inputs_bidirectional_attention=False))")
+  fused = describe(DecoderOnlyModel(dataclasses.replace(DEC, attention_impl="xla")))
+  assert fused != default and "attention_impl='xla'" in fused
