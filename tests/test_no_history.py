@@ -1,5 +1,6 @@
-"""The project speaks of itself only: no tracked file cites a tracker's numbers ("issue #17",
-"(#41)", "PR 12") or tells its own work history by sessions ("(third session) shipped").
+"""The project speaks of itself only: no tracked file cites a tracker's numbers or tells its own
+work history by sessions (the flagged examples below are put together at run time, so that
+this file passes its own scan).
 
 History lives in git and CHANGELOG.md, which names what changed without tracker numbers. The
 patterns are tight on purpose: the bundled corpora's "login session", pytest's
@@ -12,13 +13,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 HISTORY = re.compile(
-    r"\bissues?[ -]*#?\d+\b"                       # issue 17, issue #17, issues #16
-    r"|\(#\d+\)"                                   # (#41)
-    r"|\b(?:PR|pull request) *#?\d+\b"             # PR 12, pull request #3
+    r"\bissues?[ -]*#?\d+\b"                       # the word, then a number
+    r"|\(#\d+\)"                                   # a bare number in parentheses
+    r"|\b(?:PR|pull request) *#?\d+\b"             # a pull request's number
     r"|\b(?:first|second|third|fourth|fifth|this|previous|earlier|later|next|last|another"
-    r"|each|every) sessions?\b"                    # (third session), a later session
-    r"|\bsessions? \d+\b"                          # session 4
-    r"|\b(?:helper|agent)s?'? sessions?\b",        # a helper session
+    r"|each|every) sessions?\b"                    # an ordinal before the word
+    r"|\bsessions? \d+\b"                          # the word, then a number
+    r"|\b(?:helper|agent)s?'? sessions?\b",        # who worked in it
     re.IGNORECASE)
 
 
@@ -45,7 +46,7 @@ def test_no_tracked_file_tells_work_history():
   assert len(files) > 100, "the file listing found too little to be the repository"
   hits = []
   for path in files:
-    if not path.is_file() or path == Path(__file__).resolve():  # deleted; this file's examples
+    if not path.is_file():  # deleted in the work tree
       continue
     data = path.read_bytes()
     if b"\0" in data[:8192]:  # binary: images, checkpoints
@@ -57,9 +58,11 @@ def test_no_tracked_file_tells_work_history():
 
 
 def test_the_pattern_catches_history_and_spares_content():
-  flagged = ["# The LM draft (issue #17): the shipped draft", '"""Issue #16 siblings for',
-             "fixed in (#41)", "#   2026-11-24  (third session) shipped", "see PR 12",
-             "written in a later session", "a helper session wrote it", "session 4 measured"]
+  word, number, sess = "issue", "#17", "session"
+  flagged = [f"# The LM draft ({word} {number}): the shipped draft",
+             f'"""{word.title()} #16 siblings',
+             "fixed in (" + "#41)", f"#   2026-11-24  (third {sess}) shipped", "see PR" + " 12",
+             f"written in a later {sess}", f"a helper {sess} wrote it", f"{sess} 4 measured"]
   spared = ['@pytest.fixture(scope="session")', "the end the session and logout the user",
             "Dancer::Session::Memcached implements a session engine", "## 2026-11-26",
             "one tiny pair per test session", "| 1 | 1.96× | 11-23 |", "see #anchor",
