@@ -20,6 +20,16 @@ def test_default_run_with_a_tree_is_greedy_identical(tmp_path):
   assert json.loads((tmp_path / "summary.json").read_text())["gamma"] == "n/a: a tree"
 
 
+def assert_refused_before(monkeypatch, step, what, argv, message):
+  """`run(argv)` raises ValueError matching `message` before `step` (a dotted name the job
+  calls, replaced by one that fails the test) runs; `what` names that step."""
+  def fail(*args, **kwargs):
+    raise AssertionError(f"{what} before the settings were checked")
+  monkeypatch.setattr(step, fail)
+  with pytest.raises(ValueError, match=message):
+    run(argv)
+
+
 @pytest.mark.parametrize("bindings,message", [
     (["--gin.TREE=3"], "TREE must be a StaticTree or DynamicTree"),
     (["--gin.decode_job.drafter='prompt_lookup'"], "TREE needs the draft model"),
@@ -28,12 +38,9 @@ def test_default_run_with_a_tree_is_greedy_identical(tmp_path):
 ])
 def test_settings_a_tree_cannot_take_are_refused_first(monkeypatch, tmp_path, bindings,
                                                       message):
-  def fail(*args, **kwargs):
-    raise AssertionError("a model was built before the settings were checked")
-  monkeypatch.setattr("specjax.app.plan.build_model", fail)
-  with pytest.raises(ValueError, match=message):
-    run([f"--gin_file={TINY}", "--gin_file=decoding/tree.gin", "--prompt", "x",
-         f"--gin.OUTPUT_DIR='{tmp_path}'", *bindings])
+  assert_refused_before(monkeypatch, "specjax.app.plan.build_model", "a model was built",
+                        [f"--gin_file={TINY}", "--gin_file=decoding/tree.gin", "--prompt", "x",
+                         f"--gin.OUTPUT_DIR='{tmp_path}'", *bindings], message)
 
 
 def test_a_registered_tree_drafter_runs_by_name(tmp_path):
@@ -55,11 +62,9 @@ def test_a_registered_tree_drafter_runs_by_name(tmp_path):
      r"drafter 'model' has no field 'nope'; its fields are \['model', 'max_gamma'"),
 ])
 def test_drafter_settings_are_refused_before_any_model(monkeypatch, tmp_path, bindings, message):
-  def fail(*args, **kwargs):
-    raise AssertionError("a model was built before the settings were checked")
-  monkeypatch.setattr("specjax.app.plan.build_model", fail)
-  with pytest.raises(ValueError, match=message):
-    run([f"--gin_file={TINY}", "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}'", *bindings])
+  assert_refused_before(monkeypatch, "specjax.app.plan.build_model", "a model was built",
+                        [f"--gin_file={TINY}", "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}'",
+                         *bindings], message)
 
 
 @pytest.mark.parametrize("bindings,message", [
@@ -72,8 +77,6 @@ def test_drafter_settings_are_refused_before_any_model(monkeypatch, tmp_path, bi
 ])
 def test_a_drafter_tree_is_refused_before_any_weights_load(monkeypatch, tmp_path, bindings,
                                                            message):
-  def fail(*args, **kwargs):
-    raise AssertionError("weights were loaded before the tree was checked")
-  monkeypatch.setattr("specjax.app.measure.load_params", fail)
-  with pytest.raises(ValueError, match=message):
-    run([f"--gin_file={TINY}", "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}'", *bindings])
+  assert_refused_before(monkeypatch, "specjax.app.measure.load_params", "weights were loaded",
+                        [f"--gin_file={TINY}", "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}'",
+                         *bindings], message)
