@@ -16,17 +16,20 @@ The models, each from gin run files under gin/runs/ (the hyperparameters live th
   lm_draft_distilled         runs/train_lm_draft.gin + runs/distill.gin: the lm_draft
                              model trained toward OUT/lm_target's distributions
   translate_draft_distilled  the same for translate_draft from OUT/translate_target
+  lm_eagle          runs/train_lm_eagle.gin          a feature head (EAGLE-style) for the
+                                                     bundled LM target, ~2.1M; --data_dir: the
+                                                     target's own continuations (the gin file)
 
 Each trains into OUT/NAME (resumable: rerun the same command after an
-interruption), with its model.gin beside the checkpoints; the final checkpoint
+interruption), with its model.gin beside the checkpoints; the shipped checkpoint
 is bfloat16. `--measure N` instead runs N steps of each in a temporary folder
 and prints the steady-state training throughput (non-padding target tokens per
 second, compilation excluded) and what the configured run would take at that
 rate. Extra `--gin.NAME=VALUE` flags are applied to every model. OUT/summary.json
 collects one summary per model (merged across invocations).
 
-`--ship FROM` copies each trained model's final checkpoint and model.gin from
-FROM/NAME into specjax/assets/pairs/PAIR/ROLE (see SHIP), with a
+`--ship FROM` copies each trained model's final checkpoint (in bfloat16: a float32 one is
+converted) and model.gin from FROM/NAME into specjax/assets/pairs/PAIR/ROLE (see SHIP), with a
 train_summary.json (parameters counted in the checkpoint, steps, training
 tokens and train-step seconds summed from metrics.jsonl, wall seconds from
 FROM/summary.json when it has the run); optimizer states and
@@ -42,12 +45,13 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
+import numpy as np
 
 from experiments.common.cli import gin_overrides
 from specjax import checkpoints, timing
 from specjax.app import bundled, gin_config
 from specjax import train as train_lib
-from specjax.params import count_params
+from specjax.params import count_params, flatten
 
 RUNS = {
     "lm_target": "runs/train_lm_target.gin",
@@ -57,6 +61,7 @@ RUNS = {
     "lm_tiny": "runs/train_lm_tiny.gin",
     "lm_draft_distilled": "runs/distill_lm_draft.gin",
     "translate_draft_distilled": "runs/distill_translate_draft.gin",
+    "lm_eagle": "runs/train_lm_eagle.gin",
 }
 # Distilled drafts learn from OUT/TEACHER (train it first).
 TEACHERS = {"lm_draft_distilled": "lm_target", "translate_draft_distilled": "translate_target"}
@@ -65,6 +70,7 @@ SHIP = {  # run name -> (pair, role) under specjax.app.bundled.PAIRS_DIR
     "lm_target": ("lm", "target"), "lm_draft": ("lm", "draft"), "lm_tiny": ("lm", "tiny"),
     "translate_target": ("translate", "target"), "translate_draft": ("translate", "draft"),
     "lm_draft_distilled": ("lm", "draft"), "translate_draft_distilled": ("translate", "draft"),
+    "lm_eagle": ("lm", "eagle"),
 }
 DEFAULT_SHIP = ("lm_target", "lm_draft", "lm_tiny", "translate_target", "translate_draft")
 
@@ -117,7 +123,11 @@ def ship(source: Path, dest: Path = bundled.PAIRS_DIR,
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     shutil.copy(model_dir / "model.gin", tmp / "model.gin")
-    shutil.copytree(ckpt, tmp / ckpt.name, ignore=shutil.ignore_patterns("optimizer_state.npz"))
+    if any(np.asarray(v).dtype == np.float32 for _, v in flatten(params)):
+      checkpoints.save_t5x(params, str(tmp), step=info["steps"], dtype="bfloat16")
+    else:
+      shutil.copytree(ckpt, tmp / ckpt.name,
+                      ignore=shutil.ignore_patterns("optimizer_state.npz"))
     (tmp / "train_summary.json").write_text(json.dumps(info, indent=1) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

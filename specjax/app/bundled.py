@@ -25,12 +25,14 @@ import jax
 import jax.numpy as jnp
 
 from specjax.checkpoints import load_t5x_for_model
-from specjax.models import build_model, read_model_gin
+from specjax.models import FeatureHead, FeatureHeadConfig, build_model, read_model_gin
 
 PAIRS_DIR = Path(__file__).resolve().parents[1] / "assets" / "pairs"
 PAIRS = {"lm": "lm_ddtp_en", "translate": "translate_en_de"}
 """Bundled pair -> its task (the bundled evaluation split in specjax/assets/eval)."""
-ROLES = ("target", "draft", "tiny")
+ROLES = ("target", "draft", "tiny", "eagle")
+"""A pair's models: its target, its draft, a tiny smoke model and (LM) a feature head (EAGLE)
+trained for its target."""
 PREFIX = "bundled:"
 _CKPT = re.compile(r"checkpoint_(\d+)")
 
@@ -84,9 +86,11 @@ def train_summary(pair: str, role: str) -> Dict[str, Any]:
 
 
 def load(pair: str, role: str) -> Tuple[Any, Any]:
-  """(model, float32 params as jax arrays) of the bundled PAIR/ROLE."""
+  """(model, float32 params as jax arrays) of the bundled PAIR/ROLE (the 'eagle' role: a
+  `FeatureHead` and its params)."""
   ckpt = checkpoint_dir(pair, role)
-  model = build_model(read_model_gin(str(ckpt.parent)))
+  config = read_model_gin(str(ckpt.parent))
+  model = FeatureHead(config) if isinstance(config, FeatureHeadConfig) else build_model(config)
   params = load_t5x_for_model(str(ckpt), model, dtype="float32")
   return model, jax.tree.map(jnp.asarray, params)
 

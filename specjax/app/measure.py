@@ -48,6 +48,8 @@ def load(plan: Plan) -> Loaded:
     target_params = cast_kernels(target_params, WEIGHTS_DTYPES[settings.weights_dtype])
   if settings.draft_weights_dtype != "float32" and draft_params is not None:
     draft_params = cast_kernels(draft_params, WEIGHTS_DTYPES[settings.draft_weights_dtype])
+  if plan.drafter.wants_features:  # a feature head reads the target's own params too
+    draft_params = plan.drafter.params(draft_params, target_params)
   return Loaded(target_params=target_params, draft_params=draft_params)
 
 
@@ -118,8 +120,8 @@ def measure(plan: Plan, loaded: Loaded, console: Console,
 def draft_cost(plan: Plan, loaded: Loaded, tokens: int = 16) -> Optional[float]:
   """c: the draft model's autoregressive time per token over the target's, on the first
   input (a short decode each, compiled once, three interleaved passes); None for a drafter
-  without a model."""
-  if plan.draft is None:
+  without a model of its own (prompt lookup, a feature head)."""
+  if plan.draft is None or plan.drafter.wants_features:  # no model of its own to time
     return None
   first, lengths = plan.inputs[:1], None
   if plan.prompt_lengths is not None:

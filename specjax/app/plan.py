@@ -13,7 +13,7 @@ from specjax.data import inputs as inputs_lib
 from specjax.decode import CostTable, check_tree
 from specjax.decode.inputs import check_cache_size, check_inputs, check_memory, prefix_lengths
 from specjax.draft import drafter_fields, get_drafter
-from specjax.models import build_model
+from specjax.models import FeatureHead, FeatureHeadConfig, build_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Plan:
   prompt_lengths: Any  # int32 [N] (decoder-only) or None
   vocab: Any  # the run's vocabulary
   target: Any  # the target DecodingModel
-  draft: Any  # the draft DecodingModel, None for prompt lookup
+  draft: Any  # the draft DecodingModel, a FeatureHead (feature drafters), None for prompt lookup
   drafter: Any  # the specjax.draft drafter
   slots: int  # decode rows: min(batch_size, examples)
   checkpoints: Dict[str, Any]  # {'target': ..., 'draft': ...}: paths, 'bundled:...' or None
@@ -63,6 +63,15 @@ def cost_table_file(path: Optional[str]) -> Optional[CostTable]:
   return None
 
 
+def feature_head(name: str, config: Any) -> FeatureHead:
+  """The feature head a feature drafter reads: DRAFT_MODEL must describe one."""
+  if not isinstance(config, FeatureHeadConfig):
+    raise ValueError(f"drafter {name!r} drafts with a feature head trained for the target: "
+                     f"DRAFT_MODEL must be its model.gin (a FeatureHeadConfig, e.g. "
+                     f"'bundled:lm/eagle'), got a {type(config).__name__}")
+  return FeatureHead(config)
+
+
 def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
   """Frames the inputs of `decode_job` and checks what the settings alone could not (the
   inputs, output folder, cost table file, vocabulary, checkpoints, caches); loads nothing."""
@@ -77,7 +86,10 @@ def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
   name = settings.drafter_class
   if "model" in drafter_fields(name):
     draft = models["draft"] = build_model(gin_config.model_config("draft"))
-  drafter = get_drafter(name, {"model": draft, "vocab": target.vocab_size, "tree": settings.tree,
+  elif "head" in drafter_fields(name):
+    draft = feature_head(name, gin_config.model_config("draft"))
+  drafter = get_drafter(name, {"model": draft, "head": draft, "target": target,
+                               "vocab": target.vocab_size, "tree": settings.tree,
                                "max_gamma": settings.max_gamma}, **settings.drafter_options)
   checkpoints = {"target": settings.target_checkpoint,
                  **({"draft": settings.draft_checkpoint} if draft is not None else {})}

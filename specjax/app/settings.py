@@ -23,6 +23,9 @@ FITTED_IN_PYTHON = ("ngram", "ngram_tree", "hierarchical")
 """Registered drafters whose params the main job has no source for (an n-gram table fitted
 on a corpus, an inner drafter): they run from Python (`specjax.draft`)."""
 
+TREE_DRAFTERS = {"model": "tree_model", "feature": "feature_tree"}
+"""Drafters that draft a TREE when one is given, and the registry name that then drafts it."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JobSettings:
@@ -38,7 +41,8 @@ class JobSettings:
   'optimal'); the plan adds the vocabulary's EOS and the cache length."""
   drafter: str
   """A name in `specjax.draft.DRAFTERS`: 'model' (the draft checkpoint; with a TREE it drafts
-  the tree), 'prompt_lookup', 'prompt_lookup_tree', ..."""
+  the tree), 'feature' (the draft checkpoint is a feature head for the target; with a TREE it
+  drafts the tree), 'prompt_lookup', 'prompt_lookup_tree', ..."""
   drafter_options: Mapping[str, Any]
   """More fields of the drafter's class (e.g. {'max_ngram': 4}); the job gives the draft
   model, the vocabulary size, max_gamma and the tree itself."""
@@ -99,8 +103,8 @@ class JobSettings:
       raise ValueError(f"drafter must be one of {sorted(DRAFTERS)}, got {self.drafter!r}")
     if self.drafter in FITTED_IN_PYTHON:
       raise ValueError(f"drafter {self.drafter!r} drafts from params fitted in Python (an n-gram "
-                       "table or an inner drafter): the main job runs 'model', 'prompt_lookup' "
-                       "and 'prompt_lookup_tree'")
+                       "table or an inner drafter): the main job runs 'model', 'prompt_lookup', "
+                       "'prompt_lookup_tree' and 'feature'")
     if not isinstance(self.drafter_options, Mapping):
       raise ValueError(f"drafter_options must be a dict of the drafter's fields, "
                        f"got {self.drafter_options!r}")
@@ -131,8 +135,11 @@ class JobSettings:
   @property
   def drafter_class(self) -> str:
     """The registry name of the drafter built: `drafter`, where 'model' with a TREE is the
-    draft model drafting that tree ('tree_model')."""
-    return "tree_model" if self.tree is not None and self.drafter == "model" else self.drafter
+    draft model drafting that tree ('tree_model'), and 'feature' with a TREE the feature head
+    drafting it ('feature_tree')."""
+    if self.tree is not None and self.drafter in TREE_DRAFTERS:
+      return TREE_DRAFTERS[self.drafter]
+    return self.drafter
 
 
 def drafts_a_tree(drafter: str, tree: Any) -> bool:
@@ -148,9 +155,10 @@ def check_tree(settings: JobSettings) -> None:
   (`specjax.decode.check_tree`; the plan checks the tree again with the models' sizes)."""
   if settings.tree is None:
     return
-  if settings.drafter != "model":
-    raise ValueError("TREE needs the draft model (drafter='model'); prompt lookup drafts "
-                     "its own tree with drafter='prompt_lookup_tree' and no TREE")
+  if settings.drafter not in TREE_DRAFTERS:
+    raise ValueError("TREE needs the draft model (drafter='model') or a feature head "
+                     "(drafter='feature'); prompt lookup drafts its own tree with "
+                     "drafter='prompt_lookup_tree' and no TREE")
   decode_check_tree(settings.tree, settings.decoding)
 
 

@@ -155,6 +155,12 @@ class DraftingLoop:
   """What the chain and tree loops share as `runner.Loop`s (both hold `target`, `drafter` and
   `config`): the 'auto' policy, γ's bound, the fallback and when the decode goes on."""
 
+  def __post_init__(self):
+    if self.drafter.wants_features and self.auto:
+      other = "'constant', 'heuristic' or 'optimal'" if self.takes_gamma else "'constant'"
+      raise ValueError(f"{type(self.drafter).__name__} reads the target's features, which the "
+                       f"'auto' policy's γ = 0 rounds do not supply; use gamma_policy {other}")
+
   @property
   def auto(self) -> bool:
     return self.config.gamma_policy == "auto"
@@ -183,12 +189,6 @@ class SpeculativeLoop(DraftingLoop):
 
   takes_gamma: ClassVar[bool] = True  # every row's first γ
   alpha_rounds: ClassVar[Optional[int]] = None
-
-  def __post_init__(self):
-    if self.drafter.wants_features and self.auto:
-      raise ValueError(f"{type(self.drafter).__name__} reads the target's features, which the "
-                       "'auto' policy's γ = 0 rounds do not supply; use gamma_policy "
-                       "'constant', 'heuristic' or 'optimal'")
 
   @property
   def buckets(self) -> Tuple[int, ...]:

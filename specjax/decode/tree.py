@@ -43,7 +43,8 @@ from specjax.decode.round import DraftingLoop, narrow_round, record_trace
 from specjax.decode.state import DecodeResult, LoopParams, LoopState, empty_trace
 from specjax.decode.stream import Streaming, as_streaming
 from specjax.decode.tree_checks import check_tree
-from specjax.draft import Accepted, Drafter, NGramDrafter, NGramTreeDrafter
+from specjax.draft import (Accepted, Drafter, FeatureDrafter, FeatureTreeDrafter, NGramDrafter,
+                           NGramTreeDrafter)
 from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
 from specjax.models import DecodingModel
 from specjax.models.tree import tree_call
@@ -119,9 +120,10 @@ class TreeLoop(DraftingLoop):
             max_new_tokens) -> LoopState:
     """One tree round: draft -> score -> verify -> commit -> record."""
     proposal, drafter_state = self._draft(params, state, keys)
-    logits, cache = self._score(params.target, state, proposal, encoded)
+    logits, features, cache = self._score(params.target, state, proposal, encoded)
     verdict = self._verify(keys, state, proposal, logits)
-    after = self._commit(state, verdict, cache, drafter_state, prefix_len, max_new_tokens)
+    after = self._commit(state, verdict, cache, drafter_state, prefix_len, max_new_tokens,
+                         features)
     return self._record(state, after, proposal, verdict)
 
   def narrow(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
@@ -153,10 +155,17 @@ class TreeLoop(DraftingLoop):
                                 state.gamma, keys, self.config.sampling)
 
   def _score(self, target_params, state: LoopState, proposal: TreeProposal, encoded):
-    """The target's logits [B, N + 1, V] at the root and every node, in one call."""
+    """The target's logits [B, N + 1, V] at the root and every node, in one call, its
+    features there (float32 [B, N + 1, E]) when the drafter `wants_features` (else None), and
+    its cache."""
     tokens = jnp.concatenate([last_tokens(state), proposal.tokens], axis=1)
-    return self.target.decode(target_params, state.cache, tokens, state.length - 1, encoded,
-                              tree=tree_call(proposal.parent, proposal.depth, state.length))
+    attention = tree_call(proposal.parent, proposal.depth, state.length)
+    if self.drafter.wants_features:
+      return self.target.decode_features(target_params, state.cache, tokens, state.length - 1,
+                                         encoded, tree=attention)
+    logits, cache = self.target.decode(target_params, state.cache, tokens, state.length - 1,
+                                       encoded, tree=attention)
+    return logits, None, cache
 
   def _verify(self, keys, state: LoopState, proposal: TreeProposal, logits) -> TreeVerdict:
     """`specjax.verify.tree` per row: the accepted path and the token drawn after it."""
@@ -176,13 +185,18 @@ class TreeLoop(DraftingLoop):
                        bad=bad_logits(logits) | jnp.any(jnp.isnan(proposal.probs), axis=(1, 2)))
 
   def _commit(self, state: LoopState, verdict: TreeVerdict, cache, drafter_state, prefix_len,
-              max_new_tokens) -> LoopState:
+              max_new_tokens, features=None) -> LoopState:
     """The path's cache positions move into place (target and draft); each active row advances
-    by n + 1, stopping at EOS and its budget."""
+    by n + 1, stopping at EOS and its budget. `features` [B, N + 1, E] (the scored root and
+    nodes): the drafter gets those of the root and the path, at positions start - 1 .."""
     n, path = verdict.n, verdict.path
     cache = move_path(self.target, cache, state.length, path, n)
+    if features is not None:  # index 0 the root, j + 1 node j; past n: the root (not read)
+      along = jnp.concatenate([jnp.zeros_like(path[:, :1]), jnp.maximum(path, -1) + 1], axis=1)
+      features = jnp.take_along_axis(features, along[:, :, None], axis=1)  # [B, D + 1, E]
     drafter_state = self.drafter.update(drafter_state, Accepted(
-        start=state.length, n=n, gamma=jnp.full_like(n, self.max_gamma), path=path))
+        start=state.length, n=n, gamma=jnp.full_like(n, self.max_gamma), path=path,
+        features=features))
     seq, length, done = advance(state, verdict.emitted, n + 1, prefix_len, max_new_tokens,
                                 self.config.eos_id)
     return state.replace(seq=seq, length=length, done=done, cache=cache,
@@ -228,18 +242,19 @@ def trace_guesses(tokens, parent, depth, valid, path, n, *, max_depth: int):
 
 def _tree_drafter(drafter: Any, tree: Any) -> Drafter:
   """The tree drafter of `tree_decode`'s arguments; ValueError naming what it cannot take."""
-  if isinstance(drafter, Drafter) and drafter.wants_features:
-    raise ValueError(f"tree_decode does not supply the target features {type(drafter).__name__} "
-                     "reads; decode with it through speculative_decode (a chain)")
   if tree is not None:
     if not isinstance(tree, (StaticTree, DynamicTree)):
       raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
-    drafter = (NGramTreeDrafter(drafter, tree) if isinstance(drafter, NGramDrafter)
-               else TreeModelDrafter(drafter, tree))
+    if isinstance(drafter, FeatureDrafter):
+      drafter = FeatureTreeDrafter(drafter.target, drafter.head, tree)
+    elif isinstance(drafter, NGramDrafter):
+      drafter = NGramTreeDrafter(drafter, tree)
+    else:
+      drafter = TreeModelDrafter(drafter, tree)
   if not isinstance(drafter, Drafter) or drafter.tree is None:
-    raise ValueError("tree_decode needs a tree drafter (TreeModelDrafter, NGramTreeDrafter or "
-                     "PromptLookupTreeDrafter), or a draft model or n-gram table with tree=..., "
-                     f"got {type(drafter).__name__}")
+    raise ValueError("tree_decode needs a tree drafter (TreeModelDrafter, NGramTreeDrafter, "
+                     "PromptLookupTreeDrafter or FeatureTreeDrafter), or a draft model, n-gram "
+                     f"table or FeatureDrafter with tree=..., got {type(drafter).__name__}")
   return drafter
 
 

@@ -8,6 +8,7 @@ by name), as `specjax.verify.VERIFIERS` names the verifiers.
 """
 from specjax.draft.base import Accepted, Drafter, DrafterDefaults, Proposal, sample_guess
 from specjax.draft.feature import FeatureDrafter, FeatureDrafterState
+from specjax.draft.feature_tree import FeatureTreeDrafter
 from specjax.draft.hierarchical import HierarchicalDrafter
 from specjax.draft.model import ModelDrafter, ModelDrafterState
 from specjax.draft.ngram import BigramDrafter, NGramDrafter, NoState, UnigramDrafter
@@ -22,4 +23,4 @@ __all__ = ["Drafter", "Accepted", "Proposal", "sample_guess", "ModelDrafter",
            "PromptLookupDrafter", "HierarchicalDrafter", "NoState", "StaticTree", "DynamicTree",
            "TreeModelDrafter", "TreeProposal", "PromptLookupTreeDrafter", "NGramTreeDrafter",
            "DRAFTERS", "get_drafter", "drafter_fields", "DrafterDefaults", "FeatureDrafter",
-           "FeatureDrafterState"]
+           "FeatureDrafterState", "FeatureTreeDrafter"]

@@ -43,41 +43,15 @@ class FeatureDrafterState:
   start: jax.Array  # int32 [B]: the row's length at the last `propose`
 
 
-@dataclasses.dataclass(frozen=True)
-class FeatureDrafter(DrafterDefaults):
-  """A chain drafter whose guesses come from a feature head over the target's features.
+class FeatureHeadDrafter(DrafterDefaults):
+  """What the chain and tree feature drafters share (both hold `target` and `head`): the
+  params, the start, the state kept between rounds."""
 
-  `target` is the `FeatureModel` being decoded (its features, embedding and output projection
-  are read); `head` the `FeatureHead` trained for it (same emb_dim and vocabulary, checked
-  here). Its params are `FeatureDrafter.params(head_params, target_params)`.
-  """
-
-  target: Any  # a specjax.models.FeatureModel
-  head: FeatureHead
-  max_gamma: int
-
-  tree: ClassVar[None] = None  # a chain drafter
-  deterministic: ClassVar[bool] = False
   wants_features: ClassVar[bool] = True
-
-  def __post_init__(self):
-    check_sizes(self, max_gamma=1)
-    if not isinstance(self.head, FeatureHead):
-      raise ValueError(f"FeatureDrafter.head must be a FeatureHead, got "
-                       f"{type(self.head).__name__}")
-    if not isinstance(self.target, FeatureModel):
-      raise ValueError(f"FeatureDrafter needs a target that returns its features (a "
-                       f"specjax.models.FeatureModel), got {type(self.target).__name__}")
-    self.head.check_target(self.target)
 
   @property
   def vocab_size(self) -> int:
     return self.head.config.vocab_size
-
-  @property
-  def lookahead(self) -> int:
-    """Cache positions a round writes past the committed tokens: the guesses."""
-    return self.max_gamma
 
   @property
   def models(self) -> Tuple[Any, ...]:
@@ -91,33 +65,50 @@ class FeatureDrafter(DrafterDefaults):
     return {"head": head_params, "target": target_params}
 
   def init(self, params, inputs, seq, length, cache_len):
-    batch, width = seq.shape
-    features = jnp.zeros((batch, width, self.head.config.emb_dim), jnp.float32)
-    cache = self.head.init_cache(batch, cache_len)
-    if self.target.is_encoder_decoder:  # the decoder starts at token 0: nothing fed yet
-      zeros = jnp.zeros((batch,), jnp.int32)
-      return FeatureDrafterState(cache=cache, features=features, fed=zeros, start=length)
-    prompt_features = _prompt_features(self.target, params["target"], inputs, length)
-    features = jax.lax.dynamic_update_slice_in_dim(features, prompt_features, 0, axis=1)
-    _, cache = self.head.decode(params["head"], cache, shift_features(prompt_features),
-                                self.target.embed(params["target"], inputs),
-                                jnp.zeros((batch,), jnp.int32))
-    return FeatureDrafterState(cache=cache, features=features,
-                               fed=jnp.maximum(length - 1, 0), start=length)
+    return start_state(self.target, self.head, params, inputs, seq, length, cache_len)
+
+  def update(self, state: FeatureDrafterState, accepted: Accepted) -> FeatureDrafterState:
+    """Keeps the target's features at the positions the round scored that were committed
+    (`Accepted.features` from position start - 1: a chain's, or a tree's root and accepted
+    path); the next `propose` re-feeds the head from `start` with them."""
+    if accepted.features is None:
+      raise ValueError(f"{type(self).__name__} needs the target's features of every round; "
+                       "this loop does not supply them")
+    features = update_rows(state.features, accepted.features.astype(jnp.float32),
+                           accepted.start - 1)
+    return state.replace(features=features, fed=jnp.minimum(state.fed, accepted.start))
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureDrafter(FeatureHeadDrafter):
+  """A chain drafter whose guesses come from a feature head over the target's features.
+
+  `target` is the `FeatureModel` being decoded (its features, embedding and output projection
+  are read); `head` the `FeatureHead` trained for it (same emb_dim and vocabulary, checked
+  here). Its params are `FeatureDrafter.params(head_params, target_params)`.
+  """
+
+  target: Any  # a specjax.models.FeatureModel
+  head: FeatureHead
+  max_gamma: int
+
+  tree: ClassVar[None] = None  # a chain drafter
+  deterministic: ClassVar[bool] = False
+
+  def __post_init__(self):
+    check_sizes(self, max_gamma=1)
+    check_head(self)
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: the guesses."""
+    return self.max_gamma
 
   def propose(self, params, state, seq, length, gamma, row_keys, sampling):
     head, target_params = params["head"], params["target"]
-    batch, width = seq.shape[0], self.max_gamma + 1
-    # One window feeds positions fed .. L-1 (true features); q(x_L) is read at index lag.
-    lag = jnp.clip(length - 1 - state.fed, 0, width - 1)
-    begin = length - 1 - lag
-    at = begin[:, None] + jnp.arange(width)[None, :]  # [B, W]
-    before = jnp.take_along_axis(state.features, jnp.clip(at - 1, 0)[:, :, None], axis=1)
-    before = jnp.where((at >= 1)[:, :, None], before, 0.0)  # f_{-1} = 0
-    predicted, cache = self.head.decode(head, state.cache, before,
-                                        self.target.embed(target_params, take_rows(seq, at)),
-                                        begin)
-    feature = jnp.take_along_axis(predicted, lag[:, None, None], axis=1)[:, 0]  # [B, E]
+    batch = seq.shape[0]
+    feature, cache = catch_up(self.target, self.head, params, state, seq, length,
+                              self.max_gamma + 1)
     guess0, probs0 = draft_step(row_keys, length, 0,
                                 self.target.feature_logits(target_params, feature), sampling)
     tokens = jnp.zeros((batch, self.max_gamma), jnp.int32).at[:, 0].set(guess0)
@@ -143,13 +134,51 @@ class FeatureDrafter(DrafterDefaults):
     state = state.replace(cache=cache, fed=length, start=length)
     return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
 
-  def update(self, state, accepted: Accepted):
-    if accepted.features is None:
-      raise ValueError("FeatureDrafter needs the target's features of every round; this loop "
-                       "does not supply them (chain speculative decoding does)")
-    features = update_rows(state.features, accepted.features.astype(jnp.float32),
-                           accepted.start - 1)
-    return state.replace(features=features, fed=jnp.minimum(state.fed, accepted.start))
+
+
+def check_head(drafter: Any) -> None:
+  """ValueError unless `drafter.head` is a FeatureHead and `drafter.target` a FeatureModel of
+  the head's emb_dim and vocabulary (both shapes named)."""
+  name = type(drafter).__name__
+  if not isinstance(drafter.head, FeatureHead):
+    raise ValueError(f"{name}.head must be a FeatureHead, got {type(drafter.head).__name__}")
+  if not isinstance(drafter.target, FeatureModel):
+    raise ValueError(f"{name} needs a target that returns its features (a "
+                     f"specjax.models.FeatureModel), got {type(drafter.target).__name__}")
+  drafter.head.check_target(drafter.target)
+
+
+def start_state(target: Any, head: FeatureHead, params: dict, inputs, seq, length,
+                cache_len: int) -> FeatureDrafterState:
+  """A feature drafter's state at the start of a decode: a decoder-only target's prompt
+  features (one pass over the prompt) fed to the head; nothing fed for a T5 decoder."""
+  batch, width = seq.shape
+  features = jnp.zeros((batch, width, head.config.emb_dim), jnp.float32)
+  cache = head.init_cache(batch, cache_len)
+  if target.is_encoder_decoder:  # the decoder starts at token 0: nothing fed yet
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return FeatureDrafterState(cache=cache, features=features, fed=zeros, start=length)
+  prompt_features = _prompt_features(target, params["target"], inputs, length)
+  features = jax.lax.dynamic_update_slice_in_dim(features, prompt_features, 0, axis=1)
+  _, cache = head.decode(params["head"], cache, shift_features(prompt_features),
+                         target.embed(params["target"], inputs), jnp.zeros((batch,), jnp.int32))
+  return FeatureDrafterState(cache=cache, features=features, fed=jnp.maximum(length - 1, 0),
+                             start=length)
+
+
+def catch_up(target: Any, head: FeatureHead, params: dict, state: FeatureDrafterState, seq,
+             length, width: int) -> Tuple[jax.Array, Any]:
+  """One head call over a window of `width` positions ending at the last committed one:
+  positions fed .. L-1 are fed their true features. -> (the head's predicted feature at L-1,
+  float32 [B, E], whose logits are q(x_L); the head's cache)."""
+  lag = jnp.clip(length - 1 - state.fed, 0, width - 1)
+  begin = length - 1 - lag
+  at = begin[:, None] + jnp.arange(width)[None, :]  # [B, W]
+  before = jnp.take_along_axis(state.features, jnp.clip(at - 1, 0)[:, :, None], axis=1)
+  before = jnp.where((at >= 1)[:, :, None], before, 0.0)  # f_{-1} = 0
+  predicted, cache = head.decode(params["head"], state.cache, before,
+                                 target.embed(params["target"], take_rows(seq, at)), begin)
+  return jnp.take_along_axis(predicted, lag[:, None, None], axis=1)[:, 0], cache
 
 
 def _prompt_features(target: Any, params: Any, prompts: jax.Array, length: jax.Array):

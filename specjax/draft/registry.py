@@ -6,6 +6,7 @@ from typing import Any, Mapping, Optional
 
 from specjax.draft.base import Drafter
 from specjax.draft.feature import FeatureDrafter
+from specjax.draft.feature_tree import FeatureTreeDrafter
 from specjax.draft.hierarchical import HierarchicalDrafter
 from specjax.draft.lookup_tree import PromptLookupTreeDrafter
 from specjax.draft.model import ModelDrafter
@@ -23,6 +24,7 @@ DRAFTERS = {
     "ngram_tree": NGramTreeDrafter,
     "prompt_lookup_tree": PromptLookupTreeDrafter,
     "feature": FeatureDrafter,
+    "feature_tree": FeatureTreeDrafter,
 }
 """Every shipped drafter class by its registry name."""
 
@@ -37,7 +39,7 @@ def get_drafter(name: str, offered: Optional[Mapping[str, Any]] = None, **fields
 
   Args:
     name: the registry name ('model' | 'ngram' | 'prompt_lookup' | 'hierarchical' |
-      'tree_model' | 'ngram_tree' | 'prompt_lookup_tree' | 'feature').
+      'tree_model' | 'ngram_tree' | 'prompt_lookup_tree' | 'feature' | 'feature_tree').
     offered: values a caller has for any drafter (e.g. the main job's {'model': the draft
       model, 'vocab': the target's vocabulary size, 'max_gamma': ..., 'tree': ...}); each is
       passed only when the class has a field of that name.

@@ -328,13 +328,8 @@ class TreeModelDrafter(DrafterDefaults):
     logits, cache = decode_logits_at(self.model, params, cache, window, begin, state.encoded,
                                      lag)  # [B, V]
     starts = _level_starts(tree.levels)
-    size, vocab = tree.grown, logits.shape[-1]
-    depth = jnp.broadcast_to(jnp.asarray(tree.depth), (batch, size))
-    tokens = jnp.zeros((batch, size), jnp.int32)
-    parent = jnp.full((batch, size), -1, jnp.int32)
-    valid = jnp.zeros((batch, size), jnp.bool_)
-    probs = jnp.zeros((batch, size + 1, vocab), jnp.float32)
-    path_logq = jnp.zeros((batch, size), jnp.float32)
+    size = tree.grown
+    depth, (tokens, parent, valid, path_logq, probs) = empty_tree(tree, batch, logits.shape[-1])
     # Level 1: the root's children.
     level_logits, level_ids = logits[:, None], jnp.zeros((batch, 1), jnp.int32)
     parent_logq, q_row = jnp.zeros((batch, 1), jnp.float32), 0
@@ -348,13 +343,9 @@ class TreeModelDrafter(DrafterDefaults):
                                                 state.encoded, tree=attention)
         level_ids = jnp.broadcast_to(jnp.arange(plo, phi) + 1, (batch, phi - plo))
         parent_logq, q_row = path_logq[:, plo:phi], plo + 1
-      new_tokens, new_parent, new_valid, new_logq, q = draw_level(
-          tree, d, row_keys, length, level_logits, level_ids, parent_logq, hi - lo, sampling)
-      tokens = tokens.at[:, lo:hi].set(new_tokens)
-      parent = parent.at[:, lo:hi].set(new_parent)
-      valid = valid.at[:, lo:hi].set(new_valid)
-      path_logq = path_logq.at[:, lo:hi].set(new_logq)
-      probs = probs.at[:, q_row:q_row + q.shape[1]].set(q)
+      tokens, parent, valid, path_logq, probs = put_level(
+          (tokens, parent, valid, path_logq, probs), lo, q_row, draw_level(
+              tree, d, row_keys, length, level_logits, level_ids, parent_logq, hi - lo, sampling))
     if tail <= tree.max_depth:  # single-node levels whose parent is single too: one loop
       anc = jnp.broadcast_to(jnp.asarray(_static_ancestors(tree.parents)), (batch, size, size))
       first = starts[tail - 1] - tail  # node index of depth d: first + d
@@ -433,6 +424,28 @@ def draw_level(tree, d: int, row_keys, length, logits, ids, parent_logq, width: 
   gather = lambda x: jnp.take_along_axis(x, top[:, :, None], axis=1).reshape(batch, -1)
   parent = jnp.repeat(jnp.take_along_axis(ids, top, axis=1) - 1, per, axis=1)
   return gather(children), parent, gather(valid), gather(child_logq), q
+
+
+def empty_tree(tree, batch: int, vocab: int):
+  """(depth int32 [B, N], the arrays `put_level` fills: tokens 0, parent -1, valid False,
+  path log q 0 [B, N], probs 0 [B, N + 1, V]) of a tree of N = tree.grown nodes."""
+  size = tree.grown
+  return jnp.broadcast_to(jnp.asarray(tree.depth), (batch, size)), (
+      jnp.zeros((batch, size), jnp.int32), jnp.full((batch, size), -1, jnp.int32),
+      jnp.zeros((batch, size), jnp.bool_), jnp.zeros((batch, size), jnp.float32),
+      jnp.zeros((batch, size + 1, vocab), jnp.float32))
+
+
+def put_level(arrays, lo: int, q_row, drawn):
+  """Writes a level `draw_level` drew (`drawn`) into a tree's arrays (tokens, parent, valid,
+  path log q [B, N]; probs [B, N + 1, V]): its nodes from node `lo`, the q of the level above
+  from probs row `q_row` (0 the root's, j + 1 node j's)."""
+  tokens, parent, valid, path_logq, probs = arrays
+  new_tokens, new_parent, new_valid, new_logq, q = drawn
+  hi = lo + new_tokens.shape[1]
+  return (tokens.at[:, lo:hi].set(new_tokens), parent.at[:, lo:hi].set(new_parent),
+          valid.at[:, lo:hi].set(new_valid), path_logq.at[:, lo:hi].set(new_logq),
+          probs.at[:, q_row:q_row + q.shape[1]].set(q))
 
 
 def _spine_tail(tree) -> int:

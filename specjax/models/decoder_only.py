@@ -123,6 +123,23 @@ def chain_bias(relpos_bias: nn.Module, positions: Array, k: int, max_len: int,
   return old_bias, new_bias
 
 
+def tree_bias(relpos_bias: nn.Module, tree: TreeAttention, positions: Array, slots: Array
+              ) -> Tuple[Array, Array]:
+  """A tree call's attention biases: (over the old cache [B, H, k, S], over the call's own
+  keys [B, H, k, k]) from its `TreeAttention`, the call's first slots positions int32 [B] and
+  the cache's slot indices slots int32 [S]."""
+  old_visible = tree.cache_visible
+  if old_visible is None:
+    old_visible = jnp.broadcast_to(slots[None, None, :] < positions[:, None, None],
+                                   tree.visible.shape[:2] + slots.shape)
+  key_pos = slots if tree.cache_pos is None else tree.cache_pos
+  old_bias = (relpos_bias(tree.token_pos, key_pos, False)
+              + mask_to_bias(old_visible)[:, None])
+  new_bias = (relpos_bias(tree.token_pos, tree.token_pos, False)
+              + mask_to_bias(tree.visible)[:, None])
+  return old_bias, new_bias
+
+
 def causal_bias(relpos_bias: nn.Module, length: int,
                 prefix_lengths: Optional[Array] = None) -> Array:
   """The self-attention bias [B|1, H, L, L] of a teacher-forced pass over L tokens: causal,
@@ -256,27 +273,13 @@ class DecoderStack(nn.Module):
       old_bias, new_bias = chain_bias(self.relpos_bias, positions, k, cache.max_len,
                                       prefix_lengths)
     else:
-      old_bias, new_bias = self._tree_bias(tree, positions, slots)
+      old_bias, new_bias = tree_bias(self.relpos_bias, tree, positions, slots)
     caches = list(zip(cache.keys, cache.values))
     result = self._run(tokens, (old_bias, new_bias), caches, positions, encoded, logits_at,
                        features)
     out = result[1]
     cache = KVCache(keys=tuple(c[0] for c in out), values=tuple(c[1] for c in out))
     return (result[0], result[2], cache) if features else (result[0], cache)
-
-
-  def _tree_bias(self, tree: TreeAttention, positions: Array, slots: Array):
-    """(bias over the old cache [B, H, k, S], bias over the call's keys [B, H, k, k])."""
-    old_visible = tree.cache_visible
-    if old_visible is None:
-      old_visible = jnp.broadcast_to(slots[None, None, :] < positions[:, None, None],
-                                     tree.visible.shape[:2] + slots.shape)
-    key_pos = slots if tree.cache_pos is None else tree.cache_pos
-    old_bias = (self.relpos_bias(tree.token_pos, key_pos, False)
-                + mask_to_bias(old_visible)[:, None])
-    new_bias = (self.relpos_bias(tree.token_pos, tree.token_pos, False)
-                + mask_to_bias(tree.visible)[:, None])
-    return old_bias, new_bias
 
 
 # ----------------------------------------------------------------------------
@@ -360,9 +363,11 @@ class DecoderOnlyNetwork(nn.Module):
     return self.decoder.forward(tokens, prefix_lengths, features=True)
 
   def decode_step_features(self, tokens: Array, positions: Array, cache: KVCache,
-                           prefix_lengths: Optional[Array] = None):
-    """Cached chain step -> (logits [B, k, V], features [B, k, E], KVCache)."""
-    return self.decoder.decode_step(tokens, positions, cache, prefix_lengths, features=True)
+                           prefix_lengths: Optional[Array] = None,
+                           tree: Optional[TreeAttention] = None):
+    """Cached step -> (logits [B, k, V], features [B, k, E], KVCache)."""
+    return self.decoder.decode_step(tokens, positions, cache, prefix_lengths, tree=tree,
+                                    features=True)
 
   def embed(self, tokens: Array) -> Array:
     """The input embeddings [..., E] of tokens int32 [...]."""
@@ -468,9 +473,10 @@ class DecoderOnlyModel(NetworkModel):
     return self.config.emb_dim
 
   def decode_features(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
-                      encoded: Any = None, *, prefix_lengths: Any = None
-                      ) -> Tuple[Array, Array, KVCache]:
-    """`decode` (a chain call) that also returns each token's final hidden state.
+                      encoded: Any = None, *, prefix_lengths: Any = None,
+                      tree: Optional[TreeAttention] = None) -> Tuple[Array, Array, KVCache]:
+    """`decode` (a chain call, or a tree call with `tree`, as `decode`'s) that also returns
+    each token's final hidden state.
 
     Returns:
       (float32 logits [B, k, V], float32 features [B, k, E], updated cache); logits equal
@@ -479,8 +485,9 @@ class DecoderOnlyModel(NetworkModel):
     del encoded
     tokens, positions, prefix_lengths = self._check_decode(params, cache, tokens, positions,
                                                            prefix_lengths)
+    check_tree(tree, tokens.shape[0], tokens.shape[1], cache.max_len, prefix_lengths)
     return self._apply("decode_step_features", params, tokens, positions, cache,
-                       prefix_lengths)
+                       prefix_lengths, tree)
 
   def features(self, params: Any, tokens: Any, prefix_lengths: Any = None
                ) -> Tuple[Array, Array]:

@@ -15,7 +15,7 @@ pre_mlp_layer_norm, mlp/{wi_0,wi_1,wo}}`, `decoder_norm/scale [E]`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import flax
 import flax.linen as nn
@@ -23,11 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.models.decoder_only import DecoderLayer, causal_bias, chain_bias
+from specjax.models.decoder_only import DecoderLayer, causal_bias, chain_bias, tree_bias
 from specjax.checks import check_int
 from specjax.models.layers import (DTYPES, Array, Dense, KVCache, RelativePositionBias, RMSNorm,
                                    activation_fn, apply_network, check_params_match,
-                                   mlp_kernel_init, zeros_cache)
+                                   check_tree, mlp_kernel_init, zeros_cache)
+from specjax.models.tree import TreeAttention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +89,15 @@ class FeatureHeadNetwork(nn.Module):
     return self.decoder_norm(x).astype(jnp.float32)
 
   def decode_step(self, prev_features: Array, embedded: Array, positions: Array,
-                  cache: KVCache) -> Tuple[Array, KVCache]:
-    """Cached chain step at slots positions[b] + i -> (features float32 [B, k, E], cache)."""
-    bias = chain_bias(self.relpos_bias, positions, prev_features.shape[1], cache.max_len)
+                  cache: KVCache, tree: Optional[TreeAttention] = None
+                  ) -> Tuple[Array, KVCache]:
+    """Cached step at slots positions[b] + i, a chain or (`tree`) a token tree ->
+    (features float32 [B, k, E], cache)."""
+    if tree is None:
+      bias = chain_bias(self.relpos_bias, positions, prev_features.shape[1], cache.max_len)
+    else:
+      bias = tree_bias(self.relpos_bias, tree, positions,
+                       jnp.arange(cache.max_len, dtype=jnp.int32))
     x, (keys, values) = self.layers_0(self._fuse(prev_features, embedded), bias,
                                       (cache.keys[0], cache.values[0]), positions, None)
     return self.decoder_norm(x).astype(jnp.float32), KVCache(keys=(keys,), values=(values,))
@@ -149,12 +156,17 @@ class FeatureHead:
     return apply_network(self._net, "forward", params, prev_features, embedded)
 
   def decode(self, params: Any, cache: KVCache, prev_features: Array, embedded: Array,
-             positions: Array) -> Tuple[Array, KVCache]:
+             positions: Array, tree: Optional[TreeAttention] = None
+             ) -> Tuple[Array, KVCache]:
     """Writes k positions per row at positions[b] .. positions[b] + k - 1 (inputs as
     `forward`, [B, k, E]) -> (predicted features float32 [B, k, E], cache). Slots past a
-    row's position are masked, as the target's cache (`specjax.models.protocol`)."""
+    row's position are masked, as the target's cache (`specjax.models.protocol`). With
+    `tree` (a `specjax.models.tree.TreeAttention`) the k inputs are tree nodes: each sees
+    the visible cache and its ancestors only, at its own sequence position."""
+    batch, k = prev_features.shape[:2]
+    check_tree(tree, batch, k, cache.max_len, None)
     return apply_network(self._net, "decode_step", params, prev_features, embedded,
-                         positions, cache)
+                         positions, cache, tree)
 
 
 def shift_features(features: Array) -> Array:

@@ -70,10 +70,10 @@ class FeatureModel(DecodingModel, Protocol):
     """Width E of a feature."""
 
   def decode_features(self, params: Params, cache: Cache, tokens: jax.Array,
-                      positions: jax.Array, encoded: Encoded
+                      positions: jax.Array, encoded: Encoded, *, tree: Any = None
                       ) -> Tuple[jax.Array, jax.Array, Cache]:
-    """As `decode` (a chain call) -> (float32 logits [B, k, V], float32 features [B, k, E],
-    cache)."""
+    """As `decode` (a chain call, or a tree call with `tree`) -> (float32 logits [B, k, V],
+    float32 features [B, k, E], cache)."""
 
   def embed(self, params: Params, tokens: jax.Array) -> jax.Array:
     """tokens int32 [...] -> the model's input embeddings [..., E]."""

@@ -141,9 +141,10 @@ class T5Network(nn.Module):
     return self.decoder.forward(decoder_input_tokens, None, self.encode(inputs), features=True)
 
   def decode_step_features(self, tokens: Array, positions: Array, cache: KVCache,
-                           encoded: EncodedInputs):
-    """Cached chain step -> (logits [B, k, V], features [B, k, E], KVCache)."""
-    return self.decoder.decode_step(tokens, positions, cache, None, encoded, features=True)
+                           encoded: EncodedInputs, tree: Optional[TreeAttention] = None):
+    """Cached step -> (logits [B, k, V], features [B, k, E], KVCache)."""
+    return self.decoder.decode_step(tokens, positions, cache, None, encoded, tree=tree,
+                                    features=True)
 
   def embed(self, tokens: Array) -> Array:
     """The shared input embeddings [..., E] of tokens int32 [...]."""
@@ -242,11 +243,14 @@ class T5Model(NetworkModel):
     return self.config.emb_dim
 
   def decode_features(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
-                      encoded: EncodedInputs) -> Tuple[Array, Array, KVCache]:
-    """`decode` (a chain call) that also returns each decoder token's final hidden state:
-    (float32 logits [B, k, V], float32 features [B, k, E], updated cache)."""
+                      encoded: EncodedInputs, *, tree: Optional[TreeAttention] = None
+                      ) -> Tuple[Array, Array, KVCache]:
+    """`decode` (a chain call, or a tree call with `tree`) that also returns each decoder
+    token's final hidden state: (float32 logits [B, k, V], float32 features [B, k, E],
+    updated cache)."""
     tokens, positions = self._check_decode(params, cache, tokens, positions, encoded)
-    return self._apply("decode_step_features", params, tokens, positions, cache, encoded)
+    check_tree(tree, tokens.shape[0], tokens.shape[1], cache.max_len, None)
+    return self._apply("decode_step_features", params, tokens, positions, cache, encoded, tree)
 
   def features(self, params: Any, inputs: Any, decoder_input_tokens: Any
                ) -> Tuple[Array, Array]:

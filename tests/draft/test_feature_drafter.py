@@ -10,8 +10,8 @@ import pytest
 
 from specjax.decode import (DecodeConfig, autoregressive_decode, speculative_beam_search,
                             speculative_decode, tree_decode)
-from specjax.draft import (DRAFTERS, FeatureDrafter, HierarchicalDrafter, StaticTree,
-                           get_drafter)
+from specjax.draft import (DRAFTERS, DynamicTree, FeatureDrafter, FeatureTreeDrafter,
+                           HierarchicalDrafter, StaticTree, get_drafter)
 from specjax.models import DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, build_model
 from specjax.models.feature_head import shift_features
 from specjax.sampling import Sampling
@@ -88,6 +88,30 @@ def test_joint_of_first_three_tokens_matches_target_at_temperature_one():
   assert 0.5 * float(jnp.abs(p - q).sum()) > 0.05
 
 
+# Power: as the chain test above (same target, head, prompt and N = 200,000: a correct
+# sampler's TV is about 0.005 against the 0.015 bound). Rounds accept 0, 1 and 2 nodes
+# (asserted), so a tree round that fed a node its wrong parent feature, kept the wrong path's
+# target features, or verified a child against another node's q would move the law. The
+# dynamic tree (EAGLE-2's expansion) runs the static trees' drawing code too.
+def test_tree_joint_of_first_three_tokens_matches_target_at_temperature_one():
+  tree = DynamicTree(branch=2, expand=1, max_depth=2)
+  target = build_model(DecoderOnlyConfig(vocab_size=V, emb_dim=8, num_heads=2, num_layers=1,
+                                         head_dim=4, mlp_dim=8))
+  params = target.init(jax.random.PRNGKey(5))
+  head = FeatureHead(FeatureHeadConfig(vocab_size=V, emb_dim=8, num_heads=2, head_dim=4,
+                                       mlp_dim=8))
+  drafter = FeatureDrafter(target, head, max_gamma=2)
+  result = tree_decode(target, params, drafter, drafter.params(head.init(7), params),
+                       np.array([PROMPT] * N, np.int32), max_new_tokens=STEPS,
+                       rng=jax.random.PRNGKey(0), tree=tree,
+                       config=DecodeConfig(eos_id=-1, cache_len=16, trace=True))
+  law = _exact_joint(target, params)
+  counts = collections.Counter(map(tuple, np.asarray(result.tokens)[:, :STEPS].tolist()))
+  tv = 0.5 * sum(abs(counts.get(k, 0) / N - p) for k, p in law.items())
+  assert tv < 0.015, tv
+  assert np.all(np.asarray(result.accepted_hist).sum(0) > 1000)
+
+
 # --------------------------------------------------------------------------- greedy
 
 def _inputs(family):
@@ -155,6 +179,25 @@ def test_streamed_through_slots_greedy_equals_autoregressive():
   np.testing.assert_array_equal(result.tokens, reference.tokens)
 
 
+@pytest.mark.parametrize("family", ["lm", "t5"])
+def test_tree_greedy_equals_autoregressive(family):
+  pair = tiny_pair(family)
+  head, head_params = _near_copy_head(pair.target)
+  inputs = _inputs(family)
+  reference = autoregressive_decode(pair.target, pair.target_params, inputs, max_new_tokens=20,
+                                    rng=jax.random.PRNGKey(0), config=GREEDY)
+  for tree in (StaticTree.from_branching((2, 2, 1)),
+               DynamicTree(branch=3, expand=2, max_depth=3, keep=8)):
+    drafter = get_drafter("feature_tree", target=pair.target, head=head, tree=tree)
+    result = tree_decode(pair.target, pair.target_params, drafter,
+                         drafter.params(head_params, pair.target_params), inputs,
+                         max_new_tokens=20, rng=jax.random.PRNGKey(0), config=GREEDY)
+    np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=repr(tree))
+    np.testing.assert_array_equal(result.lengths, reference.lengths)
+    accepted = np.asarray(result.accepted_hist).sum(0)  # rounds by accepted nodes
+    assert np.count_nonzero(accepted) >= 2 and accepted[2:].sum() > 0, (tree, accepted)
+
+
 def test_bundled_lm_target_with_a_random_head_decodes_as_autoregressive():
   from specjax.app import bundled  # pylint: disable=import-outside-toplevel
   target, params = bundled.load("lm", "target")
@@ -173,6 +216,7 @@ def test_bundled_lm_target_with_a_random_head_decodes_as_autoregressive():
 
 def test_registered_and_refuses_a_head_built_for_another_target():
   assert DRAFTERS["feature"] is FeatureDrafter
+  assert DRAFTERS["feature_tree"] is FeatureTreeDrafter
   pair = tiny_pair("lm")
   wide = FeatureHead(FeatureHeadConfig(vocab_size=8192, emb_dim=64, num_heads=2, head_dim=8,
                                        mlp_dim=32))
@@ -198,11 +242,16 @@ def test_loops_that_cannot_supply_features_refuse_it_in_one_line():
     speculative_decode(pair.target, pair.target_params, drafter, params, inputs,
                        max_new_tokens=4, rng=jax.random.PRNGKey(0),
                        config=DecodeConfig(gamma_policy="auto"))
-  for tree in (None, StaticTree.from_branching([2])):
-    with pytest.raises(ValueError, match="^tree_decode does not supply the target features "
-                                         "FeatureDrafter reads"):
-      tree_decode(pair.target, pair.target_params, drafter, params, inputs, max_new_tokens=4,
-                  rng=jax.random.PRNGKey(0), tree=tree)
+  with pytest.raises(ValueError, match="^tree_decode needs a tree drafter.*or FeatureDrafter "
+                                       "with tree=..., got FeatureDrafter$"):
+    tree_decode(pair.target, pair.target_params, drafter, params, inputs, max_new_tokens=4,
+                rng=jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match=r"^FeatureTreeDrafter reads the target's features, "
+                                       r"which the 'auto' policy's γ = 0 rounds do not supply; "
+                                       r"use gamma_policy 'constant'$"):
+    tree_decode(pair.target, pair.target_params, drafter, params, inputs, max_new_tokens=4,
+                rng=jax.random.PRNGKey(0), tree=StaticTree.from_branching([2]),
+                config=DecodeConfig(gamma_policy="auto"))
   for draft in (drafter, head):
     with pytest.raises(ValueError, match="drafts with a DecodingModel.*no target features"):
       speculative_beam_search(pair.target, pair.target_params, draft, params, inputs,

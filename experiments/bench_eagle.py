@@ -1,0 +1,173 @@
+"""Feature-level (EAGLE-style) drafts beside the independent draft model, in one run.
+
+  python -m experiments.bench_eagle --pair lm --weights_dtype bfloat16 [--head DIR] [--fast]
+
+The bundled LM target decodes each of `num_examples` bundled prompts alone (batch 1) for
+`max_new_tokens` tokens (EOS ignored, so every decoder emits the same count) at temperature
+0, by:
+- the target alone (autoregressive);
+- the pair's independent draft model, chains of γ (`draft_gammas`);
+- the feature head (`--head`: a folder written by `runs/train_lm_eagle.gin`, default the
+  bundled one), chains of γ (`feature_gammas`), static trees of spines (`tree_spines`) and
+  EAGLE-2 dynamic trees (`dynamic_trees`: (branch, expand, depth, keep)).
+Every decoder runs on every example, interleaved (`specjax.timing.interleaved`, the order
+alternating), `repeats` timed passes per example after a warm-up; compile time is reported
+apart. Columns:
+- alpha: chains, the acceptance estimate of Eq. 1 (the verifier's min(1, p/q) overlap);
+  trees, the depth-equivalent α (`specjax.decode.tree`);
+- tokens_per_call: emitted tokens per target call; E_tokens: Eq. 1 at that α and γ (chains);
+- ms_per_token and speedup: the autoregressive ms per token over the decoder's (ratio of the
+  summed per-example medians); speedup_range: the lowest and highest per-example ratio.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import gin
+import jax
+import numpy as np
+
+from experiments.common.checks import check_counts
+from experiments.common.cli import Cli, cli_main
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import load_examples
+from experiments.common.output import Output, header, markdown_table
+from specjax import analysis, timing
+from specjax.app import bundled
+from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
+from specjax.draft import DynamicTree, FeatureDrafter, StaticTree
+
+FAST = dict(num_examples=1, max_new_tokens=8, draft_gammas=(2,), feature_gammas=(2,),
+            tree_spines=((2, 1),), dynamic_trees=((2, 1, 2, 3),), repeats=1)
+DEFAULT_HEAD = "bundled:lm/eagle"
+
+
+def load_head(name: str, target):
+  """(FeatureHead, float32 params) of a head folder or 'bundled:PAIR/eagle'."""
+  from specjax.train import load_head as load_folder  # pylint: disable=import-outside-toplevel
+  if name.startswith(bundled.PREFIX):
+    pair, _, role = name[len(bundled.PREFIX):].partition("/")
+    head, params = bundled.load(pair, role)
+  else:
+    head, params = load_folder(name)
+  head.check_target(target)
+  return head, params
+
+
+def decoders(pair, head, head_params, *, draft_gammas: Sequence[int],
+             feature_gammas: Sequence[int], tree_spines: Sequence[Sequence[int]],
+             dynamic_trees: Sequence[Tuple[int, int, int, int]], cache_len: int,
+             max_new_tokens: int) -> Dict[str, Tuple[str, object]]:
+  """name -> (kind, fn(row int32 [1, W]) -> DecodeResult), the autoregressive one first."""
+  config = decode_config(0.0, cache_len)
+  key = jax.random.PRNGKey(0)
+  target, params = pair.target, pair.target_params
+  common = dict(max_new_tokens=max_new_tokens, rng=key, config=config)
+  runs = {"autoregressive": ("ar", lambda row: autoregressive_decode(target, params, row,
+                                                                      **common))}
+  for g in draft_gammas:
+    drafter, dparams = model_drafter(pair, g)
+    runs[f"draft model, chain γ={g}"] = ("chain", (lambda d, p, g: lambda row: speculative_decode(
+        target, params, d, p, row, gamma=g, **common))(drafter, dparams, g))
+  for g in feature_gammas:
+    drafter = FeatureDrafter(target, head, max_gamma=g)
+    fparams = drafter.params(head_params, params)
+    runs[f"feature head, chain γ={g}"] = ("chain", (lambda d, p, g: lambda row:
+                                                     speculative_decode(target, params, d, p, row,
+                                                                        gamma=g, **common))(
+                                                                            drafter, fparams, g))
+  trees = [(f"feature head, spines {tuple(s)}", StaticTree.from_spines(tuple(s)))
+           for s in tree_spines]
+  trees += [(f"feature head, dynamic b{b} e{e} d{d} keep {k}",
+             DynamicTree(branch=b, expand=e, max_depth=d, keep=k))
+            for b, e, d, k in dynamic_trees]
+  drafter = FeatureDrafter(target, head, max_gamma=1)
+  fparams = drafter.params(head_params, params)
+  for name, tree in trees:
+    runs[name] = ("tree", (lambda t: lambda row: tree_decode(target, params, drafter, fparams, row,
+                                                             tree=t, **common))(tree))
+  return runs
+
+
+@gin.configurable(module="bench_eagle")
+def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
+        draft_gammas: Sequence[int] = (3, 5), feature_gammas: Sequence[int] = (4, 5, 6),
+        tree_spines: Sequence[Sequence[int]] = ((6, 2, 1), (7, 3, 2, 1)),
+        dynamic_trees: Sequence[Tuple[int, int, int, int]] = ((3, 2, 6, 12),),
+        repeats: int = 5, max_input_len: int = 48) -> List[Dict]:
+  """Writes bench_eagle.{md,csv,json}; returns the rows (module docstring)."""
+  check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, repeats=repeats)
+  pair = cli.pairs[0]
+  if len(cli.pairs) != 1 or pair.target.is_encoder_decoder:
+    raise ValueError("bench_eagle decodes the bundled LM pair: give --pair lm")
+  head_name = cli.flags["head"]
+  head, head_params = load_head(head_name, pair.target)
+  ex = load_examples(pair, num_examples, max_input_len)
+  depth = max([*draft_gammas, *feature_gammas, *(len(s) and max(s) for s in tree_spines),
+               *(d for _, _, d, _ in dynamic_trees)])
+  grown = max([sum(s) for s in tree_spines] + [b + b * e * (d - 1) for b, e, d, _ in
+                                               dynamic_trees] + [depth])
+  runs = decoders(pair, head, head_params, draft_gammas=draft_gammas,
+                  feature_gammas=feature_gammas, tree_spines=tree_spines,
+                  dynamic_trees=dynamic_trees, cache_len=max_input_len + max_new_tokens + grown + 1,
+                  max_new_tokens=max_new_tokens)
+  medians = {name: [] for name in runs}
+  stats = {name: dict(calls=0, alpha_sum=0.0, alpha_count=0) for name in runs}
+  compile_s: Dict[str, float] = {}
+  for i in range(num_examples):
+    row = ex.inputs[i:i + 1]
+    t = timing.interleaved({name: (lambda fn: lambda: fn(row))(fn)
+                            for name, (_, fn) in runs.items()}, repeats, warmup=i == 0)
+    compile_s = compile_s or dict(t.compile_s)
+    reference = np.asarray(t.outputs["autoregressive"].tokens)
+    for name in runs:
+      out = t.outputs[name]
+      if not np.array_equal(np.asarray(out.tokens), reference):
+        raise AssertionError(f"{name}: greedy output differs from autoregressive on example {i}")
+      medians[name].append(t.median(name))
+      stats[name]["calls"] += int(out.target_calls[0])
+      stats[name]["alpha_sum"] += float(out.alpha_sum[0])
+      stats[name]["alpha_count"] += int(out.alpha_count[0])
+  tokens = max_new_tokens * num_examples
+  ar = np.asarray(medians["autoregressive"])
+  rows = []
+  for name, (kind, _) in runs.items():
+    own, st = np.asarray(medians[name]), stats[name]
+    alpha = st["alpha_sum"] / max(st["alpha_count"], 1) if kind != "ar" else None
+    gamma = int(name.rsplit("=", 1)[1]) if kind == "chain" else None
+    ratios = ar / own
+    rows.append({
+        "decoder": name, "alpha": alpha, "tokens_per_call": tokens / max(st["calls"], 1),
+        "E_tokens": (float(analysis.expected_tokens(alpha, gamma)) if gamma else None),
+        "ms_per_token": 1e3 * own.sum() / tokens,
+        "speedup": float(ar.sum() / own.sum()),
+        "speedup_range": f"{ratios.min():.2f}-{ratios.max():.2f}",
+        "compile_s": compile_s.get(name, 0.0)})
+    print(f"{name}: α={alpha if alpha is None else round(alpha, 3)} "
+          f"tokens/call={rows[-1]['tokens_per_call']:.2f} "
+          f"ms/token={rows[-1]['ms_per_token']:.3f} speedup={rows[-1]['speedup']:.2f} "
+          f"({rows[-1]['speedup_range']})")
+  out = Output(cli.output_dir, "bench_eagle")
+  md = header("Feature-level drafts (EAGLE-style) beside the independent draft, batch 1",
+              cli.pairs, [
+                  f"feature head: {head_name}",
+                  f"{num_examples} bundled prompts × {max_new_tokens} tokens (EOS ignored), "
+                  f"temperature 0, every decoder interleaved per example, median of {repeats} "
+                  "passes, compile excluded (compile_s apart); every output equal to the "
+                  "autoregressive one (checked)",
+                  "alpha: chains Eq. 1's estimate, trees the depth-equivalent α; E_tokens: "
+                  "Eq. 1 at alpha and γ; speedup: autoregressive ms per token / the decoder's; "
+                  "range: per example"])
+  md += "\n" + markdown_table(rows, ["decoder", "alpha", "tokens_per_call", "E_tokens",
+                                     "ms_per_token", "speedup", "speedup_range", "compile_s"])
+  return out.report(md, rows, cli.pairs)
+
+
+main = cli_main(run, "bench_eagle", __doc__, FAST, default_pairs=("lm",),
+                flags={"--head": dict(default=DEFAULT_HEAD,
+                                      help="the feature head: a folder written by "
+                                           "runs/train_lm_eagle.gin, or 'bundled:lm/eagle'")})
+
+
+if __name__ == "__main__":
+  main()
