@@ -17,7 +17,9 @@ Per family, size, batch and attention implementation, all runs interleaved
 autoregressive decoding, speculative decoding with each draft (γ fixed), and for decoder-only
 the plain `fori_loop` peer (`experiments.reference_decoder`). Reported: ms per token (median
 and spread), c, tokens per call, α, greedy equality with the target's autoregressive tokens,
-the round cost (the α = 0 run: time per round), the speedup predicted at α = 0.6 / 0.75 / 0.9
+the round cost (the α = 0 run: time per round), speculative decoding drafted by a random
+feature head at the target's width (`specjax.draft.FeatureDrafter`, EAGLE-style: its ms per
+token, its round cost and greedy equality; its α is a random head's), the speedup predicted at α = 0.6 / 0.75 / 0.9
 from that round cost (Eq. 1's tokens per round / round cost × step cost), and the roofline:
 the bytes an autoregressive step reads (the decoder's weights as run, the KV cache and for T5
 the encoded inputs) over the bandwidth of a device-to-device copy measured in the same run.
@@ -52,8 +54,8 @@ from specjax import timing
 from specjax.analysis import expected_tokens
 from specjax.app.gin_config import model_config_from_file
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
-from specjax.draft import ModelDrafter
-from specjax.models import build_model
+from specjax.draft import FeatureDrafter, ModelDrafter
+from specjax.models import FeatureHead, FeatureHeadConfig, build_model
 from specjax.models.layers import ATTENTION_IMPLEMENTATIONS
 from specjax.params import cast_kernels, count_params, flatten
 from specjax.sampling import Sampling
@@ -118,16 +120,28 @@ def copy_gbps(megabytes: int, repeats: int) -> float:
 
 def build_models(family: str, size: str, args) -> Dict[str, Any]:
   """attention implementation -> ((target, params), (tied draft, params), (untied draft,
-  params)): random init, weights cast to --dtype; one parameter set per model, shared by the
-  implementations (they read the same tree)."""
+  params), (feature head, params)): random init, weights cast to --dtype; one parameter set
+  per model, shared by the implementations (they read the same tree)."""
   roles = ((size, True, 0), (SIZES[size], True, 1), (SIZES[size], False, 2))
   models = {att: [build_model(model_config(family, s, dtype=args.dtype, attention=att, tied=t))
                   for s, t, _ in roles] for att in args.attention}
+  for att, ms in models.items():  # a feature head for the target (EAGLE-style)
+    ms.append(feature_head(ms[0], att, args.dtype))
   params = []
-  for model, (_, _, seed) in zip(models[args.attention[0]], roles):
+  for model, seed in zip(models[args.attention[0]], (0, 1, 2, 3)):
     p = model.init(seed)
     params.append(cast_kernels(p, jnp.bfloat16) if args.dtype == "bfloat16" else p)
   return {att: tuple(zip(ms, params)) for att, ms in models.items()}
+
+
+def feature_head(target, attention: str, dtype: str) -> FeatureHead:
+  """A feature head (`specjax.models.FeatureHead`: one decoder layer) at the target's width,
+  heads and MLP size, random init: its step cost at scale, not its α."""
+  cfg = target.config
+  return FeatureHead(FeatureHeadConfig(
+      vocab_size=cfg.vocab_size, emb_dim=cfg.emb_dim, num_heads=cfg.num_heads,
+      head_dim=cfg.head_dim, mlp_dim=cfg.mlp_dim, mlp_activations=cfg.mlp_activations,
+      dtype=dtype, attention_impl=attention))
 
 
 def setting_rows(family: str, size: str, batch: int, args, gbps: float, built: Dict[str, Any]
@@ -147,7 +161,7 @@ def setting_rows(family: str, size: str, batch: int, args, gbps: float, built: D
                                                   dtype=np.int32)
   runs = {}
   for att in args.attention:
-    (target, tparams), (tied, tied_p), (untied, untied_p) = built[att]
+    (target, tparams), (tied, tied_p), (untied, untied_p), (head, head_p) = built[att]
     runs[f"{att}:target"] = functools.partial(autoregressive_decode, target, tparams, prompts,
                                               **common)
     runs[f"{att}:draft"] = functools.partial(autoregressive_decode, tied, tied_p, prompts,
@@ -156,6 +170,10 @@ def setting_rows(family: str, size: str, batch: int, args, gbps: float, built: D
       runs[f"{att}:{name}"] = functools.partial(
           speculative_decode, target, tparams, ModelDrafter(draft, gamma), dparams, prompts,
           gamma=gamma, **common)
+    feature = FeatureDrafter(target, head, gamma)
+    runs[f"{att}:spec_feature"] = functools.partial(
+        speculative_decode, target, tparams, feature, feature.params(head_p, tparams), prompts,
+        gamma=gamma, **common)
     if family == "decoder_only":
       runs[f"{att}:reference"] = functools.partial(reference_decode, target.config, tparams,
                                                    prompts, n, cache_len)
@@ -202,6 +220,11 @@ def _row(t, att: str, models, family: str, size: str, batch: int, args,
       "tokens_per_call_untied": per_call["untied"],
       "alpha_untied": float(np.mean(out("spec_untied").alpha)),
       "round_ms": round_ms,
+      "spec_feature_ms_per_token": ms("spec_feature") / batch,
+      "speedup_feature": ms("target") / ms("spec_feature"),
+      "tokens_per_call_feature": float(np.mean(out("spec_feature").tokens_per_call)),
+      "feature_round_ms": ms("spec_feature") * float(np.mean(out("spec_feature").tokens_per_call)),
+      "greedy_equal_feature": same("spec_feature"),
       "step_floor_ms": floor_ms, "roofline_fraction": floor_ms / ms("target"),
       "greedy_equal_tied": same("spec_tied"), "greedy_equal_untied": same("spec_untied"),
       "compile_s": {name.split(":", 1)[1]: s for name, s in t.compile_s.items()
@@ -219,10 +242,11 @@ def _row(t, att: str, models, family: str, size: str, batch: int, args,
 
 COLUMNS = ["family", "size", "batch", "attention", "target_ms_per_token", "draft_ms_per_token",
            "c", "spec_tied_ms_per_token", "speedup_tied", "tokens_per_call_tied",
-           "spec_untied_ms_per_token", "speedup_untied", "round_ms", "roofline_fraction",
+           "spec_untied_ms_per_token", "speedup_untied", "round_ms", "feature_round_ms",
+           "speedup_feature", "roofline_fraction",
            "predicted_speedup_0.6", "predicted_speedup_0.75", "predicted_speedup_0.9",
            "target_vs_reference", "greedy_equal_tied", "greedy_equal_untied",
-           "greedy_equal_reference"]
+           "greedy_equal_feature", "greedy_equal_reference"]
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

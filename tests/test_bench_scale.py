@@ -41,6 +41,7 @@ def test_smoke_rows_are_complete_and_greedy_equal(smoke):
     # speculative decoding with either draft, and the plain fori_loop peer, give the
     # target's own greedy tokens (float32)
     assert row["greedy_equal_tied"] and row["greedy_equal_untied"]
+    assert row["greedy_equal_feature"] and row["feature_round_ms"] > 0
     for name in ("target_step_ms", "draft_step_ms", "round_ms", "step_floor_ms"):
       assert np.isfinite(row[name]) and row[name] > 0, name
     assert row["c"] == pytest.approx(row["draft_step_ms"] / row["target_step_ms"])
@@ -49,7 +50,8 @@ def test_smoke_rows_are_complete_and_greedy_equal(smoke):
     for alpha in bench_scale.ALPHAS:  # Eq. 1's tokens per round over the measured round cost
       want = float(expected_tokens(alpha, row["gamma"])) * row["target_step_ms"] / row["round_ms"]
       assert row[f"predicted_speedup_{alpha}"] == pytest.approx(want)
-    assert set(row["compile_s"]) >= {"target", "draft", "spec_tied", "spec_untied"}
+    assert set(row["compile_s"]) >= {"target", "draft", "spec_tied", "spec_untied",
+                                     "spec_feature"}
   assert rows[0]["greedy_equal_reference"] and rows[0]["reference_step_ms"] > 0
   assert "reference_step_ms" not in rows[1]  # the peer is decoder-only
 
