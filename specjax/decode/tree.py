@@ -246,7 +246,7 @@ def _tree_drafter(drafter: Any, tree: Any) -> Drafter:
     if not isinstance(tree, (StaticTree, DynamicTree)):
       raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
     if isinstance(drafter, FeatureDrafter):
-      drafter = FeatureTreeDrafter(drafter.target, drafter.head, tree)
+      drafter = FeatureTreeDrafter(drafter.target, drafter.head, tree, drafter.vocab_limit)
     elif isinstance(drafter, NGramDrafter):
       drafter = NGramTreeDrafter(drafter, tree)
     else:

@@ -21,7 +21,7 @@ Verification is unchanged, so the output is exactly the target's distribution.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Tuple
+from typing import Any, ClassVar, Optional, Tuple
 
 import flax
 import jax
@@ -67,6 +67,17 @@ class FeatureHeadDrafter(DrafterDefaults):
   def init(self, params, inputs, seq, length, cache_len):
     return start_state(self.target, self.head, params, inputs, seq, length, cache_len)
 
+  def draft_logits(self, target_params: Any, features: jax.Array) -> jax.Array:
+    """The head's predicted features [..., E] -> the draft's logits [..., V] through the
+    target's output projection; with `vocab_limit` K only token ids below K are computed (the
+    others get -inf: q is 0 there, and verification stays exact)."""
+    limit = self.vocab_limit
+    logits = self.target.feature_logits(target_params, features, vocab_limit=limit)
+    if limit is None or limit >= self.target.vocab_size:
+      return logits
+    pad = [(0, 0)] * (logits.ndim - 1) + [(0, self.target.vocab_size - limit)]
+    return jnp.pad(logits, pad, constant_values=-jnp.inf)
+
   def update(self, state: FeatureDrafterState, accepted: Accepted) -> FeatureDrafterState:
     """Keeps the target's features at the positions the round scored that were committed
     (`Accepted.features` from position start - 1: a chain's, or a tree's root and accepted
@@ -91,6 +102,11 @@ class FeatureDrafter(FeatureHeadDrafter):
   target: Any  # a specjax.models.FeatureModel
   head: FeatureHead
   max_gamma: int
+  vocab_limit: Optional[int] = None
+  """Draft over token ids 0 .. vocab_limit - 1 only (None: all): the head's logits cost
+  vocab_limit / V of the full product. SentencePiece numbers a unigram model's pieces by
+  score, so the first ids are the most frequent pieces; a guess outside them is never made
+  (its q is 0), which costs acceptance, never exactness."""
 
   tree: ClassVar[None] = None  # a chain drafter
   deterministic: ClassVar[bool] = False
@@ -110,7 +126,7 @@ class FeatureDrafter(FeatureHeadDrafter):
     feature, cache = catch_up(self.target, self.head, params, state, seq, length,
                               self.max_gamma + 1)
     guess0, probs0 = draft_step(row_keys, length, 0,
-                                self.target.feature_logits(target_params, feature), sampling)
+                                self.draft_logits(target_params, feature), sampling)
     tokens = jnp.zeros((batch, self.max_gamma), jnp.int32).at[:, 0].set(guess0)
     all_probs = jnp.zeros((batch, self.max_gamma, probs0.shape[-1]),
                           jnp.float32).at[:, 0].set(probs0)
@@ -123,7 +139,7 @@ class FeatureDrafter(FeatureHeadDrafter):
                                           length + i - 1)
       feature = predicted[:, 0]
       guess, probs = draft_step(row_keys, length, i,
-                                self.target.feature_logits(target_params, feature), sampling)
+                                self.draft_logits(target_params, feature), sampling)
       tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
       all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
       return tokens, all_probs, cache, feature
@@ -138,7 +154,8 @@ class FeatureDrafter(FeatureHeadDrafter):
 
 def check_head(drafter: Any) -> None:
   """ValueError unless `drafter.head` is a FeatureHead and `drafter.target` a FeatureModel of
-  the head's emb_dim and vocabulary (both shapes named)."""
+  the head's emb_dim and vocabulary (both shapes named), and `drafter.vocab_limit` None or in
+  [1, V]."""
   name = type(drafter).__name__
   if not isinstance(drafter.head, FeatureHead):
     raise ValueError(f"{name}.head must be a FeatureHead, got {type(drafter.head).__name__}")
@@ -146,6 +163,11 @@ def check_head(drafter: Any) -> None:
     raise ValueError(f"{name} needs a target that returns its features (a "
                      f"specjax.models.FeatureModel), got {type(drafter.target).__name__}")
   drafter.head.check_target(drafter.target)
+  if drafter.vocab_limit is not None:
+    check_sizes(drafter, vocab_limit=1)
+    if drafter.vocab_limit > drafter.target.vocab_size:
+      raise ValueError(f"{name}.vocab_limit {drafter.vocab_limit} exceeds the target's "
+                       f"vocab_size {drafter.target.vocab_size}")
 
 
 def start_state(target: Any, head: FeatureHead, params: dict, inputs, seq, length,

@@ -30,7 +30,8 @@ from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
                                    RMSNorm, after, check_logits_at,
                                    check_positions, check_prefix_lengths, check_tokens,
-                                   check_tree, key_layout, mask_to_bias, mlp_kernel_init,
+                                   check_tree, check_vocab_limit, key_layout, mask_to_bias,
+                                   mlp_kernel_init,
                                    validate_config, value_layout, write_rows)
 from specjax.models.tree import TreeAttention
 
@@ -185,13 +186,14 @@ class DecoderStack(nn.Module):
     """tokens int32 [...] -> the input embeddings [..., E] (the model's dtype)."""
     return self._embedder()(tokens)
 
-  def output_logits(self, y: Array) -> Array:
-    """The final hidden state y [..., E] (after `decoder_norm`) -> float32 logits [..., V]."""
+  def output_logits(self, y: Array, vocab_limit: Optional[int] = None) -> Array:
+    """The final hidden state y [..., E] (after `decoder_norm`) -> float32 logits [..., V];
+    with `vocab_limit` (static) of the first that many token ids only."""
     cfg = self.config
     if cfg.logits_via_embedding:
-      logits = self._embedder().attend(y) / jnp.sqrt(jnp.float32(cfg.emb_dim))
+      logits = self._embedder().attend(y, vocab_limit) / jnp.sqrt(jnp.float32(cfg.emb_dim))
     else:
-      logits = self.logits_dense(y)
+      logits = self.logits_dense(y, vocab_limit)
     return logits.astype(jnp.float32)
 
   def _run(self, tokens, bias, caches, starts, encoded, logits_at=None, features=False):
@@ -373,9 +375,9 @@ class DecoderOnlyNetwork(nn.Module):
     """The input embeddings [..., E] of tokens int32 [...]."""
     return self.decoder.embed(tokens)
 
-  def output_logits(self, features: Array) -> Array:
+  def output_logits(self, features: Array, vocab_limit: Optional[int] = None) -> Array:
     """Features [..., E] -> float32 logits [..., V] (the model's own output projection)."""
-    return self.decoder.output_logits(features)
+    return self.decoder.output_logits(features, vocab_limit)
 
 
 class DecoderOnlyModel(NetworkModel):
@@ -501,10 +503,13 @@ class DecoderOnlyModel(NetworkModel):
     """tokens int32 [...] -> the model's input embeddings [..., E]."""
     return self._apply("embed", params, jnp.asarray(tokens, jnp.int32))
 
-  def feature_logits(self, params: Any, features: Any) -> Array:
+  def feature_logits(self, params: Any, features: Any, vocab_limit: Optional[int] = None
+                     ) -> Array:
     """features [..., E] -> float32 logits [..., V] through the model's own output projection
-    (the embedding / sqrt(E) when `logits_via_embedding`, else `logits_dense`)."""
-    return self._apply("output_logits", params, features)
+    (the embedding / sqrt(E) when `logits_via_embedding`, else `logits_dense`); with
+    `vocab_limit` (static) the logits of token ids 0 .. vocab_limit - 1 only."""
+    return self._apply_static("output_logits", (check_vocab_limit(vocab_limit, self.vocab_size),),
+                              params, features)
 
   def _check_decode(self, params, cache, tokens, positions, prefix_lengths):
     self.check_params(params)

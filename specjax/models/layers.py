@@ -185,10 +185,13 @@ class Dense(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
-    """x: [..., in] -> [..., features] in `dtype`."""
+  def __call__(self, x: Array, columns: Optional[int] = None) -> Array:
+    """x: [..., in] -> [..., features] in `dtype`; with `columns` (static) only the first
+    that many output features are computed, [..., columns]."""
     kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features),
                         jnp.float32)
+    if columns is not None:
+      kernel = kernel[:, :columns]
     if kernel.dtype == jnp.bfloat16:  # weights cast once by `specjax.params.cast_kernels`
       return bfloat16_dot(x, kernel).astype(self.dtype)
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
@@ -245,12 +248,14 @@ class Embed(nn.Module):
     """tokens: int [...] -> [..., E] in `dtype`."""
     return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
 
-  def attend(self, y: Array) -> Array:
+  def attend(self, y: Array, rows: Optional[int] = None) -> Array:
     """y: [..., E] -> float32 [..., V], the dot product with every embedding (in
-    bfloat16 with float32 sums when the table was cast by `cast_kernels`)."""
-    if self.embedding.dtype == jnp.bfloat16:
-      return bfloat16_dot(y, self.embedding, transposed=True)
-    return jnp.dot(y.astype(jnp.float32), self.embedding.T)
+    bfloat16 with float32 sums when the table was cast by `cast_kernels`); with `rows`
+    (static) with the first that many only, [..., rows]."""
+    table = self.embedding if rows is None else self.embedding[:rows]
+    if table.dtype == jnp.bfloat16:
+      return bfloat16_dot(y, table, transposed=True)
+    return jnp.dot(y.astype(jnp.float32), table.T)
 
 
 class MlpBlock(nn.Module):
@@ -664,6 +669,16 @@ def check_logits_at(logits_at: Any, batch: int, k: int) -> Optional[Array]:
   return logits_at.astype(jnp.int32)
 
 
+def check_vocab_limit(vocab_limit: Any, vocab_size: int) -> Optional[int]:
+  """`vocab_limit` (None, or an integer in [1, vocab_size]; vocab_size itself means None)."""
+  if vocab_limit is None:
+    return None
+  check_int("vocab_limit", vocab_limit, low=1)
+  if vocab_limit > vocab_size:
+    raise ValueError(f"vocab_limit {vocab_limit} exceeds the model's vocab_size {vocab_size}")
+  return None if vocab_limit == vocab_size else int(vocab_limit)
+
+
 def check_tree(tree: Any, batch: int, k: int, max_len: int, prefix_lengths: Any) -> None:
   """ValueError unless tree is None or a TreeAttention for a [batch, k] call (no prefix LM)."""
   if tree is None:
@@ -709,6 +724,14 @@ def _network_shapes(net: nn.Module, method: str, num_inputs: int) -> Any:
 def apply_network(net: nn.Module, method: str, params: Any, *args: Any) -> Any:
   """Jitted `net.apply`; equal networks (equal configs) share compiled code."""
   return net.apply({"params": params}, *args, method=method)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def apply_network_static(net: nn.Module, method: str, static: Tuple[Any, ...], params: Any,
+                         *args: Any) -> Any:
+  """`apply_network` with trailing static arguments (`static`, hashable: sizes, flags)
+  passed after `args`."""
+  return net.apply({"params": params}, *args, *static, method=method)
 
 
 class NetworkModel:
@@ -782,6 +805,9 @@ class NetworkModel:
 
   def _apply(self, method: str, params: Any, *args: Any) -> Any:
     return apply_network(self._net, method, params, *args)
+
+  def _apply_static(self, method: str, static: Tuple[Any, ...], params: Any, *args: Any) -> Any:
+    return apply_network_static(self._net, method, static, params, *args)
 
   def move_slots(self, cache: KVCache, src: Any, dst: Any) -> KVCache:
     """Copies each row's cache slots src[b, i] to dst[b] + i (all read before any write).

@@ -37,7 +37,8 @@ from specjax.models.decoder_only import DecoderStack
 from specjax.models.layers import (DTYPES, Array, EncodedInputs, Embed, KVCache, MlpBlock,
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
                                    RMSNorm, check_logits_at, check_positions, check_tokens,
-                                   check_tree, mask_to_bias, validate_config)
+                                   check_tree, check_vocab_limit, mask_to_bias,
+                                   validate_config)
 from specjax.models.tree import TreeAttention
 
 T5Encoded = EncodedInputs  # what `T5Model.encode` returns
@@ -150,9 +151,9 @@ class T5Network(nn.Module):
     """The shared input embeddings [..., E] of tokens int32 [...]."""
     return self.token_embedder(tokens)
 
-  def output_logits(self, features: Array) -> Array:
-    """Decoder features [..., E] -> float32 logits [..., V]."""
-    return self.decoder.output_logits(features)
+  def output_logits(self, features: Array, vocab_limit: Optional[int] = None) -> Array:
+    """Decoder features [..., E] -> float32 logits [..., V] ([..., vocab_limit])."""
+    return self.decoder.output_logits(features, vocab_limit)
 
 
 class T5Model(NetworkModel):
@@ -265,10 +266,13 @@ class T5Model(NetworkModel):
     """tokens int32 [...] -> the shared input embeddings [..., E]."""
     return self._apply("embed", params, jnp.asarray(tokens, jnp.int32))
 
-  def feature_logits(self, params: Any, features: Any) -> Array:
+  def feature_logits(self, params: Any, features: Any, vocab_limit: Optional[int] = None
+                     ) -> Array:
     """Decoder features [..., E] -> float32 logits [..., V] (`logits_dense`, or the shared
-    embedding / sqrt(E) when `logits_via_embedding`)."""
-    return self._apply("output_logits", params, features)
+    embedding / sqrt(E) when `logits_via_embedding`); with `vocab_limit` (static) the logits
+    of token ids 0 .. vocab_limit - 1 only."""
+    return self._apply_static("output_logits", (check_vocab_limit(vocab_limit, self.vocab_size),),
+                              params, features)
 
   def _check_decode(self, params, cache, tokens, positions, encoded):
     self.check_params(params)

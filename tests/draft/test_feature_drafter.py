@@ -92,7 +92,9 @@ def test_joint_of_first_three_tokens_matches_target_at_temperature_one():
 # sampler's TV is about 0.005 against the 0.015 bound). Rounds accept 0, 1 and 2 nodes
 # (asserted), so a tree round that fed a node its wrong parent feature, kept the wrong path's
 # target features, or verified a child against another node's q would move the law. The
-# dynamic tree (EAGLE-2's expansion) runs the static trees' drawing code too.
+# dynamic tree (EAGLE-2's expansion) runs the static trees' drawing code too. The head drafts
+# over token ids 0..2 only (vocab_limit 3): token 3, which the target draws about a quarter of
+# the time here, is never guessed, so its mass must come from the corrections alone.
 def test_tree_joint_of_first_three_tokens_matches_target_at_temperature_one():
   tree = DynamicTree(branch=2, expand=1, max_depth=2)
   target = build_model(DecoderOnlyConfig(vocab_size=V, emb_dim=8, num_heads=2, num_layers=1,
@@ -100,16 +102,18 @@ def test_tree_joint_of_first_three_tokens_matches_target_at_temperature_one():
   params = target.init(jax.random.PRNGKey(5))
   head = FeatureHead(FeatureHeadConfig(vocab_size=V, emb_dim=8, num_heads=2, head_dim=4,
                                        mlp_dim=8))
-  drafter = FeatureDrafter(target, head, max_gamma=2)
+  drafter = FeatureDrafter(target, head, max_gamma=2, vocab_limit=3)
   result = tree_decode(target, params, drafter, drafter.params(head.init(7), params),
                        np.array([PROMPT] * N, np.int32), max_new_tokens=STEPS,
                        rng=jax.random.PRNGKey(0), tree=tree,
                        config=DecodeConfig(eos_id=-1, cache_len=16, trace=True))
   law = _exact_joint(target, params)
-  counts = collections.Counter(map(tuple, np.asarray(result.tokens)[:, :STEPS].tolist()))
+  tokens = np.asarray(result.tokens)[:, :STEPS]
+  counts = collections.Counter(map(tuple, tokens.tolist()))
   tv = 0.5 * sum(abs(counts.get(k, 0) / N - p) for k, p in law.items())
   assert tv < 0.015, tv
   assert np.all(np.asarray(result.accepted_hist).sum(0) > 1000)
+  assert 0.1 < np.mean(tokens == 3) and not np.any(np.asarray(result.trace.guesses) == 3)
 
 
 # --------------------------------------------------------------------------- greedy
@@ -152,14 +156,17 @@ def test_greedy_equals_autoregressive_and_rounds_read_true_features(family):
   inputs = _inputs(family)
   reference = autoregressive_decode(pair.target, pair.target_params, inputs, max_new_tokens=20,
                                     rng=jax.random.PRNGKey(0), config=GREEDY)
-  for gamma in (1, 3):
+  limited = FeatureDrafter(pair.target, head, max_gamma=3, vocab_limit=4000)
+  for gamma, drafter in ((1, drafter), (3, drafter), (3, limited)):
     result = speculative_decode(pair.target, pair.target_params, drafter,
                                 drafter.params(head_params, pair.target_params), inputs,
                                 max_new_tokens=20, gamma=gamma, rng=jax.random.PRNGKey(0),
                                 config=GREEDY)
     np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=f"γ={gamma}")
     np.testing.assert_array_equal(result.lengths, reference.lengths)
-    if gamma == 3:  # rounds accepted 0..3 guesses; the first guess of each read f_{L-2}
+    if drafter is limited:  # no guess at or above the limit
+      assert np.all(np.asarray(result.trace.guesses) < 4000)
+    elif gamma == 3:  # rounds accepted 0..3 guesses; the first guess of each read f_{L-2}
       assert np.count_nonzero(np.asarray(result.accepted_hist).sum(0)) >= 3
       for row, r, token in _first_guesses(pair, head, head_params, inputs, result):
         assert int(result.trace.guesses[row, r, 0]) == token, (row, r)
@@ -225,6 +232,11 @@ def test_registered_and_refuses_a_head_built_for_another_target():
     FeatureDrafter(pair.target, wide, max_gamma=3)
   with pytest.raises(ValueError, match="FeatureModel"):
     FeatureDrafter(TableModel(8192), _head(pair.target)[0], max_gamma=3)
+  with pytest.raises(ValueError, match="vocab_limit 9000 exceeds the target's vocab_size 8192"):
+    FeatureDrafter(pair.target, _head(pair.target)[0], max_gamma=3, vocab_limit=9000)
+  with pytest.raises(ValueError, match="vocab_limit must be an integer >= 1, got 0"):
+    FeatureTreeDrafter(pair.target, _head(pair.target)[0], StaticTree.from_branching([2]),
+                       vocab_limit=0)
   head, head_params = _head(pair.target)
   drafter = FeatureDrafter(pair.target, head, max_gamma=3)
   with pytest.raises(ValueError, match="feature head parameters"):

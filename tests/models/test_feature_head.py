@@ -11,6 +11,7 @@ import pytest
 
 from specjax.models import FeatureHead, FeatureHeadConfig, FeatureModel
 from specjax.models.feature_head import shift_features
+from specjax.models.tree import tree_call
 from specjax.params import flatten
 from specjax.testing import tiny_pair
 
@@ -52,6 +53,21 @@ def test_cached_features_equal_teacher_forced_and_give_the_logits(family):
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(target.feature_logits(params, features), expected, rtol=1e-5,
                              atol=1e-5)
+  # Logits of the first K token ids only (a feature drafter's vocab_limit).
+  np.testing.assert_allclose(target.feature_logits(params, features, vocab_limit=100),
+                             expected[..., :100], rtol=1e-5, atol=1e-5)
+  # A tree call returns the features of its nodes: the plain tree call's logits come from them.
+  attention = tree_call(jnp.asarray([[-1, -1, 0]] * 2), jnp.asarray([[1, 1, 2]] * 2),
+                        jnp.full(2, 2, jnp.int32))
+  with jax.default_matmul_precision("highest"):
+    start = target.decode(params, cache, TOKENS[:, :1], jnp.zeros(2, jnp.int32), encoded)[1]
+    tree_logits, tree_features, _ = target.decode_features(
+        params, start, TOKENS[:, 1:5], jnp.ones(2, jnp.int32), encoded, tree=attention)
+    plain_tree, _ = target.decode(params, start, TOKENS[:, 1:5], jnp.ones(2, jnp.int32),
+                                  encoded, tree=attention)
+    np.testing.assert_array_equal(tree_logits, plain_tree)
+    np.testing.assert_allclose(target.feature_logits(params, tree_features), tree_logits,
+                               rtol=1e-5, atol=1e-5)
 
 
 def _head(vocab=61, emb_dim=16):
