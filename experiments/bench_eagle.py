@@ -8,8 +8,10 @@ The bundled LM target decodes each of `num_examples` bundled prompts alone (batc
 - the target alone (autoregressive);
 - the pair's independent draft model, chains of γ (`draft_gammas`);
 - the feature head (`--head`: a folder written by `runs/train_lm_eagle.gin`, default the
-  bundled one), chains of γ (`feature_gammas`), static trees of spines (`tree_spines`) and
-  EAGLE-2 dynamic trees (`dynamic_trees`: (branch, expand, depth, keep)).
+  bundled one), chains (`feature_chains`: (γ, vocab_limit), the limit None or K: the head
+  drafts over token ids below K only), static trees of spines (`tree_spines`) and EAGLE-2
+  dynamic trees (`dynamic_trees`: (branch, expand, depth, keep), keep 0 for none), both over
+  `tree_vocab_limit`.
 Every decoder runs on every example, interleaved (`specjax.timing.interleaved`, the order
 alternating), `repeats` timed passes per example after a warm-up; compile time is reported
 apart. Columns:
@@ -21,7 +23,7 @@ apart. Columns:
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
 import jax
@@ -37,7 +39,7 @@ from specjax.app import bundled
 from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
 from specjax.draft import DynamicTree, FeatureDrafter, StaticTree
 
-FAST = dict(num_examples=1, max_new_tokens=8, draft_gammas=(2,), feature_gammas=(2,),
+FAST = dict(num_examples=1, max_new_tokens=8, draft_gammas=(2,), feature_chains=((2, None),),
             tree_spines=((2, 1),), dynamic_trees=((2, 1, 2, 3),), repeats=1)
 DEFAULT_HEAD = "bundled:lm/eagle"
 
@@ -55,9 +57,10 @@ def load_head(name: str, target):
 
 
 def decoders(pair, head, head_params, *, draft_gammas: Sequence[int],
-             feature_gammas: Sequence[int], tree_spines: Sequence[Sequence[int]],
-             dynamic_trees: Sequence[Tuple[int, int, int, int]], cache_len: int,
-             max_new_tokens: int) -> Dict[str, Tuple[str, object]]:
+             feature_chains: Sequence[Tuple[int, Optional[int]]],
+             tree_spines: Sequence[Sequence[int]],
+             dynamic_trees: Sequence[Tuple[int, int, int, int]], tree_vocab_limit: Optional[int],
+             cache_len: int, max_new_tokens: int) -> Dict[str, Tuple[str, object]]:
   """name -> (kind, fn(row int32 [1, W]) -> DecodeResult), the autoregressive one first."""
   config = decode_config(0.0, cache_len)
   key = jax.random.PRNGKey(0)
@@ -69,47 +72,56 @@ def decoders(pair, head, head_params, *, draft_gammas: Sequence[int],
     drafter, dparams = model_drafter(pair, g)
     runs[f"draft model, chain γ={g}"] = ("chain", (lambda d, p, g: lambda row: speculative_decode(
         target, params, d, p, row, gamma=g, **common))(drafter, dparams, g))
-  for g in feature_gammas:
-    drafter = FeatureDrafter(target, head, max_gamma=g)
+  for g, limit in feature_chains:
+    drafter = FeatureDrafter(target, head, max_gamma=g, vocab_limit=limit)
     fparams = drafter.params(head_params, params)
-    runs[f"feature head, chain γ={g}"] = ("chain", (lambda d, p, g: lambda row:
-                                                     speculative_decode(target, params, d, p, row,
-                                                                        gamma=g, **common))(
-                                                                            drafter, fparams, g))
+    runs[f"feature head{_limited(limit)}, chain γ={g}"] = ("chain", (
+        lambda d, p, g: lambda row: speculative_decode(target, params, d, p, row, gamma=g,
+                                                       **common))(drafter, fparams, g))
   trees = [(f"feature head, spines {tuple(s)}", StaticTree.from_spines(tuple(s)))
            for s in tree_spines]
   trees += [(f"feature head, dynamic b{b} e{e} d{d} keep {k}",
-             DynamicTree(branch=b, expand=e, max_depth=d, keep=k))
+             DynamicTree(branch=b, expand=e, max_depth=d, keep=k or None))
             for b, e, d, k in dynamic_trees]
-  drafter = FeatureDrafter(target, head, max_gamma=1)
+  drafter = FeatureDrafter(target, head, max_gamma=1, vocab_limit=tree_vocab_limit)
   fparams = drafter.params(head_params, params)
   for name, tree in trees:
-    runs[name] = ("tree", (lambda t: lambda row: tree_decode(target, params, drafter, fparams, row,
+    runs[name.replace("feature head", f"feature head{_limited(tree_vocab_limit)}")] = ("tree", (lambda t: lambda row: tree_decode(target, params, drafter, fparams, row,
                                                              tree=t, **common))(tree))
   return runs
 
 
+def _limited(limit: Optional[int]) -> str:
+  return "" if limit is None else f" (first {limit} ids)"
+
+
 @gin.configurable(module="bench_eagle")
 def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
-        draft_gammas: Sequence[int] = (3, 5), feature_gammas: Sequence[int] = (4, 5, 6),
+        draft_gammas: Sequence[int] = (3, 5),
+        feature_chains: Sequence[Tuple[int, Optional[int]]] = ((4, None), (5, None), (6, None),
+                                                               (5, 4096), (6, 4096)),
         tree_spines: Sequence[Sequence[int]] = ((6, 2, 1), (7, 3, 2, 1)),
         dynamic_trees: Sequence[Tuple[int, int, int, int]] = ((3, 2, 6, 12),),
-        repeats: int = 5, max_input_len: int = 48) -> List[Dict]:
+        tree_vocab_limit: Optional[int] = 4096, repeats: int = 5,
+        max_input_len: int = 48) -> List[Dict]:
   """Writes bench_eagle.{md,csv,json}; returns the rows (module docstring)."""
-  check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, repeats=repeats)
+  check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, repeats=repeats,
+               draft_gammas=tuple(draft_gammas),
+               feature_gammas=tuple(g for g, _ in feature_chains))
   pair = cli.pairs[0]
   if len(cli.pairs) != 1 or pair.target.is_encoder_decoder:
     raise ValueError("bench_eagle decodes the bundled LM pair: give --pair lm")
   head_name = cli.flags["head"]
   head, head_params = load_head(head_name, pair.target)
   ex = load_examples(pair, num_examples, max_input_len)
-  depth = max([*draft_gammas, *feature_gammas, *(len(s) and max(s) for s in tree_spines),
+  depth = max([*draft_gammas, *(g for g, _ in feature_chains), *(max(s) for s in tree_spines),
                *(d for _, _, d, _ in dynamic_trees)])
   grown = max([sum(s) for s in tree_spines] + [b + b * e * (d - 1) for b, e, d, _ in
                                                dynamic_trees] + [depth])
   runs = decoders(pair, head, head_params, draft_gammas=draft_gammas,
-                  feature_gammas=feature_gammas, tree_spines=tree_spines,
-                  dynamic_trees=dynamic_trees, cache_len=max_input_len + max_new_tokens + grown + 1,
+                  feature_chains=feature_chains, tree_spines=tree_spines,
+                  dynamic_trees=dynamic_trees, tree_vocab_limit=tree_vocab_limit,
+                  cache_len=max_input_len + max_new_tokens + grown + 1,
                   max_new_tokens=max_new_tokens)
   medians = {name: [] for name in runs}
   stats = {name: dict(calls=0, alpha_sum=0.0, alpha_count=0) for name in runs}
@@ -134,7 +146,7 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
   for name, (kind, _) in runs.items():
     own, st = np.asarray(medians[name]), stats[name]
     alpha = st["alpha_sum"] / max(st["alpha_count"], 1) if kind != "ar" else None
-    gamma = int(name.rsplit("=", 1)[1]) if kind == "chain" else None
+    gamma = int(name.rsplit("γ=", 1)[1]) if kind == "chain" else None
     ratios = ar / own
     rows.append({
         "decoder": name, "alpha": alpha, "tokens_per_call": tokens / max(st["calls"], 1),

@@ -92,7 +92,7 @@ def test_heads_that_do_not_fit_are_refused_before_any_weights_load(tiny_folders,
   with pytest.raises(FileNotFoundError, match="model.gin"):
     run(_args(target, tmp_path / "bare"))
   gin.clear_config()
-  # A TREE with prompt lookup's own drafter, or a feature head under 'auto': one line each.
+  # A TREE with prompt lookup, whose drafter drafts its own tree: one line.
   with pytest.raises(ValueError, match="TREE needs the draft model .*or a feature head"):
     run(_args(target, head, "--gin_file=decoding/tree.gin",
-              "--gin.decode_job.drafter='prompt_lookup'"))
+              "--gin.decode_job.drafter='prompt_lookup'", "--gin.decode_job.drafter_options={}"))
