@@ -62,15 +62,26 @@ class AutoregressiveLoop:
   def round(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
             max_new_tokens) -> LoopState:
     """One target call per row: keys [B] row keys, prefix_len int32 [B]."""
-    logits, cache = self.target.decode(params.target, state.cache, last_tokens(state),
-                                       state.length - 1, encoded)
+    return self.step(params, state, keys, encoded, prefix_len, max_new_tokens)[0]
+
+  def step(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+           max_new_tokens, features: bool = False) -> Tuple[LoopState, Any]:
+    """`round`, and with `features` (static) the target's features at the scored position
+    (float32 [B, 1, E], `decode_features`; else None)."""
+    tokens, positions = last_tokens(state), state.length - 1
+    if features:
+      logits, scored, cache = self.target.decode_features(params.target, state.cache, tokens,
+                                                          positions, encoded)
+    else:
+      (logits, cache), scored = self.target.decode(params.target, state.cache, tokens,
+                                                   positions, encoded), None
     token = next_tokens(self.config.sampling, keys, state.length, logits[:, 0])
     seq, length, done = advance(state, token[:, None], jnp.ones_like(state.length), prefix_len,
                                 max_new_tokens, self.config.eos_id)
     active = ~state.done
     return state.replace(
         seq=seq, length=length, done=done, cache=cache, target_calls=state.target_calls + active,
-        nan=state.nan | (active & bad_logits(logits)))
+        nan=state.nan | (active & bad_logits(logits))), scored
 
   def going(self, params: LoopParams, state: LoopState) -> jax.Array:
     """bool []: whether the decode goes on (a row is busy)."""

@@ -133,12 +133,19 @@ def record(config: DecodeConfig, before: LoopState, after: LoopState, proposal: 
 
 def narrow_round(target: DecodingModel, config: DecodeConfig, params: LoopParams,
                  state: LoopState, keys, encoded, prefix_len, max_new_tokens,
-                 max_gamma: int) -> LoopState:
+                 max_gamma: int, drafter: Optional[Drafter] = None) -> LoopState:
   """Every row one autoregressive step (one 1-token target call, the same key, no draft
-  call), counted as a γ = 0 round in the histograms and the trace (`max_gamma` guesses wide)."""
-  after = AutoregressiveLoop(target, config).round(
-      params, state, keys, encoded, prefix_len, max_new_tokens)
+  call), counted as a γ = 0 round in the histograms and the trace (`max_gamma` guesses wide).
+  A `drafter` that `wants_features` gets the target's feature at the scored position (its
+  `update` with n = 0); other drafters catch up on their next `propose`."""
+  wants = drafter is not None and drafter.wants_features
+  after, scored = AutoregressiveLoop(target, config).step(
+      params, state, keys, encoded, prefix_len, max_new_tokens, features=wants)
   active = ~state.done
+  if wants:
+    zeros = jnp.zeros_like(state.length)
+    after = after.replace(drafter_state=drafter.update(state.drafter_state, Accepted(
+        start=state.length, n=zeros, gamma=zeros, features=scored)))
   counted = active.astype(jnp.int32)
   after = after.replace(gamma_hist=state.gamma_hist.at[:, 0].add(counted),
                         accepted_hist=state.accepted_hist.at[:, 0].add(counted))
@@ -155,11 +162,6 @@ class DraftingLoop:
   """What the chain and tree loops share as `runner.Loop`s (both hold `target`, `drafter` and
   `config`): the 'auto' policy, γ's bound, the fallback and when the decode goes on."""
 
-  def __post_init__(self):
-    if self.drafter.wants_features and self.auto:
-      other = "'constant', 'heuristic' or 'optimal'" if self.takes_gamma else "'constant'"
-      raise ValueError(f"{type(self.drafter).__name__} reads the target's features, which the "
-                       f"'auto' policy's γ = 0 rounds do not supply; use gamma_policy {other}")
 
   @property
   def auto(self) -> bool:
@@ -232,7 +234,7 @@ class SpeculativeLoop(DraftingLoop):
     the same key, no draft call) counted as a γ = 0 round. The drafter's state is left as it
     is: its next `propose` catches up the tokens it missed."""
     return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
-                        max_new_tokens, self.drafter.max_gamma)
+                        max_new_tokens, self.drafter.max_gamma, self.drafter)
 
 
   def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,

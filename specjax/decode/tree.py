@@ -132,7 +132,7 @@ class TreeLoop(DraftingLoop):
     step, the key a tree round's n = 0 correction uses; no draft call), counted at γ = 0.
     The drafter catches up the tokens it missed on its next `propose`."""
     return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
-                        max_new_tokens, self.max_gamma)
+                        max_new_tokens, self.max_gamma, self.drafter)
 
 
   def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,

@@ -190,16 +190,29 @@ def start_state(target: Any, head: FeatureHead, params: dict, inputs, seq, lengt
 
 def catch_up(target: Any, head: FeatureHead, params: dict, state: FeatureDrafterState, seq,
              length, width: int) -> Tuple[jax.Array, Any]:
-  """One head call over a window of `width` positions ending at the last committed one:
-  positions fed .. L-1 are fed their true features. -> (the head's predicted feature at L-1,
-  float32 [B, E], whose logits are q(x_L); the head's cache)."""
-  lag = jnp.clip(length - 1 - state.fed, 0, width - 1)
-  begin = length - 1 - lag
-  at = begin[:, None] + jnp.arange(width)[None, :]  # [B, W]
-  before = jnp.take_along_axis(state.features, jnp.clip(at - 1, 0)[:, :, None], axis=1)
-  before = jnp.where((at >= 1)[:, :, None], before, 0.0)  # f_{-1} = 0
-  predicted, cache = head.decode(params["head"], state.cache, before,
-                                 target.embed(params["target"], take_rows(seq, at)), begin)
+  """Feeds the head the committed positions it has not been fed their true features, the last
+  `width` of them in one call ending at the last committed one (earlier ones first, `width` at
+  a time, when a row lags further: after rounds in which the drafter did not draft).
+  -> (the head's predicted feature at L-1, float32 [B, E], whose logits are q(x_L); the
+  head's cache)."""
+  def window(cache, begin):  # positions begin .. begin + width - 1 with true features
+    at = begin[:, None] + jnp.arange(width)[None, :]  # [B, W]
+    before = jnp.take_along_axis(state.features, jnp.clip(at - 1, 0)[:, :, None], axis=1)
+    before = jnp.where((at >= 1)[:, :, None], before, 0.0)  # f_{-1} = 0
+    return head.decode(params["head"], cache, before,
+                       target.embed(params["target"], take_rows(seq, at)), begin)
+
+  def behind(carry):
+    return jnp.any(length - 1 - carry[1] >= width)
+
+  def feed(carry):  # rows already close enough re-feed their last window: same values
+    cache, fed = carry
+    begin = jnp.minimum(fed, jnp.maximum(length - width, 0))
+    return window(cache, begin)[1], jnp.minimum(begin + width, length - 1)
+
+  cache, fed = jax.lax.while_loop(behind, feed, (state.cache, state.fed))
+  lag = jnp.clip(length - 1 - fed, 0, width - 1)
+  predicted, cache = window(cache, length - 1 - lag)
   return jnp.take_along_axis(predicted, lag[:, None, None], axis=1)[:, 0], cache
 
 
