@@ -328,7 +328,7 @@ def test_every_exported_drafter_is_registered():
   exported = [getattr(draft, n) for n in draft.__all__]
   classes = {c for c in exported if isinstance(c, type) and dataclasses.is_dataclass(c)
              and hasattr(c, "propose")}
-  assert len(classes) == 8 and classes == set(draft.DRAFTERS.values())
+  assert len(classes) == 9 and classes == set(draft.DRAFTERS.values())
 
 
 def test_no_duck_typed_drafters_in_decode():
