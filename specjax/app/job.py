@@ -32,7 +32,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                tree: Any = None, max_gamma: Optional[int] = None, max_new_tokens: int = 32,
                sampling: Sampling = Sampling(temperature=0.0), lenience: float = 1.0,
                batch_size: int = 8, max_input_len: int = 128, seed: int = 0,
-               verifier=None, gamma_policy: str = "auto", cost_table: Optional[str] = None,
+               verifier=None, gamma_policy: str = "auto", auto_buckets: Sequence[int] = (),
+               cost_table: Optional[str] = None,
                output_dir: Optional[str] = "out/decode", plain: bool = False,
                partitioner: Optional[Partitioner] = None,
                vocabulary: Any = None, draft_vocabulary: Any = None,
@@ -47,8 +48,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
     texts: the inputs: strings (source sentences for T5, prompts for a decoder-only LM) or
       `specjax.data.DecodeInput`s (a seqio task's examples, with its token ids).
     sampling, lenience, verifier (None: the reference verifier for a tree, else
-      `specjax.verify.default_verifier`), gamma_policy: become the `DecodeConfig`
-      `JobSettings.decoding`.
+      `specjax.verify.default_verifier`), gamma_policy, auto_buckets (the 'auto' policy's
+      wide rounds; () its default): become the `DecodeConfig` `JobSettings.decoding`.
     max_gamma: None is gamma. task_feature_lengths: TASK_FEATURE_LENGTHS: 'inputs' sets
       max_input_len and 'targets' max_new_tokens (T5X's lengths), when given.
     every other setting: the `specjax.app.settings.JobSettings` field of its name, documented
@@ -65,6 +66,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
   lengths = feature_lengths(task_feature_lengths)  # T5X's lengths, when given, win
   settings = JobSettings(
       decoding=DecodeConfig(sampling=sampling, lenience=lenience, gamma_policy=gamma_policy,
+                            auto_buckets=auto_buckets,
                             verifier=job_verifier(verifier, drafter, tree, sampling,
                                                   lenience)),
       drafter=drafter, drafter_options={} if drafter_options is None else drafter_options,
