@@ -29,9 +29,8 @@ from specjax.draft.feature import (FeatureDrafterState, FeatureHeadDrafter, catc
                                    check_head)
 from specjax.draft.tree import (DynamicTree, StaticTree, TreeProposal, _cache_len, _level_starts,
                                 draw_level, empty_tree, keep_most_probable,
-                                put_level)
+                                level_attention, put_level)
 from specjax.models.feature_head import FeatureHead
-from specjax.models.tree import level_call
 from specjax.sampling import Sampling
 
 
@@ -90,7 +89,7 @@ class FeatureTreeDrafter(FeatureHeadDrafter):
       if d > 1:  # one head call over the level above: its nodes' predictions
         plo, phi = starts[d - 2], starts[d - 1]
         inputs = jnp.take_along_axis(predicted, (parent[:, plo:phi] + 1)[:, :, None], axis=1)
-        attention = level_call(parent, depth, length, plo, phi, _cache_len(cache))
+        attention = level_attention(tree, parent, depth, length, plo, phi, _cache_len(cache))
         out, cache = self.head.decode(head, cache, inputs,
                                       target.embed(target_params, tokens[:, plo:phi]),
                                       length + plo, tree=attention)

@@ -29,7 +29,7 @@ from specjax.models import DecodingModel, start_model
 from specjax.models.protocol import decode_logits_at
 from specjax.models.tree import level_call, nodes_call
 from specjax.rows import take_rows
-from specjax.sampling import DRAFT_STREAM, Sampling, position_key
+from specjax.sampling import DRAFT_STREAM, Sampling, argmax, position_key
 
 
 def _level_starts(levels: Sequence[int]) -> Tuple[int, ...]:
@@ -238,8 +238,9 @@ def draw_children(key: jax.Array, logits: jax.Array, count: int, sampling: Sampl
   (ties to the lowest id). Otherwise Gumbel-top-k (an ordered draw without replacement)
   or `count` i.i.d. draws from q.
   """
-  if sampling.greedy:
-    return jax.lax.top_k(logits, count)[1].astype(jnp.int32), jnp.zeros_like(logits), \
+  if sampling.greedy:  # one child: an argmax (XLA:CPU sorts the whole row for a top_k)
+    top = argmax(logits)[None] if count == 1 else jax.lax.top_k(logits, count)[1]
+    return top.astype(jnp.int32), jnp.zeros_like(logits), \
         jax.nn.softmax(logits.astype(jnp.float32))
   q = sampling.probs(logits)
   if iid:
@@ -338,7 +339,7 @@ class TreeModelDrafter(DrafterDefaults):
       lo, hi = starts[d - 1], starts[d]
       if d > 1:  # the level above's logits, from one call over its nodes
         plo, phi = starts[d - 2], starts[d - 1]
-        attention = level_call(parent, depth, length, plo, phi, _cache_len(cache))
+        attention = level_attention(tree, parent, depth, length, plo, phi, _cache_len(cache))
         level_logits, cache = self.model.decode(params, cache, tokens[:, plo:phi], length + plo,
                                                 state.encoded, tree=attention)
         level_ids = jnp.broadcast_to(jnp.arange(plo, phi) + 1, (batch, phi - plo))
@@ -458,6 +459,16 @@ def _spine_tail(tree) -> int:
   while tail > 2 and levels[tail - 2] == 1 and levels[tail - 3] == 1:
     tail -= 1
   return tail if tree.max_depth + 1 - tail >= 2 else tree.max_depth + 1
+
+
+def level_attention(tree, parent, depth, length, start: int, stop: int, max_len: int):
+  """`level_call` over nodes start..stop-1 of the tree being drafted (parent, depth int32
+  [B, N]); a static tree's ancestor relation is a constant, not computed per call."""
+  if isinstance(tree, StaticTree):
+    anc = jnp.broadcast_to(jnp.asarray(_static_ancestors(tree.parents)), parent.shape + (
+        parent.shape[1],))
+    return nodes_call(anc, depth, length, start, stop - start, max_len)
+  return level_call(parent, depth, length, start, stop, max_len)
 
 
 def _static_ancestors(parents: Sequence[int]) -> np.ndarray:
