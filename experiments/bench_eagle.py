@@ -97,12 +97,12 @@ def _limited(limit: Optional[int]) -> str:
 
 @gin.configurable(module="bench_eagle")
 def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
-        draft_gammas: Sequence[int] = (3, 5),
-        feature_chains: Sequence[Tuple[int, Optional[int]]] = ((4, None), (5, None), (6, None),
-                                                               (5, 4096), (6, 4096)),
-        tree_spines: Sequence[Sequence[int]] = ((6, 2, 1), (7, 3, 2, 1)),
-        dynamic_trees: Sequence[Tuple[int, int, int, int]] = ((3, 2, 6, 12),),
-        tree_vocab_limit: Optional[int] = 4096, repeats: int = 5,
+        draft_gammas: Sequence[int] = (3, 4, 5),
+        feature_chains: Sequence[Tuple[int, Optional[int]]] = ((5, None), (5, 2048), (4, 1024),
+                                                               (5, 1024), (6, 1024)),
+        tree_spines: Sequence[Sequence[int]] = ((6, 1), (5, 2, 1)),
+        dynamic_trees: Sequence[Tuple[int, int, int, int]] = ((2, 1, 6, 0), (3, 2, 6, 12)),
+        tree_vocab_limit: Optional[int] = 1024, repeats: int = 5,
         max_input_len: int = 48) -> List[Dict]:
   """Writes bench_eagle.{md,csv,json}; returns the rows (module docstring)."""
   check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, repeats=repeats,
