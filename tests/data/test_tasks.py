@@ -19,6 +19,8 @@ class _OnFirstUse:
     self._name = name
 
   def __getattr__(self, attr):
+    if attr.startswith("__"):  # what collection asks of any object (`__test__`, ...)
+      raise AttributeError(attr)
     return getattr(importlib.import_module(self._name), attr)
 
 
