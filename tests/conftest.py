@@ -63,6 +63,12 @@ if (not _accelerator() and "xla_cpu_use_fusion_emitters" not in os.environ.get("
     and _xla_accepts(FUSION_EMITTERS_OFF)):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FUSION_EMITTERS_OFF}".strip()
 
+SAMPLER_OPTIONS = ({"xla_backend_optimization_level": 2, "xla_cpu_use_fusion_emitters": True}
+                   if not _accelerator() else {})
+"""`jax.jit(f, compiler_options=SAMPLER_OPTIONS)` for a test's own sampler of hundreds of
+thousands of rows, whose run outweighs its compile: optimized code with XLA:CPU's default
+emitters (tests/verify/test_step.py: 31 -> 13 s). The same function is computed."""
+
 # The suite compiles afresh and writes nothing to the user's cache folder (specjax's commands
 # use JAX's persistent compilation cache; the tests of that cache set their own folder).
 os.environ.setdefault("SPECJAX_COMPILATION_CACHE", "off")
