@@ -27,6 +27,8 @@ def _accelerator() -> bool:
              for d in importlib.metadata.distributions())
 
 
+_ACCELERATOR = _accelerator()
+
 # Set before any test initializes a backend; subprocesses of the tests inherit them.
 # On a GPU, JAX otherwise reserves 75% of the device's memory per process at start, so
 # parallel workers (pytest -n) run out of memory: each takes only what it uses.
@@ -34,7 +36,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # Compiles dominate this suite's time on a 2-core CPU: LLVM's optimization passes are skipped
 # (-18% walltime measured on two end-to-end tests; the tiny test models run fast either way).
 # Not on an accelerator, whose kernels would be compiled unoptimized too.
-if not _accelerator() and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+if not _ACCELERATOR and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_backend_optimization_level=0").strip()
 
@@ -59,12 +61,14 @@ def _xla_accepts(flag: str) -> bool:
 # (the `default_cpu_emitters` fixture). Each test process starts with the flag already set (the
 # first process tries it once, so a jaxlib without it runs with its defaults).
 FUSION_EMITTERS_OFF = "--xla_cpu_use_fusion_emitters=false"
-if (not _accelerator() and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "")
+if (not _ACCELERATOR and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "")
     and _xla_accepts(FUSION_EMITTERS_OFF)):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FUSION_EMITTERS_OFF}".strip()
 
-SAMPLER_OPTIONS = ({"xla_backend_optimization_level": 2, "xla_cpu_use_fusion_emitters": True}
-                   if not _accelerator() else {})
+SAMPLER_OPTIONS = ({} if _ACCELERATOR else {
+    "xla_backend_optimization_level": 2,
+    **({"xla_cpu_use_fusion_emitters": True}
+       if FUSION_EMITTERS_OFF in os.environ.get("XLA_FLAGS", "") else {})})
 """`jax.jit(f, compiler_options=SAMPLER_OPTIONS)` for a test's own sampler of hundreds of
 thousands of rows, whose run outweighs its compile: optimized code with XLA:CPU's default
 emitters (tests/verify/test_step.py: 31 -> 13 s). The same function is computed."""
