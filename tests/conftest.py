@@ -12,6 +12,8 @@ import gc
 import importlib.metadata
 import os
 import re
+import subprocess
+import sys
 
 
 def _accelerator() -> bool:
@@ -25,6 +27,8 @@ def _accelerator() -> bool:
              for d in importlib.metadata.distributions())
 
 
+_ACCELERATOR = _accelerator()
+
 # Set before any test initializes a backend; subprocesses of the tests inherit them.
 # On a GPU, JAX otherwise reserves 75% of the device's memory per process at start, so
 # parallel workers (pytest -n) run out of memory: each takes only what it uses.
@@ -32,9 +36,42 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # Compiles dominate this suite's time on a 2-core CPU: LLVM's optimization passes are skipped
 # (-18% walltime measured on two end-to-end tests; the tiny test models run fast either way).
 # Not on an accelerator, whose kernels would be compiled unoptimized too.
-if not _accelerator() and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+if not _ACCELERATOR and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_backend_optimization_level=0").strip()
+
+
+def _xla_accepts(flag: str) -> bool:
+  """Whether this jaxlib's XLA knows `flag`, tried in a fresh process (an unknown flag in
+  XLA_FLAGS aborts the process that starts a backend)."""
+  env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
+             JAX_PLATFORMS="cpu")
+  probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                         capture_output=True, timeout=120, check=False)
+  return probe.returncode == 0
+
+
+# XLA:CPU's classic (elemental) fusion emitters, not its newer MLIR fusion emitters: they fuse
+# and generate code differently (the same functions computed) and compile the suite's loops in
+# about half the time (the tiny T5 pair's speculative and autoregressive loops: 7.3 -> 4.0 s;
+# tests/test_main.py, test_first_run, test_user_path, test_main_tree, decode/test_stream,
+# test_experiments and models/test_models together: 320 -> 185 s). Their code runs slower, which
+# the few tests whose run time outweighs their compiles pay (a 200k-sample test: 13 -> 18 s).
+# Tests that count the ops of a compiled program exactly compile it as a user's process does
+# (the `default_cpu_emitters` fixture). Each test process starts with the flag already set (the
+# first process tries it once, so a jaxlib without it runs with its defaults).
+FUSION_EMITTERS_OFF = "--xla_cpu_use_fusion_emitters=false"
+if (not _ACCELERATOR and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "")
+    and _xla_accepts(FUSION_EMITTERS_OFF)):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FUSION_EMITTERS_OFF}".strip()
+
+SAMPLER_OPTIONS = ({} if _ACCELERATOR else {
+    "xla_backend_optimization_level": 2,
+    **({"xla_cpu_use_fusion_emitters": True}
+       if FUSION_EMITTERS_OFF in os.environ.get("XLA_FLAGS", "") else {})})
+"""`jax.jit(f, compiler_options=SAMPLER_OPTIONS)` for a test's own sampler of hundreds of
+thousands of rows, whose run outweighs its compile: optimized code with XLA:CPU's default
+emitters (tests/verify/test_step.py: 31 -> 13 s). The same function is computed."""
 
 # The suite compiles afresh and writes nothing to the user's cache folder (specjax's commands
 # use JAX's persistent compilation cache; the tests of that cache set their own folder).
@@ -75,6 +112,23 @@ def float32_matmuls():
   """
   with jax.default_matmul_precision("highest"):
     yield
+
+
+@pytest.fixture
+def default_cpu_emitters(monkeypatch):
+  """The test's `jax.jit(f).lower(...).compile()` calls compile with XLA:CPU's default fusion
+  emitters, as a user's process does: `FUSION_EMITTERS_OFF` (the suite's flag) changes how
+  XLA fuses and which loops it adds, so a test that counts the ops of a compiled program
+  exactly reads the program a user runs."""
+  if FUSION_EMITTERS_OFF not in os.environ.get("XLA_FLAGS", ""):
+    return
+  compile_ = jax.stages.Lowered.compile
+
+  def compile_with_default_emitters(self, compiler_options=None, **kwargs):
+    options = {"xla_cpu_use_fusion_emitters": True, **(compiler_options or {})}
+    return compile_(self, compiler_options=options, **kwargs)
+
+  monkeypatch.setattr(jax.stages.Lowered, "compile", compile_with_default_emitters)
 
 
 @pytest.fixture

@@ -1,8 +1,11 @@
-"""specjax T5 -> HuggingFace T5ForConditionalGeneration: logits and greedy outputs agree."""
+"""specjax T5 -> HuggingFace T5ForConditionalGeneration: logits and greedy outputs agree.
+
+torch is imported by the tests that use it, not when the suite is collected (seconds in every
+pytest process).
+"""
 import jax
 import numpy as np
 import pytest
-import torch
 
 from specjax.app import export_hf
 from specjax.decode import DecodeConfig, autoregressive_decode
@@ -34,6 +37,7 @@ def test_logits_match(pair):
   hf = export_hf.to_hf(config, params)
   dec = np.array([[0, 7, 8, 9, 10, 11], [0, 3, 4, 5, 6, 95]], np.int32)
   ours = np.asarray(model.logits(params, INPUTS, dec))
+  import torch  # pylint: disable=import-outside-toplevel
   with torch.no_grad():
     theirs = hf(input_ids=torch.from_numpy(INPUTS.astype(np.int64)),
                 attention_mask=torch.from_numpy((INPUTS != 0).astype(np.int64)),
@@ -43,6 +47,7 @@ def test_logits_match(pair):
 
 
 def test_greedy_outputs_match_and_save_roundtrip(pair, tmp_path):
+  import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   config, model, params = pair
   export_hf.save_hf(config, params, str(tmp_path))

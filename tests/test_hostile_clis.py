@@ -4,10 +4,12 @@
 the file it stopped; the exported files readable by all. Each case is a subprocess through
 the command's public surface; checks share a process where the command allows it."""
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -170,16 +172,49 @@ def test_an_export_is_readable_by_all(model_folder, tmp_path):
 def test_ctrl_c_in_the_main_job_exits_130(tmp_path):
   # It printed "specjax: interrupted", then died by SIGSEGV at exit in about 30% of runs:
   # the interpreter's teardown freed a jaxlib module that the interrupt had left half made.
+  # The job's standard output is a terminal, where it draws its progress as decoding starts
+  # (its report comes only at the end, after every timed pass, and the job may be done before
+  # a signal sent then arrives): Ctrl-C comes once the progress is drawn, while the job
+  # compiles and decodes.
+  import pty  # pylint: disable=import-outside-toplevel
   import signal  # pylint: disable=import-outside-toplevel
+  import threading  # pylint: disable=import-outside-toplevel
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("TTY_COMPATIBLE", "TTY_INTERACTIVE", "FORCE_COLOR")}
+  leader, follower = pty.openpty()
   proc = subprocess.Popen(
       [sys.executable, "-m", "specjax.main", "--gin_file=runs/random_tiny.gin", "--prompt",
        "a b c", "--gin.MAX_NEW_TOKENS=64", "--gin.TIMING_REPEATS=200", "--plain",
-       f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'"], cwd=ROOT, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True)
-  first = proc.stdout.readline()  # the job is running: its first decode is done
-  assert first, proc.stderr.read()[-2000:]
-  proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=120)
+       f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'"], cwd=ROOT, stdout=follower,
+      stderr=subprocess.PIPE, text=True, env=dict(env, TERM="xterm"))
+  os.close(follower)
+  shown = []
+
+  def drain():  # the terminal's output, read until the job has ended
+    try:
+      while chunk := os.read(leader, 4096):
+        shown.append(chunk)
+    except OSError:  # EIO: the job closed its terminal
+      pass
+
+  reader = threading.Thread(target=drain, daemon=True)
+  reader.start()
+  try:
+    deadline = time.monotonic() + 300
+    while (b"decoding" not in b"".join(shown) and proc.poll() is None
+           and time.monotonic() < deadline):  # until its progress is drawn
+      time.sleep(0.01)
+    assert b"decoding" in b"".join(shown) and proc.poll() is None, b"".join(shown)[-2000:]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+    reader.join(timeout=10)
+    os.close(leader)
   assert proc.returncode == 130, err[-2000:]
-  assert err.strip().splitlines()[-1] == "specjax: interrupted"
+  assert err.strip().splitlines()[-1:] == ["specjax: interrupted"], (err, b"".join(shown))
   assert "Traceback" not in err and "Segmentation" not in err
+  screen = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", b"".join(shown))  # no terminal codes
+  assert b"interrupted after 0 of 1 examples: nothing written" in screen  # while decoding
+  out = tmp_path / "out"
+  assert not (out / "results.jsonl").exists() and not (out / "summary.json").exists()

@@ -145,6 +145,7 @@ def test_greedy_tokens_are_equal(family, tmp_path):
   assert stats["whiles"] >= 2 and stats["host_transfers"] == 0, stats
 
 
+@pytest.mark.usefixtures("default_cpu_emitters")  # the program XLA:CPU compiles for a user
 @pytest.mark.parametrize("impl", ["specjax", "xla"])
 def test_compiled_step_loop_has_no_host_transfer(impl):
   base, fused, params = pair(DEC, impl)

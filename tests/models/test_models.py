@@ -439,6 +439,7 @@ def _cache_sized_ops(text, numel):
   return ops
 
 
+@pytest.mark.usefixtures("default_cpu_emitters")  # the program XLA:CPU compiles for a user
 @pytest.mark.parametrize("family", ["t5", "lm"])
 @pytest.mark.parametrize("batch,k", [(1, 1), (2, 1), (2, 3)])
 def test_decode_writes_each_cache_buffer_once_and_copies_none(t5, lm, family, batch, k):

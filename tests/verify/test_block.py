@@ -40,6 +40,7 @@ from specjax.draft import (BigramDrafter, ModelDrafter, PromptLookupDrafter,
 from specjax.sampling import Sampling, categorical
 from specjax.testing import TableModel, exact_joint, random_table
 from specjax.verify import ReferenceVerifier, describe, get_verifier
+from tests.conftest import SAMPLER_OPTIONS
 
 GIN_FILE = pathlib.Path(__file__).resolve().parents[2] / "gin" / "decoding" / "verifier_block.gin"
 N = 200_000
@@ -254,7 +255,7 @@ def _inverse_cdf(u, probs):
   return jnp.minimum(jnp.sum(u[..., None] >= cdf, -1), last).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("verifier", "n"))
+@functools.partial(jax.jit, static_argnames=("verifier", "n"), compiler_options=SAMPLER_OPTIONS)
 def _sample_steps(verifier, key, p, q, limits, n):
   """For each case: n rows of draft-from-q, verify, complete with the target's rows.
 

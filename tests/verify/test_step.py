@@ -15,6 +15,7 @@ import pytest
 from specjax import analysis
 from specjax.sampling import Sampling
 from specjax.verify import argmax_lenient_step, speculative_step
+from tests.conftest import SAMPLER_OPTIONS
 
 V = 8
 GAMMA = 3
@@ -61,7 +62,7 @@ SAMPLINGS = {
 }
 
 
-@functools.partial(jax.jit, static_argnames=("lenience",))
+@functools.partial(jax.jit, static_argnames=("lenience",), compiler_options=SAMPLER_OPTIONS)
 def _first_tokens(key, target_probs, draft_probs, lenience=1.0):
   """N rows: draft γ tokens from q, verify, return (first emitted token, n accepted)."""
   keys = jax.random.split(key, N)
@@ -125,7 +126,8 @@ def test_accepted_count_follows_capped_geometric_law():
     tokens = jax.random.categorical(dk, jnp.log(draft)).astype(jnp.int32)
     return speculative_step(sk, tokens, draft, target)[0]
 
-  counts = np.bincount(np.asarray(jax.jit(jax.vmap(row))(keys)), minlength=gamma + 1) / N
+  sample = jax.jit(jax.vmap(row), compiler_options=SAMPLER_OPTIONS)
+  counts = np.bincount(np.asarray(sample(keys)), minlength=gamma + 1) / N
   law = np.array([alpha ** k * (1 - alpha) for k in range(gamma)] + [alpha ** gamma])
   assert 0.5 * np.abs(counts - law).sum() < TV_BOUND
   mean_tokens = (counts * np.arange(1, gamma + 2)).sum()
@@ -224,7 +226,7 @@ def test_first_token_is_distributed_as_target_over_several_blocks():
   target = jnp.asarray(np.concatenate([p[None], rest(GAMMA)]), jnp.float32)  # [γ+1, V]
   draft = jnp.asarray(np.concatenate([q[None], rest(GAMMA - 1)]), jnp.float32)  # [γ, V]
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=SAMPLER_OPTIONS)
   def first(key):
     def row(k):
       draft_key, step_key = jax.random.split(k)

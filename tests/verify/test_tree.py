@@ -20,6 +20,7 @@ from specjax.draft.tree import StaticTree, draw_children
 from specjax.sampling import Sampling, argmax, categorical
 from specjax.testing import exact_joint, random_table
 from specjax.verify.tree import path_tokens, tree_verify
+from tests.conftest import SAMPLER_OPTIONS
 
 DRAWS = 200_000
 BOUND = 0.015
@@ -90,7 +91,8 @@ def _tables():
 
 def _sample(tree, wrong=False, seed=0, lenience=1.0):
   target, draft = _tables()
-  run = jax.jit(jax.vmap(lambda k: _one_row(tree, target, draft, k, wrong, lenience=lenience)))
+  run = jax.jit(jax.vmap(lambda k: _one_row(tree, target, draft, k, wrong, lenience=lenience)),
+                compiler_options=SAMPLER_OPTIONS)
   return np.asarray(run(jax.random.split(jax.random.PRNGKey(seed), DRAWS)))
 
 

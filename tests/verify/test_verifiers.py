@@ -24,6 +24,7 @@ from specjax.verify.fused_kernel import draw_correction
 from specjax.verify import verify
 from specjax.verify import (VERIFIERS, FusedVerifier, ReferenceVerifier,
                                SigmoidApproxVerifierNotExact, describe, get_verifier)
+from tests.conftest import SAMPLER_OPTIONS
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin" / "decoding"
 
@@ -243,7 +244,7 @@ def _pairs():
           ("near_zero_q", peaked, _probs(near_zero_q)), ("p_one_hot", np.eye(V)[3], soft())]
 
 
-@functools.partial(jax.jit, static_argnames=("verifier",))
+@functools.partial(jax.jit, static_argnames=("verifier",), compiler_options=SAMPLER_OPTIONS)
 def _first_tokens(verifier, key, target, draft, target_logits, draft_logits):
   """N rows: draft γ tokens from q, verify -> (first emitted token int32 [N], n int32 [N])."""
 
