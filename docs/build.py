@@ -42,9 +42,12 @@ MACRO_MEANING = {
                          "None for random weights (smoke runs)",
     "DRAFT_CHECKPOINT": "the draft's checkpoint, as `TARGET_CHECKPOINT`",
     "TARGET_MODEL": "the target's model gin file (read under the scope `target/`)",
-    "DRAFT_MODEL": "the draft's model gin file (read under the scope `draft/`)",
+    "DRAFT_MODEL": "the draft's model gin file (read under the scope `draft/`), or a feature "
+                   "head's (`decode_job.drafter = 'feature'`)",
     "GAMMA": "guesses per round; under `'auto'` the largest γ the policy may pick",
     "GAMMA_POLICY": "`'auto'`, `'constant'`, `'heuristic'` or `'optimal'`",
+    "AUTO_BUCKETS": "'auto' only: the γ of the wide rounds compiled beside γ = 0; `()` = 1, "
+                    "2, 4, ... and GAMMA",
     "TREE": "None: a chain of `GAMMA` guesses; a token tree (`decoding/tree.gin`) has the draft "
             "guess a tree each round, verified in one target call ([trees.md](trees.md))",
     "COST_TABLE": "`'auto'`: a JSON cost table, reused if the file exists, else written",
