@@ -91,8 +91,9 @@ def decoders(pair, head, head_params, *, draft_gammas: Sequence[int],
   drafter = FeatureDrafter(target, head, max_gamma=1, vocab_limit=tree_vocab_limit)
   fparams = drafter.params(head_params, params)
   for name, tree in trees:
-    runs[name.replace("feature head", f"feature head{_limited(tree_vocab_limit)}")] = ("tree", (lambda t: lambda row: tree_decode(target, params, drafter, fparams, row,
-                                                             tree=t, **common))(tree))
+    label = name.replace("feature head", f"feature head{_limited(tree_vocab_limit)}")
+    runs[label] = ("tree", (lambda t: lambda row: tree_decode(
+        target, params, drafter, fparams, row, tree=t, **common))(tree))
   return runs
 
 
@@ -147,7 +148,7 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
                                   weights)
         if not found["greedy_verdict"].startswith("differs only at near-ties"):
           raise AssertionError(f"{name}, example {i}: {found}")
-        greedy[name].append(f"example {i}: {found['greedy_difference']}")
+        greedy[name].append(found["greedy_difference"].replace("example 0:", f"example {i}:", 1))
       medians[name].append(t.median(name))
       stats[name]["calls"] += int(out.target_calls[0])
       stats[name]["alpha_sum"] += float(out.alpha_sum[0])
