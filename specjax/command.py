@@ -102,9 +102,12 @@ def exit_interrupted() -> None:
   while one of jaxlib's extension modules was being imported leaves that module half made;
   the teardown then frees it (nanobind's `nb_module_free`) and the process dies by SIGSEGV
   after saying it was interrupted (-11 instead of 130). Nothing is left to save: every
-  output is written atomically or not at all."""
-  print(f"{PROG}: interrupted", file=sys.stderr)
-  for stream in (sys.stdout, sys.stderr):
+  output is written atomically or not at all. A progress display interrupted while it
+  started may leave sys.stderr redirected into the display (rich's proxy, which writes to
+  stdout): the message goes to the file behind it."""
+  stderr = getattr(sys.stderr, "rich_proxied_file", sys.stderr)
+  print(f"{PROG}: interrupted", file=stderr)
+  for stream in (sys.stdout, sys.stderr, stderr):
     try:
       stream.flush()
     except (OSError, ValueError):

@@ -218,3 +218,19 @@ def test_ctrl_c_in_the_main_job_exits_130(tmp_path):
   assert b"interrupted after 0 of 1 examples: nothing written" in screen  # while decoding
   out = tmp_path / "out"
   assert not (out / "results.jsonl").exists() and not (out / "summary.json").exists()
+
+
+def test_an_interrupt_says_so_on_stderr_while_a_display_holds_it():
+  # A Ctrl-C that lands while the progress display starts can leave sys.stderr redirected into
+  # the display (rich's proxy, whose console writes to stdout): the message still goes to
+  # the real stderr, and nothing to stdout.
+  code = ("import sys\n"
+          "from rich.console import Console\n"
+          "from rich.file_proxy import FileProxy\n"
+          "from specjax.command import exit_interrupted\n"
+          "sys.stderr = FileProxy(Console(file=sys.stdout), sys.stderr)\n"
+          "exit_interrupted()\n")
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 130, result
+  assert result.stderr.strip() == "specjax: interrupted" and result.stdout == "", result
