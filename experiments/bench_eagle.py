@@ -43,22 +43,11 @@ from specjax.app import bundled
 from specjax.app.greedy_check import greedy_difference
 from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
 from specjax.draft import DynamicTree, FeatureDrafter, StaticTree
+from specjax.train import load_head
 
 FAST = dict(num_examples=1, max_new_tokens=8, draft_gammas=(2,), feature_chains=((2, None),),
             tree_spines=((2, 1),), dynamic_trees=((2, 1, 2, 3),), repeats=1)
 DEFAULT_HEAD = "bundled:lm/eagle"
-
-
-def load_head(name: str, target):
-  """(FeatureHead, float32 params) of a head folder or 'bundled:PAIR/eagle'."""
-  from specjax.train import load_head as load_folder  # pylint: disable=import-outside-toplevel
-  if name.startswith(bundled.PREFIX):
-    pair, _, role = name[len(bundled.PREFIX):].partition("/")
-    head, params = bundled.load(pair, role)
-  else:
-    head, params = load_folder(name)
-  head.check_target(target)
-  return head, params
 
 
 def decoders(pair, head, head_params, *, draft_gammas: Sequence[int],
@@ -117,8 +106,8 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
   pair = cli.pairs[0]
   if len(cli.pairs) != 1 or pair.target.is_encoder_decoder:
     raise ValueError("bench_eagle decodes the bundled LM pair: give --pair lm")
-  head_name = cli.flags["head"]
-  head, head_params = load_head(head_name, pair.target)
+  head_name = cli.flags["head"]  # a head folder, or 'bundled:lm/eagle'
+  head, head_params = load_head(bundled.resolve(head_name, "checkpoint"))
   ex = load_examples(pair, num_examples, max_input_len)
   depth = max([*draft_gammas, *(g for g, _ in feature_chains), *(max(s) for s in tree_spines),
                *(d for _, _, d, _ in dynamic_trees)])

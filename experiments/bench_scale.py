@@ -19,10 +19,11 @@ the plain `fori_loop` peer (`experiments.reference_decoder`). Reported: ms per t
 and spread), c, tokens per call, α, greedy equality with the target's autoregressive tokens,
 the round cost (the α = 0 run: time per round), speculative decoding drafted by a random
 feature head at the target's width (`specjax.draft.FeatureDrafter`, EAGLE-style: its ms per
-token, its round cost and greedy equality; its α is a random head's), the speedup predicted at α = 0.6 / 0.75 / 0.9
-from that round cost (Eq. 1's tokens per round / round cost × step cost), and the roofline:
-the bytes an autoregressive step reads (the decoder's weights as run, the KV cache and for T5
-the encoded inputs) over the bandwidth of a device-to-device copy measured in the same run.
+token, its round cost and greedy equality; its α is a random head's), the speedup predicted
+at α = 0.6 / 0.75 / 0.9 from that round cost (Eq. 1's tokens per round / round cost × step
+cost), and the roofline: the bytes an autoregressive step reads (the decoder's weights as run,
+the KV cache and for T5 the encoded inputs) over the bandwidth of a device-to-device copy
+measured in the same run.
 
 `--xla_preset` / `--xla_flags` set XLA_FLAGS for the run (XLA:GPU command buffers and loop
 unrolling: `XLA_PRESETS`); flags are per process, so compare presets across runs.

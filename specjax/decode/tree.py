@@ -192,7 +192,7 @@ class TreeLoop(DraftingLoop):
     n, path = verdict.n, verdict.path
     cache = move_path(self.target, cache, state.length, path, n)
     if features is not None:  # index 0 the root, j + 1 node j; past n: the root (not read)
-      along = jnp.concatenate([jnp.zeros_like(path[:, :1]), jnp.maximum(path, -1) + 1], axis=1)
+      along = jnp.concatenate([jnp.zeros_like(path[:, :1]), path + 1], axis=1)
       features = jnp.take_along_axis(features, along[:, :, None], axis=1)  # [B, D + 1, E]
     drafter_state = self.drafter.update(drafter_state, Accepted(
         start=state.length, n=n, gamma=jnp.full_like(n, self.max_gamma), path=path,

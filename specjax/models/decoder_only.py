@@ -30,7 +30,7 @@ from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
                                    RMSNorm, after, check_logits_at,
                                    check_positions, check_prefix_lengths, check_tokens,
-                                   check_tree, check_vocab_limit, key_layout, mask_to_bias,
+                                   check_tree, key_layout, mask_to_bias,
                                    mlp_kernel_init,
                                    validate_config, value_layout, write_rows)
 from specjax.models.tree import TreeAttention
@@ -469,11 +469,6 @@ class DecoderOnlyModel(NetworkModel):
                        logits_at, tree)
 
   # Target features (opt-in): the final hidden state, after `decoder_norm`, of every token.
-  @property
-  def feature_dim(self) -> int:
-    """Width E of the features `decode_features` returns."""
-    return self.config.emb_dim
-
   def decode_features(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
                       encoded: Any = None, *, prefix_lengths: Any = None,
                       tree: Optional[TreeAttention] = None) -> Tuple[Array, Array, KVCache]:
@@ -499,17 +494,6 @@ class DecoderOnlyModel(NetworkModel):
                                                         "features")
     return self._apply("forward_features", params, tokens, prefix_lengths)
 
-  def embed(self, params: Any, tokens: Any) -> Array:
-    """tokens int32 [...] -> the model's input embeddings [..., E]."""
-    return self._apply("embed", params, jnp.asarray(tokens, jnp.int32))
-
-  def feature_logits(self, params: Any, features: Any, vocab_limit: Optional[int] = None
-                     ) -> Array:
-    """features [..., E] -> float32 logits [..., V] through the model's own output projection
-    (the embedding / sqrt(E) when `logits_via_embedding`, else `logits_dense`); with
-    `vocab_limit` (static) the logits of token ids 0 .. vocab_limit - 1 only."""
-    return self._apply_static("output_logits", (check_vocab_limit(vocab_limit, self.vocab_size),),
-                              params, features)
 
   def _check_decode(self, params, cache, tokens, positions, prefix_lengths):
     self.check_params(params)

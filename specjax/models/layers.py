@@ -809,6 +809,25 @@ class NetworkModel:
   def _apply_static(self, method: str, static: Tuple[Any, ...], params: Any, *args: Any) -> Any:
     return apply_network_static(self._net, method, static, params, *args)
 
+  # Target features (opt-in; `specjax.models.FeatureModel`), the same for both families: the
+  # decoder's final hidden state after `decoder_norm`, its embedding and output projection.
+  @property
+  def feature_dim(self) -> int:
+    """Width E of the features `decode_features` returns."""
+    return self.config.emb_dim
+
+  def embed(self, params: Any, tokens: Any) -> Array:
+    """tokens int32 [...] -> the model's (shared) input embeddings [..., E]."""
+    return self._apply("embed", params, jnp.asarray(tokens, jnp.int32))
+
+  def feature_logits(self, params: Any, features: Any, vocab_limit: Optional[int] = None
+                     ) -> Array:
+    """features [..., E] -> float32 logits [..., V] through the model's own output projection
+    (the embedding / sqrt(E) when `logits_via_embedding`, else `logits_dense`); with
+    `vocab_limit` (static) the logits of token ids 0 .. vocab_limit - 1 only."""
+    return self._apply_static("output_logits", (check_vocab_limit(vocab_limit, self.vocab_size),),
+                              params, features)
+
   def move_slots(self, cache: KVCache, src: Any, dst: Any) -> KVCache:
     """Copies each row's cache slots src[b, i] to dst[b] + i (all read before any write).
 

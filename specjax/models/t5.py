@@ -37,7 +37,7 @@ from specjax.models.decoder_only import DecoderStack
 from specjax.models.layers import (DTYPES, Array, EncodedInputs, Embed, KVCache, MlpBlock,
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
                                    RMSNorm, check_logits_at, check_positions, check_tokens,
-                                   check_tree, check_vocab_limit, mask_to_bias,
+                                   check_tree, mask_to_bias,
                                    validate_config)
 from specjax.models.tree import TreeAttention
 
@@ -238,11 +238,6 @@ class T5Model(NetworkModel):
                        tree)
 
   # Target features (opt-in): the decoder's final hidden state, after `decoder_norm`.
-  @property
-  def feature_dim(self) -> int:
-    """Width E of the features `decode_features` returns."""
-    return self.config.emb_dim
-
   def decode_features(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
                       encoded: EncodedInputs, *, tree: Optional[TreeAttention] = None
                       ) -> Tuple[Array, Array, KVCache]:
@@ -262,17 +257,6 @@ class T5Model(NetworkModel):
                                         "decoder_input_tokens")
     return self._apply("forward_features", params, inputs, decoder_input_tokens)
 
-  def embed(self, params: Any, tokens: Any) -> Array:
-    """tokens int32 [...] -> the shared input embeddings [..., E]."""
-    return self._apply("embed", params, jnp.asarray(tokens, jnp.int32))
-
-  def feature_logits(self, params: Any, features: Any, vocab_limit: Optional[int] = None
-                     ) -> Array:
-    """Decoder features [..., E] -> float32 logits [..., V] (`logits_dense`, or the shared
-    embedding / sqrt(E) when `logits_via_embedding`); with `vocab_limit` (static) the logits
-    of token ids 0 .. vocab_limit - 1 only."""
-    return self._apply_static("output_logits", (check_vocab_limit(vocab_limit, self.vocab_size),),
-                              params, features)
 
   def _check_decode(self, params, cache, tokens, positions, encoded):
     self.check_params(params)
