@@ -77,7 +77,8 @@ DEFAULT_SHIP = ("lm_target", "lm_draft", "lm_tiny", "translate_target", "transla
 
 def ship(source: Path, dest: Path = bundled.PAIRS_DIR,
          names: Sequence[str] = DEFAULT_SHIP) -> List[Dict]:
-  """Copies FROM/NAME's final checkpoint (+ model.gin, train_summary.json) into dest/PAIR/ROLE.
+  """Copies FROM/NAME's final checkpoint (+ model.gin, a feature head's token_ranking.npy,
+  train_summary.json) into dest/PAIR/ROLE.
 
   The copy is written to a temporary folder beside the destination and renamed
   into place, so an interrupted ship never leaves a half-written model behind.
@@ -123,6 +124,8 @@ def ship(source: Path, dest: Path = bundled.PAIRS_DIR,
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     shutil.copy(model_dir / "model.gin", tmp / "model.gin")
+    if (model_dir / train_lib.RANKING_FILE).is_file():  # a feature head's token ranking
+      shutil.copy(model_dir / train_lib.RANKING_FILE, tmp / train_lib.RANKING_FILE)
     if any(np.asarray(v).dtype == np.float32 for _, v in flatten(params)):
       checkpoints.save_t5x(params, str(tmp), step=info["steps"], dtype="bfloat16")
     else:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Optional, Tuple
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes, draft_step
 from specjax.models import FeatureModel
@@ -57,25 +58,48 @@ class FeatureHeadDrafter(DrafterDefaults):
   def models(self) -> Tuple[Any, ...]:
     return ()  # the head's one-layer cache is small; the target's is the loop's
 
-  def params(self, head_params: Any, target_params: Any) -> dict:
+  def params(self, head_params: Any, target_params: Any, token_ranking: Any = None) -> dict:
     """The drafter's params {'head', 'target'}: ValueError naming the first parameter of
-    either that does not fit the head's or the target's config."""
+    either that does not fit the head's or the target's config.
+
+    token_ranking: None, or token ids int [>= vocab_limit], most frequent first (the head's
+    `token_ranking.npy`, `specjax.train.load_token_ranking`): with `vocab_limit` K the
+    drafter drafts over the first K of them (params 'ids' [K] and 'rows', their output
+    projection), not over ids 0..K-1. Ignored without `vocab_limit`."""
     self.head.check_params(head_params)
     self.target.check_params(target_params, "target parameters")
-    return {"head": head_params, "target": target_params}
-
-  def init(self, params, inputs, seq, length, cache_len):
-    return start_state(self.target, self.head, params, inputs, seq, length, cache_len)
-
-  def draft_logits(self, target_params: Any, features: jax.Array) -> jax.Array:
-    """The head's predicted features [..., E] -> the draft's logits [..., V] through the
-    target's output projection; with `vocab_limit` K only token ids below K are computed (the
-    others get -inf: q is 0 there, and verification stays exact)."""
+    params = {"head": head_params, "target": target_params}
     limit = self.vocab_limit
-    logits = self.target.feature_logits(target_params, features, vocab_limit=limit)
-    if limit is None or limit >= self.target.vocab_size:
+    if token_ranking is None or limit is None:
+      return params
+    ranking = np.asarray(token_ranking)
+    if ranking.ndim != 1 or ranking.shape[0] < limit:
+      raise ValueError(f"token_ranking must list at least vocab_limit = {limit} token ids, "
+                       f"got shape {ranking.shape}")
+    ids = ranking[:limit]
+    return dict(params, ids=jnp.asarray(ids, jnp.int32),
+                rows=self.target.output_rows(target_params, ids))
+
+  def init(self, params, inputs, seq, length, cache_len, features=None):
+    """The state at the start of a decode; `features`: a decoder-only target's prompt
+    features float32 [B, P, E] from the loop's prefill (None: computed here)."""
+    return start_state(self.target, self.head, params, inputs, seq, length, cache_len,
+                       features)
+
+  def draft_logits(self, params: dict, features: jax.Array) -> jax.Array:
+    """The head's predicted features [..., E] -> the draft's logits [..., V] through the
+    target's output projection (`params`: the drafter's). With `vocab_limit` K only K token
+    ids are computed (the first K of the token ranking, else ids 0..K-1); the others get
+    -inf: q is 0 there, and verification stays exact."""
+    limit, vocab = self.vocab_limit, self.target.vocab_size
+    if "ids" in params:
+      logits = self.target.rows_logits(params["rows"], features)  # [..., K]
+      full = jnp.full(features.shape[:-1] + (vocab,), -jnp.inf, jnp.float32)
+      return full.at[..., params["ids"]].set(logits)
+    logits = self.target.feature_logits(params["target"], features, vocab_limit=limit)
+    if limit is None or limit >= vocab:
       return logits
-    pad = [(0, 0)] * (logits.ndim - 1) + [(0, self.target.vocab_size - limit)]
+    pad = [(0, 0)] * (logits.ndim - 1) + [(0, vocab - limit)]
     return jnp.pad(logits, pad, constant_values=-jnp.inf)
 
   def update(self, state: FeatureDrafterState, accepted: Accepted) -> FeatureDrafterState:
@@ -103,10 +127,12 @@ class FeatureDrafter(FeatureHeadDrafter):
   head: FeatureHead
   max_gamma: int
   vocab_limit: Optional[int] = None
-  """Draft over token ids 0 .. vocab_limit - 1 only (None: all): the head's logits cost
-  vocab_limit / V of the full product. SentencePiece numbers a unigram model's pieces by
-  score, so the first ids are the most frequent pieces; a guess outside them is never made
-  (its q is 0), which costs acceptance, never exactness."""
+  """Draft over vocab_limit token ids only (None: all): the first vocab_limit of the head's
+  token ranking when `params` gets one (the ids most frequent in its training data, as
+  FR-Spec restricts a draft's head), else ids 0 .. vocab_limit - 1 (SentencePiece numbers
+  a unigram model's pieces by score). The head's logits cost vocab_limit / V of the full
+  product; a guess outside the ids is never made (its q is 0), which costs acceptance,
+  never exactness."""
 
   tree: ClassVar[None] = None  # a chain drafter
   deterministic: ClassVar[bool] = False
@@ -126,7 +152,7 @@ class FeatureDrafter(FeatureHeadDrafter):
     feature, cache = catch_up(self.target, self.head, params, state, seq, length,
                               self.max_gamma + 1)
     guess0, probs0 = draft_step(row_keys, length, 0,
-                                self.draft_logits(target_params, feature), sampling)
+                                self.draft_logits(params, feature), sampling)
     tokens = jnp.zeros((batch, self.max_gamma), jnp.int32).at[:, 0].set(guess0)
     all_probs = jnp.zeros((batch, self.max_gamma, probs0.shape[-1]),
                           jnp.float32).at[:, 0].set(probs0)
@@ -138,8 +164,8 @@ class FeatureDrafter(FeatureHeadDrafter):
                                           self.target.embed(target_params, prev),
                                           length + i - 1)
       feature = predicted[:, 0]
-      guess, probs = draft_step(row_keys, length, i,
-                                self.draft_logits(target_params, feature), sampling)
+      guess, probs = draft_step(row_keys, length, i, self.draft_logits(params, feature),
+                                sampling)
       tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
       all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
       return tokens, all_probs, cache, feature
@@ -171,16 +197,18 @@ def check_head(drafter: Any) -> None:
 
 
 def start_state(target: Any, head: FeatureHead, params: dict, inputs, seq, length,
-                cache_len: int) -> FeatureDrafterState:
+                cache_len: int, prompt_features=None) -> FeatureDrafterState:
   """A feature drafter's state at the start of a decode: a decoder-only target's prompt
-  features (one pass over the prompt) fed to the head; nothing fed for a T5 decoder."""
+  features (`prompt_features` float32 [B, P, E], the loop's prefill gives them; None: one
+  pass over the prompt here) fed to the head; nothing fed for a T5 decoder."""
   batch, width = seq.shape
   features = jnp.zeros((batch, width, head.config.emb_dim), jnp.float32)
   cache = head.init_cache(batch, cache_len)
   if target.is_encoder_decoder:  # the decoder starts at token 0: nothing fed yet
     zeros = jnp.zeros((batch,), jnp.int32)
     return FeatureDrafterState(cache=cache, features=features, fed=zeros, start=length)
-  prompt_features = _prompt_features(target, params["target"], inputs, length)
+  if prompt_features is None:
+    prompt_features = _prompt_features(target, params["target"], inputs, length)
   features = jax.lax.dynamic_update_slice_in_dim(features, prompt_features, 0, axis=1)
   _, cache = head.decode(params["head"], cache, shift_features(prompt_features),
                          target.embed(params["target"], inputs), jnp.zeros((batch,), jnp.int32))

@@ -47,7 +47,8 @@ class FeatureTreeDrafter(FeatureHeadDrafter):
   head: FeatureHead
   tree: Any  # StaticTree or DynamicTree
   vocab_limit: Optional[int] = None
-  """As `FeatureDrafter.vocab_limit`: nodes are drawn from token ids below it only."""
+  """As `FeatureDrafter.vocab_limit`: nodes are drawn from that many token ids only (the
+  first of the token ranking given to `params`, else ids below it)."""
 
   deterministic: ClassVar[bool] = False
 
@@ -79,7 +80,7 @@ class FeatureTreeDrafter(FeatureHeadDrafter):
     size = tree.grown
     # predicted[:, 0] is the root's predicted feature, predicted[:, j + 1] node j's.
     predicted = jnp.zeros((batch, size + 1, root.shape[-1]), jnp.float32).at[:, 0].set(root)
-    level_logits = self.draft_logits(target_params, root)[:, None]  # [B, 1, V]
+    level_logits = self.draft_logits(params, root)[:, None]  # [B, 1, V]
     depth, (tokens, parent, valid, path_logq, probs) = empty_tree(tree, batch,
                                                                   level_logits.shape[-1])
     level_ids, parent_logq, q_row = jnp.zeros((batch, 1), jnp.int32), \
@@ -94,7 +95,7 @@ class FeatureTreeDrafter(FeatureHeadDrafter):
                                       target.embed(target_params, tokens[:, plo:phi]),
                                       length + plo, tree=attention)
         predicted = predicted.at[:, plo + 1:phi + 1].set(out)
-        level_logits = self.draft_logits(target_params, out)  # [B, m, V]
+        level_logits = self.draft_logits(params, out)  # [B, m, V]
         level_ids = jnp.broadcast_to(jnp.arange(plo, phi) + 1, (batch, phi - plo))
         parent_logq, q_row = path_logq[:, plo:phi], plo + 1
       tokens, parent, valid, path_logq, probs = put_level(

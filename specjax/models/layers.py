@@ -197,6 +197,14 @@ class Dense(nn.Module):
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
+def project(x: Array, weights: Array, *, transposed: bool = False) -> Array:
+  """x [..., in] @ weights [in, out] ([out, in] with `transposed`) -> float32 [..., out]:
+  bfloat16 weights through `bfloat16_dot`, others as a float32 product."""
+  if weights.dtype == jnp.bfloat16:
+    return bfloat16_dot(x, weights, transposed=transposed)
+  return jnp.dot(x.astype(jnp.float32), weights.T if transposed else weights)
+
+
 def bfloat16_dot(x: Array, kernel: Array, *, transposed: bool = False) -> Array:
   """x [..., in] @ a bfloat16 kernel [in, out] -> float32 [..., out]; with `transposed`
   the kernel is [out, in] (an embedding table used as the output projection).
@@ -252,10 +260,8 @@ class Embed(nn.Module):
     """y: [..., E] -> float32 [..., V], the dot product with every embedding (in
     bfloat16 with float32 sums when the table was cast by `cast_kernels`); with `rows`
     (static) with the first that many only, [..., rows]."""
-    table = self.embedding if rows is None else self.embedding[:rows]
-    if table.dtype == jnp.bfloat16:
-      return bfloat16_dot(y, table, transposed=True)
-    return jnp.dot(y.astype(jnp.float32), table.T)
+    return project(y, self.embedding if rows is None else self.embedding[:rows],
+                   transposed=True)
 
 
 class MlpBlock(nn.Module):
@@ -827,6 +833,29 @@ class NetworkModel:
     `vocab_limit` (static) the logits of token ids 0 .. vocab_limit - 1 only."""
     return self._apply_static("output_logits", (check_vocab_limit(vocab_limit, self.vocab_size),),
                               params, features)
+
+  def output_rows(self, params: Any, token_ids: Any) -> Array:
+    """The output projection's weights of `token_ids` int [K] only, in that order (the
+    embedding rows [K, E] with `logits_via_embedding`, else decoder/logits_dense/kernel's
+    columns [E, K]), for `rows_logits`. ValueError unless the ids are distinct and in
+    [0, V)."""
+    ids = np.asarray(token_ids)
+    if (ids.ndim != 1 or ids.size < 1 or not np.issubdtype(ids.dtype, np.integer)
+        or ids.min() < 0 or ids.max() >= self.vocab_size or np.unique(ids).size != ids.size):
+      raise ValueError(f"token_ids must be distinct token ids in [0, {self.vocab_size}), "
+                       f"int [K] with K >= 1; got shape {ids.shape}, dtype {ids.dtype}")
+    ids = jnp.asarray(ids, jnp.int32)
+    if self.config.logits_via_embedding:
+      owner = params if "token_embedder" in params else params["decoder"]  # T5 / decoder-only
+      return jnp.take(owner["token_embedder"]["embedding"], ids, axis=0)
+    return jnp.take(params["decoder"]["logits_dense"]["kernel"], ids, axis=1)
+
+  def rows_logits(self, rows: Array, features: Any) -> Array:
+    """features [..., E] -> float32 logits [..., K] of the ids `rows` (`output_rows`) was cut
+    to: `feature_logits(params, features)[..., ids]` at the cost of K columns."""
+    if self.config.logits_via_embedding:
+      return project(features, rows, transposed=True) / jnp.sqrt(jnp.float32(self.feature_dim))
+    return project(features, rows)
 
   def move_slots(self, cache: KVCache, src: Any, dst: Any) -> KVCache:
     """Copies each row's cache slots src[b, i] to dst[b] + i (all read before any write).

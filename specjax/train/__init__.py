@@ -9,6 +9,7 @@ from specjax.train.checkpoints import (OPT_STATE_FILE, TRAIN_STATE_FILE, check_m
                                        resume_fingerprint, save_checkpoint, save_opt_state)
 from specjax.train.distill import DistillConfig, Teacher, load_teacher
 from specjax.train.feature_head import (FeatureHeadTraining, load_head, load_target,
+                                        RANKING_FILE, load_token_ranking, token_ranking,
                                         train_feature_head)
 from specjax.train.trainer import (METRICS_FILE, OptimizerConfig, TrainConfig, Trainer,
                                    TrainResult, TrainState, cross_entropy, get_trainer,
@@ -21,4 +22,4 @@ __all__ = ["train", "Trainer", "TrainState", "TrainResult", "TrainConfig",
            "list_checkpoints", "save_opt_state", "load_opt_state", "check_model_gin",
            "OPT_STATE_FILE", "TRAIN_STATE_FILE", "METRICS_FILE", "MODEL_GIN", "model_gin_text",
            "resume_fingerprint", "FeatureHeadTraining", "train_feature_head", "load_head",
-           "load_target"]
+           "load_target", "load_token_ranking", "token_ranking", "RANKING_FILE"]

@@ -31,6 +31,7 @@ from typing import Any, Dict, Optional, Tuple
 import gin
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from specjax import checkpoints
@@ -56,12 +57,19 @@ class FeatureHeadTraining:
   """Weight of the smooth-L1 feature regression."""
   token_weight: float = 0.1
   """Weight of the cross-entropy from the target's distribution to the head's."""
+  passes: int = 1
+  """Teacher-forced passes per step. Pass 1 reads the target's true features; pass k >= 2
+  reads the features the head predicted in pass k - 1 (as a chain's later guesses read its
+  own predictions), the gradient flowing through them. The loss is the mean over passes;
+  the logged agreement and 1 - TV are pass 1's, `fed_agreement` the last pass's."""
 
   def __post_init__(self):
     if not isinstance(self.target, (str, os.PathLike)) or not os.fspath(self.target):
       raise ValueError(f"FeatureHeadTraining.target must be a model folder, got {self.target!r}")
     check_real(self, "feature_weight", 0)
     check_real(self, "token_weight", 0)
+    if not isinstance(self.passes, int) or isinstance(self.passes, bool) or self.passes < 1:
+      raise ValueError(f"FeatureHeadTraining.passes must be an int >= 1, got {self.passes!r}")
 
 
 def load_target(folder: Any) -> Tuple[Any, Any]:
@@ -86,6 +94,48 @@ def load_head(folder: Any) -> Tuple[FeatureHead, Any]:
   return head, checkpoints.load_t5x_for_model(folder, head, dtype="float32")
 
 
+RANKING_FILE = "token_ranking.npy"
+
+
+def token_ranking(features: Dict[str, Any], vocab_size: int) -> np.ndarray:
+  """Every token id, int32 [V], most frequent first among a training table's target tokens
+  (`decoder_target_tokens` where `decoder_loss_weights` > 0; ties in id order): what a
+  `FeatureDrafter` with `vocab_limit` K drafts over (its first K ids)."""
+  tokens = np.asarray(features["decoder_target_tokens"])
+  weights = np.asarray(features["decoder_loss_weights"]) > 0
+  counts = np.bincount(tokens[weights].ravel(), minlength=vocab_size)[:vocab_size]
+  return np.argsort(-counts, kind="stable").astype(np.int32)
+
+
+def load_token_ranking(folder: Any) -> Optional[np.ndarray]:
+  """The token ranking (int32 [V]) a head's training wrote beside its model.gin, for
+  `FeatureDrafter.params(..., token_ranking=)`; None when the folder has none. `folder`:
+  the head's folder or one checkpoint_N in it. ValueError when the file is not a
+  permutation of the token ids."""
+  folder = os.fspath(folder).rstrip("/")
+  if os.path.basename(folder).startswith("checkpoint_"):
+    folder = os.path.dirname(folder)
+  path = os.path.join(folder, RANKING_FILE)
+  if not os.path.isfile(path):
+    return None
+  ranking = np.load(path, allow_pickle=False)
+  if (ranking.ndim != 1 or not np.issubdtype(ranking.dtype, np.integer)
+      or not np.array_equal(np.sort(ranking), np.arange(ranking.shape[0]))):
+    raise ValueError(f"{path}: a token ranking must be a permutation of the token ids "
+                     f"0..V-1, got shape {ranking.shape}, dtype {ranking.dtype}")
+  return ranking.astype(np.int32)
+
+
+def _write_token_ranking(model_dir: str, features: Dict[str, Any], vocab_size: int) -> None:
+  """Writes token_ranking.npy once per run (temporary file renamed into place)."""
+  path = os.path.join(model_dir, RANKING_FILE)
+  if os.path.isfile(path):
+    return
+  tmp = path + ".tmp.npy"
+  np.save(tmp, token_ranking(features, vocab_size))
+  os.replace(tmp, path)
+
+
 def smooth_l1(x: jax.Array) -> jax.Array:
   """Huber loss with threshold 1, elementwise (EAGLE's feature regression)."""
   magnitude = jnp.abs(x)
@@ -95,9 +145,10 @@ def smooth_l1(x: jax.Array) -> jax.Array:
 def head_loss_sums(head: FeatureHead, target: Any, head_params: Any, target_params: Any,
                    batch: Dict[str, jax.Array], feature: FeatureHeadTraining
                    ) -> Dict[str, jax.Array]:
-  """Weighted sums over a batch's non-padding positions (float32 scalars): loss_sum,
-  ce_sum, feature_sum, correct_sum (argmax agreement with the target), tv_sum (total
-  variation to the target's distribution) and weight_sum."""
+  """Weighted sums over a batch's non-padding positions (float32 scalars): loss_sum (the
+  mean over `feature.passes`), pass 1's ce_sum, feature_sum, correct_sum (argmax agreement
+  with the target) and tv_sum (total variation to the target's distribution), weight_sum,
+  and with several passes fed_correct_sum (the last pass's agreement)."""
   tokens = batch["decoder_input_tokens"]  # [B, L]
   weights = batch["decoder_loss_weights"].astype(jnp.float32)  # [B, L]
   if target.is_encoder_decoder:
@@ -107,16 +158,23 @@ def head_loss_sums(head: FeatureHead, target: Any, head_params: Any, target_para
   features = jax.lax.stop_gradient(features)  # [B, L, E]
   p = jax.lax.stop_gradient(jax.nn.softmax(logits, axis=-1))  # [B, L, V]
   embedded = jax.lax.stop_gradient(target.embed(target_params, tokens))
-  predicted = head.forward(head_params, shift_features(features), embedded)
-  regression = jnp.mean(smooth_l1(predicted - features), axis=-1)  # [B, L]
-  log_q = jax.nn.log_softmax(target.feature_logits(target_params, predicted), axis=-1)
-  ce = -jnp.sum(p * log_q, axis=-1)  # [B, L]
-  agree = (jnp.argmax(log_q, -1) == jnp.argmax(p, -1)).astype(jnp.float32)
-  tv = 0.5 * jnp.sum(jnp.abs(p - jnp.exp(log_q)), axis=-1)
-  loss = feature.feature_weight * regression + feature.token_weight * ce
-  return {"loss_sum": jnp.sum(loss * weights), "ce_sum": jnp.sum(ce * weights),
-          "feature_sum": jnp.sum(regression * weights), "correct_sum": jnp.sum(agree * weights),
-          "tv_sum": jnp.sum(tv * weights), "weight_sum": jnp.sum(weights)}
+  inputs, loss, out = features, 0.0, {}
+  for k in range(feature.passes):
+    predicted = head.forward(head_params, shift_features(inputs), embedded)
+    regression = jnp.mean(smooth_l1(predicted - features), axis=-1)  # [B, L]
+    log_q = jax.nn.log_softmax(target.feature_logits(target_params, predicted), axis=-1)
+    ce = -jnp.sum(p * log_q, axis=-1)  # [B, L]
+    agree = (jnp.argmax(log_q, -1) == jnp.argmax(p, -1)).astype(jnp.float32)
+    loss = loss + (feature.feature_weight * regression + feature.token_weight * ce)
+    if k == 0:
+      tv = 0.5 * jnp.sum(jnp.abs(p - jnp.exp(log_q)), axis=-1)
+      out = {"ce_sum": jnp.sum(ce * weights), "feature_sum": jnp.sum(regression * weights),
+             "correct_sum": jnp.sum(agree * weights), "tv_sum": jnp.sum(tv * weights)}
+    inputs = predicted
+  loss = loss / feature.passes
+  if feature.passes > 1:
+    out["fed_correct_sum"] = jnp.sum(agree * weights)
+  return dict(out, loss_sum=jnp.sum(loss * weights), weight_sum=jnp.sum(weights))
 
 
 class HeadTrainer:
@@ -172,13 +230,16 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
   os.makedirs(config.model_dir, exist_ok=True)
   check_model_gin(config.model_dir, head_config, write=False)
   trainer = HeadTrainer(head, target, target_params, optimizer, config.num_steps, feature)
-  fingerprint = dict(resume_fingerprint(head_config, data, optimizer, config),
-                     feature=json.loads(json.dumps(dataclasses.asdict(feature), default=str)))
+  recorded = json.loads(json.dumps(dataclasses.asdict(feature), default=str))
+  if feature.passes == 1:  # as runs from before `passes` existed recorded it
+    del recorded["passes"]
+  fingerprint = dict(resume_fingerprint(head_config, data, optimizer, config), feature=recorded)
   state = restore(config.model_dir, trainer, fingerprint, config.allow_changed_training)
   if state is None:
     state = trainer.init_state(head.init(jax.random.PRNGKey(config.seed)))
   start = int(state.step)
   check_model_gin(config.model_dir, head_config)  # the run is accepted: now write
+  _write_token_ranking(config.model_dir, train_batches.features, head_config.vocab_size)
   base._truncate_metrics(config.model_dir, start)  # pylint: disable=protected-access
   result = base.TrainResult(step=start, start_step=start, params=None, history=[], evals=[],
                             tokens_per_second=float("nan"), checkpoint=None,
@@ -209,12 +270,16 @@ def _log(config: Any, window: Any, done: int) -> Dict[str, float]:
   total = {name: sum(float(sums[name]) for sums in window) for name in window[0]}
   record = dict(base.summarize(total), step=done,
                 feature_loss=total["feature_sum"] / max(total["weight_sum"], 1.0))
+  if "fed_correct_sum" in total:
+    record["fed_agreement"] = total["fed_correct_sum"] / max(total["weight_sum"], 1.0)
   base._append_metrics(config.model_dir, dict(record, split="train"))  # pylint: disable=protected-access
   if not math.isfinite(record["loss"]):
     base._diverged(config.model_dir, done, f"the training loss is {record['loss']}")  # pylint: disable=protected-access
   if config.progress:
     print(f"step {done}: loss {record['loss']:.4f} feature {record['feature_loss']:.4f} "
-          f"agreement {record['accuracy']:.3f} 1-TV {1 - record['teacher_tv']:.3f}", flush=True)
+          f"agreement {record['accuracy']:.3f} 1-TV {1 - record['teacher_tv']:.3f}"
+          + (f" fed {record['fed_agreement']:.3f}" if "fed_agreement" in record else ""),
+          flush=True)
   return record
 
 

@@ -94,8 +94,9 @@ def test_joint_of_first_three_tokens_matches_target_at_temperature_one():
 # (asserted), so a tree round that fed a node its wrong parent feature, kept the wrong path's
 # target features, or verified a child against another node's q would move the law. The
 # dynamic tree (EAGLE-2's expansion) runs the static trees' drawing code too. The head drafts
-# over token ids 0..2 only (vocab_limit 3): token 3, which the target draws about a quarter of
-# the time here, is never guessed, so its mass must come from the corrections alone.
+# over token ids 0..2 only (vocab_limit 3 of a token ranking): token 3, which the target draws
+# about a quarter of the time here, is never guessed, so its mass must come from the
+# corrections alone.
 def test_tree_joint_of_first_three_tokens_matches_target_at_temperature_one():
   tree = DynamicTree(branch=2, expand=1, max_depth=2)
   target = build_model(DecoderOnlyConfig(vocab_size=V, emb_dim=8, num_heads=2, num_layers=1,
@@ -104,7 +105,9 @@ def test_tree_joint_of_first_three_tokens_matches_target_at_temperature_one():
   head = FeatureHead(FeatureHeadConfig(vocab_size=V, emb_dim=8, num_heads=2, head_dim=4,
                                        mlp_dim=8))
   drafter = FeatureDrafter(target, head, max_gamma=2, vocab_limit=3)
-  result = tree_decode(target, params, drafter, drafter.params(head.init(7), params),
+  # Through a token ranking: the ids 2, 0, 1 (the first 3 of it), in that order.
+  fparams = drafter.params(head.init(7), params, token_ranking=[2, 0, 1, 3])
+  result = tree_decode(target, params, drafter, fparams,
                        np.array([PROMPT] * N, np.int32), max_new_tokens=STEPS,
                        rng=jax.random.PRNGKey(0), tree=tree,
                        config=DecodeConfig(eos_id=-1, cache_len=16, trace=True))
@@ -125,9 +128,10 @@ def _inputs(family):
   return np.array([[5, 7, 9, 1, 0], [3, 4, 1, 0, 0], [8, 1, 0, 0, 0]], np.int32)
 
 
-def _first_guesses(pair, head, head_params, inputs, result):
+def _first_guesses(pair, head, head_params, inputs, result, ids=None):
   """What the head predicts, teacher-forced on the target's TRUE features of the output,
-  as the first guess of every round a row ran: [(row, round, token)]."""
+  as the first guess of every round a row ran: [(row, round, token)]; with `ids` the
+  argmax among those token ids only."""
   target, params = pair.target, pair.target_params
   expected = []
   for row in range(inputs.shape[0]):
@@ -141,7 +145,12 @@ def _first_guesses(pair, head, head_params, inputs, result):
       seq = jnp.asarray([prefix + generated], jnp.int32)
       _, features = target.features(params, seq)
     predicted = head.forward(head_params, shift_features(features), target.embed(params, seq))
-    guesses = np.asarray(jnp.argmax(target.feature_logits(params, predicted[0]), axis=-1))
+    logits = np.asarray(target.feature_logits(params, predicted[0]))
+    if ids is not None:  # -inf elsewhere: ties go to the smallest id, as in the drafter
+      masked = np.full_like(logits, -np.inf)
+      masked[:, np.asarray(ids)] = logits[:, np.asarray(ids)]
+      logits = masked
+    guesses = logits.argmax(-1)
     length = len(prefix)
     for r in range(int(result.target_calls[row])):
       expected.append((row, r, int(guesses[length - 1])))
@@ -158,19 +167,30 @@ def test_greedy_equals_autoregressive_and_rounds_read_true_features(family):
   reference = autoregressive_decode(pair.target, pair.target_params, inputs, max_new_tokens=20,
                                     rng=jax.random.PRNGKey(0), config=GREEDY)
   limited = FeatureDrafter(pair.target, head, max_gamma=3, vocab_limit=4000)
-  for gamma, drafter in ((1, drafter), (3, drafter), (3, limited)):
+  # A ranking that puts the largest ids first: the ranked drafter guesses among ids >= V - 4000.
+  ranking = np.arange(pair.target.vocab_size)[::-1]
+  for gamma, drafter, ranked in ((1, drafter, None), (3, drafter, None), (3, limited, None),
+                                 (3, limited, ranking)):
     result = speculative_decode(pair.target, pair.target_params, drafter,
-                                drafter.params(head_params, pair.target_params), inputs,
+                                drafter.params(head_params, pair.target_params,
+                                               token_ranking=ranked), inputs,
                                 max_new_tokens=20, gamma=gamma, rng=jax.random.PRNGKey(0),
                                 config=GREEDY)
     np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=f"γ={gamma}")
     np.testing.assert_array_equal(result.lengths, reference.lengths)
-    if drafter is limited:  # no guess at or above the limit
-      assert np.all(np.asarray(result.trace.guesses) < 4000)
+    guesses = np.asarray(result.trace.guesses)
+    if ranked is not None:  # the first guess of a round: the argmax among the ranked ids
+      ids = ranked[:4000]
+      ran = np.arange(guesses.shape[1])[None, :] < np.asarray(result.target_calls)[:, None]
+      assert np.all(guesses[ran] >= ranked.size - 4000)
+      for row, r, token in _first_guesses(pair, head, head_params, inputs, result, ids):
+        assert int(guesses[row, r, 0]) == token, (row, r)
+    elif drafter is limited:  # no guess at or above the limit
+      assert np.all(guesses < 4000)
     elif gamma == 3:  # rounds accepted 0..3 guesses; the first guess of each read f_{L-2}
       assert np.count_nonzero(np.asarray(result.accepted_hist).sum(0)) >= 3
       for row, r, token in _first_guesses(pair, head, head_params, inputs, result):
-        assert int(result.trace.guesses[row, r, 0]) == token, (row, r)
+        assert int(guesses[row, r, 0]) == token, (row, r)
 
 
 def test_streamed_through_slots_greedy_equals_autoregressive():

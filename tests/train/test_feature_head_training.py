@@ -1,5 +1,6 @@
 """Training a feature head from a frozen tiny target: a few steps, a resume that continues
 exactly, the head loaded back and decoding; a head folder without its model.gin refused."""
+import collections
 import dataclasses
 
 import jax
@@ -13,7 +14,7 @@ from specjax.models import FeatureHeadConfig, model_gin_text
 from specjax.sampling import Sampling
 from specjax.testing import tiny_pair
 from specjax.train import (DataConfig, FeatureHeadTraining, OptimizerConfig, TrainConfig,
-                           load_head, train)
+                           load_head, load_token_ranking, make_batches, train)
 
 HEAD = FeatureHeadConfig(vocab_size=8192, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32)
 DATA = DataConfig(task="lm", batch_size=4, seq_len=32)
@@ -50,6 +51,20 @@ def test_trains_resumes_exactly_and_decodes(tmp_path, target_dir):
   assert resumed.start_step == 3  # the cut run's final checkpoint (float32, with its optimizer)
   for a, b in zip(jax.tree.leaves(through.params), jax.tree.leaves(resumed.params)):
     np.testing.assert_array_equal(a, b)
+  # The token ranking written beside model.gin: ids by their count among the trained-on
+  # target tokens, most frequent first, ties by id (recounted here by hand).
+  batches, _ = make_batches(DATA, tiny_pair("lm").target.config)
+  feats = batches.features
+  counted = collections.Counter(
+      np.asarray(feats["decoder_target_tokens"])[np.asarray(feats["decoder_loss_weights"]) > 0]
+      .tolist())
+  expected = sorted(range(HEAD.vocab_size), key=lambda t: (-counted.get(t, 0), t))
+  np.testing.assert_array_equal(load_token_ranking(tmp_path / "through"), expected)
+  np.testing.assert_array_equal(load_token_ranking(tmp_path / "cut" / "checkpoint_6"), expected)
+  assert load_token_ranking(target_dir) is None
+  np.save(tmp_path / "cut" / "token_ranking.npy", np.array(expected[:-1] + [expected[0]]))
+  with pytest.raises(ValueError, match="must be a permutation of the token ids"):
+    load_token_ranking(tmp_path / "cut")
   # The head loads back (its model.gin) and drafts for the target it was trained for.
   head, params = load_head(tmp_path / "cut")
   assert head.config == HEAD
@@ -81,3 +96,45 @@ def test_a_target_of_another_size_is_refused_before_training(tmp_path, target_di
                                        "vocab_size 8192"):
     train(wide, DATA, OPTIMIZER, config, feature=FeatureHeadTraining(target=target_dir))
   assert not (tmp_path / "wide").exists()
+
+
+def test_later_passes_read_the_heads_own_predicted_features():
+  """passes = 2: the loss is the mean of pass 1 (true features in) and pass 2 (pass 1's
+  predictions in), recomputed here from the head's forward directly."""
+  from specjax.models import FeatureHead
+  from specjax.models.feature_head import shift_features
+  from specjax.train.feature_head import head_loss_sums, smooth_l1
+  pair = tiny_pair("lm")
+  head = FeatureHead(HEAD)
+  params = head.init(jax.random.PRNGKey(1))
+  tokens = np.array([[5, 7, 9, 11, 13, 2], [3, 4, 6, 8, 0, 0]], np.int32)
+  batch = {"decoder_input_tokens": tokens, "decoder_loss_weights": (tokens > 0).astype(np.int32)}
+  sums = {k: head_loss_sums(head, pair.target, params, pair.target_params, batch,
+                            FeatureHeadTraining(target="t", passes=k)) for k in (1, 2)}
+  logits, features = pair.target.features(pair.target_params, tokens)
+  p = jax.nn.softmax(logits, axis=-1)
+  embedded = pair.target.embed(pair.target_params, tokens)
+  weights = batch["decoder_loss_weights"]
+
+  def pass_loss(inputs):
+    predicted = head.forward(params, shift_features(inputs), embedded)
+    log_q = jax.nn.log_softmax(pair.target.feature_logits(pair.target_params, predicted), -1)
+    loss = (smooth_l1(predicted - features).mean(-1) + 0.1 * -(p * log_q).sum(-1))
+    return float((loss * weights).sum()), predicted, log_q
+
+  first, predicted, _ = pass_loss(features)
+  second, _, log_q = pass_loss(predicted)
+  np.testing.assert_allclose(sums[1]["loss_sum"], first, rtol=1e-5)
+  np.testing.assert_allclose(sums[2]["loss_sum"], (first + second) / 2, rtol=1e-5)
+  assert abs(second - first) > 1e-3 * abs(first)  # pass 2 reads other inputs
+  agree = (log_q.argmax(-1) == p.argmax(-1)) * weights
+  np.testing.assert_allclose(sums[2]["fed_correct_sum"], float(agree.sum()))
+  for name in ("ce_sum", "feature_sum", "correct_sum", "tv_sum"):  # pass 1's either way
+    np.testing.assert_allclose(sums[2][name], sums[1][name], rtol=1e-6)
+  assert "fed_correct_sum" not in sums[1]
+
+
+@pytest.mark.parametrize("passes", [0, 1.0, True])
+def test_bad_passes_are_named(passes):
+  with pytest.raises(ValueError, match="passes must be an int >= 1"):
+    FeatureHeadTraining(target="t", passes=passes)
