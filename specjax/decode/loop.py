@@ -14,20 +14,44 @@ import jax.numpy as jnp
 
 from specjax.decode.state import DecodeResult, LoopState
 from specjax.models import start_model
+from specjax.models.start import prefill_features
 from specjax.rows import take_rows, update_rows
 
 
-def start_loop(model, params, inputs, seq, length, cache_len: int, hist_width: int):
-  """The loop state after the target's encode / prefill -> (LoopState, encoded)."""
+def start_loop(model, params, inputs, seq, length, cache_len: int, hist_width: int,
+               features: bool = False):
+  """The loop state after the target's encode / prefill -> (LoopState, encoded); with
+  `features` (static) a third element: a decoder-only target's prompt features float32
+  [B, P, E] from the prefill itself (None for T5)."""
   batch = seq.shape[0]
-  cache, encoded, _ = start_model(model, params, inputs, length, cache_len)
+  prompt_features = None
+  if features and not model.is_encoder_decoder:
+    cache, prompt_features = prefill_features(model, params, model.init_cache(batch, cache_len),
+                                              inputs, length)
+    encoded = None
+  else:
+    cache, encoded, _ = start_model(model, params, inputs, length, cache_len)
   zeros = jnp.zeros((batch,), jnp.int32)
   state = LoopState(seq=seq, length=length, done=jnp.zeros((batch,), jnp.bool_), cache=cache,
                     drafter_state=None, target_calls=zeros, draft_calls=zeros,
                     accepted_hist=jnp.zeros((batch, hist_width), jnp.int32),
                     alpha_sum=jnp.zeros((batch,), jnp.float32), alpha_count=zeros,
                     nan=jnp.zeros((batch,), jnp.bool_))
-  return state, encoded
+  return (state, encoded, prompt_features) if features else (state, encoded)
+
+
+def start_drafting(target, drafter, params, inputs, seq, length, hist_width: int):
+  """`start_loop` with the drafter started (`drafter.init`; a drafter that `wants_features`
+  gets the prefill's prompt features) -> (LoopState, encoded)."""
+  width = seq.shape[1]
+  if not drafter.wants_features:
+    state, encoded = start_loop(target, params.target, inputs, seq, length, width, hist_width)
+    return state.replace(drafter_state=drafter.init(params.drafter, inputs, seq, length,
+                                                    width)), encoded
+  state, encoded, features = start_loop(target, params.target, inputs, seq, length, width,
+                                        hist_width, features=True)
+  return state.replace(drafter_state=drafter.init(params.drafter, inputs, seq, length, width,
+                                                  features=features)), encoded
 
 
 def last_tokens(state: LoopState) -> jax.Array:

@@ -25,7 +25,7 @@ from specjax.decode import auto, auto_rounds
 from specjax.decode.autoregressive import AutoregressiveLoop
 from specjax.decode.config import DecodeConfig
 from specjax.decode.gamma import next_gamma
-from specjax.decode.loop import advance, bad_logits, going, last_tokens, start_loop
+from specjax.decode.loop import advance, bad_logits, going, last_tokens, start_drafting
 from specjax.decode.state import LoopParams, LoopState, Trace, empty_trace
 from specjax.draft import Accepted, Drafter, Proposal
 from specjax.models import DecodingModel
@@ -202,10 +202,9 @@ class SpeculativeLoop(DraftingLoop):
     target encoded / prefilled, the drafter started, every row at γ."""
     max_gamma = self.drafter.max_gamma
     batch, width = seq.shape
-    state, encoded = start_loop(self.target, params.target, inputs, seq, length, width,
-                                max_gamma + 1)
+    state, encoded = start_drafting(self.target, self.drafter, params, inputs, seq, length,
+                                    max_gamma + 1)
     return state.replace(
-        drafter_state=self.drafter.init(params.drafter, inputs, seq, length, width),
         gamma=jnp.full((batch,), gamma, jnp.int32),
         gamma_hist=jnp.zeros((batch, max_gamma + 1), jnp.int32),
         trace=empty_trace(batch, width, max_gamma) if self.config.trace else None), encoded

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from specjax.decode import auto, auto_rounds, runner
 from specjax.decode.config import DecodeConfig
 from specjax.decode.inputs import check_decode
-from specjax.decode.loop import advance, bad_logits, last_tokens, start_loop
+from specjax.decode.loop import advance, bad_logits, last_tokens, start_drafting
 from specjax.decode.round import DraftingLoop, narrow_round, record_trace
 from specjax.decode.state import DecodeResult, LoopParams, LoopState, empty_trace
 from specjax.decode.stream import Streaming, as_streaming
@@ -104,10 +104,8 @@ class TreeLoop(DraftingLoop):
     (`gamma` unused: the tree's shape replaces it)."""
     del gamma
     depth = self.max_gamma
-    state, encoded = start_loop(self.target, params.target, inputs, seq, length, seq.shape[1],
-                                depth + 1)
-    state = state.replace(drafter_state=self.drafter.init(params.drafter, inputs, seq, length,
-                                                          seq.shape[1]))
+    state, encoded = start_drafting(self.target, self.drafter, params, inputs, seq, length,
+                                    depth + 1)
     batch, width = seq.shape
     # Each row's γ (under 'auto' 0: narrow, else the tree) and rounds by γ: a tree round
     # counts at D.
