@@ -8,7 +8,7 @@ The bundled LM target decodes each of `num_examples` bundled prompts alone (batc
 - the target alone (autoregressive);
 - the pair's independent draft model, chains of γ (`draft_gammas`);
 - the feature head (`--head`: a folder written by `runs/train_lm_eagle.gin`, default the
-  bundled one; its kernels in `head_weights_dtype`), chains (`feature_chains`: (γ,
+  bundled one; its kernels in `head_weights_dtype`, bfloat16 as the bundled run's), chains (`feature_chains`: (γ,
   vocab_limit, ranked), the limit None or K: the head drafts over K token ids only, the
   first K of its token ranking (`token_ranking.npy`, the most frequent in its training
   data) when `ranked`, else ids 0..K-1), static trees of spines (`tree_spines`) and EAGLE-2
@@ -105,7 +105,7 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
             (5, 1024, True), (6, 1024, True)),
         tree_spines: Sequence[Sequence[int]] = ((6, 1), (5, 2, 1)),
         dynamic_trees: Sequence[Tuple[int, int, int, int]] = ((2, 1, 6, 0), (3, 2, 6, 12)),
-        tree_vocab_limit: Optional[int] = 1024, head_weights_dtype: str = "float32",
+        tree_vocab_limit: Optional[int] = 1024, head_weights_dtype: str = "bfloat16",
         repeats: int = 5,
         max_input_len: int = 48) -> List[Dict]:
   """Writes bench_eagle.{md,csv,json}; returns the rows (module docstring)."""
