@@ -13,9 +13,10 @@ the target's TRUE features; a round's later positions hold its own predictions.
     next window re-feeds the accepted positions with true features. The correction token's
     feature is not known yet: the next round's target call scores it first.
 
-Params: `FeatureDrafter.params(head_params, target_params)` -> {'head', 'target'}: the head's
-own parameters and the target's (frozen: its embedding and output projection are read, and a
-decoder-only target is run once over the prompt for the prompt's features in `init`).
+Params: `FeatureDrafter.params(head_params, target_params, token_ranking=None)` -> {'head',
+'target'} (+ 'ids' and 'rows' with a ranking and `vocab_limit`): the head's own parameters and
+the target's (frozen: its embedding and output projection are read; a decoder-only target's
+prompt features come from the loop's prefill, or one pass over the prompt in `init`).
 Verification is unchanged, so the output is exactly the target's distribution.
 """
 from __future__ import annotations

@@ -11,13 +11,18 @@ non-padding position,
   + token_weight * CE(target's distribution, head's)     (through the target's frozen
                                                           output projection)
 
-Only the head's parameters change. The batches are `specjax.train.batches`' (`DataConfig`:
-the prepared corpus, or a folder written by `specjax.train.teacher_data`). Checkpoints,
+With `passes` > 1 the head runs again over its own predicted features (pass k reads pass
+k - 1's predictions, as a chain's later guesses do) and the loss is the mean over passes.
+Only the head's parameters change. The run writes token_ranking.npy beside model.gin (the
+token ids by count among the data's target tokens, `load_token_ranking`): a
+`FeatureDrafter` with `vocab_limit` K drafts over its first K. The batches are
+`specjax.train.batches`' (`DataConfig`: the prepared corpus, or a folder written by
+`specjax.train.teacher_data`). Checkpoints,
 model.gin, metrics.jsonl and resuming are the trainer's (`specjax.train.trainer`): a run
 killed at any point resumes from its newest checkpoint and continues exactly; the target
 folder and the loss weights are part of the resume fingerprint. Logged: loss, cross_entropy,
-feature_loss, accuracy (argmax agreement with the target, an α estimate at T = 0) and
-teacher_tv (1 - teacher_tv estimates α at T = 1).
+feature_loss, accuracy (argmax agreement with the target, an α estimate at T = 0),
+teacher_tv (1 - teacher_tv estimates α at T = 1) and with several passes fed_agreement.
 """
 from __future__ import annotations
 
@@ -231,7 +236,7 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
   check_model_gin(config.model_dir, head_config, write=False)
   trainer = HeadTrainer(head, target, target_params, optimizer, config.num_steps, feature)
   recorded = json.loads(json.dumps(dataclasses.asdict(feature), default=str))
-  if feature.passes == 1:  # as runs from before `passes` existed recorded it
+  if feature.passes == 1:  # the default stays out of the fingerprint: such runs match either way
     del recorded["passes"]
   fingerprint = dict(resume_fingerprint(head_config, data, optimizer, config), feature=recorded)
   state = restore(config.model_dir, trainer, fingerprint, config.allow_changed_training)
