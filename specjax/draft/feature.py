@@ -14,7 +14,7 @@ the target's TRUE features; a round's later positions hold its own predictions.
     feature is not known yet: the next round's target call scores it first.
 
 Params: `FeatureDrafter.params(head_params, target_params, token_ranking=None)` -> {'head',
-'target'} (+ 'ids' and 'rows' with a ranking and `vocab_limit`): the head's own parameters and
+'target'} (+ 'ids' and 'rows' with `vocab_limit`): the head's own parameters and
 the target's (frozen: its embedding and output projection are read; a decoder-only target's
 prompt features come from the loop's prefill, or one pass over the prompt in `init`).
 Verification is unchanged, so the output is exactly the target's distribution.
@@ -63,17 +63,18 @@ class FeatureHeadDrafter(DrafterDefaults):
     """The drafter's params {'head', 'target'}: ValueError naming the first parameter of
     either that does not fit the head's or the target's config.
 
-    token_ranking: None, or token ids int [>= vocab_limit], most frequent first (the head's
-    `token_ranking.npy`, `specjax.train.load_token_ranking`): with `vocab_limit` K the
-    drafter drafts over the first K of them (params 'ids' [K] and 'rows', their output
-    projection), not over ids 0..K-1. Ignored without `vocab_limit`."""
+    With `vocab_limit` K the params also hold the K token ids drafted over ('ids' [K]) and
+    their rows of the target's output projection ('rows', `output_rows`): the first K of
+    `token_ranking` (token ids int [>= K], most frequent first: the head's
+    `token_ranking.npy`, `specjax.train.load_token_ranking`), else ids 0..K-1.
+    `token_ranking` is ignored without `vocab_limit`."""
     self.head.check_params(head_params)
     self.target.check_params(target_params, "target parameters")
     params = {"head": head_params, "target": target_params}
     limit = self.vocab_limit
-    if token_ranking is None or limit is None:
+    if limit is None:
       return params
-    ranking = np.asarray(token_ranking)
+    ranking = np.arange(limit) if token_ranking is None else np.asarray(token_ranking)
     if ranking.ndim != 1 or ranking.shape[0] < limit:
       raise ValueError(f"token_ranking must list at least vocab_limit = {limit} token ids, "
                        f"got shape {ranking.shape}")
@@ -89,19 +90,14 @@ class FeatureHeadDrafter(DrafterDefaults):
 
   def draft_logits(self, params: dict, features: jax.Array) -> jax.Array:
     """The head's predicted features [..., E] -> the draft's logits [..., V] through the
-    target's output projection (`params`: the drafter's). With `vocab_limit` K only K token
-    ids are computed (the first K of the token ranking, else ids 0..K-1); the others get
-    -inf: q is 0 there, and verification stays exact."""
-    limit, vocab = self.vocab_limit, self.target.vocab_size
-    if "ids" in params:
-      logits = self.target.rows_logits(params["rows"], features)  # [..., K]
-      full = jnp.full(features.shape[:-1] + (vocab,), -jnp.inf, jnp.float32)
-      return full.at[..., params["ids"]].set(logits)
-    logits = self.target.feature_logits(params["target"], features, vocab_limit=limit)
-    if limit is None or limit >= vocab:
-      return logits
-    pad = [(0, 0)] * (logits.ndim - 1) + [(0, vocab - limit)]
-    return jnp.pad(logits, pad, constant_values=-jnp.inf)
+    target's output projection (`params`: the drafter's). With `vocab_limit` only the logits
+    of params['ids'] are computed; the others get -inf: q is 0 there, and verification stays
+    exact."""
+    if self.vocab_limit is None:
+      return self.target.feature_logits(params["target"], features)
+    logits = self.target.rows_logits(params["rows"], features)  # [..., K]
+    full = jnp.full(features.shape[:-1] + (self.target.vocab_size,), -jnp.inf, jnp.float32)
+    return full.at[..., params["ids"]].set(logits)
 
   def update(self, state: FeatureDrafterState, accepted: Accepted) -> FeatureDrafterState:
     """Keeps the target's features at the positions the round scored that were committed

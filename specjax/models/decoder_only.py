@@ -30,8 +30,7 @@ from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
                                    RMSNorm, after, check_logits_at,
                                    check_positions, check_prefix_lengths, check_tokens,
-                                   check_tree, key_layout, mask_to_bias,
-                                   mlp_kernel_init,
+                                   check_tree, key_layout, mask_to_bias, mlp_kernel_init,
                                    validate_config, value_layout, write_rows)
 from specjax.models.tree import TreeAttention
 
@@ -186,14 +185,13 @@ class DecoderStack(nn.Module):
     """tokens int32 [...] -> the input embeddings [..., E] (the model's dtype)."""
     return self._embedder()(tokens)
 
-  def output_logits(self, y: Array, vocab_limit: Optional[int] = None) -> Array:
-    """The final hidden state y [..., E] (after `decoder_norm`) -> float32 logits [..., V];
-    with `vocab_limit` (static) of the first that many token ids only."""
+  def output_logits(self, y: Array) -> Array:
+    """The final hidden state y [..., E] (after `decoder_norm`) -> float32 logits [..., V]."""
     cfg = self.config
     if cfg.logits_via_embedding:
-      logits = self._embedder().attend(y, vocab_limit) / jnp.sqrt(jnp.float32(cfg.emb_dim))
+      logits = self._embedder().attend(y) / jnp.sqrt(jnp.float32(cfg.emb_dim))
     else:
-      logits = self.logits_dense(y, vocab_limit)
+      logits = self.logits_dense(y)
     return logits.astype(jnp.float32)
 
   def _run(self, tokens, bias, caches, starts, encoded, logits_at=None, features=False):
@@ -375,9 +373,9 @@ class DecoderOnlyNetwork(nn.Module):
     """The input embeddings [..., E] of tokens int32 [...]."""
     return self.decoder.embed(tokens)
 
-  def output_logits(self, features: Array, vocab_limit: Optional[int] = None) -> Array:
+  def output_logits(self, features: Array) -> Array:
     """Features [..., E] -> float32 logits [..., V] (the model's own output projection)."""
-    return self.decoder.output_logits(features, vocab_limit)
+    return self.decoder.output_logits(features)
 
 
 class DecoderOnlyModel(NetworkModel):
@@ -493,7 +491,6 @@ class DecoderOnlyModel(NetworkModel):
     tokens, prefix_lengths = self._check_teacher_forced(params, tokens, prefix_lengths,
                                                         "features")
     return self._apply("forward_features", params, tokens, prefix_lengths)
-
 
   def _check_decode(self, params, cache, tokens, positions, prefix_lengths):
     self.check_params(params)

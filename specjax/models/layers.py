@@ -185,13 +185,10 @@ class Dense(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x: Array, columns: Optional[int] = None) -> Array:
-    """x: [..., in] -> [..., features] in `dtype`; with `columns` (static) only the first
-    that many output features are computed, [..., columns]."""
+  def __call__(self, x: Array) -> Array:
+    """x: [..., in] -> [..., features] in `dtype`."""
     kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features),
                         jnp.float32)
-    if columns is not None:
-      kernel = kernel[:, :columns]
     if kernel.dtype == jnp.bfloat16:  # weights cast once by `specjax.params.cast_kernels`
       return bfloat16_dot(x, kernel).astype(self.dtype)
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
@@ -256,12 +253,10 @@ class Embed(nn.Module):
     """tokens: int [...] -> [..., E] in `dtype`."""
     return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
 
-  def attend(self, y: Array, rows: Optional[int] = None) -> Array:
+  def attend(self, y: Array) -> Array:
     """y: [..., E] -> float32 [..., V], the dot product with every embedding (in
-    bfloat16 with float32 sums when the table was cast by `cast_kernels`); with `rows`
-    (static) with the first that many only, [..., rows]."""
-    return project(y, self.embedding if rows is None else self.embedding[:rows],
-                   transposed=True)
+    bfloat16 with float32 sums when the table was cast by `cast_kernels`)."""
+    return project(y, self.embedding, transposed=True)
 
 
 class MlpBlock(nn.Module):
@@ -675,16 +670,6 @@ def check_logits_at(logits_at: Any, batch: int, k: int) -> Optional[Array]:
   return logits_at.astype(jnp.int32)
 
 
-def check_vocab_limit(vocab_limit: Any, vocab_size: int) -> Optional[int]:
-  """`vocab_limit` (None, or an integer in [1, vocab_size]; vocab_size itself means None)."""
-  if vocab_limit is None:
-    return None
-  check_int("vocab_limit", vocab_limit, low=1)
-  if vocab_limit > vocab_size:
-    raise ValueError(f"vocab_limit {vocab_limit} exceeds the model's vocab_size {vocab_size}")
-  return None if vocab_limit == vocab_size else int(vocab_limit)
-
-
 def check_tree(tree: Any, batch: int, k: int, max_len: int, prefix_lengths: Any) -> None:
   """ValueError unless tree is None or a TreeAttention for a [batch, k] call (no prefix LM)."""
   if tree is None:
@@ -730,14 +715,6 @@ def _network_shapes(net: nn.Module, method: str, num_inputs: int) -> Any:
 def apply_network(net: nn.Module, method: str, params: Any, *args: Any) -> Any:
   """Jitted `net.apply`; equal networks (equal configs) share compiled code."""
   return net.apply({"params": params}, *args, method=method)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def apply_network_static(net: nn.Module, method: str, static: Tuple[Any, ...], params: Any,
-                         *args: Any) -> Any:
-  """`apply_network` with trailing static arguments (`static`, hashable: sizes, flags)
-  passed after `args`."""
-  return net.apply({"params": params}, *args, *static, method=method)
 
 
 class NetworkModel:
@@ -812,9 +789,6 @@ class NetworkModel:
   def _apply(self, method: str, params: Any, *args: Any) -> Any:
     return apply_network(self._net, method, params, *args)
 
-  def _apply_static(self, method: str, static: Tuple[Any, ...], params: Any, *args: Any) -> Any:
-    return apply_network_static(self._net, method, static, params, *args)
-
   # Target features (opt-in; `specjax.models.FeatureModel`), the same for both families: the
   # decoder's final hidden state after `decoder_norm`, its embedding and output projection.
   @property
@@ -826,13 +800,11 @@ class NetworkModel:
     """tokens int32 [...] -> the model's (shared) input embeddings [..., E]."""
     return self._apply("embed", params, jnp.asarray(tokens, jnp.int32))
 
-  def feature_logits(self, params: Any, features: Any, vocab_limit: Optional[int] = None
-                     ) -> Array:
+  def feature_logits(self, params: Any, features: Any) -> Array:
     """features [..., E] -> float32 logits [..., V] through the model's own output projection
-    (the embedding / sqrt(E) when `logits_via_embedding`, else `logits_dense`); with
-    `vocab_limit` (static) the logits of token ids 0 .. vocab_limit - 1 only."""
-    return self._apply_static("output_logits", (check_vocab_limit(vocab_limit, self.vocab_size),),
-                              params, features)
+    (the embedding / sqrt(E) when `logits_via_embedding`, else `logits_dense`); `output_rows`
+    and `rows_logits` give the logits of chosen token ids only."""
+    return self._apply("output_logits", params, features)
 
   def output_rows(self, params: Any, token_ids: Any) -> Array:
     """The output projection's weights of `token_ids` int [K] only, in that order (the

@@ -37,8 +37,7 @@ from specjax.models.decoder_only import DecoderStack
 from specjax.models.layers import (DTYPES, Array, EncodedInputs, Embed, KVCache, MlpBlock,
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
                                    RMSNorm, check_logits_at, check_positions, check_tokens,
-                                   check_tree, mask_to_bias,
-                                   validate_config)
+                                   check_tree, mask_to_bias, validate_config)
 from specjax.models.tree import TreeAttention
 
 T5Encoded = EncodedInputs  # what `T5Model.encode` returns
@@ -151,9 +150,9 @@ class T5Network(nn.Module):
     """The shared input embeddings [..., E] of tokens int32 [...]."""
     return self.token_embedder(tokens)
 
-  def output_logits(self, features: Array, vocab_limit: Optional[int] = None) -> Array:
-    """Decoder features [..., E] -> float32 logits [..., V] ([..., vocab_limit])."""
-    return self.decoder.output_logits(features, vocab_limit)
+  def output_logits(self, features: Array) -> Array:
+    """Decoder features [..., E] -> float32 logits [..., V]."""
+    return self.decoder.output_logits(features)
 
 
 class T5Model(NetworkModel):
@@ -256,7 +255,6 @@ class T5Model(NetworkModel):
     decoder_input_tokens = check_tokens(decoder_input_tokens, self.vocab_size,
                                         "decoder_input_tokens")
     return self._apply("forward_features", params, inputs, decoder_input_tokens)
-
 
   def _check_decode(self, params, cache, tokens, positions, encoded):
     self.check_params(params)

@@ -53,13 +53,11 @@ def test_cached_features_equal_teacher_forced_and_give_the_logits(family):
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(target.feature_logits(params, features), expected, rtol=1e-5,
                              atol=1e-5)
-  # Logits of the first K token ids only (a feature drafter's vocab_limit).
-  np.testing.assert_allclose(target.feature_logits(params, features, vocab_limit=100),
-                             expected[..., :100], rtol=1e-5, atol=1e-5)
-  # Logits of chosen token ids (a feature drafter's token ranking), in their order.
-  ids = np.array([700, 3, 8191, 42, 100])
-  np.testing.assert_allclose(target.rows_logits(target.output_rows(params, ids), features),
-                             expected[..., ids], rtol=1e-5, atol=1e-5)
+  # Logits of the first K token ids only (a feature drafter's vocab_limit without a ranking),
+  # and of chosen token ids (with a token ranking), in their order.
+  for ids in (np.arange(100), np.array([700, 3, 8191, 42, 100])):
+    np.testing.assert_allclose(target.rows_logits(target.output_rows(params, ids), features),
+                               expected[..., ids], rtol=1e-5, atol=1e-5)
   for bad in ([3, 3], [-1], [target.vocab_size], [], [[1, 2]], [1.5]):
     with pytest.raises(ValueError, match="token_ids must be distinct token ids"):
       target.output_rows(params, np.array(bad))
