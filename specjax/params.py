@@ -9,6 +9,13 @@ import numpy as np
 # numpy dtypes (ml_dtypes' bfloat16 is jax's): reading checkpoints imports no jax.
 WEIGHTS_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 """Dtypes the dense kernels can be run in (`cast_kernels`; the main job's WEIGHTS_DTYPE)."""
+DRAFT_WEIGHTS_DTYPES = {**WEIGHTS_DTYPES, "int8": np.dtype(np.int8)}
+"""A draft's too (DRAFT_WEIGHTS_DTYPE): also 'int8' (`quantize_kernels`). A draft's weights
+change only how often its guesses are accepted, never the output; a target's are the output
+distribution, so a target is never quantized."""
+SCALE_SUFFIX = "_scale"
+"""An int8 parameter `.../kernel` comes with its float32 scales `.../kernel_scale`
+(`quantize_kernels`)."""
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]:
@@ -46,6 +53,7 @@ def check_params_match(params: Mapping[str, Any], expected: Mapping[str, Any],
   """
   got = dict(flatten(params))
   want = dict(flatten(expected))
+  _fold_quantized(got, want, what)
   for name in sorted(want):
     if name not in got:
       raise ValueError(f"{what}: missing parameter '{name}' "
@@ -64,6 +72,33 @@ def check_params_match(params: Mapping[str, Any], expected: Mapping[str, Any],
     if _floating(_dtype(want[name])) and not _floating(got_dtype):
       raise ValueError(f"{what}: parameter '{name}' has dtype {got_dtype} but the model "
                        "expects floating-point values (float32, bfloat16, ...)")
+
+
+def _fold_quantized(got: Dict[str, Any], want: Mapping[str, Any], what: str) -> None:
+  """Checks each int8 parameter's scales (`quantize_kernels`) and drops them from `got`; the
+  int8 values are then checked as the parameter itself (shape, and as floating point)."""
+  for name in sorted(got):
+    if (name not in got or _dtype(got[name]) != np.int8 or name not in want
+        or not _floating(_dtype(want[name]))):
+      continue
+    scales = name + SCALE_SUFFIX
+    if scales not in got:
+      raise ValueError(f"{what}: parameter '{name}' is int8 without its scales '{scales}' "
+                       "(`specjax.params.quantize_kernels`)")
+    shape = tuple(np.shape(got[name]))
+    need = (shape[scale_axis(name)],) if len(shape) == 2 else None
+    if need is None or tuple(np.shape(got[scales])) != need:
+      raise ValueError(f"{what}: parameter '{scales}' has shape {tuple(np.shape(got[scales]))}"
+                       f", but the int8 '{name}' of shape {shape} needs {need}")
+    del got[scales]
+    got[name] = _Placeholder(shape, np.dtype(np.float32))
+
+
+class _Placeholder:  # pylint: disable=too-few-public-methods
+  """Shape and dtype only (np.shape reads .shape)."""
+
+  def __init__(self, shape, dtype):
+    self.shape, self.dtype = shape, dtype
 
 
 def _dtype(x: Any) -> np.dtype:
@@ -89,7 +124,7 @@ def is_castable(name: str) -> bool:
 
 def cast_kernels(params: Mapping[str, Any], dtype: Any) -> Dict[str, Any]:
   """The tree with every 2-D `.../kernel` (the Dense layers' weights) and the token
-  embedding (`token_embedder/embedding`) cast to `dtype`.
+  embedding (`token_embedder/embedding`) cast to `dtype` (int8: `quantize_kernels`).
 
   Layer-norm scales and relative-position tables keep their dtype. With bfloat16 weights
   the models run their dense dots and the vocabulary product (`Embed.attend`, the logits
@@ -98,7 +133,50 @@ def cast_kernels(params: Mapping[str, Any], dtype: Any) -> Dict[str, Any]:
   embedding lookup returns the bfloat16 rows as float32 (T5X's dtype bfloat16 rounds
   them the same way).
   """
+  if np.dtype(dtype) == np.int8:
+    return quantize_kernels(params)
   items = {name: (value.astype(dtype) if is_castable(name) and np.ndim(value) == 2
                   else value)
            for name, value in flatten(params)}
   return unflatten(items)
+
+
+def scale_axis(name: str) -> int:
+  """The axis of a quantized 2-D parameter that has one scale per entry: a kernel [in, out]
+  one per output column (1), an embedding table [V, E] one per token row (0)."""
+  return 0 if name.endswith("embedding") else 1
+
+
+def quantize_kernels(params: Mapping[str, Any]) -> Dict[str, Any]:
+  """The tree with every parameter `cast_kernels` casts stored as int8 values plus float32
+  scales beside it (`<name>_scale`): symmetric, one scale per output column of a kernel
+  [in, out] and per token row of an embedding [V, E] (`scale_axis`): w ~= values * scales,
+  |values| <= 127. numpy leaves stay numpy, others (jax arrays) become jax arrays.
+
+  The models then run those dots in int8 with int32 sums
+  (`specjax.models.layers.int8_dot`: each input row quantized the same way on the fly), a
+  quarter of float32's weight bytes. For drafts only (`DRAFT_WEIGHTS_DTYPES`).
+  """
+  items: Dict[str, Any] = {}
+  for name, value in flatten(params):
+    if not (is_castable(name) and np.ndim(value) == 2):
+      items[name] = value
+      continue
+    values, scales = quantize(value, scale_axis(name))
+    items[name], items[name + SCALE_SUFFIX] = values, scales
+  return unflatten(items)
+
+
+def quantize(w: Any, axis: int) -> Tuple[Any, Any]:
+  """w [n, m] (numpy or jax, any float dtype) -> (int8 values [n, m], float32 scales
+  [w.shape[axis]]), symmetric per slice along `axis`: its max |w| maps to 127 (an all-zero
+  slice gets scale 1)."""
+  if isinstance(w, np.ndarray):
+    xp = np
+  else:
+    import jax.numpy as xp  # pylint: disable=import-outside-toplevel
+  w = xp.asarray(w).astype(np.float32)
+  top = xp.max(xp.abs(w), axis=1 - axis)
+  scales = xp.where(top > 0, top / 127.0, 1.0).astype(np.float32)
+  shaped = scales[None, :] if axis == 1 else scales[:, None]
+  return xp.clip(xp.rint(w / shaped), -127, 127).astype(np.int8), scales

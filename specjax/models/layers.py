@@ -57,7 +57,7 @@ from jax import lax
 
 from specjax.checks import check_bool, check_int
 from specjax.models.tree import TreeAttention, gather_slots
-from specjax.params import check_params_match
+from specjax.params import SCALE_SUFFIX, check_params_match, quantize
 
 Array = jax.Array
 NEG_INF = -1e10  # T5X's additive mask value; softmax turns it into exactly 0.
@@ -191,14 +191,23 @@ class Dense(nn.Module):
                         jnp.float32)
     if kernel.dtype == jnp.bfloat16:  # weights cast once by `specjax.params.cast_kernels`
       return bfloat16_dot(x, kernel).astype(self.dtype)
+    if kernel.dtype == jnp.int8:  # a draft's, by `specjax.params.quantize_kernels`
+      return int8_dot(x, kernel, self.get_variable("params", "kernel" + SCALE_SUFFIX)
+                      ).astype(self.dtype)
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
-def project(x: Array, weights: Array, *, transposed: bool = False) -> Array:
+def project(x: Array, weights: Array, *, transposed: bool = False,
+            scales: Optional[Array] = None) -> Array:
   """x [..., in] @ weights [in, out] ([out, in] with `transposed`) -> float32 [..., out]:
-  bfloat16 weights through `bfloat16_dot`, others as a float32 product."""
+  bfloat16 weights through `bfloat16_dot`, int8 ones (with their `scales` [out]) through
+  `int8_dot`, others as a float32 product."""
   if weights.dtype == jnp.bfloat16:
     return bfloat16_dot(x, weights, transposed=transposed)
+  if weights.dtype == jnp.int8:
+    if scales is None:
+      raise ValueError("int8 weights need their scales (`specjax.params.quantize_kernels`)")
+    return int8_dot(x, weights, scales, transposed=transposed)
   return jnp.dot(x.astype(jnp.float32), weights.T if transposed else weights)
 
 
@@ -222,6 +231,30 @@ def bfloat16_dot(x: Array, kernel: Array, *, transposed: bool = False) -> Array:
   out = lax.dot_general(rows, kernel, (((1,), (contract,)), ((), ())),
                         preferred_element_type=jnp.float32)[:m]
   return out.reshape(lead + (kernel.shape[1 - contract],))
+
+
+def int8_dot(x: Array, values: Array, scales: Array, *, transposed: bool = False) -> Array:
+  """x [..., in] @ an int8-quantized kernel -> float32 [..., out]: values int8 [in, out]
+  ([out, in] with `transposed`) times scales float32 [out] (`specjax.params.quantize`).
+
+  Each row of x is quantized on the fly the same way (symmetric, its max |x| to 127), the
+  product summed in int32 and scaled back: a quarter of float32's weight bytes read, for
+  drafts, whose weights only change how often their guesses are accepted. A single row is
+  padded to two on the CPU, as in `bfloat16_dot`.
+  """
+  lead = x.shape[:-1]
+  rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+  m = rows.shape[0]
+  if m == 1 and jax.default_backend() == "cpu":
+    rows = jnp.concatenate([rows, jnp.zeros_like(rows)], axis=0)
+  top = jnp.max(jnp.abs(rows), axis=-1, keepdims=True)
+  row_scales = jnp.where(top > 0, top / 127.0, 1.0)
+  quantized = jnp.clip(jnp.rint(rows / row_scales), -127, 127).astype(jnp.int8)
+  contract = 1 if transposed else 0
+  out = lax.dot_general(quantized, values, (((1,), (contract,)), ((), ())),
+                        preferred_element_type=jnp.int32)
+  out = out.astype(jnp.float32) * row_scales * scales.astype(jnp.float32)
+  return out[:m].reshape(lead + (values.shape[1 - contract],))
 
 
 class RMSNorm(nn.Module):
@@ -249,14 +282,25 @@ class Embed(nn.Module):
     self.embedding = self.param("embedding", embedding_init,
                                 (self.num_embeddings, self.features), jnp.float32)
 
+  def _scales(self) -> Optional[Array]:
+    """An int8 table's scales [V] (`specjax.params.quantize_kernels`), else None."""
+    if self.embedding.dtype != jnp.int8:
+      return None
+    return self.get_variable("params", "embedding" + SCALE_SUFFIX)
+
   def __call__(self, tokens: Array) -> Array:
     """tokens: int [...] -> [..., E] in `dtype`."""
-    return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
+    rows = jnp.take(self.embedding, tokens, axis=0)
+    scales = self._scales()
+    if scales is not None:
+      rows = rows.astype(jnp.float32) * jnp.take(scales, tokens, axis=0)[..., None]
+    return rows.astype(self.dtype)
 
   def attend(self, y: Array) -> Array:
     """y: [..., E] -> float32 [..., V], the dot product with every embedding (in
-    bfloat16 with float32 sums when the table was cast by `cast_kernels`)."""
-    return project(y, self.embedding, transposed=True)
+    bfloat16 with float32 sums when the table was cast by `cast_kernels`, in int8 when it
+    was quantized)."""
+    return project(y, self.embedding, transposed=True, scales=self._scales())
 
 
 class MlpBlock(nn.Module):
@@ -822,12 +866,19 @@ class NetworkModel:
       return jnp.take(owner["token_embedder"]["embedding"], ids, axis=0)
     return jnp.take(params["decoder"]["logits_dense"]["kernel"], ids, axis=1)
 
-  def rows_logits(self, rows: Array, features: Any) -> Array:
+  def rows_logits(self, rows: Array, features: Any, scales: Optional[Array] = None) -> Array:
     """features [..., E] -> float32 logits [..., K] of the ids `rows` (`output_rows`) was cut
-    to: `feature_logits(params, features)[..., ids]` at the cost of K columns."""
+    to: `feature_logits(params, features)[..., ids]` at the cost of K columns. int8 rows
+    (`quantize_rows`) need their `scales` [K]."""
     if self.config.logits_via_embedding:
-      return project(features, rows, transposed=True) / jnp.sqrt(jnp.float32(self.feature_dim))
-    return project(features, rows)
+      return (project(features, rows, transposed=True, scales=scales)
+              / jnp.sqrt(jnp.float32(self.feature_dim)))
+    return project(features, rows, scales=scales)
+
+  def quantize_rows(self, rows: Array) -> Tuple[Array, Array]:
+    """`output_rows`' weights -> (int8 values, float32 scales [K]), one scale per token id
+    (`specjax.params.quantize`), for `rows_logits` in int8."""
+    return quantize(rows, 0 if self.config.logits_via_embedding else 1)
 
   def move_slots(self, cache: KVCache, src: Any, dst: Any) -> KVCache:
     """Copies each row's cache slots src[b, i] to dst[b] + i (all read before any write).

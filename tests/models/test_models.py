@@ -18,9 +18,9 @@ import pytest
 
 from specjax.models import (DecoderOnlyConfig, DecoderOnlyModel, DecodingModel, KVCache,
                             T5Config, T5Model)
-from specjax.models.layers import bfloat16_dot, relative_position_bucket
+from specjax.models.layers import bfloat16_dot, int8_dot, relative_position_bucket
 from specjax.models.protocol import decode_logits_at
-from specjax.params import cast_kernels, count_params, flatten
+from specjax.params import cast_kernels, count_params, flatten, quantize, quantize_kernels
 
 # The networks' float32 logits are compared with float64 numpy and with other call shapes:
 # tests of the architecture and the cache, at full float32 matmul precision on any backend.
@@ -802,6 +802,64 @@ def test_bfloat16_kernels(lm):
   for k in (1, 3):
     got = decode_in_chunks(lm.model, params16, lm.tokens, k, max_len=16)
     assert max_diff(got, teacher16) < 0.02 * scale
+
+
+def _int8_reference(x, values, scales):
+  """int8_dot by hand in float64: rows quantized symmetrically (max |x| to 127), exact
+  integer sums, both scales applied."""
+  top = np.abs(x).max(axis=1, keepdims=True)
+  row_scales = np.where(top > 0, top / 127.0, 1.0)
+  rows = np.clip(np.rint(x / row_scales), -127, 127)
+  return (rows @ values.astype(np.float64)) * row_scales * scales[None, :]
+
+
+def test_int8_kernels(lm):
+  params8 = quantize_kernels(lm.params)
+  assert cast_kernels(lm.params, np.int8).keys() == params8.keys()
+  names = dict(flatten(params8))
+  for name, value in flatten(lm.params):  # the castable ones become int8 plus their scales
+    cast = name.endswith("kernel") or name.endswith("token_embedder/embedding")
+    assert (names[name].dtype == jnp.int8) == cast, name
+    if cast:
+      axis = 0 if name.endswith("embedding") else 1
+      scales = np.asarray(names[name + "_scale"])
+      assert scales.shape == (value.shape[axis],)
+      back = np.asarray(names[name], np.float64) * (scales[None, :] if axis else scales[:, None])
+      assert max_diff(back, value) <= 0.5 * scales.max() + 1e-7  # half a step at most
+  # One dot: exactly the hand computation; M = 1 takes the padded path; [out, in] tables too.
+  rng = np.random.default_rng(4)
+  x, kernel = rng.normal(size=(5, 16)), rng.normal(size=(16, 24))
+  x[4] = 0.0  # an all-zero row
+  values, scales = quantize(kernel, 1)
+  for m in (1, 2, 5):
+    want = _int8_reference(x[:m], values, scales)
+    got = int8_dot(jnp.asarray(x[:m], jnp.float32), jnp.asarray(values), jnp.asarray(scales))
+    assert got.dtype == jnp.float32 and got.shape == (m, 24)
+    assert max_diff(got, want) < 1e-4
+    got = int8_dot(jnp.asarray(x[:m], jnp.float32), jnp.asarray(values.T), jnp.asarray(scales),
+                   transposed=True)
+    assert max_diff(got, want) < 1e-4
+    assert max_diff(want, x[:m] @ kernel) < 0.05 * np.abs(x[:m] @ kernel).max() + 1e-9
+  # The whole model runs on them (embedding lookup and logits too), its cached decode at any
+  # width agreeing with the same weights' teacher forcing.
+  lm.model.check_params(params8)
+  teacher8 = np.asarray(lm.model.logits(params8, lm.tokens))
+  scale = np.abs(lm.teacher).max()
+  assert 0 < max_diff(teacher8, lm.teacher) < 0.1 * scale
+  for k in (1, 3):
+    got = decode_in_chunks(lm.model, params8, lm.tokens, k, max_len=16)
+    assert max_diff(got, teacher8) < 0.05 * scale
+  # Scales missing or of the wrong shape are named.
+  broken = quantize_kernels(lm.params)
+  del broken["decoder"]["layers_0"]["mlp"]["wo"]["kernel_scale"]
+  with pytest.raises(ValueError, match="'decoder/layers_0/mlp/wo/kernel' is int8 without its "
+                                       "scales 'decoder/layers_0/mlp/wo/kernel_scale'"):
+    lm.model.check_params(broken)
+  broken = quantize_kernels(lm.params)
+  broken["decoder"]["token_embedder"]["embedding_scale"] = jnp.ones((16,))
+  with pytest.raises(ValueError, match=r"'decoder/token_embedder/embedding_scale' has shape "
+                                       rf"\(16,\), but the int8 .* needs \({VOCAB},\)"):
+    lm.model.check_params(broken)
 
 
 def test_logits_at_returns_one_tokens_logits(t5, lm):
