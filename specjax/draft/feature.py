@@ -67,7 +67,9 @@ class FeatureHeadDrafter(DrafterDefaults):
     their rows of the target's output projection ('rows', `output_rows`): the first K of
     `token_ranking` (token ids int [>= K], most frequent first: the head's
     `token_ranking.npy`, `specjax.train.load_token_ranking`), else ids 0..K-1.
-    `token_ranking` is ignored without `vocab_limit`."""
+    `token_ranking` is ignored without `vocab_limit`. With int8 head kernels
+    (`specjax.params.quantize_kernels`) the rows are int8 too, their scales in
+    'rows_scale'."""
     self.head.check_params(head_params)
     self.target.check_params(target_params, "target parameters")
     params = {"head": head_params, "target": target_params}
@@ -79,8 +81,11 @@ class FeatureHeadDrafter(DrafterDefaults):
       raise ValueError(f"token_ranking must list at least vocab_limit = {limit} token ids, "
                        f"got shape {ranking.shape}")
     ids = ranking[:limit]
-    return dict(params, ids=jnp.asarray(ids, jnp.int32),
-                rows=self.target.output_rows(target_params, ids))
+    rows = self.target.output_rows(target_params, ids)
+    if any(getattr(leaf, "dtype", None) == jnp.int8 for leaf in jax.tree.leaves(head_params)):
+      rows, scales = self.target.quantize_rows(rows)  # an int8 head drafts in int8 throughout
+      params["rows_scale"] = scales
+    return dict(params, ids=jnp.asarray(ids, jnp.int32), rows=rows)
 
   def init(self, params, inputs, seq, length, cache_len, features=None):
     """The state at the start of a decode; `features`: a decoder-only target's prompt
@@ -95,7 +100,8 @@ class FeatureHeadDrafter(DrafterDefaults):
     exact."""
     if self.vocab_limit is None:
       return self.target.feature_logits(params["target"], features)
-    logits = self.target.rows_logits(params["rows"], features)  # [..., K]
+    logits = self.target.rows_logits(params["rows"], features,
+                                     params.get("rows_scale"))  # [..., K]
     full = jnp.full(features.shape[:-1] + (self.target.vocab_size,), -jnp.inf, jnp.float32)
     return full.at[..., params["ids"]].set(logits)
 

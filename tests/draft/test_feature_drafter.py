@@ -15,6 +15,7 @@ from specjax.draft import (DRAFTERS, DynamicTree, FeatureDrafter, FeatureTreeDra
                            HierarchicalDrafter, StaticTree, get_drafter)
 from specjax.models import DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, build_model
 from specjax.models.feature_head import shift_features
+from specjax.params import quantize_kernels
 from specjax.sampling import Sampling
 from specjax.testing import TableModel, tiny_pair
 
@@ -169,17 +170,26 @@ def test_greedy_equals_autoregressive_and_rounds_read_true_features(family):
   limited = FeatureDrafter(pair.target, head, max_gamma=3, vocab_limit=4000)
   # A ranking that puts the largest ids first: the ranked drafter guesses among ids >= V - 4000.
   ranking = np.arange(pair.target.vocab_size)[::-1]
-  for gamma, drafter, ranked in ((1, drafter, None), (3, drafter, None), (3, limited, None),
-                                 (3, limited, ranking)):
-    result = speculative_decode(pair.target, pair.target_params, drafter,
-                                drafter.params(head_params, pair.target_params,
-                                               token_ranking=ranked), inputs,
+  # int8 head kernels (and so int8 rows of the output projection): the output stays the same.
+  head8 = quantize_kernels(head_params)
+  for gamma, drafter, ranked, kernels in ((1, drafter, None, head_params),
+                                          (3, drafter, None, head_params),
+                                          (3, limited, None, head_params),
+                                          (3, limited, ranking, head_params),
+                                          (3, limited, ranking, head8)):
+    params = drafter.params(kernels, pair.target_params, token_ranking=ranked)
+    if kernels is head8:
+      assert params["rows"].dtype == jnp.int8 and params["rows_scale"].shape == (4000,)
+    result = speculative_decode(pair.target, pair.target_params, drafter, params, inputs,
                                 max_new_tokens=20, gamma=gamma, rng=jax.random.PRNGKey(0),
                                 config=GREEDY)
     np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=f"γ={gamma}")
     np.testing.assert_array_equal(result.lengths, reference.lengths)
     guesses = np.asarray(result.trace.guesses)
-    if ranked is not None:  # the first guess of a round: the argmax among the ranked ids
+    if kernels is head8:  # only the ranked ids are guessed
+      ran = np.arange(guesses.shape[1])[None, :] < np.asarray(result.target_calls)[:, None]
+      assert np.all(guesses[ran] >= ranked.size - 4000)
+    elif ranked is not None:  # the first guess of a round: the argmax among the ranked ids
       ids = ranked[:4000]
       ran = np.arange(guesses.shape[1])[None, :] < np.asarray(result.target_calls)[:, None]
       assert np.all(guesses[ran] >= ranked.size - 4000)
