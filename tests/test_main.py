@@ -102,13 +102,13 @@ def test_inputs_from_a_seqio_task_split(tmp_path):
   assert summary["examples"] == 2
 
 
-def test_bfloat16_kernels_run_through_the_job(tmp_path):
+def test_bfloat16_target_and_int8_draft_run_through_the_job(tmp_path):
   summary = run([f"--gin_file={TINY}", "--prompt", "Hello world", "--prompt", "A b c d",
                  "--gin.MAX_NEW_TOKENS=5", "--plain", "--gin.BATCH_SIZE=2",
-                 "--gin.WEIGHTS_DTYPE='bfloat16'", "--gin.DRAFT_WEIGHTS_DTYPE='bfloat16'",
+                 "--gin.WEIGHTS_DTYPE='bfloat16'", "--gin.DRAFT_WEIGHTS_DTYPE='int8'",
                  f"--gin.OUTPUT_DIR='{tmp_path}'"])
   assert summary["weights_dtype"] == "bfloat16" and summary["greedy_identical"] is True
-  assert summary["draft_weights_dtype"] == "bfloat16"
+  assert summary["draft_weights_dtype"] == "int8"
 
 
 # ------------------------------------------------- settings checked up front
@@ -129,7 +129,8 @@ def _no_models(monkeypatch):
     (["--gin.MAX_NEW_TOKENS=True"], "max_new_tokens must be an integer >= 1, got True"),
     (["--gin.TIMING_REPEATS=0"], "timing_repeats must be an integer >= 1, got 0"),
     (["--gin.WEIGHTS_DTYPE='float16'"], "weights_dtype must be one of .*got 'float16'"),
-    (["--gin.DRAFT_WEIGHTS_DTYPE='int8'"], "draft_weights_dtype must be one of .*got 'int8'"),
+    (["--gin.DRAFT_WEIGHTS_DTYPE='float16'"], "draft_weights_dtype must be one of .*'int8'"),
+    (["--gin.WEIGHTS_DTYPE='int8'"], "weights_dtype 'int8' is for drafts only"),
 ])
 def test_settings_are_checked_before_any_model_loads(monkeypatch, tmp_path, bindings, message):
   _no_models(monkeypatch)

@@ -12,7 +12,7 @@ import gin
 
 from experiments.common.pairs import Pair, load_pair, pair_from_gin, with_weights
 from specjax.app import bundled, gin_config
-from specjax.params import WEIGHTS_DTYPES
+from specjax.params import DRAFT_WEIGHTS_DTYPES, WEIGHTS_DTYPES
 
 @dataclasses.dataclass
 class Cli:
@@ -76,8 +76,8 @@ def add_weights_flags(parser: argparse.ArgumentParser, default: str = "float32")
   parser.add_argument("--weights_dtype", choices=sorted(WEIGHTS_DTYPES), default=default,
                       help="run the target's dense kernels and embedding in this dtype "
                       "(cast once)")
-  parser.add_argument("--draft_weights_dtype", choices=sorted(WEIGHTS_DTYPES),
-                      default="float32", help="the same for the draft model")
+  parser.add_argument("--draft_weights_dtype", choices=sorted(DRAFT_WEIGHTS_DTYPES),
+                      default="float32", help="the same for the draft model (also int8)")
 
 
 def cli_main(run: Callable[..., Any], name: str, description: str, fast: Dict[str, Any],

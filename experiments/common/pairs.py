@@ -9,7 +9,7 @@ import jax
 from specjax.app import build_model, bundled, gin_config, load_model
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.t5 import T5Config
-from specjax.params import WEIGHTS_DTYPES, cast_kernels
+from specjax.params import DRAFT_WEIGHTS_DTYPES, WEIGHTS_DTYPES, cast_kernels
 
 RANDOM_NOTE = "random init: numbers are meaningless"
 V = 8192  # the bundled SentencePiece vocabulary
@@ -66,7 +66,7 @@ def with_weights(pair: Pair, weights_dtype: str, draft_weights_dtype: str = "flo
     target_params = cast_kernels(target_params, WEIGHTS_DTYPES[weights_dtype])
     notes.append(f"target weights {weights_dtype}")
   if draft_weights_dtype != "float32":
-    draft_params = cast_kernels(draft_params, WEIGHTS_DTYPES[draft_weights_dtype])
+    draft_params = cast_kernels(draft_params, DRAFT_WEIGHTS_DTYPES[draft_weights_dtype])
     notes.append(f"draft weights {draft_weights_dtype}")
   if not notes:
     return pair

@@ -15,7 +15,7 @@ from specjax.app import bundled
 from specjax.app.loading import load_params
 from specjax.app.plan import Plan
 from specjax.decode import DecodeResult, autoregressive_decode, speculative_decode, tree_decode
-from specjax.params import WEIGHTS_DTYPES, cast_kernels
+from specjax.params import DRAFT_WEIGHTS_DTYPES, WEIGHTS_DTYPES, cast_kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,8 @@ def load(plan: Plan) -> Loaded:
   if settings.weights_dtype != "float32":
     target_params = cast_kernels(target_params, WEIGHTS_DTYPES[settings.weights_dtype])
   if settings.draft_weights_dtype != "float32" and draft_params is not None:
-    draft_params = cast_kernels(draft_params, WEIGHTS_DTYPES[settings.draft_weights_dtype])
+    draft_params = cast_kernels(draft_params,
+                                DRAFT_WEIGHTS_DTYPES[settings.draft_weights_dtype])
   if plan.drafter.wants_features:  # a feature head reads the target's own params too
     from specjax.train.feature_head import load_token_ranking  # pylint: disable=import-outside-toplevel
     ranking = load_token_ranking(bundled.resolve(plan.checkpoints["draft"], "checkpoint"))

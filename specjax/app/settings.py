@@ -15,7 +15,7 @@ from specjax.checks import check_count, check_int
 from specjax.decode import DecodeConfig
 from specjax.decode import check_tree as decode_check_tree
 from specjax.draft import DRAFTERS, drafter_fields
-from specjax.params import WEIGHTS_DTYPES
+from specjax.params import DRAFT_WEIGHTS_DTYPES, WEIGHTS_DTYPES
 from specjax.sharding import Partitioner
 from specjax.verify import ReferenceVerifier, default_verifier
 
@@ -71,7 +71,9 @@ class JobSettings:
   product with bfloat16 weights, sums in float32 (`specjax.params.cast_kernels`), for both
   decodes alike."""
   draft_weights_dtype: str
-  """DRAFT_WEIGHTS_DTYPE: the same for the draft."""
+  """DRAFT_WEIGHTS_DTYPE: the same for the draft (a model or a feature head), which may also
+  be 'int8' (`specjax.params.quantize_kernels`: a quarter of float32's weight bytes; it
+  changes α, never the output)."""
   partitioner: Optional[Partitioner]
   """A `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a device mesh; None:
   one device."""
@@ -123,9 +125,14 @@ class JobSettings:
     if check_count("max_input_len", self.max_input_len) < 2:
       raise ValueError(f"max_input_len must be >= 2 (a token and EOS), got {self.max_input_len}")
     check_int("seed", self.seed)
-    for name in ("weights_dtype", "draft_weights_dtype"):
-      if getattr(self, name) not in WEIGHTS_DTYPES:
-        raise ValueError(f"{name} must be one of {sorted(WEIGHTS_DTYPES)}, "
+    if self.weights_dtype in DRAFT_WEIGHTS_DTYPES and self.weights_dtype not in WEIGHTS_DTYPES:
+      raise ValueError(f"weights_dtype {self.weights_dtype!r} is for drafts only "
+                       f"(DRAFT_WEIGHTS_DTYPE): the target's weights are the output "
+                       f"distribution; use one of {sorted(WEIGHTS_DTYPES)}")
+    for name, allowed in (("weights_dtype", WEIGHTS_DTYPES),
+                          ("draft_weights_dtype", DRAFT_WEIGHTS_DTYPES)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"{name} must be one of {sorted(allowed)}, "
                          f"got {getattr(self, name)!r}")
     if self.cost_table and self.decoding.gamma_policy != "auto":
       raise ValueError(f"cost_table is for gamma_policy='auto', not "
