@@ -8,12 +8,13 @@ The bundled LM target decodes each of `num_examples` bundled prompts alone (batc
 - the target alone (autoregressive);
 - the pair's independent draft model, chains of γ (`draft_gammas`);
 - the feature head (`--head`: a folder written by `runs/train_lm_eagle.gin`, default the
-  bundled one; its kernels in `head_weights_dtype`, bfloat16 as the bundled run's), chains (`feature_chains`: (γ,
-  vocab_limit, ranked), the limit None or K: the head drafts over K token ids only, the
-  first K of its token ranking (`token_ranking.npy`, the most frequent in its training
-  data) when `ranked`, else ids 0..K-1), static trees of spines (`tree_spines`) and EAGLE-2
+  bundled one), chains (`feature_chains`: (γ, vocab_limit, ranked, kernels), the limit None
+  or K: the head drafts over K token ids only, the first K of its token ranking
+  (`token_ranking.npy`, the most frequent in its training data) when `ranked`, else ids
+  0..K-1; kernels: the dtype its kernels run in, 'int8' as the bundled run's,
+  `specjax.params.quantize_kernels`), static trees of spines (`tree_spines`) and EAGLE-2
   dynamic trees (`dynamic_trees`: (branch, expand, depth, keep), keep 0 for none), both over
-  `tree_vocab_limit` ids (of the ranking when the head has one).
+  `tree_vocab_limit` ids (of the ranking when the head has one) with `tree_kernels`.
 Every decoder runs on every example, interleaved (`specjax.timing.interleaved`, the order
 alternating), `repeats` timed passes per example after a warm-up; compile time is reported
 apart. Columns:
@@ -45,21 +46,23 @@ from specjax.app import bundled
 from specjax.app.greedy_check import greedy_difference
 from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
 from specjax.draft import DynamicTree, FeatureDrafter, StaticTree
-from specjax.params import WEIGHTS_DTYPES, cast_kernels
+from specjax.params import DRAFT_WEIGHTS_DTYPES, cast_kernels
 from specjax.train import load_head, load_token_ranking
 
 FAST = dict(num_examples=1, max_new_tokens=8, draft_gammas=(2,),
-            feature_chains=((2, None, False), (2, 64, True)),
+            feature_chains=((2, None, False, "float32"), (2, 64, True, "int8")),
             tree_spines=((2, 1),), dynamic_trees=((2, 1, 2, 3),), repeats=1)
 DEFAULT_HEAD = "bundled:lm/eagle"
 
 
 def decoders(pair, head, head_params, ranking, *, draft_gammas: Sequence[int],
-             feature_chains: Sequence[Tuple[int, Optional[int], bool]],
+             feature_chains: Sequence[Tuple[int, Optional[int], bool, str]],
              tree_spines: Sequence[Sequence[int]],
              dynamic_trees: Sequence[Tuple[int, int, int, int]], tree_vocab_limit: Optional[int],
-             cache_len: int, max_new_tokens: int) -> Dict[str, Tuple[str, object]]:
-  """name -> (kind, fn(row int32 [1, W]) -> DecodeResult), the autoregressive one first."""
+             tree_kernels: str, cache_len: int, max_new_tokens: int
+             ) -> Dict[str, Tuple[str, object]]:
+  """name -> (kind, fn(row int32 [1, W]) -> DecodeResult), the autoregressive one first;
+  `head_params`: the head's params by kernels dtype."""
   config = decode_config(0.0, cache_len)
   key = jax.random.PRNGKey(0)
   target, params = pair.target, pair.target_params
@@ -70,10 +73,11 @@ def decoders(pair, head, head_params, ranking, *, draft_gammas: Sequence[int],
     drafter, dparams = model_drafter(pair, g)
     runs[f"draft model, chain γ={g}"] = ("chain", (lambda d, p, g: lambda row: speculative_decode(
         target, params, d, p, row, gamma=g, **common))(drafter, dparams, g))
-  for g, limit, ranked in feature_chains:
+  for g, limit, ranked, kernels in feature_chains:
     drafter = FeatureDrafter(target, head, max_gamma=g, vocab_limit=limit)
-    fparams = drafter.params(head_params, params, token_ranking=ranking if ranked else None)
-    runs[f"feature head{_limited(limit, ranked)}, chain γ={g}"] = ("chain", (
+    fparams = drafter.params(head_params[kernels], params,
+                             token_ranking=ranking if ranked else None)
+    runs[f"feature head{_limited(limit, ranked)}, {kernels}, chain γ={g}"] = ("chain", (
         lambda d, p, g: lambda row: speculative_decode(target, params, d, p, row, gamma=g,
                                                        **common))(drafter, fparams, g))
   trees = [(f"feature head, spines {tuple(s)}", StaticTree.from_spines(tuple(s)))
@@ -82,10 +86,10 @@ def decoders(pair, head, head_params, ranking, *, draft_gammas: Sequence[int],
              DynamicTree(branch=b, expand=e, max_depth=d, keep=k or None))
             for b, e, d, k in dynamic_trees]
   drafter = FeatureDrafter(target, head, max_gamma=1, vocab_limit=tree_vocab_limit)
-  fparams = drafter.params(head_params, params, token_ranking=ranking)
+  fparams = drafter.params(head_params[tree_kernels], params, token_ranking=ranking)
   for name, tree in trees:
-    label = name.replace("feature head",
-                         f"feature head{_limited(tree_vocab_limit, ranking is not None)}")
+    label = name.replace("feature head", f"feature head"
+                         f"{_limited(tree_vocab_limit, ranking is not None)}, {tree_kernels}")
     runs[label] = ("tree", (lambda t: lambda row: tree_decode(
         target, params, drafter, fparams, row, tree=t, **common))(tree))
   return runs
@@ -100,35 +104,37 @@ def _limited(limit: Optional[int], ranked: bool) -> str:
 @gin.configurable(module="bench_eagle")
 def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
         draft_gammas: Sequence[int] = (3, 4, 5),
-        feature_chains: Sequence[Tuple[int, Optional[int], bool]] = (
-            (5, None, False), (5, 1024, False), (5, 512, True), (4, 1024, True),
-            (5, 1024, True), (6, 1024, True)),
+        feature_chains: Sequence[Tuple[int, Optional[int], bool, str]] = (
+            (5, None, False, "bfloat16"), (5, 1024, True, "bfloat16"), (4, 1024, True, "int8"),
+            (5, 1024, True, "int8"), (6, 1024, True, "int8")),
         tree_spines: Sequence[Sequence[int]] = ((6, 1), (5, 2, 1)),
         dynamic_trees: Sequence[Tuple[int, int, int, int]] = ((2, 1, 6, 0), (3, 2, 6, 12)),
-        tree_vocab_limit: Optional[int] = 1024, head_weights_dtype: str = "bfloat16",
+        tree_vocab_limit: Optional[int] = 1024, tree_kernels: str = "int8",
         repeats: int = 5,
         max_input_len: int = 48) -> List[Dict]:
   """Writes bench_eagle.{md,csv,json}; returns the rows (module docstring)."""
   check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, repeats=repeats,
                draft_gammas=tuple(draft_gammas),
-               feature_gammas=tuple(g for g, _, _ in feature_chains))
+               feature_gammas=tuple(g for g, _, _, _ in feature_chains))
   pair = cli.pairs[0]
   if len(cli.pairs) != 1 or pair.target.is_encoder_decoder:
     raise ValueError("bench_eagle decodes the bundled LM pair: give --pair lm")
   head_name = cli.flags["head"]  # a head folder, or 'bundled:lm/eagle'
-  if head_weights_dtype not in WEIGHTS_DTYPES:
-    raise ValueError(f"head_weights_dtype must be one of {sorted(WEIGHTS_DTYPES)}, "
-                     f"got {head_weights_dtype!r}")
+  kinds = {tree_kernels, *(kernels for _, _, _, kernels in feature_chains)}
+  for kernels in sorted(kinds):
+    if kernels not in DRAFT_WEIGHTS_DTYPES:
+      raise ValueError(f"head kernels must be one of {sorted(DRAFT_WEIGHTS_DTYPES)}, "
+                       f"got {kernels!r}")
   head_dir = bundled.resolve(head_name, "checkpoint")
-  head, head_params = load_head(head_dir)
-  if head_weights_dtype != "float32":
-    head_params = cast_kernels(head_params, WEIGHTS_DTYPES[head_weights_dtype])
+  head, params32 = load_head(head_dir)
+  head_params = {kernels: cast_kernels(params32, DRAFT_WEIGHTS_DTYPES[kernels])
+                 if kernels != "float32" else params32 for kernels in kinds}
   ranking = load_token_ranking(head_dir)
-  if ranking is None and any(ranked for _, _, ranked in feature_chains):
+  if ranking is None and any(ranked for _, _, ranked, _ in feature_chains):
     raise ValueError(f"feature head {head_name}: no token_ranking.npy beside its model.gin; "
                      "give feature_chains without ranked entries")
   ex = load_examples(pair, num_examples, max_input_len)
-  depth = max([*draft_gammas, *(g for g, _, _ in feature_chains),
+  depth = max([*draft_gammas, *(g for g, _, _, _ in feature_chains),
                *(max(s) for s in tree_spines),
                *(d for _, _, d, _ in dynamic_trees)])
   grown = max([sum(s) for s in tree_spines] + [b + b * e * (d - 1) for b, e, d, _ in
@@ -136,6 +142,7 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
   runs = decoders(pair, head, head_params, ranking, draft_gammas=draft_gammas,
                   feature_chains=feature_chains, tree_spines=tree_spines,
                   dynamic_trees=dynamic_trees, tree_vocab_limit=tree_vocab_limit,
+                  tree_kernels=tree_kernels,
                   cache_len=max_input_len + max_new_tokens + grown + 1,
                   max_new_tokens=max_new_tokens)
   medians = {name: [] for name in runs}
@@ -186,7 +193,7 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
   out = Output(cli.output_dir, "bench_eagle")
   md = header("Feature-level drafts (EAGLE-style) beside the independent draft, batch 1",
               cli.pairs, [
-                  f"feature head: {head_name}, kernels {head_weights_dtype}"
+                  f"feature head: {head_name}, its kernels as each row names"
                   + ("; most frequent ids: its token_ranking.npy" if ranking is not None
                      else ""),
                   f"{num_examples} bundled prompts × {max_new_tokens} tokens (EOS ignored), "
