@@ -12,11 +12,12 @@ on a quiet machine: the summary's timings are whatever the machine gave.
 import argparse
 import datetime
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from specjax import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -25,21 +26,11 @@ COMMAND = ["-m", "specjax.main", "--plain"]
 TRACE_HEAD = "Figure-1 trace"
 
 
-def cpu_model():
-  """The CPU's model name from /proc/cpuinfo, else platform.processor()."""
-  try:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
-
-
 def machine_line(date=None):
-  """Two lines: the command and the date (UTC), then the machine (`nproc` cores, CPU model)."""
+  """Two lines: the command and the date (UTC), then the machine
+  (`specjax.machine.describe`: CPU model, cores, dot instructions)."""
   date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-  return f"`python {' '.join(COMMAND)}`, {date},\non {os.cpu_count()} cores ({cpu_model()})."
+  return f"`python {' '.join(COMMAND)}`, {date},\non {machine.describe()}."
 
 
 def cut_outputs(stdout, keep):

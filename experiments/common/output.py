@@ -14,6 +14,8 @@ import jax
 import numpy as np
 
 from experiments.common.pairs import RANDOM_NOTE, Pair
+from specjax import machine
+
 
 def fmt(value: Any) -> str:
   """Table cell: floats to 3 significant digits."""
@@ -122,6 +124,8 @@ def header(title: str, pairs: Sequence[Pair], notes: Sequence[str] = ()) -> str:
     lines.append(f"- pair **{pair.name}** ({pair.task}): {pair.source}")
   if any(p.random_init for p in pairs):
     lines += ["", f"**WARNING: {RANDOM_NOTE}** (trained pairs are not shipped yet)"]
-  lines += ["", f"- device: {jax.devices()[0].platform}, jax {jax.__version__}"]
+  device = jax.devices()[0]
+  where = machine.describe() if device.platform == "cpu" else device.device_kind
+  lines += ["", f"- device: {device.platform} ({where}), jax {jax.__version__}"]
   lines += [f"- {n}" for n in notes]
   return "\n".join(lines) + "\n"

@@ -1,0 +1,55 @@
+"""The machine a measurement ran on, in one line: CPU model, cores, and the vector extensions
+that decide which weight dtype is fastest on the CPU.
+
+XLA:CPU runs a bfloat16 dot fast only where the CPU has bfloat16 dot instructions
+(avx512_bf16, amx_bf16), and an int8 one where it has int8 dot-product instructions
+(avx512_vnni, avx_vnni, amx_int8); elsewhere both convert and can be slower than float32.
+A CPU timing is read against that line.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+DOT_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+"""/proc/cpuinfo flags named in `describe`, in this order."""
+
+
+def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> List[str]:
+  try:
+    return path.read_text().splitlines()
+  except OSError:
+    return []
+
+
+def cpu_model(lines: Optional[Sequence[str]] = None) -> str:
+  """The CPU's model name (/proc/cpuinfo), else platform.processor(), else 'unknown CPU'."""
+  for line in _cpuinfo() if lines is None else lines:
+    if line.startswith("model name"):
+      return line.split(":", 1)[1].strip()
+  return platform.processor() or "unknown CPU"
+
+
+def dot_flags(lines: Optional[Sequence[str]] = None) -> Optional[List[str]]:
+  """The `DOT_FLAGS` the CPU has, in that order; None where /proc/cpuinfo lists no flags."""
+  for line in _cpuinfo() if lines is None else lines:
+    if line.startswith("flags"):
+      have = set(line.split(":", 1)[1].split())
+      return [flag for flag in DOT_FLAGS if flag in have]
+  return None
+
+
+def describe(lines: Optional[Sequence[str]] = None) -> str:
+  """E.g. 'AMD EPYC, 2 cores, avx2 (no avx512_bf16, no vnni)': the vnni flags
+  are int8 dot-product instructions."""
+  flags = dot_flags(lines)
+  text = f"{cpu_model(lines)}, {os.cpu_count()} cores"
+  if flags is None:
+    return text
+  notes = [] if "avx512_bf16" in flags or "amx_bf16" in flags else ["no avx512_bf16"]
+  if not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags):
+    notes.append("no vnni")
+  listed = " ".join(flags) or "no AVX2"
+  return text + f", {listed}" + (f" ({', '.join(notes)})" if notes else "")
