@@ -91,6 +91,22 @@ def test_bench_sampler_sets_the_two_samplers_side_by_side(tmp_path, capsys):
   assert "one race" in (tmp_path / "bench_sampler.md").read_text()
 
 
+def test_bench_dots_times_each_dtype_on_each_shape(tmp_path, capsys):
+  from experiments import bench_dots  # pylint: disable=import-outside-toplevel
+  from specjax import machine  # pylint: disable=import-outside-toplevel
+  rows = bench_dots.main(["--rows", "1", "6", "--dots", "2", "--passes", "1",
+                          "--output_dir", str(tmp_path)])
+  assert [(r["weights"], r["rows"]) for r in rows] == [
+      (name, m) for name in bench_dots.SHAPES for m in (1, 6)]
+  for row in rows:
+    assert all(row[f"{d}_us"] > 0 for d in bench_dots.DTYPES)
+    assert row["fastest"] == min(bench_dots.DTYPES, key=lambda d: row[f"{d}_us"])
+  assert machine.describe() in (tmp_path / "bench_dots.md").read_text()
+  assert "| weights | rows |" in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    bench_dots.main(["--rows", "0"])
+
+
 def test_bench_trees_lm(tmp_path):
   # Untimed (the timed passes would double this test's time; docs/results/bench_trees_lm is
   # the timed run).
