@@ -27,9 +27,9 @@ import jax.numpy as jnp
 
 from specjax.draft.feature import (FeatureDrafterState, FeatureHeadDrafter, catch_up,
                                    check_head)
-from specjax.draft.tree import (DynamicTree, StaticTree, TreeProposal, _cache_len, _level_starts,
-                                draw_level, empty_tree, keep_most_probable,
-                                level_attention, put_level)
+from specjax.draft.tree import (DynamicTree, StaticTree, TreeProposal, cache_positions,
+                                draw_level, empty_tree, keep_most_probable, level_attention,
+                                level_starts, put_level)
 from specjax.models.feature_head import FeatureHead
 from specjax.sampling import Sampling
 
@@ -76,7 +76,7 @@ class FeatureTreeDrafter(FeatureHeadDrafter):
     tree, target, batch = self.tree, self.target, seq.shape[0]
     head, target_params = params["head"], params["target"]
     root, cache = catch_up(target, self.head, params, state, seq, length, tree.max_depth + 1)
-    starts = _level_starts(tree.levels)
+    starts = level_starts(tree.levels)
     size = tree.grown
     # predicted[:, 0] is the root's predicted feature, predicted[:, j + 1] node j's.
     predicted = jnp.zeros((batch, size + 1, root.shape[-1]), jnp.float32).at[:, 0].set(root)
@@ -90,7 +90,8 @@ class FeatureTreeDrafter(FeatureHeadDrafter):
       if d > 1:  # one head call over the level above: its nodes' predictions
         plo, phi = starts[d - 2], starts[d - 1]
         inputs = jnp.take_along_axis(predicted, (parent[:, plo:phi] + 1)[:, :, None], axis=1)
-        attention = level_attention(tree, parent, depth, length, plo, phi, _cache_len(cache))
+        attention = level_attention(tree, parent, depth, length, plo, phi,
+                                    cache_positions(cache))
         out, cache = self.head.decode(head, cache, inputs,
                                       target.embed(target_params, tokens[:, plo:phi]),
                                       length + plo, tree=attention)

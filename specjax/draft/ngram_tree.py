@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from specjax.draft.base import Accepted, DrafterDefaults
 from specjax.draft.ngram import NGramDrafter, NoState, table_probs
-from specjax.draft.tree import (DynamicTree, StaticTree, TreeProposal, _level_starts,
+from specjax.draft.tree import (DynamicTree, StaticTree, TreeProposal, level_starts,
                                 draw_level, keep_most_probable)
 from specjax.rows import take_rows
 from specjax.sampling import Sampling
@@ -71,7 +71,7 @@ class NGramTreeDrafter(DrafterDefaults):
     """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state); gamma unused."""
     del gamma
     tree, batch, vocab = self.tree, seq.shape[0], self.vocab_size
-    size, starts = tree.grown, _level_starts(tree.levels)
+    size, starts = tree.grown, level_starts(tree.levels)
     tokens = jnp.zeros((batch, size), jnp.int32)
     parent = jnp.full((batch, size), -1, jnp.int32)
     valid = jnp.zeros((batch, size), jnp.bool_)

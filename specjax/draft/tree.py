@@ -32,7 +32,9 @@ from specjax.rows import take_rows
 from specjax.sampling import DRAFT_STREAM, Sampling, argmax, position_key
 
 
-def _level_starts(levels: Sequence[int]) -> Tuple[int, ...]:
+def level_starts(levels: Sequence[int]) -> Tuple[int, ...]:
+  """Node count per depth -> the index each depth's nodes start at, the total last:
+  (3, 2) -> (0, 3, 5)."""
   return tuple(int(x) for x in np.concatenate([[0], np.cumsum(levels)]))
 
 
@@ -328,7 +330,7 @@ class TreeModelDrafter(DrafterDefaults):
     window = take_rows(seq, begin[:, None] + jnp.arange(self.window)[None, :])
     logits, cache = decode_logits_at(self.model, params, cache, window, begin, state.encoded,
                                      lag)  # [B, V]
-    starts = _level_starts(tree.levels)
+    starts = level_starts(tree.levels)
     size = tree.grown
     depth, (tokens, parent, valid, path_logq, probs) = empty_tree(tree, batch, logits.shape[-1])
     # Level 1: the root's children.
@@ -339,7 +341,7 @@ class TreeModelDrafter(DrafterDefaults):
       lo, hi = starts[d - 1], starts[d]
       if d > 1:  # the level above's logits, from one call over its nodes
         plo, phi = starts[d - 2], starts[d - 1]
-        attention = level_attention(tree, parent, depth, length, plo, phi, _cache_len(cache))
+        attention = level_attention(tree, parent, depth, length, plo, phi, cache_positions(cache))
         level_logits, cache = self.model.decode(params, cache, tokens[:, plo:phi], length + plo,
                                                 state.encoded, tree=attention)
         level_ids = jnp.broadcast_to(jnp.arange(plo, phi) + 1, (batch, phi - plo))
@@ -368,7 +370,7 @@ class TreeModelDrafter(DrafterDefaults):
     one draft call over node - 1, one child drawn (its first-ranked)."""
     cache, tokens, parent, valid, path_logq, probs = arrays
     above = node - 1
-    attention = nodes_call(anc, depth, length, above, 1, _cache_len(cache))
+    attention = nodes_call(anc, depth, length, above, 1, cache_positions(cache))
     feed = jax.lax.dynamic_slice_in_dim(tokens, above, 1, axis=1)
     logits, cache = self.model.decode(params, cache, feed, length + above, encoded,
                                       tree=attention)  # [B, 1, V]
@@ -411,7 +413,7 @@ def draw_level(tree, d: int, row_keys, length, logits, ids, parent_logq, width: 
   valid = jnp.ones_like(children, jnp.bool_) if sampling.greedy else (
       jnp.take_along_axis(q, children, axis=2) > 0)
   if isinstance(tree, StaticTree):
-    starts = _level_starts(tree.levels)
+    starts = level_starts(tree.levels)
     lo = starts[d - 1]
     parents = np.asarray(tree.parents[lo:lo + width])  # static, global node indices
     local = parents + 1 if d == 1 else parents - starts[d - 2]  # index in the level above
@@ -505,7 +507,7 @@ def keep_most_probable(proposal: TreeProposal, path_logq: jax.Array, keep: int
                           valid=take(proposal.valid), probs=probs), source
 
 
-def _cache_len(cache) -> int:
+def cache_positions(cache) -> int:
   """The cache's positions per row (a KVCache or a table model's token buffer)."""
   return cache.max_len if hasattr(cache, "max_len") else cache.shape[1]
 
