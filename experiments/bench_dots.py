@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common.output import Output, markdown_table
+from experiments.common.output import Output, header, markdown_table
 from specjax import machine, timing
 from specjax.models.layers import project
 from specjax.params import quantize
@@ -88,12 +88,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
   if min(args.rows) < 1 or args.dots < 1 or args.passes < 1:
     parser.error("--rows, --dots and --passes must be >= 1")
   rows = measure(args.rows, args.dots, args.passes)
-  md = "\n".join([
-      "# Dense dots by weight dtype", "",
-      f"- device: {jax.devices()[0].platform} ({machine.describe()}), jax {jax.__version__}",
-      f"- µs per dot, median of {args.passes} interleaved passes of a jitted loop of "
-      f"{args.dots} dots; *_vs_float32: that dtype's time over float32's (< 1: faster)", "",
-      markdown_table(rows)])
+  md = header("Dense dots by weight dtype", [], [
+      f"µs per dot, median of {args.passes} interleaved passes of a jitted loop of "
+      f"{args.dots} dots; *_vs_float32: that dtype's time over float32's (< 1: faster)"])
+  md += "\n" + markdown_table(rows)
   out = Output(args.output_dir, "bench_dots")
   print(md)
   out.tables(md, rows, [], machine=machine.describe())

@@ -126,6 +126,6 @@ def header(title: str, pairs: Sequence[Pair], notes: Sequence[str] = ()) -> str:
     lines += ["", f"**WARNING: {RANDOM_NOTE}** (trained pairs are not shipped yet)"]
   device = jax.devices()[0]
   where = machine.describe() if device.platform == "cpu" else device.device_kind
-  lines += ["", f"- device: {device.platform} ({where}), jax {jax.__version__}"]
+  lines += [""] * bool(pairs) + [f"- device: {device.platform} ({where}), jax {jax.__version__}"]
   lines += [f"- {n}" for n in notes]
   return "\n".join(lines) + "\n"

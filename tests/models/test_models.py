@@ -796,12 +796,19 @@ def test_bfloat16_kernels(lm):
     assert max_diff(got, _round_bf16(x[:m]) @ _round_bf16(kernel)) < 1e-4
   # The whole model: logits move by bfloat16 rounding only, and the cached decode at any
   # width agrees with the same weights' teacher forcing.
-  teacher16 = np.asarray(lm.model.logits(params16, lm.tokens))
+  _check_whole_model(lm, params16, moved=0.05, decoded=0.02)
+
+
+def _check_whole_model(lm, params, *, moved, decoded):
+  """The model on cast or quantized `params`: its logits differ from float32's, by less than
+  `moved` × the largest |logit|, and its cached decode, 1 and 3 tokens a call, agrees with
+  the same params' teacher forcing within `decoded` × that."""
+  teacher = np.asarray(lm.model.logits(params, lm.tokens))
   scale = np.abs(lm.teacher).max()
-  assert 0 < max_diff(teacher16, lm.teacher) < 0.05 * scale
+  assert 0 < max_diff(teacher, lm.teacher) < moved * scale
   for k in (1, 3):
-    got = decode_in_chunks(lm.model, params16, lm.tokens, k, max_len=16)
-    assert max_diff(got, teacher16) < 0.02 * scale
+    got = decode_in_chunks(lm.model, params, lm.tokens, k, max_len=16)
+    assert max_diff(got, teacher) < decoded * scale
 
 
 def _int8_reference(x, values, scales):
@@ -843,12 +850,7 @@ def test_int8_kernels(lm):
   # The whole model runs on them (embedding lookup and logits too), its cached decode at any
   # width agreeing with the same weights' teacher forcing.
   lm.model.check_params(params8)
-  teacher8 = np.asarray(lm.model.logits(params8, lm.tokens))
-  scale = np.abs(lm.teacher).max()
-  assert 0 < max_diff(teacher8, lm.teacher) < 0.1 * scale
-  for k in (1, 3):
-    got = decode_in_chunks(lm.model, params8, lm.tokens, k, max_len=16)
-    assert max_diff(got, teacher8) < 0.05 * scale
+  _check_whole_model(lm, params8, moved=0.1, decoded=0.05)
   # Scales missing or of the wrong shape are named.
   broken = quantize_kernels(lm.params)
   del broken["decoder"]["layers_0"]["mlp"]["wo"]["kernel_scale"]
