@@ -30,15 +30,25 @@ class TreeAttention:
 
 
 def ancestors(parent: jax.Array) -> jax.Array:
-  """parent int32 [N] (index of the parent node, -1 for a child of the root; parents come
-  before children) -> bool [N, N]: node i descends from node j or is j."""
-  size = parent.shape[0]
-  eye = jnp.eye(size, dtype=jnp.bool_)
+  """parent int32 [N] (index of the parent node, -1 for a child of the root) -> bool [N, N]:
+  node i descends from node j or is j.
 
-  def step(i, reach):  # row i: node i and its parent's row, final since parents come first
-    above = parent[i]
-    return reach.at[i].set(eye[i] | (reach[jnp.maximum(above, 0)] & (above >= 0)))
-  return lax.fori_loop(0, size, step, eye)  # O(N^2) memory: no [N, N, N] intermediate
+  Pointer doubling, ceil(log2 N) static steps and no loop: after step k, reach[i] holds i's
+  ancestors at distance below 2^k and up[i] its ancestor at distance 2^k (-1 past the root).
+  A loop over the N nodes would cost a GPU a host round trip per node (XLA:GPU copies a
+  `while` loop's predicate to the host each iteration). O(N^2) memory per step.
+  """
+  size = parent.shape[0]
+  index = jnp.arange(size)
+  reach, up = index[:, None] == index[None, :], parent.astype(jnp.int32)
+  span = 1
+  while span < size:  # distances below `span` are covered; the deepest is at most N - 1
+    above = up >= 0
+    safe = jnp.maximum(up, 0)
+    reach = reach | (above[:, None] & reach[safe])
+    up = jnp.where(above, up[safe], -1)
+    span *= 2
+  return reach
 
 
 def tree_call(parent: jax.Array, depth: jax.Array, length: jax.Array) -> TreeAttention:

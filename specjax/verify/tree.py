@@ -100,18 +100,15 @@ def tree_verify(uniforms: jax.Array, correction_keys: jax.Array, tokens: jax.Arr
     (n int32 [] accepted nodes, path int32 [D] node indices of the accepted path (-1 past n),
      next_token int32 []).
   """
-  size = tokens.shape[0]
+  if greedy:
+    return greedy_walk(tokens, parent, depth, valid, target_probs, max_depth=max_depth,
+                       lenience=lenience)
 
   def body(j, carry):
     cur, p, q, path, n = carry
     x = tokens[j]
     child = valid[j] & (parent[j] + 1 == cur)
-    if greedy:  # with lenience: A.5's argmax lenience, p(x) >= l max(p)
-      here = target_probs[cur]
-      lenient = (lenience < 1) & (here[x] >= lenience * jnp.max(here))
-      accept = child & ((x == argmax(here)) | lenient)
-      reject = jnp.bool_(False)
-    elif deterministic:
+    if deterministic:
       child = child & (p[x] > 0)  # a rejected sibling's token: no mass left
       accept = child & (uniforms[j] * lenience < p[x])
       reject = child & ~accept
@@ -135,11 +132,41 @@ def tree_verify(uniforms: jax.Array, correction_keys: jax.Array, tokens: jax.Arr
 
   start = (jnp.int32(0), target_probs[0], draft_probs[0], jnp.full((max_depth,), -1, jnp.int32),
            jnp.int32(0))
-  cur, p, _, path, n = lax.fori_loop(0, size, body, start)
+  cur, p, _, path, n = lax.fori_loop(0, tokens.shape[0], body, start)
   path = jnp.where(jnp.arange(max_depth) < n, path, -1)
-  if greedy:
-    return n, path, argmax(target_probs[cur])
   return n, path, categorical(correction_keys[n], p)
+
+
+def greedy_walk(tokens: jax.Array, parent: jax.Array, depth: jax.Array, valid: jax.Array,
+                target_probs: jax.Array, *, max_depth: int, lenience=1.0
+                ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """`tree_verify` at temperature 0, with no loop over the nodes (a GPU pays a host round
+  trip per iteration of a `while` loop).
+
+  Node j matches when it is valid and its token is the target's argmax at its parent (or,
+  with lenience l < 1, p(x) >= l max(p) there: A.5). The walk descends into the FIRST
+  matching child of the node it stands on, so node j is on the accepted path when it matches,
+  no earlier sibling matches, and its parent is on the path (a child of the root: always).
+  Arguments and returns as `tree_verify`'s (tokens, parent, depth, valid [N]; target_probs
+  [N + 1, V]; max_depth static).
+  """
+  size = tokens.shape[0]
+  index = jnp.arange(size)
+  best = jax.vmap(argmax)(target_probs)  # [N + 1]: the target's argmax at root and nodes
+  row = parent + 1  # the target_probs row of each node's parent
+  here = target_probs[row, tokens]  # [N]: p(x_j) at x_j's parent
+  lenient = (lenience < 1) & (here >= lenience * jnp.max(target_probs, axis=-1)[row])
+  match = valid & ((tokens == best[row]) | lenient)
+  earlier = (parent[:, None] == parent[None, :]) & (index[None, :] < index[:, None])  # [j, k]
+  first = match & ~jnp.any(earlier & match[None, :], axis=1)
+  on = first & (parent < 0)
+  for _ in range(max_depth - 1):  # depth d + 1's path node hangs under depth d's
+    on = on | (first & (parent >= 0) & on[jnp.maximum(parent, 0)])
+  n = jnp.max(jnp.where(on, depth, 0)).astype(jnp.int32)
+  at = on[None, :] & (depth[None, :] == jnp.arange(1, max_depth + 1)[:, None])  # [D, N]
+  path = jnp.max(jnp.where(at, index[None, :], -1), axis=1).astype(jnp.int32)
+  cur = jnp.where(n > 0, path[jnp.maximum(n - 1, 0)] + 1, 0)
+  return n, path, best[cur]
 
 
 def path_tokens(tokens: jax.Array, path: jax.Array, n: jax.Array, next_token: jax.Array

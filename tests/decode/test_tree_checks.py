@@ -11,6 +11,7 @@ from specjax.models.tree import ancestors
 from specjax.sampling import Sampling
 from specjax.testing import TableModel, random_table
 from specjax.verify import BlockVerifier
+from specjax.verify.tree import greedy_walk
 
 V = 6
 
@@ -56,6 +57,24 @@ def test_the_rules_need_no_model():
 
 
 def test_tree_ancestors_match_the_static_table():
-  for tree in (StaticTree.from_spines((5, 3, 2, 1)), StaticTree.from_branching((3, 2, 2))):
-    got = ancestors(jnp.asarray(tree.parents, jnp.int32))
-    np.testing.assert_array_equal(np.asarray(got), _static_ancestors(tree.parents))
+  # Static trees, random level-order trees and chains (a chain of N nodes needs every one
+  # of the ceil(log2 N) doubling steps: one step fewer leaves its deepest pairs out).
+  rng = np.random.default_rng(0)
+  random = [[-1 if i == 0 else int(rng.integers(-1, i)) for i in range(n)]
+            for n in (3, 17, 44) for _ in range(5)]
+  chains = [list(range(-1, n - 1)) for n in (1, 2, 5, 16, 33)]
+  for parents in [StaticTree.from_spines((5, 3, 2, 1)).parents,
+                  StaticTree.from_branching((3, 2, 2)).parents, *random, *chains]:
+    got = ancestors(jnp.asarray(parents, jnp.int32))
+    np.testing.assert_array_equal(np.asarray(got), _static_ancestors(parents))
+
+
+def test_tree_ancestors_and_the_greedy_walk_run_no_loop():
+  # XLA:GPU copies a while loop's predicate to the host on every iteration: the per-round
+  # tree computations that grow with the node count must not loop over the nodes.
+  parent = jnp.asarray([-1, -1, 0, 0, 2, 4], jnp.int32)
+  assert "while" not in jax.jit(ancestors).lower(parent).as_text()
+  walk = jax.jit(lambda t, p, d, v, probs: greedy_walk(t, p, d, v, probs, max_depth=4))
+  text = walk.lower(parent, parent, jnp.asarray([1, 1, 2, 2, 3, 4], jnp.int32),
+                    jnp.ones(6, jnp.bool_), jnp.ones((7, 5))).as_text()
+  assert "while" not in text

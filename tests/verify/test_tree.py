@@ -215,3 +215,63 @@ def test_deterministic_siblings_are_exact_and_the_wrong_rule_is_not():
     else:
       assert _tv(np.asarray(run(keys)), 1) < BOUND / 2
       assert tv < BOUND, tv
+
+
+def _walk_reference(tokens, parent, depth, valid, probs, max_depth, lenience):
+  """The temperature-0 walk node by node in level order (numpy): stand on the root; accept
+  a child of the node stood on when its token is the argmax there (the first index of the
+  maximum), or p(x) >= l max(p) with l < 1, and stand on it."""
+  cur, n, path = 0, 0, [-1] * max_depth
+  for j in range(len(tokens)):
+    here = probs[cur]
+    if valid[j] and parent[j] + 1 == cur and (
+        tokens[j] == int(np.argmax(here))
+        or (lenience < 1 and here[tokens[j]] >= lenience * here.max())):
+      cur, n, path[depth[j] - 1] = j + 1, depth[j], j
+  return n, path, int(np.argmax(probs[cur]))
+
+
+@pytest.mark.parametrize("lenience", [1.0, 0.6])
+def test_greedy_walk_equals_the_node_by_node_walk(lenience):
+  # Random level-order trees (1-4 children per node, depth <= 5, some nodes invalid, sibling
+  # tokens may repeat) over coarse probabilities (values in {0, .., 3} / sum, so argmax ties
+  # and lenient matches are common): 300 trees, each must give the reference walk's n, path
+  # and next token exactly. A walk that took the last matching sibling, or ignored
+  # validity, differs on most of them.
+  # Each tree is padded to SIZE nodes with invalid ones (one compile).
+  rng = np.random.default_rng(3)
+  verify = jax.jit(jax.vmap(lambda *a: tree_verify(*a, greedy=True, max_depth=5,
+                                                   lenience=lenience)))
+  vocab, size, rows, wants = 3, 48, [], []
+  for _ in range(300):
+    parent, depth = [], []
+    level = [-1]
+    for d in range(1, 6):
+      nxt = []
+      for p in level:
+        for _ in range(rng.integers(1, 5) if d == 1 or rng.random() < 0.6 else 0):
+          nxt.append(len(parent))
+          parent.append(p)
+          depth.append(d)
+      level = nxt[:size - len(parent) - len(nxt)] if len(parent) + len(nxt) > size else nxt
+      if not level:
+        break
+    parent, depth = parent[:size], depth[:size]
+    grown = len(parent)
+    parent += [-1] * (size - grown)
+    depth += [5] * (size - grown)
+    tokens = rng.integers(0, vocab, size)
+    valid = (rng.random(size) < 0.9) & (np.arange(size) < grown)
+    probs = rng.integers(0, 4, (size + 1, vocab)).astype(np.float32) + 1e-3 * (
+        rng.random((size + 1, vocab)) < 0.1)
+    probs /= probs.sum(axis=1, keepdims=True)
+    wants.append(_walk_reference(tokens, parent, depth, valid, probs, 5, lenience))
+    rows.append((tokens, parent, depth, valid, probs))
+  tokens, parent, depth, valid, probs = (np.stack(x) for x in zip(*rows))
+  n, path, nxt = verify(jnp.zeros(tokens.shape), jnp.zeros((len(rows), 6, 2), jnp.uint32),
+                        jnp.asarray(tokens, jnp.int32), jnp.asarray(parent, jnp.int32),
+                        jnp.asarray(depth, jnp.int32), jnp.asarray(valid),
+                        jnp.zeros(probs.shape[:2] + (1,)), jnp.asarray(probs))
+  got = [(int(a), list(np.asarray(b)), int(c)) for a, b, c in zip(n, path, nxt)]
+  assert got == wants
+  assert sum(w[0] >= 2 for w in wants) >= 30  # enough walks that descend two levels or more
