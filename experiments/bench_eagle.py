@@ -29,6 +29,7 @@ apart. Columns:
 """
 from __future__ import annotations
 
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
@@ -151,6 +152,7 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
   weights = ("bfloat16" if any(np.asarray(leaf).dtype == jnp.bfloat16
                                for leaf in jax.tree.leaves(pair.target_params)) else "float32")
   compile_s: Dict[str, float] = {}
+  start = time.perf_counter()
   for i in range(num_examples):
     row = ex.inputs[i:i + 1]
     t = timing.interleaved({name: (lambda fn: lambda: fn(row))(fn)
@@ -169,6 +171,8 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
       stats[name]["calls"] += int(out.target_calls[0])
       stats[name]["alpha_sum"] += float(out.alpha_sum[0])
       stats[name]["alpha_count"] += int(out.alpha_count[0])
+    print(f"example {i + 1} of {num_examples} done, {time.perf_counter() - start:.0f} s"
+          + (f" (compiles {sum(compile_s.values()):.0f} s)" if i == 0 else ""), flush=True)
   tokens = max_new_tokens * num_examples
   ar = np.asarray(medians["autoregressive"])
   rows = []
