@@ -264,6 +264,7 @@ def test_greedy_walk_equals_the_node_by_node_walk(lenience):
     valid = (rng.random(size) < 0.9) & (np.arange(size) < grown)
     probs = rng.integers(0, 4, (size + 1, vocab)).astype(np.float32) + 1e-3 * (
         rng.random((size + 1, vocab)) < 0.1)
+    probs[probs.sum(axis=1) == 0] = 1.0  # no empty row
     probs /= probs.sum(axis=1, keepdims=True)
     wants.append(_walk_reference(tokens, parent, depth, valid, probs, 5, lenience))
     rows.append((tokens, parent, depth, valid, probs))
