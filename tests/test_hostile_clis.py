@@ -169,6 +169,15 @@ def test_an_export_is_readable_by_all(model_folder, tmp_path):
   assert stat.S_IMODE(os.stat(out).st_mode) == 0o755
 
 
+def _sigint_as_in_a_terminal():
+  """In the child before exec: SIGINT at its default and unblocked, as a job started from a
+  terminal has it, whatever this test process inherited or left (a process started with
+  SIGINT ignored or blocked keeps it so, and Ctrl-C then never reaches the job)."""
+  import signal  # pylint: disable=import-outside-toplevel
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def test_ctrl_c_in_the_main_job_exits_130(tmp_path):
   # It printed "specjax: interrupted", then died by SIGSEGV at exit in about 30% of runs:
   # the interpreter's teardown freed a jaxlib module that the interrupt had left half made.
@@ -186,7 +195,8 @@ def test_ctrl_c_in_the_main_job_exits_130(tmp_path):
       [sys.executable, "-m", "specjax.main", "--gin_file=runs/random_tiny.gin", "--prompt",
        "a b c", "--gin.MAX_NEW_TOKENS=64", "--gin.TIMING_REPEATS=200", "--plain",
        f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'"], cwd=ROOT, stdout=follower,
-      stderr=subprocess.PIPE, text=True, env=dict(env, TERM="xterm"))
+      stderr=subprocess.PIPE, text=True, env=dict(env, TERM="xterm"),
+      preexec_fn=_sigint_as_in_a_terminal)
   os.close(follower)
   shown = []
 
