@@ -169,15 +169,6 @@ def test_an_export_is_readable_by_all(model_folder, tmp_path):
   assert stat.S_IMODE(os.stat(out).st_mode) == 0o755
 
 
-def _sigint_as_in_a_terminal():
-  """In the child before exec: SIGINT at its default and unblocked, as a job started from a
-  terminal has it, whatever this test process inherited or left (a process started with
-  SIGINT ignored or blocked keeps it so, and Ctrl-C then never reaches the job)."""
-  import signal  # pylint: disable=import-outside-toplevel
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
-  signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-
-
 def test_ctrl_c_in_the_main_job_exits_130(tmp_path):
   # It printed "specjax: interrupted", then died by SIGSEGV at exit in about 30% of runs:
   # the interpreter's teardown freed a jaxlib module that the interrupt had left half made.
@@ -191,12 +182,22 @@ def test_ctrl_c_in_the_main_job_exits_130(tmp_path):
   env = {k: v for k, v in os.environ.items()
          if k not in ("TTY_COMPATIBLE", "TTY_INTERACTIVE", "FORCE_COLOR")}
   leader, follower = pty.openpty()
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "specjax.main", "--gin_file=runs/random_tiny.gin", "--prompt",
-       "a b c", "--gin.MAX_NEW_TOKENS=64", "--gin.TIMING_REPEATS=200", "--plain",
-       f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'"], cwd=ROOT, stdout=follower,
-      stderr=subprocess.PIPE, text=True, env=dict(env, TERM="xterm"),
-      preexec_fn=_sigint_as_in_a_terminal)
+  # The job gets SIGINT as from a terminal (a handler, unblocked), whatever this process
+  # inherited or an earlier test left: a child inherits an ignored or blocked SIGINT, and
+  # Ctrl-C then never reaches the job. (Not preexec_fn: forking a multithreaded JAX process
+  # to run Python in the child can deadlock.)
+  handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+  mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+  try:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specjax.main", "--gin_file=runs/random_tiny.gin", "--prompt",
+         "a b c", "--gin.MAX_NEW_TOKENS=64", "--gin.TIMING_REPEATS=200", "--plain",
+         f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'"], cwd=ROOT, stdout=follower,
+        stderr=subprocess.PIPE, text=True, env=dict(env, TERM="xterm"))
+  finally:
+    if handler is not None:  # None: a handler not set from Python, left as it was
+      signal.signal(signal.SIGINT, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
   os.close(follower)
   shown = []
 
