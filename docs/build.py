@@ -52,6 +52,9 @@ MACRO_MEANING = {
             "guess a tree each round, verified in one target call ([trees.md](trees.md))",
     "COST_TABLE": "`'auto'`: a JSON cost table, reused if the file exists, else written",
     "MAX_NEW_TOKENS": "generation budget per input",
+    "IGNORE_EOS": "True: every input decodes `MAX_NEW_TOKENS` tokens past its EOS (both decodes; "
+                  "the texts still stop at EOS), a fixed workload per input; "
+                  "`runs/bundled_lm_eagle.gin` sets it",
     "BATCH_SIZE": "decode slots the inputs stream through",
     "OUTPUT_DIR": "where `results.jsonl` and `summary.json` go",
     "VERIFIER": "None: block verification at T > 0 (exact), reference otherwise",

@@ -365,7 +365,7 @@ def test_job_settings_are_one_frozen_typed_object():
   assert not names & {"sampling", "temperature", "lenience", "verifier", "gamma_policy"}
   settings = JobSettings(
       decoding=DecodeConfig(), drafter="model", drafter_options={}, gamma=2, max_gamma=4,
-      tree=None, max_new_tokens=8, batch_size=1, max_input_len=16, seed=0,
+      tree=None, max_new_tokens=8, ignore_eos=False, batch_size=1, max_input_len=16, seed=0,
       target_checkpoint=None, draft_checkpoint=None, weights_dtype="float32",
       draft_weights_dtype="float32", partitioner=None, vocabulary=None, draft_vocabulary=None,
       task_vocabulary=None, cost_table=None, output_dir=None, timing_repeats=1,
@@ -375,3 +375,5 @@ def test_job_settings_are_one_frozen_typed_object():
     settings.gamma = 3
   with pytest.raises(ValueError, match=r"gamma must be in \[1, max_gamma=1\]"):
     dataclasses.replace(settings, max_gamma=1)
+  with pytest.raises(ValueError, match="ignore_eos must be True or False, got 'yes'"):
+    dataclasses.replace(settings, ignore_eos="yes")

@@ -1,5 +1,7 @@
 """The main job with a feature head (EAGLE-style) as its drafter: a chain, a tree, the bundled
 head's run file, and the refusals of heads that do not fit."""
+import json
+
 import gin
 import pytest
 
@@ -54,13 +56,21 @@ def test_a_feature_head_drafts_chains_and_trees_in_the_main_job(tiny_folders, tr
   assert summary["speculating_rounds"].endswith("(100%)")
 
 
-def test_the_bundled_head_runs_from_its_run_file():
+def test_the_bundled_head_runs_from_its_run_file(tmp_path):
   # runs/bundled_lm_eagle.gin itself: the bundled LM target and bundled:lm/eagle.
   assert bundled.available("lm", "eagle")
-  summary = run(["--gin_file=runs/bundled_lm_eagle.gin", "--prompt", "This package provides",
-                 "--plain", "--gin.MAX_NEW_TOKENS=12"])
+  # The target ends this prompt at once (its first token is EOS); the run file ignores EOS,
+  # so both decodes go on to the budget.
+  prompt = "Shellingham detects what shell the current Python executable is running in."
+  summary = run(["--gin_file=runs/bundled_lm_eagle.gin", "--prompt", prompt,
+                 "--plain", "--gin.MAX_NEW_TOKENS=12", f"--gin.OUTPUT_DIR='{tmp_path}'"])
   assert summary["greedy_identical"] is True and summary["drafter"] == "feature"
   assert summary["alpha"] > 0.3  # a trained head, not a random one (random: about 0)
+  assert summary["eos"] == "ignored: every example decodes 12 tokens"
+  assert summary["autoregressive_tokens_per_row"] == "12.0 (12-12)"
+  assert summary["speculative_tokens_per_row"] == "12.0 (12-12)"
+  record = json.loads((tmp_path / "results.jsonl").read_text())
+  assert record["prediction_tokens"][0] == 1 and len(record["prediction_tokens"]) == 12
 
 
 def _no_weights(monkeypatch):

@@ -20,7 +20,8 @@ from specjax.models import FeatureHead, FeatureHeadConfig, build_model
 class Plan:
   """What the main job will run: settings, models (not loaded), framed inputs."""
 
-  settings: JobSettings  # checked; its DecodeConfig carries the vocabulary's EOS and cache_len
+  settings: JobSettings  # checked; its DecodeConfig carries the EOS (the vocabulary's, -1 with
+  # ignore_eos) and cache_len
   examples: Sequence[Any]  # specjax.data.DecodeInput per example
   inputs: Any  # int32 [N, L]: encoder inputs or prompts, 0-padded
   prompt_lengths: Any  # int32 [N] (decoder-only) or None
@@ -105,7 +106,7 @@ def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
   # cache as long as the longest framed input (<= max_input_len + BOS) and the budget.
   slots = min(settings.batch_size, len(examples))
   decoding = dataclasses.replace(
-      settings.decoding, eos_id=vocab.eos_id,
+      settings.decoding, eos_id=-1 if settings.ignore_eos else vocab.eos_id,
       cache_len=inputs.shape[1] + settings.max_new_tokens + 1 + drafter.lookahead)
   if drafter.tree is not None:  # TREE, or a tree the drafter drafts: its round must fit
     check_tree(drafter.tree, decoding, vocab_size=target.vocab_size,

@@ -150,6 +150,8 @@ def summarize(plan, measured) -> Dict:
       "draft_weights_dtype": settings.draft_weights_dtype,
       "verifier": describe(verifier),
       "temperature": sampling.temperature, "lenience": lenience,
+      **({} if not settings.ignore_eos else
+         {"eos": f"ignored: every example decodes {settings.max_new_tokens} tokens"}),
       **ar, **spec,
       "speedup": speedup if speculated else "n/a: speculation was off (below)",
       **({} if not speculated else {"speedup_range": f"{low:.2f}-{high:.2f}"}),

@@ -55,6 +55,10 @@ class JobSettings:
   None for a chain of gamma."""
   max_new_tokens: int
   """Generation budget per example."""
+  ignore_eos: bool
+  """IGNORE_EOS: decode every example to max_new_tokens, past any EOS (both decodes alike), so
+  a run times a fixed number of tokens per example, as serving benchmarks do (vLLM's
+  `ignore_eos`); False: an example stops at its first EOS."""
   batch_size: int
   """Decode slots: the examples stream through this many rows (in-flight batching: a finished
   example's slot takes the next input)."""
@@ -120,6 +124,8 @@ class JobSettings:
     if gamma > max_gamma:
       raise ValueError(f"gamma must be in [1, max_gamma={max_gamma}], got {gamma}")
     check_count("max_new_tokens", self.max_new_tokens)
+    if not isinstance(self.ignore_eos, bool):
+      raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
     check_count("batch_size", self.batch_size)
     check_count("timing_repeats", self.timing_repeats)
     if check_count("max_input_len", self.max_input_len) < 2:
