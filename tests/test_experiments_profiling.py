@@ -1,10 +1,10 @@
 """The profiling and benchmark experiments (a round's parts, the stream's round, the two samplers,
-token trees) in fast mode on the bundled LM pair: they run and print or write their tables."""
+token trees, the feature head beside the draft) in fast mode on the bundled LM pair: they run and print or write their tables."""
 import math
 
 import pytest
 
-from experiments import bench_trees
+from experiments import bench_eagle, bench_trees
 from tests.test_experiments import _files
 
 
@@ -120,3 +120,21 @@ def test_bench_trees_lm(tmp_path):
     assert r["predicted_speedup"] == pytest.approx(
         r["tokens_per_call"] / (r["r"] + r["c"] * r["draft_calls_per_round"]))
   assert "Best tree vs best chain" in (tmp_path / "bench_trees.md").read_text()
+
+
+def test_bench_eagle_sets_the_bundled_head_beside_the_draft(tmp_path):
+  # One prompt, 8 tokens, each kind of decoder once (docs/results/bench_eagle* are the timed
+  # runs); the run itself fails on a greedy output that differs beyond a near-tie.
+  rows = bench_eagle.main(["--fast", "--pair", "lm", "--weights_dtype", "bfloat16",
+                           "--output_dir", str(tmp_path)])
+  _files(tmp_path, "bench_eagle", png=False)
+  names = [r["decoder"] for r in rows]
+  assert names[0] == "autoregressive" and len(names) == 6
+  assert any("spines (2, 1)" in n for n in names) and any("dynamic" in n for n in names)
+  for r in rows[1:]:
+    assert 0 <= r["alpha"] <= 1 and r["tokens_per_call"] >= 1 and r["speedup"] > 0
+    assert r["greedy"].startswith("1 of 1 identical"), r["greedy"]
+  # The trained head, not a random one (whose α is about 0), out-guesses the 1.4M draft here.
+  heads = [r["alpha"] for r in rows if r["decoder"].startswith("feature head")]
+  drafts = [r["alpha"] for r in rows if r["decoder"].startswith("draft model")]
+  assert min(heads) > 0.7 > max(drafts)
