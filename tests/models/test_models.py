@@ -799,6 +799,23 @@ def test_bfloat16_kernels(lm):
   _check_whole_model(lm, params16, moved=0.05, decoded=0.02)
 
 
+def test_a_bfloat16_embedding_is_gathered_without_a_float32_copy(lm):
+  # XLA:CPU gathers bfloat16 through float32, converting the WHOLE table first (and a decode
+  # loop then carries that copy, twice the table's bytes, in its state); Embed gathers the
+  # rows' 16-bit patterns instead.
+  params16 = cast_kernels(lm.params, jnp.bfloat16)
+  table = dict(flatten(params16))["decoder/token_embedder/embedding"]
+  vocab, emb = table.shape
+  tokens = jnp.asarray(lm.tokens[:, :3], jnp.int32)
+  step = jax.jit(lambda p, c, t: lm.model.decode(p, c, t, jnp.zeros((3,), jnp.int32), None)[0])
+  compiled = step.lower(params16, lm.model.init_cache(3, 8), tokens).compile().as_text()
+  assert f"f32[{vocab},{emb}]" not in compiled
+  embedded = lm.model.embed(params16, tokens)
+  assert embedded.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(embedded),
+                                np.asarray(table, np.float32)[np.asarray(tokens)])
+
+
 def _check_whole_model(lm, params, *, moved, decoded):
   """The model on cast or quantized `params`: its logits differ from float32's, by less than
   `moved` × the largest |logit|, and its cached decode, 1 and 3 tokens a call, agrees with
