@@ -1,5 +1,6 @@
 """The profiling and benchmark experiments (a round's parts, the stream's round, the two samplers,
-token trees, the feature head beside the draft) in fast mode on the bundled LM pair: they run and print or write their tables."""
+token trees, the feature head beside the draft) in fast mode on the bundled LM pair: they run
+and print or write their tables."""
 import math
 
 import pytest
