@@ -336,7 +336,7 @@ class TreeModelDrafter(DrafterDefaults):
     # Level 1: the root's children.
     level_logits, level_ids = logits[:, None], jnp.zeros((batch, 1), jnp.int32)
     parent_logq, q_row = jnp.zeros((batch, 1), jnp.float32), 0
-    tail = _spine_tail(tree)
+    tail, first = spine_tail(tree)  # node index of depth d >= tail: first + d
     for d in range(1, tail):
       lo, hi = starts[d - 1], starts[d]
       if d > 1:  # the level above's logits, from one call over its nodes
@@ -350,8 +350,7 @@ class TreeModelDrafter(DrafterDefaults):
           (tokens, parent, valid, path_logq, probs), lo, q_row, draw_level(
               tree, d, row_keys, length, level_logits, level_ids, parent_logq, hi - lo, sampling))
     if tail <= tree.max_depth:  # single-node levels whose parent is single too: one loop
-      anc = jnp.broadcast_to(jnp.asarray(_static_ancestors(tree.parents)), (batch, size, size))
-      first = starts[tail - 1] - tail  # node index of depth d: first + d
+      anc = static_ancestors(tree, batch)
       step = lambda d, a: self._spine_level(params, state.encoded, row_keys, length, anc, depth,
                                             first + d, d, sampling, a)
       cache, tokens, parent, valid, path_logq, probs = jax.lax.fori_loop(
@@ -368,23 +367,14 @@ class TreeModelDrafter(DrafterDefaults):
                    arrays):
     """The single node `node` (traced) at depth d (traced) under the single node node - 1:
     one draft call over node - 1, one child drawn (its first-ranked)."""
-    cache, tokens, parent, valid, path_logq, probs = arrays
+    cache, nodes = arrays[0], arrays[1:]
     above = node - 1
     attention = nodes_call(anc, depth, length, above, 1, cache_positions(cache))
-    feed = jax.lax.dynamic_slice_in_dim(tokens, above, 1, axis=1)
+    feed = jax.lax.dynamic_slice_in_dim(nodes[0], above, 1, axis=1)
     logits, cache = self.model.decode(params, cache, feed, length + above, encoded,
                                       tree=attention)  # [B, 1, V]
-    keys = _children_keys(row_keys, length, d, jnp.full((tokens.shape[0], 1), node, jnp.int32))
-    draw = jax.vmap(lambda k, l: draw_children(k, l, 1, sampling, self.tree.iid))
-    child, q, rank_q = draw(keys[:, 0], logits[:, 0])  # [B, 1], [B, V], [B, V]
-    logq = jax.lax.dynamic_slice_in_dim(path_logq, above, 1, axis=1) + jnp.log(
-        jnp.maximum(jnp.take_along_axis(rank_q, child, axis=1), 1e-38))
-    ok = jnp.ones_like(child, jnp.bool_) if sampling.greedy else (
-        jnp.take_along_axis(q, child, axis=1) > 0)
-    put = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v.astype(x.dtype), node, axis=1)
-    return (cache, put(tokens, child), put(parent, jnp.full_like(child, above)), put(valid, ok),
-            put(path_logq, logq), jax.lax.dynamic_update_slice_in_dim(
-                probs, q[:, None].astype(probs.dtype), node, axis=1))
+    return (cache,) + spine_child(self.tree, row_keys, length, node, d, logits[:, 0], sampling,
+                                  nodes)
 
   def update(self, state: TreeDrafterState, accepted: Accepted) -> TreeDrafterState:
     """After verification (`Accepted`: the round's start, the path of n accepted nodes): the
@@ -463,12 +453,43 @@ def _spine_tail(tree) -> int:
   return tail if tree.max_depth + 1 - tail >= 2 else tree.max_depth + 1
 
 
+def spine_child(tree, row_keys, length, node, d, logits, sampling: Sampling, arrays):
+  """Draws the single node `node` (traced) of depth d (traced) under node - 1 from that node's
+  logits [B, V] (its first-ranked child) and writes it into the tree's arrays (tokens, parent,
+  valid, path log q [B, N]; probs [B, N + 1, V], the q at row `node`) -> the arrays."""
+  tokens, parent, valid, path_logq, probs = arrays
+  above = node - 1
+  keys = _children_keys(row_keys, length, d, jnp.full((tokens.shape[0], 1), node, jnp.int32))
+  draw = jax.vmap(lambda k, l: draw_children(k, l, 1, sampling, tree.iid))
+  child, q, rank_q = draw(keys[:, 0], logits)  # [B, 1], [B, V], [B, V]
+  logq = jax.lax.dynamic_slice_in_dim(path_logq, above, 1, axis=1) + jnp.log(
+      jnp.maximum(jnp.take_along_axis(rank_q, child, axis=1), 1e-38))
+  ok = jnp.ones_like(child, jnp.bool_) if sampling.greedy else (
+      jnp.take_along_axis(q, child, axis=1) > 0)
+  put = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v.astype(x.dtype), node, axis=1)
+  return (put(tokens, child), put(parent, jnp.full_like(child, above)), put(valid, ok),
+          put(path_logq, logq), jax.lax.dynamic_update_slice_in_dim(
+              probs, q[:, None].astype(probs.dtype), node, axis=1))
+
+
+def spine_tail(tree) -> Tuple[int, int]:
+  """(the first depth drafted in a loop, `_spine_tail`; the node index of depth d in that loop
+  is the second value + d)."""
+  tail = _spine_tail(tree)
+  return tail, (level_starts(tree.levels)[tail - 1] - tail if tail <= tree.max_depth else 0)
+
+
+def static_ancestors(tree, batch: int) -> jax.Array:
+  """bool [B, N, N] of a static tree (`_static_ancestors`), broadcast over the rows."""
+  size = len(tree.parents)
+  return jnp.broadcast_to(jnp.asarray(_static_ancestors(tree.parents)), (batch, size, size))
+
+
 def level_attention(tree, parent, depth, length, start: int, stop: int, max_len: int):
   """`level_call` over nodes start..stop-1 of the tree being drafted (parent, depth int32
   [B, N]); a static tree's ancestor relation is a constant, not computed per call."""
   if isinstance(tree, StaticTree):
-    anc = jnp.broadcast_to(jnp.asarray(_static_ancestors(tree.parents)), parent.shape + (
-        parent.shape[1],))
+    anc = static_ancestors(tree, parent.shape[0])
     return nodes_call(anc, depth, length, start, stop - start, max_len)
   return level_call(parent, depth, length, start, stop, max_len)
 

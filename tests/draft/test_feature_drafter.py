@@ -10,7 +10,11 @@ import pytest
 
 from specjax.decode import (DecodeConfig, auto, autoregressive_decode,
                             speculative_beam_search, speculative_decode, tree_decode)
+from specjax.decode.inputs import check_decode, initial_seq
+from specjax.decode.loop import start_drafting
 from specjax.decode.speculative import prepare_decode
+from specjax.decode.state import LoopParams
+from specjax.draft.tree import spine_tail
 from specjax.draft import (DRAFTERS, DynamicTree, FeatureDrafter, FeatureTreeDrafter,
                            HierarchicalDrafter, StaticTree, get_drafter)
 from specjax.models import DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, build_model
@@ -239,6 +243,38 @@ def test_tree_greedy_equals_autoregressive(family):
     np.testing.assert_array_equal(result.lengths, reference.lengths)
     accepted = np.asarray(result.accepted_hist).sum(0)  # rounds by accepted nodes
     assert np.count_nonzero(accepted) >= 2 and accepted[2:].sum() > 0, (tree, accepted)
+
+
+@pytest.mark.parametrize("family", ["lm", "t5"])
+def test_tree_spine_drafted_in_a_loop_is_the_chain(family):
+  """Spine 0 of a spines tree, its tail drafted in a loop (levels (2, 1, 1, 1): depths 3-4
+  one head call each, `specjax.draft.tree.spine_tail`), is the γ = 4 chain's proposal at
+  temperature 0: the same token at every depth. A tail step that fed a node another node's
+  predicted feature or token, sat at the wrong position or saw a non-ancestor would change
+  them (a random head: every input moves its argmax)."""
+  pair = tiny_pair(family)
+  head, head_params = _head(pair.target)
+  tree = StaticTree.from_spines((4, 1))
+  assert spine_tail(tree)[0] == 3
+  inputs = _inputs(family)[:2]
+  greedy = Sampling(temperature=0.0)
+  chain = FeatureDrafter(pair.target, head, max_gamma=4)
+  spines = FeatureTreeDrafter(pair.target, head, tree)
+  checked = check_decode(pair.target, GREEDY, inputs, 8, drafter=spines)
+  seq = jnp.asarray(initial_seq(pair.target, checked.inputs, checked.cache_len))
+  keys = jax.random.split(jax.random.PRNGKey(0), 2)
+  out = []
+  for drafter in (chain, spines):
+    params = drafter.params(head_params, pair.target_params)
+    state, _ = start_drafting(pair.target, drafter, LoopParams(
+        target=pair.target_params, drafter=params), jnp.asarray(checked.inputs), seq,
+                              jnp.asarray(checked.length), drafter.max_gamma + 1)
+    out.append(drafter.propose(params, state.drafter_state, state.seq, state.length,
+                               jnp.full((2,), 4, jnp.int32), keys, greedy)[0])
+  spine = np.asarray([0, 2, 3, 4])  # node indices of spine 0 by depth: levels (2, 1, 1, 1)
+  np.testing.assert_array_equal(np.asarray(out[1].tokens)[:, spine], out[0].tokens)
+  np.testing.assert_array_equal(np.asarray(out[1].parent)[:, spine], [[-1, 0, 2, 3]] * 2)
+  assert len(set(np.asarray(out[0].tokens).ravel().tolist())) >= 4  # not one token throughout
 
 
 def test_bundled_lm_target_with_a_random_head_decodes_as_autoregressive():
