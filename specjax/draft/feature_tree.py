@@ -32,8 +32,8 @@ from specjax.draft.tree import (DynamicTree, StaticTree, TreeProposal, cache_pos
                                 draw_level, empty_tree, keep_most_probable, level_attention,
                                 level_starts, put_level, spine_child, spine_tail,
                                 static_ancestors)
-from specjax.models.tree import nodes_call
 from specjax.models.feature_head import FeatureHead
+from specjax.models.tree import nodes_call
 from specjax.sampling import Sampling
 
 
