@@ -14,9 +14,9 @@ from specjax.decode.inputs import check_decode, initial_seq
 from specjax.decode.loop import start_drafting
 from specjax.decode.speculative import prepare_decode
 from specjax.decode.state import LoopParams
-from specjax.draft.tree import spine_tail
 from specjax.draft import (DRAFTERS, DynamicTree, FeatureDrafter, FeatureTreeDrafter,
                            HierarchicalDrafter, StaticTree, get_drafter)
+from specjax.draft.tree import spine_tail
 from specjax.models import DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, build_model
 from specjax.models.feature_head import shift_features
 from specjax.params import quantize_kernels
