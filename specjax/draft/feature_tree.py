@@ -127,6 +127,8 @@ class FeatureTreeDrafter(FeatureHeadDrafter):
     tokens, parent = nodes[0], nodes[1]
     above = node - 1
     attention = nodes_call(anc, depth, length, above, 1, cache_positions(cache))
+    # node - 1's parent is looked up: at the loop's first depth it lies in a level of several
+    # nodes (spines (4, 1): node 2's parent is node 0).
     up = jax.lax.dynamic_slice_in_dim(parent, above, 1, axis=1) + 1  # [B, 1]
     inputs = jnp.take_along_axis(predicted, up[:, :, None], axis=1)  # [B, 1, E]
     feed = jax.lax.dynamic_slice_in_dim(tokens, above, 1, axis=1)

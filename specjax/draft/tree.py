@@ -441,18 +441,6 @@ def put_level(arrays, lo: int, q_row, drawn):
           probs.at[:, q_row:q_row + q.shape[1]].set(q))
 
 
-def _spine_tail(tree) -> int:
-  """The first depth from which every level of a static tree, and the level above it, hold
-  one node (drafted in a loop instead of one unrolled call per level); max_depth + 1 when
-  fewer than two such levels (or a dynamic tree)."""
-  if not isinstance(tree, StaticTree):
-    return tree.max_depth + 1
-  levels, tail = tree.levels, tree.max_depth + 1
-  while tail > 2 and levels[tail - 2] == 1 and levels[tail - 3] == 1:
-    tail -= 1
-  return tail if tree.max_depth + 1 - tail >= 2 else tree.max_depth + 1
-
-
 def spine_child(tree, row_keys, length, node, d, logits, sampling: Sampling, arrays):
   """Draws the single node `node` (traced) of depth d (traced) under node - 1 from that node's
   logits [B, V] (its first-ranked child) and writes it into the tree's arrays (tokens, parent,
@@ -473,10 +461,19 @@ def spine_child(tree, row_keys, length, node, d, logits, sampling: Sampling, arr
 
 
 def spine_tail(tree) -> Tuple[int, int]:
-  """(the first depth drafted in a loop, `_spine_tail`; the node index of depth d in that loop
-  is the second value + d)."""
-  tail = _spine_tail(tree)
-  return tail, (level_starts(tree.levels)[tail - 1] - tail if tail <= tree.max_depth else 0)
+  """(tail, first): from depth `tail` on, every level of a static tree, and the level above it,
+  hold one node (drafted in a loop instead of one unrolled call per level; the node of depth d
+  is node first + d, under node first + d - 1); tail = max_depth + 1 (first 0) when fewer than
+  two such levels, or for a dynamic tree."""
+  none = (tree.max_depth + 1, 0)
+  if not isinstance(tree, StaticTree):
+    return none
+  levels, tail = tree.levels, tree.max_depth + 1
+  while tail > 2 and levels[tail - 2] == 1 and levels[tail - 3] == 1:
+    tail -= 1
+  if tree.max_depth + 1 - tail < 2:
+    return none
+  return tail, level_starts(levels)[tail - 1] - tail
 
 
 def static_ancestors(tree, batch: int) -> jax.Array:

@@ -4,7 +4,7 @@ import pytest
 
 from specjax.app import gin_config
 from specjax.draft import DynamicTree, StaticTree
-from specjax.draft.tree import _spine_tail
+from specjax.draft.tree import spine_tail
 
 
 def test_spines_are_one_deep_guess_plus_shorter_alternatives():
@@ -39,8 +39,8 @@ def test_trees_given_in_gin_build_the_same_shapes():
 
 
 def test_spine_tails_are_drafted_in_a_loop_only_where_levels_hold_one_node():
-  assert _spine_tail(StaticTree.from_spines((4, 1))) == 3  # levels (2, 1, 1, 1)
-  assert _spine_tail(StaticTree.from_spines((6,))) == 2  # a chain: all but the first level
-  assert _spine_tail(StaticTree.from_spines((3, 1))) == 4  # one such level: unrolled
-  assert _spine_tail(StaticTree.from_branching((2, 1, 1))) == 4  # levels (2, 2, 2)
-  assert _spine_tail(DynamicTree(branch=1, expand=1, max_depth=5)) == 6
+  assert spine_tail(StaticTree.from_spines((4, 1))) == (3, 0)  # levels (2, 1, 1, 1)
+  assert spine_tail(StaticTree.from_spines((6,))) == (2, -1)  # a chain: all but the first level
+  assert spine_tail(StaticTree.from_spines((3, 1)))[0] == 4  # one such level: unrolled
+  assert spine_tail(StaticTree.from_branching((2, 1, 1)))[0] == 4  # levels (2, 2, 2)
+  assert spine_tail(DynamicTree(branch=1, expand=1, max_depth=5))[0] == 6
