@@ -492,6 +492,14 @@ def fused_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]], d
                                       implementation=implementation).astype(dtype)
 
 
+def attention_parts(implementation: str, dtype: Any) -> Callable:
+  """`parts(query, parts) -> heads` for an `ATTENTION_IMPLEMENTATIONS` name: queries
+  [B, q, H, D] over head-major parts (`cached_attention`) -> the heads' outputs [B, q, H, D]."""
+  if implementation == "specjax":
+    return functools.partial(cached_attention, dtype=dtype)
+  return functools.partial(fused_attention, dtype=dtype, implementation=implementation)
+
+
 class MultiHeadAttention(nn.Module):
   """T5X attention: `query`, `key`, `value` [E, H*D] and `out` [H*D, E] kernels.
 
@@ -545,9 +553,7 @@ class MultiHeadAttention(nn.Module):
   def attend_heads(self, query: Array, parts: Sequence[Tuple[Array, Array, Array]]) -> Array:
     """Queries [B, q, H, D] over head-major parts (see `cached_attention`) -> the heads'
     outputs [B, q, H, D], by `implementation`."""
-    if self.implementation == "specjax":
-      return cached_attention(query, parts, self.dtype)
-    return fused_attention(query, parts, self.dtype, self.implementation)
+    return attention_parts(self.implementation, self.dtype)(query, parts)
 
   def attend_parts(self, query: Array, parts: Sequence[Tuple[Array, Array, Array]]) -> Array:
     """Queries [B, q, H, D] over head-major parts (see `cached_attention`) -> [B, q, E]."""
