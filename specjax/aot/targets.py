@@ -169,8 +169,11 @@ def _tpu_ready() -> None:
   host = jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS", "")
   if not host or "tpu" in host:
     return
+  # Nor a chip to guard: libtpu's lock file, which lets one process at a time use the chips,
+  # would keep a second compiling process (a parallel test worker) out.
   for key, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v5litepod-4"),
-                     ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_WORKER_ID", "0")):
+                     ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_WORKER_ID", "0"),
+                     ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
     os.environ.setdefault(key, value)
 
 

@@ -95,12 +95,20 @@ def run(argv: Sequence[str]) -> int:
       rows.append(row)
       print(" | ".join(str(row[c]) for c in COLUMNS), flush=True)
   if args.output_dir:
-    settings = {k: v for k, v in vars(args).items() if k not in ("output_dir", "verbose")}
-    settings["target"] = names
+    arguments = dict(targets=names, model=args.model, draft=args.draft, dtype=args.dtype,
+                     draft_dtype=args.draft_dtype, batch=args.batch, input_len=args.input_len,
+                     max_new_tokens=args.max_new_tokens, gamma=args.gamma, pieces=args.pieces)
     files.write_json(os.path.join(args.output_dir, "aot.json"),
-                     {"settings": settings, "rows": rows})
+                     {"arguments": arguments, "jax": jax_version(), "rows": rows})
     files.write_file(os.path.join(args.output_dir, "aot.md"), markdown(rows))
   return 0
+
+
+def jax_version() -> str:
+  """'jax X, jaxlib Y' of this process."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jaxlib  # pylint: disable=import-outside-toplevel
+  return f"jax {jax.__version__}, jaxlib {jaxlib.__version__}"
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
