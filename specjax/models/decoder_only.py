@@ -29,7 +29,8 @@ from jax import lax
 from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, Dense,
                                    EncodedInputs, Embed, KVCache, MlpBlock,
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
-                                   RMSNorm, after, attention_parts, check_logits_at,
+                                   RMSNorm, after, attention_parts, cache_attention,
+                                   check_logits_at,
                                    check_positions, check_prefix_lengths, check_tokens,
                                    check_tree, key_layout, mask_to_bias, mlp_kernel_init,
                                    validate_config, value_layout, write_rows)
@@ -67,9 +68,9 @@ class DecoderLayer(nn.Module):
     Args:
       x: [B, q, E] layer input.
       bias: without a cache, float32 [B|1, H, q, q] (mask included) over this
-        call's own keys; with one, the pair (float32 [B, H, q, max_len] over
-        the cache as it was before this call, float32 [B|1, H, q, q] over this
-        call's keys), see `DecoderStack.decode_step` and `cached_self_attention`.
+        call's own keys; with one, the triple of `chain_bias` / `tree_bias` (over
+        the cache as it was before this call, over this call's keys, over the
+        cache after its write), see `cached_self_attention`.
       cache: (keys [B, H, D, max_len], values [B, H, max_len, D]) to attend over and then write
         into, or None (teacher forcing).
       starts: int32 [B] slot of x[:, 0] when `cache` is given.
@@ -106,15 +107,18 @@ def cached_self_attention(implementation: str, dtype: Any, query: Array, key: Ar
                  softmax, `cached_attention`), then write the keys: XLA:CPU reads each buffer
                  where it lies and updates it in place after its last reader (`after`)
     GPU, TPU     write the keys first, then attend over the written cache (one part, its bias
-                 `join_bias`): XLA:GPU fuses the scores, the softmax and the weighted sum
-                 into one kernel, where the two parts took six
+                 made once per call by `join_bias`, not per layer; `cache_attention` for the
+                 'specjax' implementation): XLA:GPU
+                 fuses the scores, the softmax and the weighted sum into one kernel, where
+                 the two parts took six
 
   Args:
     implementation, dtype: the attention's (`MultiHeadAttention`).
     query, key, value: [B, k, H, D], the call's projections.
     cache: (keys [B, H, D, max_len], values [B, H, max_len, D]).
     bias: (float32 [B, H, k, max_len] over the cache before the call, float32 [B|1, H, k, k]
-      over the call's own keys), as `chain_bias` / `tree_bias` make them.
+      over the call's own keys, float32 [B, H, k, max_len] over the cache after the call's
+      write), as `chain_bias` / `tree_bias` make them.
     starts: int32 [B], the slot of each row's first token.
 
   Returns:
@@ -122,19 +126,23 @@ def cached_self_attention(implementation: str, dtype: Any, query: Array, key: Ar
   """
   parts = attention_parts(implementation, dtype)
 
-  def read_first(query, key, value, keys, values, old_bias, new_bias, starts):
+  def read_first(query, key, value, keys, values, old_bias, new_bias, joined, starts):
+    del joined  # pylint: disable=unused-variable
     heads = parts(query, [(keys, values, old_bias),
                           (key_layout(key), value_layout(value), new_bias)])
     key, value = after(key, heads), after(value, heads)  # read the old buffers, then write
     return heads, (write_rows(keys, key_layout(key), starts, KEY_SLOT_AXIS),
                    write_rows(values, value_layout(value), starts, VALUE_SLOT_AXIS))
 
-  def write_first(query, key, value, keys, values, old_bias, new_bias, starts):
+  def write_first(query, key, value, keys, values, old_bias, new_bias, bias, starts):
+    del old_bias, new_bias  # pylint: disable=unused-variable
     keys = write_rows(keys, key_layout(key), starts, KEY_SLOT_AXIS)
     values = write_rows(values, value_layout(value), starts, VALUE_SLOT_AXIS)
-    return parts(query, [(keys, values, join_bias(old_bias, new_bias, starts))]), (keys, values)
+    if implementation == "specjax":
+      return cache_attention(query, keys, values, bias, dtype), (keys, values)
+    return parts(query, [(keys, values, bias)]), (keys, values)
 
-  return lax.platform_dependent(query, key, value, cache[0], cache[1], bias[0], bias[1], starts,
+  return lax.platform_dependent(query, key, value, cache[0], cache[1], *bias, starts,
                                 cpu=read_first, default=write_first)
 
 
@@ -153,7 +161,8 @@ def chain_bias(relpos_bias: nn.Module, positions: Array, k: int, max_len: int,
   Returns (float32 [B, H, k, max_len] over the cache before the call: every query sees the
   slots before its row's position, later ones are stale or about to be written; float32
   [B|1, H, k, k] over the call's own keys: causal, or also every key below
-  prefix_lengths[b] when given).
+  prefix_lengths[b] when given; float32 [B, H, k, max_len] over the cache after the call's
+  write, `joined_bias`).
   """
   slots = jnp.arange(max_len, dtype=jnp.int32)
   query_pos = positions[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [B, k]
@@ -165,13 +174,27 @@ def chain_bias(relpos_bias: nn.Module, positions: Array, k: int, max_len: int,
   if prefix_lengths is not None:
     visible = visible | (query_pos[:, None, :] < prefix_lengths[:, None, None])
   new_bias = relpos_bias(new[None], new, False) + mask_to_bias(visible)[:, None]
-  return old_bias, new_bias
+  return old_bias, new_bias, joined_bias(old_bias, new_bias, positions)
+
+
+def joined_bias(old_bias: Array, new_bias: Array, starts: Array) -> Array:
+  """`join_bias` where lowered for a GPU or TPU (their attention reads the cache after the
+  call's write); on the CPU, whose attention reads the two parts, `old_bias` unchanged (a
+  placeholder of the same shape, computed nowhere).
+
+  The joined bias is made once per call, behind an optimization barrier: every layer then
+  reads it as a buffer, and XLA:GPU fuses each layer's scores, bias, softmax and weighted sum
+  into one kernel (without the barrier it folds the bias's making into a separate kernel per
+  layer, with the scores in another: three kernels where one does)."""
+  return lax.platform_dependent(
+      old_bias, new_bias, starts, cpu=lambda o, n, s: o,
+      default=lambda o, n, s: lax.optimization_barrier(join_bias(o, n, s)))
 
 
 def tree_bias(relpos_bias: nn.Module, tree: TreeAttention, positions: Array, slots: Array
               ) -> Tuple[Array, Array]:
   """A tree call's attention biases: (over the old cache [B, H, k, S], over the call's own
-  keys [B, H, k, k]) from its `TreeAttention`, the call's first slots positions int32 [B] and
+  keys [B, H, k, k], over the cache after the write [B, H, k, S]) from its `TreeAttention`, the call's first slots positions int32 [B] and
   the cache's slot indices slots int32 [S]."""
   old_visible = tree.cache_visible
   if old_visible is None:
@@ -182,7 +205,7 @@ def tree_bias(relpos_bias: nn.Module, tree: TreeAttention, positions: Array, slo
               + mask_to_bias(old_visible)[:, None])
   new_bias = (relpos_bias(tree.token_pos, tree.token_pos, False)
               + mask_to_bias(tree.visible)[:, None])
-  return old_bias, new_bias
+  return old_bias, new_bias, joined_bias(old_bias, new_bias, positions)
 
 
 def causal_bias(relpos_bias: nn.Module, length: int,
@@ -315,12 +338,11 @@ class DecoderStack(nn.Module):
     k = tokens.shape[1]
     slots = jnp.arange(cache.max_len, dtype=jnp.int32)
     if tree is None:
-      old_bias, new_bias = chain_bias(self.relpos_bias, positions, k, cache.max_len,
-                                      prefix_lengths)
+      bias = chain_bias(self.relpos_bias, positions, k, cache.max_len, prefix_lengths)
     else:
-      old_bias, new_bias = tree_bias(self.relpos_bias, tree, positions, slots)
+      bias = tree_bias(self.relpos_bias, tree, positions, slots)
     caches = list(zip(cache.keys, cache.values))
-    result = self._run(tokens, (old_bias, new_bias), caches, positions, encoded, logits_at,
+    result = self._run(tokens, bias, caches, positions, encoded, logits_at,
                        features)
     out = result[1]
     cache = KVCache(keys=tuple(c[0] for c in out), values=tuple(c[1] for c in out))

@@ -214,9 +214,14 @@ def plain_dot(x: Array, kernel: Array, *, transposed: bool = False) -> Array:
 
 
 def pad_row(rows: Array) -> Array:
-  """A single row [1, in] -> [2, in] (a zero row below): the product of two rows is a matrix
-  product on every backend, of one row a reduction (see `bfloat16_dot`)."""
-  return jnp.concatenate([rows, jnp.zeros_like(rows)], axis=0)
+  """A single row [1, in] -> [2, in]: the product of two rows is a matrix product on every
+  backend, of one row a reduction (see `bfloat16_dot`). On the CPU a zero row below (XLA:CPU
+  then runs a YNNPACK dot); on a GPU or TPU the row twice (a broadcast, which XLA:GPU folds
+  into the Triton GEMM that reads it, where a concatenation is one more kernel). Only row 0 of
+  the product is kept either way."""
+  return lax.platform_dependent(
+      rows, cpu=lambda r: jnp.concatenate([r, jnp.zeros_like(r)], axis=0),
+      default=lambda r: jnp.broadcast_to(r, (2,) + r.shape[1:]))
 
 
 def project(x: Array, weights: Array, *, transposed: bool = False,
@@ -458,6 +463,26 @@ def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
       for e, (_, values, _) in zip(exps, parts)))
   out = out.reshape(batch, heads, q, depth)
   return jnp.swapaxes(out, 1, 2)  # [B, q, H, D]: q tokens, not the cache
+
+
+def cache_attention(query: Array, keys: Array, values: Array, bias: Array, dtype: Any) -> Array:
+  """Softmax(q k^T + bias) v over one head-major cache, as plain products: the form XLA:GPU
+  fuses into one kernel (scores, softmax and weighted sum; `cached_attention` splits its
+  softmax over parts, which it cannot).
+
+  Args:
+    query: [B, q, H, D].
+    keys: [B, H, D, kv]; values: [B, H, kv, D] (the cache's layouts).
+    bias: float32 [B or 1, H or 1, q, kv]; masks are NEG_INF entries.
+    dtype: the dtype of the weighted sum.
+
+  Returns:
+    [B, q, H, D] in `dtype`.
+  """
+  logits = jnp.einsum("bqhd,bhdk->bhqk", query.astype(jnp.float32),
+                      keys.astype(jnp.float32)) + bias
+  weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+  return jnp.einsum("bhqk,bhkd->bqhd", weights, values.astype(dtype))
 
 
 def fused_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]], dtype: Any,
