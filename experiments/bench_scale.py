@@ -27,7 +27,7 @@ measured in the same run.
 
 `--xla_preset` / `--xla_flags` set XLA_FLAGS for the run (XLA:GPU command buffers and loop
 unrolling: `XLA_PRESETS`); flags are per process, so compare presets across runs.
-`--hlo` counts ops of the compiled loops (`experiments.hlo_stats`): per round or step, the
+`--hlo` counts ops of the compiled loops (`specjax.aot.hlo`): per round or step, the
 kernels, nested loops, custom calls and host transfers, and the StableHLO of the decode step
 lowered for CUDA. Writes bench_scale.json and bench_scale.md to --output_dir.
 """
@@ -270,7 +270,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
   parser.add_argument("--copy_mb", type=int, default=1024,
                       help="size of the bandwidth probe's copy (MB)")
   parser.add_argument("--hlo", action="store_true",
-                      help="count ops of the compiled loops (experiments.hlo_stats)")
+                      help="count ops of the compiled loops (specjax.aot.hlo)")
   parser.add_argument("--output_dir", default="bench_scale_out")
   args = parser.parse_args(argv)
   for att in args.attention:
