@@ -130,7 +130,7 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
   head, params32 = load_head(head_dir)
   head_params = {kernels: cast_kernels(params32, DRAFT_WEIGHTS_DTYPES[kernels])
                  if kernels != "float32" else params32 for kernels in kinds}
-  ranking = load_token_ranking(head_dir)
+  ranking = load_token_ranking(head_dir, head.config.vocab_size)
   if ranking is None and any(ranked for _, _, ranked, _ in feature_chains):
     raise ValueError(f"feature head {head_name}: no token_ranking.npy beside its model.gin; "
                      "give feature_chains without ranked entries")
