@@ -1,23 +1,36 @@
 """A feature head's folder against a hostile file system: its token ranking is read only from
 a regular file inside the folder, no larger than a ranking of the head's vocabulary, parsed
 from its header before any array is made, every error naming the file, and refused before
-any weights load; head training writes it through a fresh temporary, never a planted link."""
+any weights load; head training writes it through a fresh temporary, never a planted link,
+finds a shipped target from any folder and ends with a line of valid JSON."""
+import json
+import math
 import os
 import shutil
+import subprocess
+import sys
+import types
 
 import gin
 import numpy as np
 import pytest
 
-from specjax.app import run
+from specjax.app import run, train_main
 from specjax.draft import FeatureDrafter
 from specjax.draft.ranking import RANKING_FILE, load_token_ranking
 from specjax.models import FeatureHead, FeatureHeadConfig
 from specjax.testing import tiny_pair
 from specjax.train import feature_head as head_training
+from specjax.train.checkpoints import read_trained_folder
 
 V = 16
 EAGLE = os.path.join(os.path.dirname(__file__), "..", "specjax", "assets", "pairs", "lm", "eagle")
+GIN = os.path.join(os.path.dirname(__file__), "..", "gin")
+
+
+def gin_config_text(name):
+  with open(os.path.join(GIN, name), encoding="utf-8") as f:
+    return f.read()
 
 
 def _npy_claiming(count):
@@ -97,3 +110,40 @@ def test_a_wrong_ranking_is_refused_before_weights_load(tmp_path, no_weights):
                                        r"head's \d+ token ids, got shape \(100,\)"):
     run(["--gin_file=runs/bundled_lm_eagle.gin", f"--gin.DRAFT_CHECKPOINT='{head}'",
          "--prompt", "x", f"--gin.OUTPUT_DIR='{tmp_path}/out'"])
+
+
+def test_head_training_finds_its_target_from_any_folder(tmp_path, monkeypatch):
+  # TARGET was 'specjax/assets/pairs/lm/target', relative to the working folder, and
+  # 'bundled:lm/target' was not accepted there.
+  monkeypatch.chdir(tmp_path)
+  folder, config = read_trained_folder("bundled:lm/target", "feature head target")
+  assert os.path.samefile(folder, os.path.join(EAGLE, "..", "target"))
+  assert config.vocab_size == 8192
+  with pytest.raises(ValueError, match="must name a shipped model as 'bundled:PAIR/ROLE'"):
+    read_trained_folder("bundled:../../etc", "feature head target")
+  assert gin_config_text("runs/train_lm_eagle.gin").count("TARGET = 'bundled:lm/target'") == 1
+
+
+def test_the_training_summary_line_is_valid_json():
+  # A head's run ended with "tokens_per_second": NaN, which no JSON parser accepts.
+  result = types.SimpleNamespace(step=6, checkpoint="/m/checkpoint_6", evals=[{"loss": math.inf}],
+                                 tokens_per_second=math.nan)
+  assert json.loads(train_main.summary_line(result)) == {
+      "step": 6, "checkpoint": "/m/checkpoint_6", "tokens_per_second": None,
+      "validation": {"loss": None}}
+
+
+def test_experiments_keep_the_one_line_contract(tmp_path):
+  # bench_eagle --head with a hostile ranking printed numpy's traceback, naming no file.
+  head = tmp_path / "eagle"
+  shutil.copytree(EAGLE, head)
+  (head / RANKING_FILE).write_bytes(_npy_claiming(10**11))
+  root = os.path.join(os.path.dirname(__file__), "..")
+  proc = subprocess.run([sys.executable, "-m", "experiments.bench_eagle", "--fast", "--head",
+                         str(head), "--output_dir", str(tmp_path / "out")], cwd=root,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1] == (
+      f"specjax: error: the token ranking {head / RANKING_FILE} claims 100000000000 entries "
+      "but holds 0 bytes of data")

@@ -57,8 +57,8 @@ log = logging.getLogger(__name__)
 class FeatureHeadTraining:
   """What a feature head learns from, beside the trainer's configs."""
   target: str
-  """The frozen target: a model folder written by specjax.train (its latest checkpoint; a
-  bundled pair's folder, e.g. 'specjax/assets/pairs/lm/target') or one checkpoint_N in it."""
+  """The frozen target: a model folder written by specjax.train (its latest checkpoint), one
+  checkpoint_N in it, or a shipped model such as 'bundled:lm/target'."""
   feature_weight: float = 1.0
   """Weight of the smooth-L1 feature regression."""
   token_weight: float = 0.1
