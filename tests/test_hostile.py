@@ -67,6 +67,10 @@ def _run(tmp_path, *args, gin_file=TINY, prompt=("--prompt", "x")):
     # The feature drafter built a random head, then met None as the ranking's folder.
     ("--gin_file=runs/bundled_lm_eagle.gin --gin.DRAFT_CHECKPOINT=None", ValueError,
      "drafter 'feature' drafts with a trained feature head: DRAFT_CHECKPOINT must be its folder"),
+    # The head's run with beam_speculative.gin ran without beam search, GAMMA silently 4.
+    ("--gin_file=decoding/beam_speculative.gin", ValueError,
+     r"the gin files configure speculative_beam_search \(decoding/beam\*.gin\), which the main "
+     "job does not run"),
     # GAMMA 10000 passed every check, then the kernel's OOM killer ended the job (18.5 GB).
     ("--gin.GAMMA=10000 --gin.MAX_NEW_TOKENS=10000", ValueError,
      r"a chain round of γ = 10000 needs about [\d.]+ GiB .*: lower GAMMA \(and MAX_GAMMA\)"),
