@@ -45,6 +45,7 @@ from experiments.common.output import Output, header, markdown_table
 from specjax import analysis, timing
 from specjax.app import bundled
 from specjax.app.greedy_check import greedy_difference
+from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
 from specjax.draft import DynamicTree, FeatureDrafter, StaticTree
 from specjax.params import DRAFT_WEIGHTS_DTYPES, cast_kernels
@@ -221,4 +222,4 @@ main = cli_main(run, "bench_eagle", __doc__, FAST, default_pairs=("lm",),
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2
