@@ -145,7 +145,7 @@ SUFFIX = "-cache"
 
 def _install_entries(writable: bool) -> bool:
   """Makes JAX's file cache read and write its entries through `Entries` (JAX builds its cache
-  once, through `compilation_cache.get_file_cache`, jax 0.4.3x through 0.12); False when
+  once, through `compilation_cache.get_file_cache`, in jax 0.10 through 0.12); False when
   this jax has no such hook."""
   try:
     from jax._src import compilation_cache as jcc  # pylint: disable=import-outside-toplevel
