@@ -99,8 +99,7 @@ def _make_folder(folder: Path) -> None:
       break
     missing.append(current)
   for current in reversed(missing):
-    os.mkdir(current, 0o755)
-    os.chmod(current, os.stat(current).st_mode & ~0o022)
+    os.mkdir(current, 0o755)  # less the umask: never group- or world-writable
 
 
 def _off(reason: str) -> None:
@@ -119,9 +118,9 @@ def enable(folder: Optional[Path]) -> Optional[Path]:
   folder = Path(folder)
   try:
     _make_folder(folder)
-    reason = untrusted(folder)
+    reason = untrusted(folder) if folder.is_dir() else f"{folder} is not a folder"
   except OSError as e:  # a read-only home: run without the cache rather than fail the job
-    _off(f"cannot create {folder}: {e.strerror}")
+    _off(f"cannot create or read {folder}: {e.strerror}")
     return None
   if reason is not None:
     _off(f"{folder} is not safe to run compiled code from: {reason}")
