@@ -44,7 +44,8 @@ MACRO_MEANING = {
     "TARGET_MODEL": "the target's model gin file (read under the scope `target/`)",
     "DRAFT_MODEL": "the draft's model gin file (read under the scope `draft/`), or a feature "
                    "head's (`decode_job.drafter = 'feature'`)",
-    "GAMMA": "guesses per round; under `'auto'` the largest γ the policy may pick",
+    "GAMMA": "guesses per round (capped at MAX_NEW_TOKENS); under `'auto'` the largest γ the "
+             "policy may pick",
     "GAMMA_POLICY": "`'auto'`, `'constant'`, `'heuristic'` or `'optimal'`",
     "AUTO_BUCKETS": "'auto' only: the γ of the wide rounds compiled beside γ = 0; `()` = 1, "
                     "2, 4, ... and GAMMA",

@@ -49,6 +49,7 @@ from experiments.common.output import Output, header, markdown_table
 from experiments.common.pairs import Pair
 from specjax.checks import check_bool
 from specjax import timing
+from specjax.command import run_cli
 from specjax.decode import DecodeResult, Streaming, autoregressive_decode, speculative_decode
 from specjax.data import load_vocab
 from specjax.draft import ModelDrafter
@@ -382,4 +383,4 @@ main = cli_main(
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -36,6 +36,7 @@ from experiments.common.output import Output, header, markdown_table
 from experiments.common.pairs import Pair
 from experiments.common.timed import passes_for
 from specjax import timing
+from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, calibrate_costs, speculative_decode
 
 FAST = dict(batches=(1,), temperatures=(0.0,), gammas=(1,), max_new_tokens=8, repeats=1,
@@ -202,4 +203,4 @@ main = cli_main(run, "bench_auto", __doc__, FAST)
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

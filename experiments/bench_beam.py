@@ -35,6 +35,7 @@ from experiments.common.output import markdown_table
 from experiments.common.pairs import Pair, RANDOM_CONFIGS, RANDOM_NOTE, pair_from_gin
 from specjax import timing
 from specjax.app import gin_config
+from specjax.command import run_cli
 from specjax.decode import beam_search, speculative_beam_search
 from specjax.models import T5Model
 
@@ -167,4 +168,4 @@ def main(argv=None) -> List[Dict[str, Any]]:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from experiments.common.output import Output, markdown_table
+from specjax.command import run_cli
 
 LAYOUTS = ((1, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2))
 """(processes, CPU devices per process, num_partitions): model axis within or across processes."""
@@ -119,4 +120,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -25,6 +25,7 @@ import numpy as np
 
 from experiments.common.output import Output, header, markdown_table
 from specjax import machine, timing
+from specjax.command import run_cli
 from specjax.models.layers import project
 from specjax.params import quantize
 
@@ -100,4 +101,4 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -45,6 +45,7 @@ from experiments.common.output import Output, header, markdown_table
 from specjax import analysis, timing
 from specjax.app import bundled
 from specjax.app.greedy_check import greedy_difference
+from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
 from specjax.draft import DynamicTree, FeatureDrafter, StaticTree
 from specjax.params import DRAFT_WEIGHTS_DTYPES, cast_kernels
@@ -130,7 +131,7 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
   head, params32 = load_head(head_dir)
   head_params = {kernels: cast_kernels(params32, DRAFT_WEIGHTS_DTYPES[kernels])
                  if kernels != "float32" else params32 for kernels in kinds}
-  ranking = load_token_ranking(head_dir)
+  ranking = load_token_ranking(head_dir, head.config.vocab_size)
   if ranking is None and any(ranked for _, _, ranked, _ in feature_chains):
     raise ValueError(f"feature head {head_name}: no token_ranking.npy beside its model.gin; "
                      "give feature_chains without ranked entries")
@@ -221,4 +222,4 @@ main = cli_main(run, "bench_eagle", __doc__, FAST, default_pairs=("lm",),
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

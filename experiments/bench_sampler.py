@@ -35,6 +35,7 @@ from experiments.common.output import Output, markdown_table
 from experiments.common.pairs import Pair, load_pair, with_weights
 from experiments.common.timed import time_interleaved
 from specjax import sampling, timing
+from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, speculative_decode
 
 # Every module that calls `categorical` by the name it imported.
@@ -155,4 +156,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

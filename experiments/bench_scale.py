@@ -54,6 +54,7 @@ from experiments.reference_decoder import reference_decode
 from specjax import timing
 from specjax.analysis import expected_tokens
 from specjax.app.gin_config import model_config_from_file
+from specjax.command import run_cli
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.draft import FeatureDrafter, ModelDrafter
 from specjax.models import FeatureHead, FeatureHeadConfig, build_model
@@ -333,4 +334,4 @@ def _write(path: Path, text: str) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

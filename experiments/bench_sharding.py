@@ -23,6 +23,7 @@ import sys
 
 from experiments.common.decoding import decode_config
 from experiments.common.output import markdown_table
+from specjax.command import run_cli
 
 
 def _measure(args) -> list:
@@ -107,4 +108,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

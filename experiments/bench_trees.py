@@ -47,6 +47,7 @@ from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import load_examples, ngram_corpus
 from experiments.common.output import Output, header, markdown_table
 from experiments.common.timed import decode_loop, ms_per_call
+from specjax.command import run_cli
 from specjax.timing import interleaved
 from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
 from specjax.draft import (BigramDrafter, DynamicTree, NGramTreeDrafter, PromptLookupDrafter,
@@ -294,4 +295,4 @@ def _best(rows: List[dict]) -> List[dict]:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -33,6 +33,7 @@ from experiments.common.inputs import Examples, load_examples
 from experiments.common.output import Output, fmt, header, markdown_table
 from experiments.common.pairs import Pair, tiny_model
 from experiments.common.timed import cost_ratios, time_interleaved
+from specjax.command import run_cli
 from specjax.decode import runner
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
@@ -194,4 +195,4 @@ main = cli_main(run, "bench_variants", __doc__, FAST)
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -52,6 +52,7 @@ from experiments.common.output import Output, fmt, header, markdown_table
 from experiments.common.pairs import load_pair
 from experiments.common.timed import passes_for
 from specjax import timing
+from specjax.command import run_cli
 from specjax.verify import FusedVerifier, Verifier, describe, get_verifier
 
 
@@ -359,4 +360,4 @@ def main(argv=None) -> List[Dict[str, Any]]:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

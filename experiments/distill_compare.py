@@ -33,6 +33,7 @@ from experiments.common.cli import gin_overrides
 from experiments.common.output import Output, markdown_table
 from specjax import timing
 from specjax.app import bundled, gin_config
+from specjax.command import run_cli
 from specjax.models import read_model_gin
 from specjax import train as train_lib
 from specjax.train import distill
@@ -127,4 +128,4 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

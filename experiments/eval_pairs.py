@@ -31,6 +31,7 @@ from experiments.common.output import Output, fmt, header, markdown_table
 from experiments.common.pairs import Pair
 from specjax.app import bundled
 from specjax import data as data_lib  # load_bundled, read_split, TASK_FILES
+from specjax.command import run_cli
 from specjax.train import Batches, make_features
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.params import count_params
@@ -187,4 +188,4 @@ main = cli_main(run, "eval_pairs", __doc__, FAST)
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -19,6 +19,7 @@ from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import load_examples, output_ids
 from experiments.common.output import Output, header
 from specjax.app import report
+from specjax.command import run_cli
 from specjax.decode import speculative_decode
 from specjax.data import load_vocab
 
@@ -72,4 +73,4 @@ main = cli_main(run, "figure1", __doc__, FAST, default_pairs=("translate",))
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -45,6 +45,7 @@ from experiments.common.pairs import load_pair, with_weights
 from experiments.common.timed import decode_loop, ms_per_call, propose_loop, verify_loop
 from specjax import timing
 from specjax.analysis import expected_tokens
+from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
 
@@ -163,4 +164,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from specjax import machine
+from specjax.command import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -101,4 +102,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

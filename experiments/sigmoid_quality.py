@@ -35,6 +35,7 @@ from experiments.common.decoding import model_drafter
 from experiments.common.inputs import bleu, load_examples, output_ids, pad_rows, perplexity
 from experiments.common.output import Output, fmt, header, markdown_table
 from experiments.common.pairs import Pair, load_pair
+from specjax.command import run_cli
 from specjax.data import load_vocab
 from specjax.app import bundled
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
@@ -272,4 +273,4 @@ def pairs_part(args) -> List[Dict]:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -41,6 +41,7 @@ from experiments.common.output import Output, markdown_table
 from experiments.common.pairs import load_pair, with_weights
 from experiments.common.timed import decode_loop, ms_per_call, propose_loop, verify_loop
 from specjax.checks import check_int
+from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.decode.stream import Streaming
 from specjax.draft import ModelDrafter
@@ -139,4 +140,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

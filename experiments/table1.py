@@ -19,6 +19,7 @@ import numpy as np
 from experiments.common.cli import Cli, cli_main
 from experiments.common.output import Output, markdown_table
 from specjax import analysis
+from specjax.command import run_cli
 
 PAPER_ROWS = ((0.6, 2), (0.7, 3), (0.8, 2), (0.8, 5), (0.9, 2), (0.9, 10))
 FAST: Dict = {}  # nothing to run: the full table is already instant
@@ -92,4 +93,4 @@ main = cli_main(run, "table1", __doc__, FAST, needs_pairs=False)
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

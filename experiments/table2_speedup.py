@@ -32,6 +32,7 @@ from experiments.common.output import Output, header, markdown_table
 from experiments.common.pairs import Pair
 from experiments.common.timed import cost_ratios, time_interleaved
 from specjax import analysis
+from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, speculative_decode
 
 FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 3), temperatures=(0.0,), repeats=1,
@@ -135,4 +136,4 @@ main = cli_main(run, "table2_speedup", __doc__, FAST)
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

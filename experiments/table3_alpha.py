@@ -22,6 +22,7 @@ from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import Examples, load_examples, ngram_corpus
 from experiments.common.output import Output, header, markdown_table
 from experiments.common.pairs import Pair
+from specjax.command import run_cli
 from specjax.decode import speculative_decode
 from specjax.draft import BigramDrafter, UnigramDrafter
 
@@ -99,4 +100,4 @@ main = cli_main(run, "table3_alpha", __doc__, FAST)
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -25,6 +25,7 @@ from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import bleu, load_examples, output_ids, perplexity
 from experiments.common.output import Output, fmt, header, markdown_table
 from specjax import timing
+from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.data import load_vocab
 
@@ -112,4 +113,4 @@ main = cli_main(run, "table5_lenience", __doc__, FAST,
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

@@ -51,6 +51,7 @@ from experiments.common.cli import gin_overrides
 from specjax import checkpoints, timing
 from specjax.app import bundled, gin_config
 from specjax import train as train_lib
+from specjax.command import run_cli
 from specjax.params import count_params, flatten
 
 RUNS = {
@@ -235,4 +236,4 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(run_cli(main))  # a user's error: one line, exit 2

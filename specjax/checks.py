@@ -1,4 +1,7 @@
-"""Argument checks shared by every layer: integers (bools refused), booleans, real ranges.
+"""Argument checks shared by every layer: integers (bools refused), booleans, real ranges,
+one of a set of names, sequences of integers. Every value gin can set goes through one of
+these before it is used, so a value of the wrong type (a list where a name belongs, a dict,
+None) is named with the setting and what it may be, never met later as a TypeError.
 
 Each check raises a ValueError that names the argument and shows the value it got, and
 returns the value converted (`int`, `bool`, `float`), so a caller writes
@@ -7,7 +10,7 @@ returns the value converted (`int`, `bool`, `float`), so a caller writes
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Collection, Optional, Tuple
 
 import numpy as np
 
@@ -80,3 +83,31 @@ def check_real(name: str, value: Any, low: float = -math.inf, high: float = math
     raise ValueError(f"{name} must be {text}{' or None' if allow_none else ''}{what}, "
                      f"got {value!r}")
   return float(value)
+
+
+def check_choice(name: str, value: Any, allowed: Collection[str]) -> str:
+  """`value` when it is one of the names `allowed` (a dict's keys, a set, a tuple);
+  ValueError naming `name` and the allowed names otherwise, whatever `value`'s type (a list
+  or dict is refused, not met as 'unhashable')."""
+  if not isinstance(value, str) or value not in allowed:
+    shown = sorted(allowed) if not isinstance(allowed, (tuple, list)) else list(allowed)
+    raise ValueError(f"{name} must be one of {shown}, got {value!r}")
+  return value
+
+
+def check_int_sequence(name: str, value: Any, *, low: Optional[int] = None,
+                       increasing: bool = False, expected: Optional[str] = None
+                       ) -> Tuple[int, ...]:
+  """`value` (a tuple or list of integers, each >= `low`; strictly increasing when
+  `increasing`) as a tuple of ints; ValueError naming `name` otherwise (an int, None, a
+  string or a dict included)."""
+  ok = isinstance(value, (tuple, list)) and all(
+      is_int(v) and (low is None or v >= low) for v in value)
+  if ok and increasing:
+    ok = all(a < b for a, b in zip(value, value[1:]))
+  if not ok:
+    if expected is None:
+      expected = "a tuple of " + ("increasing " if increasing else "") + "integers" + (
+          f" >= {low}" if low is not None else "")
+    raise ValueError(f"{name} must be {expected}, got {value!r}")
+  return tuple(int(v) for v in value)

@@ -81,3 +81,83 @@ def test_a_second_identical_run_reads_every_executable_from_the_cache(tmp_path):
   assert len(written) > 2, written  # at least both decode loops
   assert _entries(cache) == written  # the second run compiled nothing new
   assert summaries[0]["speculative_tokens"] == summaries[1]["speculative_tokens"]
+
+
+def _run_jit(folder, tmp_path, before=""):
+  """A fresh process that compiles one function with the cache in `folder`; its stderr."""
+  code = _JIT.format(enable=f"{before}compile_cache.enable(compile_cache.Path('{folder}'))")
+  return _python(["-W", "always", "-c", code], {}, tmp_path).stderr
+
+
+def _specjax_lines(stderr):
+  return [line for line in stderr.splitlines() if "specjax" in line or "Warning" in line]
+
+
+def test_only_folders_no_one_else_can_write_are_trusted(tmp_path):
+  # JAX runs whatever executable sits under a key: a folder others can write runs their code.
+  ours = tmp_path / "parent" / "cache"
+  ours.mkdir(parents=True)
+  assert compile_cache.untrusted(ours) is None
+  ours.chmod(0o775)
+  assert compile_cache.untrusted(ours) == f"{ours} is writable by its group"
+  ours.chmod(0o757)
+  assert compile_cache.untrusted(ours) == f"{ours} is writable by others"
+  ours.chmod(0o755)
+  ours.parent.chmod(0o777)
+  assert compile_cache.untrusted(ours) == f"{ours.parent} is writable by others"
+  ours.parent.chmod(0o1777)  # sticky, as /tmp: no one else can replace what is ours there
+  assert compile_cache.untrusted(ours) is None
+  ours.parent.chmod(0o755)
+  assert compile_cache.untrusted(ours, uid=12345) is None  # root's folders are trusted (as ssh)
+  os.chown(ours, 65534, 65534)
+  assert compile_cache.untrusted(ours) == f"{ours} is owned by another user (uid 65534)"
+
+
+def test_an_untrusted_folder_is_one_line_and_the_run_goes_on_uncached(tmp_path):
+  shared = tmp_path / "shared"
+  shared.mkdir()
+  shared.chmod(0o777)
+  stderr = _run_jit(shared, tmp_path)
+  assert _specjax_lines(stderr) == [
+      f"specjax: compilation cache off: {shared} is not safe to run compiled code from: "
+      f"{shared} is writable by others"]
+  assert not _entries(shared)
+
+
+def test_entries_are_written_whole_and_never_through_a_planted_link(tmp_path):
+  cache = tmp_path / "cache"
+  _run_jit(cache, tmp_path)
+  first = {p.name: p.stat().st_size for p in cache.iterdir()}
+  names = sorted(first)
+  assert len(names) >= 2, names
+  # A dangling link under one entry's name (JAX wrote straight through it, creating the
+  # target), an empty entry and a torn one (JAX warned about them on every run, never
+  # repairing them).
+  (cache / names[0]).unlink()
+  (cache / names[0]).symlink_to(tmp_path / "victim")
+  (cache / names[1]).write_bytes(b"")
+  if len(names) > 2:
+    (cache / names[2]).write_bytes((cache / names[2]).read_bytes()[:first[names[2]] // 2])
+  stderr = _run_jit(cache, tmp_path)
+  assert not _specjax_lines(stderr), stderr
+  assert not (tmp_path / "victim").exists()
+  assert {p.name: p.stat().st_size for p in cache.iterdir()} == first
+  assert not any(p.is_symlink() for p in cache.iterdir())
+
+
+def test_a_cache_that_cannot_be_written_says_so_once(tmp_path):
+  # A full disk (here a file size limit) made JAX warn once per compiled function; a
+  # read-only folder too.
+  full = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+          "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64)); "
+          "jnp.arange(3).sum(); jnp.ones(3).mean(); ")
+  stderr = _run_jit(tmp_path / "full", tmp_path, before=full)
+  lines = _specjax_lines(stderr)
+  assert len(lines) == 1 and lines[0].startswith(
+      f"specjax: compilation cache {tmp_path / 'full'} cannot be written ("), stderr
+  stderr = _run_jit(tmp_path / "ro", tmp_path, before="compile_cache.os.access = "
+                    "lambda *a, **k: False; ")
+  assert _specjax_lines(stderr) == [
+      f"specjax: compilation cache {tmp_path / 'ro'} is read-only for this user: compiled "
+      "loops are read from it, none written"]
+  assert not _entries(tmp_path / "ro")

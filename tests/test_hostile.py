@@ -51,11 +51,49 @@ def _run(tmp_path, *args, gin_file=TINY, prompt=("--prompt", "x")):
     ("--gin.VERIFIER='fused'", ValueError, "verifier must be a specjax.verify verifier"),
     ("--gin.target/T5Config.logits_via_embedding='yes'", ValueError,
      "logits_via_embedding must be True or False"),
+    # A list, dict, int or None where a name or a tuple belongs reached a TypeError.
+    ("--gin.WEIGHTS_DTYPE=['bfloat16']", ValueError,
+     r"weights_dtype must be one of \['bfloat16', 'float32'\], got \['bfloat16'\]"),
+    ("--gin.DRAFT_WEIGHTS_DTYPE={{'int8':1}}", ValueError,
+     r"draft_weights_dtype must be one of \[.*'int8'\], got \{'int8': 1\}"),
+    ("--gin.decode_job.drafter=['model']", ValueError, r"drafter must be one of \[.*'model'"),
+    ("--gin.AUTO_BUCKETS=4", ValueError, "auto_buckets must be a tuple of increasing integers"),
+    ("--gin.AUTO_BUCKETS=None", ValueError, "auto_buckets must be a tuple of increasing integer"),
+    ("--gin.AUTO_BUCKETS={{1:2}}", ValueError, r"auto_buckets must be .*got \{1: 2\}"),
+    ("--gin.decode_job.partitioner=4", ValueError, "partitioner must be a specjax.sharding"),
+    # A feature head with a bogus attention_impl was not checked at all.
+    ("--gin_file=runs/bundled_lm_eagle.gin --gin.draft/FeatureHeadConfig.attention_impl='bogus'",
+     ValueError, r"FeatureHeadConfig.attention_impl must be one of \['cudnn', 'specjax', 'xla'\]"),
+    # The feature drafter built a random head, then met None as the ranking's folder.
+    ("--gin_file=runs/bundled_lm_eagle.gin --gin.DRAFT_CHECKPOINT=None", ValueError,
+     "drafter 'feature' drafts with a trained feature head: DRAFT_CHECKPOINT must be its folder"),
+    # The head's run with beam_speculative.gin ran without beam search, GAMMA silently 4.
+    ("--gin_file=decoding/beam_speculative.gin", ValueError,
+     r"the gin files configure speculative_beam_search \(decoding/beam\*.gin\), which the main "
+     "job does not run"),
+    # GAMMA 10000 passed every check, then the kernel's OOM killer ended the job (18.5 GB).
+    ("--gin.GAMMA=10000 --gin.MAX_NEW_TOKENS=10000", ValueError,
+     r"a chain round of γ = 10000 needs about [\d.]+ GiB .*: lower GAMMA \(and MAX_GAMMA\)"),
 ])
 def test_bad_settings_are_named_before_weights_load(tmp_path, no_weights, binding, error,
-                                                    message):
+                                                    message, monkeypatch):
+  monkeypatch.setattr(decode_inputs, "device_memory", lambda partitioner=None: 16 * 2**30)
   with pytest.raises(error, match=message):
-    _run(tmp_path, binding.format(tmp=tmp_path))
+    _run(tmp_path, *binding.format(tmp=tmp_path).split())
+
+
+def test_gamma_is_capped_at_the_budget(tmp_path, monkeypatch):
+  # GAMMA 1000 with a 16-token budget drafted 1000 guesses a round.
+  plans = []
+
+  def stop(plan):
+    plans.append(plan)
+    raise KeyboardInterrupt
+  monkeypatch.setattr("specjax.app.job.load", stop)
+  with pytest.raises(KeyboardInterrupt):
+    _run(tmp_path, "--gin.GAMMA=1000", "--gin.MAX_NEW_TOKENS=16")
+  settings = plans[0].settings
+  assert (settings.gamma, settings.max_gamma, plans[0].drafter.max_gamma) == (16, 16, 16)
 
 
 def test_an_empty_prompt_of_a_decoder_only_model_is_named_before_loading(tmp_path, no_weights):

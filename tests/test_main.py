@@ -295,7 +295,7 @@ def test_model_gin_accepts_only_literal_model_bindings(tmp_path, line):
 @pytest.mark.parametrize("text, message", [
     (TINY_LM + "DecoderOnlyConfig.no_such_field = 1\n", "has no field 'no_such_field'"),
     (TINY_LM + "T5Config.emb_dim = 8\n", "binds T5Config in a file that binds"),
-    ("# nothing bound\n", "binds neither T5Config nor DecoderOnlyConfig"),
+    ("# nothing bound\n", "binds none of T5Config, DecoderOnlyConfig, FeatureHeadConfig"),
     (TINY_LM + "DecoderOnlyConfig.mlp_activations = {1, 2}\n", "must be a number, string"),
     (TINY_LM + "DecoderOnlyConfig.emb_dim = (8,\n", "must be a literal"),
 ])

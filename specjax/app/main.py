@@ -83,6 +83,20 @@ def read_texts(args) -> List[str]:
 DEFAULT_GIN = "runs/default.gin"
 
 
+def refuse_beam_search() -> None:
+  """ValueError when the parsed gin configures beam search (decoding/beam.gin,
+  beam_speculative.gin): the main job does not run it, and their GAMMA would silently replace
+  the run's."""
+  for name in ("speculative_beam_search", "beam_search"):
+    try:
+      gin.query_parameter(f"{name}.beam_size")
+    except ValueError:
+      continue
+    raise ValueError(f"the gin files configure {name} (decoding/beam*.gin), which the main job "
+                     f"does not run: call specjax.decode.{name} from Python, where those "
+                     "bindings apply, or drop the file")
+
+
 def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   """The main job from command-line arguments; errors propagate (see `cli` for the command)."""
   argv = sys.argv[1:] if argv is None else list(argv)
@@ -93,6 +107,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   compile_cache.enable_from(args)  # before the first compile
   distributed.initialize_from(args)  # many processes: before any other JAX call
   gin_config.parse(gin_config.run_files(gin_files, DEFAULT_GIN, paths), bindings, paths)
+  refuse_beam_search()
   inputs_lib.import_modules(gin_config.query_macro("MIXTURE_OR_TASK_MODULE"))
   lengths = gin_config.query_macro("TASK_FEATURE_LENGTHS")
   examples, task_vocabulary = read_inputs(args, lengths)

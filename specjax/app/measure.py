@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.progress import Progress
 
 from specjax import timing
-from specjax.app import bundled
 from specjax.app.loading import load_params
 from specjax.app.plan import Plan
 from specjax.decode import DecodeResult, autoregressive_decode, speculative_decode, tree_decode
@@ -51,9 +50,8 @@ def load(plan: Plan) -> Loaded:
     draft_params = cast_kernels(draft_params,
                                 DRAFT_WEIGHTS_DTYPES[settings.draft_weights_dtype])
   if plan.drafter.wants_features:  # a feature head reads the target's own params too
-    from specjax.train.feature_head import load_token_ranking  # pylint: disable=import-outside-toplevel
-    ranking = load_token_ranking(bundled.resolve(plan.checkpoints["draft"], "checkpoint"))
-    draft_params = plan.drafter.params(draft_params, target_params, token_ranking=ranking)
+    draft_params = plan.drafter.params(draft_params, target_params,
+                                       token_ranking=plan.token_ranking)
   return Loaded(target_params=target_params, draft_params=draft_params)
 
 

@@ -6,13 +6,15 @@ import dataclasses
 import os
 from typing import Any, Dict, Optional, Sequence
 
-from specjax.app import gin_config, prompts, records
+from specjax.app import bundled, gin_config, prompts, records
 from specjax.app.loading import check_checkpoints, check_models, job_vocabulary
 from specjax.app.settings import JobSettings
 from specjax.data import inputs as inputs_lib
 from specjax.decode import CostTable, check_tree
+from specjax.decode.chain_checks import check_chain
 from specjax.decode.inputs import check_cache_size, check_inputs, check_memory, prefix_lengths
 from specjax.draft import drafter_fields, get_drafter
+from specjax.draft.ranking import load_token_ranking
 from specjax.models import FeatureHead, FeatureHeadConfig, build_model
 
 
@@ -32,6 +34,7 @@ class Plan:
   slots: int  # decode rows: min(batch_size, examples)
   checkpoints: Dict[str, Any]  # {'target': ..., 'draft': ...}: paths, 'bundled:...' or None
   costs: Optional[CostTable]  # a saved 'auto' cost table, else None (calibrated)
+  token_ranking: Any = None  # a feature head's token_ranking.npy (int32 [V]), else None
 
 
 def prepare_output_dir(output_dir: Optional[str]) -> None:
@@ -73,12 +76,25 @@ def feature_head(name: str, config: Any) -> FeatureHead:
   return FeatureHead(config)
 
 
+def cap_gamma(settings: JobSettings) -> JobSettings:
+  """`settings` with a chain's gamma and max_gamma capped at max_new_tokens: a round emits at
+  most the budget, so more guesses only cost draft steps and a wider verification call."""
+  if settings.tree is not None or settings.max_gamma <= settings.max_new_tokens:
+    return settings
+  budget = settings.max_new_tokens
+  buckets = tuple(b for b in settings.decoding.auto_buckets if b <= budget)
+  return dataclasses.replace(settings, gamma=min(settings.gamma, budget), max_gamma=budget,
+                             decoding=dataclasses.replace(settings.decoding,
+                                                          auto_buckets=buckets))
+
+
 def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
   """Frames the inputs of `decode_job` and checks what the settings alone could not (the
   inputs, output folder, cost table file, vocabulary, checkpoints, caches); loads nothing."""
   examples = inputs_lib.as_inputs(texts)
   if not examples:
     raise ValueError("no inputs to decode")
+  settings = cap_gamma(settings)
   prepare_output_dir(settings.output_dir)
   costs = cost_table_file(settings.cost_table)
   target = build_model(gin_config.model_config("target"))
@@ -114,8 +130,14 @@ def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
                costs=costs, partitioner=settings.partitioner)
   cache_size = check_cache_size([target, *drafter.models], slots, decoding.cache_len,
                                 settings.partitioner)
+  if drafter.tree is None:  # a chain: its widest verification call must fit beside the caches
+    check_chain(drafter.max_gamma, [target, *drafter.models], slots, decoding.cache_len,
+                target.vocab_size, cache_size, settings.partitioner)
   check_checkpoints(checkpoints)
+  ranking = (load_token_ranking(bundled.resolve(settings.draft_checkpoint, "checkpoint"),
+                                draft.config.vocab_size) if drafter.wants_features else None)
   check_memory(list(models.values()), cache_size, settings.partitioner)
   return Plan(settings=dataclasses.replace(settings, decoding=decoding), examples=examples,
               inputs=inputs, prompt_lengths=prompt_lengths, vocab=vocab, target=target,
-              draft=draft, drafter=drafter, slots=slots, checkpoints=checkpoints, costs=costs)
+              draft=draft, drafter=drafter, slots=slots, checkpoints=checkpoints, costs=costs,
+              token_ranking=ranking)

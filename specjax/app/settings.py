@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Optional
 
-from specjax.checks import check_count, check_int
+from specjax.checks import check_choice, check_count, check_int
 from specjax.decode import DecodeConfig
 from specjax.decode import check_tree as decode_check_tree
 from specjax.draft import DRAFTERS, drafter_fields
@@ -105,8 +105,7 @@ class JobSettings:
   """Print the trace without colours."""
 
   def __post_init__(self):
-    if self.drafter not in DRAFTERS:
-      raise ValueError(f"drafter must be one of {sorted(DRAFTERS)}, got {self.drafter!r}")
+    check_choice("drafter", self.drafter, DRAFTERS)
     if self.drafter in FITTED_IN_PYTHON:
       raise ValueError(f"drafter {self.drafter!r} drafts from params fitted in Python (an n-gram "
                        "table or an inner drafter): the main job runs 'model', 'prompt_lookup', "
@@ -119,6 +118,9 @@ class JobSettings:
     if unknown:
       raise ValueError(f"drafter_options: drafter {self.drafter_class!r} has no field "
                        f"{unknown[0]!r}; its fields are {list(fields)}")
+    if "head" in fields and self.draft_checkpoint is None:
+      raise ValueError(f"drafter {self.drafter!r} drafts with a trained feature head: "
+                       "DRAFT_CHECKPOINT must be its folder (e.g. 'bundled:lm/eagle'), got None")
     gamma = check_count("gamma", self.gamma)
     max_gamma = check_count("max_gamma", self.max_gamma)
     if gamma > max_gamma:
@@ -131,15 +133,16 @@ class JobSettings:
     if check_count("max_input_len", self.max_input_len) < 2:
       raise ValueError(f"max_input_len must be >= 2 (a token and EOS), got {self.max_input_len}")
     check_int("seed", self.seed)
-    if self.weights_dtype in DRAFT_WEIGHTS_DTYPES and self.weights_dtype not in WEIGHTS_DTYPES:
+    check_choice("draft_weights_dtype", self.draft_weights_dtype, DRAFT_WEIGHTS_DTYPES)
+    if (isinstance(self.weights_dtype, str) and self.weights_dtype in DRAFT_WEIGHTS_DTYPES
+        and self.weights_dtype not in WEIGHTS_DTYPES):
       raise ValueError(f"weights_dtype {self.weights_dtype!r} is for drafts only "
                        f"(DRAFT_WEIGHTS_DTYPE): the target's weights are the output "
                        f"distribution; use one of {sorted(WEIGHTS_DTYPES)}")
-    for name, allowed in (("weights_dtype", WEIGHTS_DTYPES),
-                          ("draft_weights_dtype", DRAFT_WEIGHTS_DTYPES)):
-      if getattr(self, name) not in allowed:
-        raise ValueError(f"{name} must be one of {sorted(allowed)}, "
-                         f"got {getattr(self, name)!r}")
+    check_choice("weights_dtype", self.weights_dtype, WEIGHTS_DTYPES)
+    if self.partitioner is not None and not isinstance(self.partitioner, Partitioner):
+      raise ValueError(f"partitioner must be a specjax.sharding.Partitioner (gin: "
+                       f"NUM_PARTITIONS) or None, got {self.partitioner!r}")
     if self.cost_table and self.decoding.gamma_policy != "auto":
       raise ValueError(f"cost_table is for gamma_policy='auto', not "
                        f"{self.decoding.gamma_policy!r}")
@@ -158,7 +161,7 @@ class JobSettings:
 def drafts_a_tree(drafter: str, tree: Any) -> bool:
   """Whether the job drafts a token tree: a TREE is given, or the drafter's class drafts its
   own (`Drafter.tree` is None only on chain drafters)."""
-  return tree is not None or (drafter in DRAFTERS
+  return tree is not None or (isinstance(drafter, str) and drafter in DRAFTERS
                               and getattr(DRAFTERS[drafter], "tree", True) is not None)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Optional, Sequence
 
@@ -24,10 +25,24 @@ def main(argv: Optional[Sequence[str]] = None) -> TrainResult:
     raise ValueError("give a run file, e.g. --gin_file=runs/train_lm.gin")
   gin_config.parse(files, bindings, paths)
   result = gin.get_configurable(train)()
-  final = result.evals[-1] if result.evals else {}
-  print(json.dumps({"step": result.step, "checkpoint": result.checkpoint,
-                    "tokens_per_second": result.tokens_per_second, "validation": final}))
+  print(summary_line(result))
   return result
+
+
+def summary_line(result: TrainResult) -> str:
+  """The run's last line: JSON of its step, checkpoint, tokens per second and final
+  validation metrics, a number that is not finite (a feature head's unmeasured throughput is
+  NaN) written as null, so the line is valid JSON."""
+  def finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+      return None
+    if isinstance(value, dict):
+      return {k: finite(v) for k, v in value.items()}
+    return value
+  final = result.evals[-1] if result.evals else {}
+  return json.dumps(finite({"step": result.step, "checkpoint": result.checkpoint,
+                            "tokens_per_second": result.tokens_per_second,
+                            "validation": final}), allow_nan=False)
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

@@ -37,12 +37,14 @@ runner), `runner` (the `Loop` protocol, 'auto' decided once, padded or streamed)
 `calibration` (cost tables), `fallback` (the autoregressive result as γ = 0 rounds), `stream`
 (slots), `round` (the chain's draft -> score -> verify -> commit -> record), `auto_rounds` (the
 policy's variant choice inside the loop), `auto` (the policy), `loop` / `state` (shared
-pieces), `inputs` (the one validation preamble), `tree_checks` (the one tree validation).
+pieces), `inputs` (the one validation preamble), `tree_checks` (the one tree validation),
+`chain_checks` (a chain round's working set).
 """
 from specjax.decode.autoregressive import AutoregressiveLoop, autoregressive_decode
 from specjax.decode.beam import beam_search
 from specjax.decode.beam_core import NEG_INF, BeamResult
 from specjax.decode.beam_speculative import speculative_beam_search
+from specjax.decode.chain_checks import check_chain
 from specjax.decode.auto import CostTable
 from specjax.decode.config import GAMMA_POLICIES, DecodeConfig
 from specjax.decode.round import SpeculativeLoop
@@ -57,4 +59,4 @@ __all__ = ["DecodeConfig", "DecodeResult", "Trace", "LoopState", "LoopParams", "
            "autoregressive_decode", "speculative_decode", "beam_search",
            "speculative_beam_search", "BeamResult", "NEG_INF", "CostTable", "calibrate_costs",
            "prepare_decode", "AutoregressiveLoop", "SpeculativeLoop", "Streaming",
-           "stream_decode", "tree_decode", "TreeLoop", "check_tree", "Loop"]
+           "stream_decode", "tree_decode", "TreeLoop", "check_tree", "check_chain", "Loop"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from specjax.checks import check_bool, check_int, check_real, is_int
+from specjax.checks import (check_bool, check_choice, check_int, check_int_sequence, check_real,
+                            is_int)
 from specjax.sampling import Sampling
 from specjax.verify import ReferenceVerifier, Verifier, check_lenience
 
@@ -62,11 +63,9 @@ class DecodeConfig:
     check_int("cache_len", self.cache_len, low=1, allow_none=True,
               expected="None or an integer >= 1")
     check_bool("trace", self.trace)
-    if self.gamma_policy not in GAMMA_POLICIES:
-      raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {self.gamma_policy!r}")
+    check_choice("gamma_policy", self.gamma_policy, GAMMA_POLICIES)
     check_real("cost_coefficient", self.cost_coefficient, low=0.0)
-    buckets = tuple(self.auto_buckets)
-    if (any(not is_int(b) or b < 1 for b in buckets)
-        or list(buckets) != sorted(set(buckets))):
-      raise ValueError(f"auto_buckets must be increasing integers >= 1, got {self.auto_buckets!r}")
+    buckets = check_int_sequence("auto_buckets", self.auto_buckets, low=1, increasing=True,
+                                 expected="a tuple of increasing integers >= 1 (() for the "
+                                 "default buckets)")
     object.__setattr__(self, "auto_buckets", buckets)

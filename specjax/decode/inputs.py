@@ -196,6 +196,7 @@ class Checked:
   max_new_tokens: int  # generation budget per row
   cache_len: int  # cache positions per row
   gamma: Optional[int] = None  # the checked `gamma` argument (speculative decodes)
+  cache_size: int = 0  # bytes of every model's KV caches (`check_cache_size`)
 
 
 def check_decode(target: DecodingModel, config: Any, inputs: Any, max_new_tokens: Any,
@@ -223,6 +224,7 @@ def check_decode(target: DecodingModel, config: Any, inputs: Any, max_new_tokens
   length = prefix_lengths(target, inputs, prompt_lengths)
   cache_len = cache_length(config.cache_len, int(length.max()), max_new_tokens, width)
   models = [target] + (list(drafter.models) if drafter is not None else [])
-  check_cache_size(models, inputs.shape[0] if rows is None else rows, cache_len, partitioner)
+  cache_size = check_cache_size(models, inputs.shape[0] if rows is None else rows, cache_len,
+                                partitioner)
   return Checked(inputs=inputs, length=length, max_new_tokens=max_new_tokens,
-                 cache_len=cache_len, gamma=gamma)
+                 cache_len=cache_len, gamma=gamma, cache_size=cache_size)

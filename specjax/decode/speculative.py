@@ -18,6 +18,7 @@ import jax
 
 from specjax.decode import auto, calibration, runner
 from specjax.decode.config import DecodeConfig
+from specjax.decode.chain_checks import check_chain
 from specjax.decode.inputs import check_decode
 from specjax.decode.round import SpeculativeLoop
 from specjax.decode.state import DecodeResult, LoopParams
@@ -81,6 +82,8 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
                                          + streaming.refill_rows)
   checked = check_decode(target, config, inputs, max_new_tokens, prompt_lengths,
                          drafter=drafter, gamma=gamma, rows=rows, partitioner=partitioner)
+  check_chain(drafter.max_gamma, [target, *drafter.models], rows or checked.inputs.shape[0],
+              checked.cache_len, target.vocab_size, checked.cache_size, partitioner)
   # The cache length is fixed here, so a streaming calibration's padded batch sees the stream's.
   loop = SpeculativeLoop(target, drafter, dataclasses.replace(config, cache_len=checked.cache_len))
   return runner.decode(loop, LoopParams(target=target_params, drafter=draft_params), checked,

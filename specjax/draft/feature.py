@@ -57,7 +57,7 @@ class FeatureHeadDrafter(DrafterDefaults):
 
   @property
   def models(self) -> Tuple[Any, ...]:
-    return ()  # the head's one-layer cache is small; the target's is the loop's
+    return (self.head,)  # its one-layer cache (the target's is the loop's)
 
   def params(self, head_params: Any, target_params: Any, token_ranking: Any = None) -> dict:
     """The drafter's params {'head', 'target'}: ValueError naming the first parameter of

@@ -26,8 +26,8 @@ import numpy as np
 from specjax.models.decoder_only import DecoderLayer, causal_bias, chain_bias, tree_bias
 from specjax.checks import check_int
 from specjax.models.layers import (DTYPES, Array, Dense, KVCache, RelativePositionBias, RMSNorm,
-                                   activation_fn, apply_network, check_params_match,
-                                   check_tree, mlp_kernel_init, zeros_cache)
+                                   activation_fn, apply_network, check_dtype_and_attention,
+                                   check_params_match, check_tree, mlp_kernel_init, zeros_cache)
 from specjax.models.tree import TreeAttention
 
 
@@ -62,8 +62,7 @@ class FeatureHeadConfig:
     object.__setattr__(self, "mlp_activations", tuple(acts))  # gin may give a list
     for act in self.mlp_activations:
       activation_fn(act)
-    if self.dtype not in DTYPES:
-      raise ValueError(f"{name}.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+    check_dtype_and_attention(self)
 
 
 class FeatureHeadNetwork(nn.Module):

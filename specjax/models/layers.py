@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.checks import check_bool, check_int
+from specjax.checks import check_bool, check_choice, check_int
 from specjax.models.tree import TreeAttention, gather_slots
 from specjax.params import SCALE_SUFFIX, check_params_match, quantize
 
@@ -98,6 +98,14 @@ def activation_fn(name: str) -> Callable[[Array], Array]:
   return fn
 
 
+def check_dtype_and_attention(config: Any) -> None:
+  """ValueError naming `config`'s class and field unless its `dtype` is one of `DTYPES` and
+  its `attention_impl` one of `ATTENTION_IMPLEMENTATIONS`."""
+  name = type(config).__name__
+  check_choice(f"{name}.dtype", config.dtype, DTYPES)
+  check_choice(f"{name}.attention_impl", config.attention_impl, ATTENTION_IMPLEMENTATIONS)
+
+
 def validate_config(config: Any, int_fields: Sequence[str]) -> None:
   """Raises ValueError for non-positive sizes, unknown activations, dtypes or attention
   implementations, a non-bool logits_via_embedding.
@@ -115,11 +123,7 @@ def validate_config(config: Any, int_fields: Sequence[str]) -> None:
   object.__setattr__(config, "mlp_activations", tuple(acts))
   for act in config.mlp_activations:
     activation_fn(act)
-  if config.dtype not in DTYPES:
-    raise ValueError(f"{name}.dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
-  if config.attention_impl not in ATTENTION_IMPLEMENTATIONS:
-    raise ValueError(f"{name}.attention_impl must be one of {sorted(ATTENTION_IMPLEMENTATIONS)}, "
-                     f"got {config.attention_impl!r}")
+  check_dtype_and_attention(config)
   if config.attention_impl == "cudnn" and config.dtype == "float32":
     raise ValueError(f"{name}.attention_impl 'cudnn' needs dtype 'bfloat16' or 'float16' "
                      "(cuDNN's fused attention has no float32 kernel)")

@@ -27,6 +27,7 @@ MODEL_GIN = "model.gin"
 MODEL_CLASSES = {"T5Config": T5Config, "DecoderOnlyConfig": DecoderOnlyConfig,
                  "FeatureHeadConfig": FeatureHeadConfig}
 """The configurables a model gin file may bind, by their gin name."""
+_CLASS_NAMES = ", ".join(MODEL_CLASSES)
 
 Resolver = Callable[[str, Optional[str]], str]
 """(file name as written, the file that includes it or None) -> the path to open."""
@@ -175,8 +176,8 @@ def _parse(path: str, resolve: Resolver, roots: Tuple[str, ...], chain: Tuple[st
       bound = f" (it binds {m.group(1)})" if m is not None else ""
       raise ValueError(
           f"{where}: this line is not allowed in a model gin file{bound}; it is read "
-          "with a restricted parser that accepts only 'T5Config.<field> = <literal>' or "
-          "'DecoderOnlyConfig.<field> = <literal>' bindings, comments and includes of such "
+          "with a restricted parser that accepts only '<Config>.<field> = <literal>' bindings "
+          f"of {_CLASS_NAMES}, comments and includes of such "
           "files (no imports, registrations, scopes, macros or references; put those in a "
           "--gin_file you trust)")
     name, field = m.group(1), m.group(2)
@@ -197,8 +198,7 @@ def _parse(path: str, resolve: Resolver, roots: Tuple[str, ...], chain: Tuple[st
     cls = name
     values[field] = value
   if cls is None:
-    raise ValueError(f"model gin file '{path}' ({full}) binds neither T5Config nor "
-                     "DecoderOnlyConfig")
+    raise ValueError(f"model gin file '{path}' ({full}) binds none of {_CLASS_NAMES}")
   return cls, values
 
 

@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import gin
 import numpy as np
 
+from specjax.checks import check_choice
 from specjax.data import splits as data_lib
 from specjax.data import vocab as vocab_lib
 from specjax.models.decoder_only import DecoderOnlyConfig
@@ -41,9 +42,7 @@ Batch = Dict[str, np.ndarray]
 
 def check_task(task: str) -> str:
   """Returns `task`; ValueError unless it is 'lm', 'translate' or 'summarize'."""
-  if task not in TASKS:
-    raise ValueError(f"unknown training task {task!r}; expected one of {sorted(TASKS)}")
-  return task
+  return check_choice("the training task", task, TASKS)
 
 
 def load_split(task: str, split: str, data_dir: Optional[Union[str, Path]] = None,
@@ -64,8 +63,7 @@ def load_split(task: str, split: str, data_dir: Optional[Union[str, Path]] = Non
     FileNotFoundError: a split file missing under `data_dir`.
   """
   folder = TASKS[check_task(task)]
-  if split not in ("train", "validation"):
-    raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
+  check_choice("split", split, ("train", "validation"))
   if data_dir is not None:
     path = Path(data_dir) / folder / f"{split}.{data_lib.TASK_FILES[folder]}"
     if not path.is_file():

@@ -199,13 +199,31 @@ def _read_marker(folder: str) -> Optional[Dict[str, Any]]:
 # Saving and restoring.
 
 
+BUNDLED = "bundled:"
+"""The prefix naming a model shipped in the package, 'bundled:PAIR/ROLE' (`specjax.app.bundled`)."""
+
+
+def bundled_folder(name: Any) -> Any:
+  """'bundled:PAIR/ROLE' -> the shipped folder specjax/assets/pairs/PAIR/ROLE, wherever the
+  package is installed and whatever the working folder; any other value unchanged."""
+  if not isinstance(name, str) or not name.startswith(BUNDLED):
+    return name
+  pair, _, role = name[len(BUNDLED):].partition("/")
+  if not pair or not role or "/" in role or pair in (".", "..") or role in (".", ".."):
+    raise ValueError(f"{name!r} must name a shipped model as 'bundled:PAIR/ROLE', e.g. "
+                     "'bundled:lm/target'")
+  return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
+                      "pairs", pair, role)
+
+
 def read_trained_folder(folder: Any, what: str) -> Tuple[str, Any]:
   """(folder, its model config) for a folder written by specjax.train (its latest
-  checkpoint is loaded from it) or one checkpoint_N inside such a folder.
+  checkpoint is loaded from it), one checkpoint_N inside such a folder, or a shipped model
+  'bundled:PAIR/ROLE' (`bundled_folder`).
 
   Raises FileNotFoundError naming `what` (e.g. 'teacher') when there is no model.gin.
   """
-  folder = os.fspath(folder).rstrip("/")
+  folder = os.fspath(bundled_folder(folder)).rstrip("/")
   model_dir = (os.path.dirname(folder) if os.path.basename(folder).startswith("checkpoint_")
                else folder)
   if not os.path.isfile(os.path.join(model_dir, MODEL_GIN)):

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import checkpoints
+from specjax.checks import check_choice
 
 from specjax.models import build_model
 from specjax.train.checkpoints import read_trained_folder
@@ -59,9 +60,7 @@ class DistillConfig:
   """The distillation term: 'kl' (forward KL), 'tv' (total variation) or 'jsd'."""
 
   def __post_init__(self):
-    if self.divergence not in DIVERGENCES:
-      raise ValueError(f"DistillConfig.divergence must be one of {DIVERGENCES}, "
-                       f"got {self.divergence!r}")
+    check_choice("DistillConfig.divergence", self.divergence, DIVERGENCES)
     if not isinstance(self.teacher, (str, os.PathLike)) or not os.fspath(self.teacher):
       raise ValueError(f"DistillConfig.teacher must be a model folder path, got {self.teacher!r}")
     check_real(self, "weight", 0, 1, high_open=False)

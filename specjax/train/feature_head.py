@@ -40,6 +40,7 @@ import numpy as np
 import optax
 
 from specjax import checkpoints
+from specjax.draft.ranking import RANKING_FILE, load_token_ranking, write_token_ranking
 from specjax.models import FeatureHead, FeatureHeadConfig, build_model
 from specjax.models.feature_head import shift_features
 from specjax.train._checks import check_real
@@ -56,8 +57,8 @@ log = logging.getLogger(__name__)
 class FeatureHeadTraining:
   """What a feature head learns from, beside the trainer's configs."""
   target: str
-  """The frozen target: a model folder written by specjax.train (its latest checkpoint; a
-  bundled pair's folder, e.g. 'specjax/assets/pairs/lm/target') or one checkpoint_N in it."""
+  """The frozen target: a model folder written by specjax.train (its latest checkpoint), one
+  checkpoint_N in it, or a shipped model such as 'bundled:lm/target'."""
   feature_weight: float = 1.0
   """Weight of the smooth-L1 feature regression."""
   token_weight: float = 0.1
@@ -99,9 +100,6 @@ def load_head(folder: Any) -> Tuple[FeatureHead, Any]:
   return head, checkpoints.load_t5x_for_model(folder, head, dtype="float32")
 
 
-RANKING_FILE = "token_ranking.npy"
-
-
 def token_ranking(features: Dict[str, Any], vocab_size: int) -> np.ndarray:
   """Every token id, int32 [V], most frequent first among a training table's target tokens
   (`decoder_target_tokens` where `decoder_loss_weights` > 0; ties in id order): what a
@@ -112,33 +110,13 @@ def token_ranking(features: Dict[str, Any], vocab_size: int) -> np.ndarray:
   return np.argsort(-counts, kind="stable").astype(np.int32)
 
 
-def load_token_ranking(folder: Any) -> Optional[np.ndarray]:
-  """The token ranking (int32 [V]) a head's training wrote beside its model.gin, for
-  `FeatureDrafter.params(..., token_ranking=)`; None when the folder has none. `folder`:
-  the head's folder or one checkpoint_N in it. ValueError when the file is not a
-  permutation of the token ids."""
-  folder = os.fspath(folder).rstrip("/")
-  if os.path.basename(folder).startswith("checkpoint_"):
-    folder = os.path.dirname(folder)
-  path = os.path.join(folder, RANKING_FILE)
-  if not os.path.isfile(path):
-    return None
-  ranking = np.load(path, allow_pickle=False)
-  if (ranking.ndim != 1 or not np.issubdtype(ranking.dtype, np.integer)
-      or not np.array_equal(np.sort(ranking), np.arange(ranking.shape[0]))):
-    raise ValueError(f"{path}: a token ranking must be a permutation of the token ids "
-                     f"0..V-1, got shape {ranking.shape}, dtype {ranking.dtype}")
-  return ranking.astype(np.int32)
-
-
 def _write_token_ranking(model_dir: str, features: Dict[str, Any], vocab_size: int) -> None:
-  """Writes token_ranking.npy once per run (temporary file renamed into place)."""
+  """Writes token_ranking.npy once per run (`write_token_ranking`: a fresh temporary renamed
+  into place; a link planted under its name is replaced, never followed)."""
   path = os.path.join(model_dir, RANKING_FILE)
-  if os.path.isfile(path):
+  if os.path.isfile(path) and not os.path.islink(path):
     return
-  tmp = path + ".tmp.npy"
-  np.save(tmp, token_ranking(features, vocab_size))
-  os.replace(tmp, path)
+  write_token_ranking(model_dir, token_ranking(features, vocab_size))
 
 
 def smooth_l1(x: jax.Array) -> jax.Array:

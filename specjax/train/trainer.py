@@ -68,6 +68,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
 
 from specjax import checkpoints
 from specjax import files
+from specjax.checks import check_choice
 from specjax.models import MODEL_GIN, build_model, model_gin_text
 from specjax.train._checks import check_int, check_real
 from specjax.train.batches import DataConfig, make_batches
@@ -123,10 +124,8 @@ class OptimizerConfig:
   """Clip the gradients' global norm to this; None turns clipping off."""
 
   def __post_init__(self):
-    if self.name not in ("adamw", "adafactor"):
-      raise ValueError(f"optimizer name must be 'adamw' or 'adafactor', got {self.name!r}")
-    if self.decay not in ("cosine", "rsqrt", "constant"):
-      raise ValueError(f"decay must be 'cosine', 'rsqrt' or 'constant', got {self.decay!r}")
+    check_choice("OptimizerConfig.name", self.name, ("adamw", "adafactor"))
+    check_choice("OptimizerConfig.decay", self.decay, ("cosine", "rsqrt", "constant"))
     check_real(self, "learning_rate", 0, low_open=True)
     check_int(self, "warmup_steps", 0)
     check_real(self, "end_learning_rate", 0)
@@ -182,8 +181,7 @@ class TrainConfig:
     check_int(self, "eval_batches", 1, allow_none=True)  # 0 failed only after the last step
     check_int(self, "seed", 0)
     check_real(self, "z_loss", 0)
-    if self.final_dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"final_dtype must be 'float32' or 'bfloat16', got {self.final_dtype!r}")
+    check_choice("TrainConfig.final_dtype", self.final_dtype, ("float32", "bfloat16"))
     if self.init_from is not None and (not isinstance(self.init_from, (str, os.PathLike))
                                        or not os.fspath(self.init_from)):
       raise ValueError(f"TrainConfig.init_from must be a model folder path or None, "

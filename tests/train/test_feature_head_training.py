@@ -59,12 +59,12 @@ def test_trains_resumes_exactly_and_decodes(tmp_path, target_dir):
       np.asarray(feats["decoder_target_tokens"])[np.asarray(feats["decoder_loss_weights"]) > 0]
       .tolist())
   expected = sorted(range(HEAD.vocab_size), key=lambda t: (-counted.get(t, 0), t))
-  np.testing.assert_array_equal(load_token_ranking(tmp_path / "through"), expected)
-  np.testing.assert_array_equal(load_token_ranking(tmp_path / "cut" / "checkpoint_6"), expected)
-  assert load_token_ranking(target_dir) is None
+  for folder in (tmp_path / "through", tmp_path / "cut" / "checkpoint_6"):
+    np.testing.assert_array_equal(load_token_ranking(folder, HEAD.vocab_size), expected)
+  assert load_token_ranking(target_dir, HEAD.vocab_size) is None
   np.save(tmp_path / "cut" / "token_ranking.npy", np.array(expected[:-1] + [expected[0]]))
   with pytest.raises(ValueError, match="must be a permutation of the token ids"):
-    load_token_ranking(tmp_path / "cut")
+    load_token_ranking(tmp_path / "cut", HEAD.vocab_size)
   # The head loads back (its model.gin) and drafts for the target it was trained for.
   head, params = load_head(tmp_path / "cut")
   assert head.config == HEAD

@@ -536,7 +536,7 @@ def test_bad_configs_raise(tmp_path):
     T.OptimizerConfig(name="sgd")
   with pytest.raises(ValueError, match="decay"):
     T.OptimizerConfig(decay="linear")
-  with pytest.raises(ValueError, match="unknown training task"):
+  with pytest.raises(ValueError, match="training task must be one of"):
     T.DataConfig(task="qa")
   with pytest.raises(ValueError, match="final_dtype"):
     T.TrainConfig(model_dir="x", num_steps=1, final_dtype="float16")
