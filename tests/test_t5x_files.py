@@ -151,3 +151,19 @@ def test_an_earlier_folder_that_is_a_link_is_refused_before_decoding(tmp_path):
   (tmp_path / "out" / records.EARLIER).symlink_to(tmp_path / "elsewhere")
   with pytest.raises(ValueError, match="earlier is not a folder"):
     records.check_destinations(str(tmp_path / "out"))
+
+
+def test_a_second_run_into_one_output_dir_says_it_kept_the_first(tmp_path, capsys):
+  from specjax.app import run  # pylint: disable=import-outside-toplevel
+  args = ["--gin_file=runs/random_tiny.gin", "--prompt", "Hello", "--gin.MAX_NEW_TOKENS=3",
+          "--gin.GAMMA_POLICY='constant'", "--gin.TIMING_REPEATS=1", "--plain",
+          f"--gin.INFER_OUTPUT_DIR='{tmp_path}'"]
+  for _ in range(2):
+    gin.clear_config()
+    run(args)
+  gin.clear_config()
+  out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+  assert out.count("held an earlier run's results: kept them in") == 1, out[-600:]
+  assert len(list((tmp_path / "earlier").iterdir())) == 1
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "results.jsonl",
+                                                        "summary.json"]

@@ -97,14 +97,31 @@ def write(output_dir: str, records: List[Dict[str, Any]], summary: Dict[str, Any
           ) -> Optional[str]:
   """`output_dir/results.jsonl` (one record a line) and `summary.json`, together: an earlier
   run's pair is first moved to `earlier/` (`keep_earlier`), then both are written under
-  temporary names and renamed into place, so a failure (a full disk, a file size limit)
-  loses nothing; the error names the file. Returns the folder the earlier pair went to,
+  temporary names and renamed into place; on a failure (a full disk, a file size limit) the
+  earlier pair is moved back, so nothing changes; the error names the file. Returns the folder the earlier pair went to,
   or None."""
   os.makedirs(output_dir, exist_ok=True)
   check_destinations(output_dir)
-  kept = keep_earlier(output_dir)
   results = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
-  files.write_atomic({os.path.join(output_dir, OUTPUT_FILES[0]): results.encode("utf-8"),
-                      os.path.join(output_dir, OUTPUT_FILES[1]):
-                          json.dumps(summary, indent=1).encode("utf-8")})
+  kept = keep_earlier(output_dir)
+  try:
+    files.write_atomic({os.path.join(output_dir, OUTPUT_FILES[0]): results.encode("utf-8"),
+                        os.path.join(output_dir, OUTPUT_FILES[1]):
+                            json.dumps(summary, indent=1).encode("utf-8")})
+  except BaseException:
+    if kept:  # the earlier pair goes back where it was: a failed run changes nothing
+      _put_back(kept, output_dir)
+    raise
   return kept
+
+
+def _put_back(kept: str, output_dir: str) -> None:
+  """Moves the files `keep_earlier` moved to `kept` back into `output_dir`, and removes the
+  folders it made when they are empty."""
+  for name in os.listdir(kept):
+    os.replace(os.path.join(kept, name), os.path.join(output_dir, name))
+  for folder in (kept, os.path.dirname(kept)):
+    try:
+      os.rmdir(folder)
+    except OSError:  # earlier/ holds older runs
+      break
