@@ -38,6 +38,7 @@ API_SECTIONS = (
 
 # What each macro of gin/runs/decode.gin means; a macro missing here still gets its row.
 MACRO_MEANING = {
+    "CHECKPOINT_PATH": "T5X infer.gin's name for `TARGET_CHECKPOINT` (bind either)",
     "TARGET_CHECKPOINT": "the target's T5X checkpoint (legacy or Orbax), `'bundled:NAME'`, or "
                          "None for random weights (smoke runs)",
     "DRAFT_CHECKPOINT": "the draft's checkpoint, as `TARGET_CHECKPOINT`",
@@ -57,7 +58,9 @@ MACRO_MEANING = {
                   "the texts still stop at EOS), a fixed workload per input; "
                   "`runs/bundled_lm_eagle.gin` sets it",
     "BATCH_SIZE": "decode slots the inputs stream through",
-    "OUTPUT_DIR": "where `results.jsonl` and `summary.json` go",
+    "INFER_OUTPUT_DIR": "T5X infer.gin's name for `OUTPUT_DIR` (bind either)",
+    "OUTPUT_DIR": "where `results.jsonl` and `summary.json` go; an earlier run's pair there is "
+                  "moved to `earlier/` first ([Output](#output))",
     "VERIFIER": "None: block verification at T > 0 (exact), reference otherwise",
     "NUM_PARTITIONS": "devices per model replica (the `model` mesh axis)",
     "VOCABULARY": "the checkpoints' vocabulary (path, seqio vocabulary or `@Vocab()`)",
@@ -126,7 +129,8 @@ def macro_table(path=DECODE_GIN):
   rows = ["| macro | default | with no flags | meaning |", "|---|---|---|---|"]
   for name, default in gin_macros(path):
     value = repr(no_flags[name])
-    differs = f"`{value}`" if value != default else ""
+    unbound = no_flags[name] is None and default == "%gin.REQUIRED"
+    differs = f"`{value}`" if value != default and not unbound else ""
     default = "required" if default == "%gin.REQUIRED" else f"`{default}`"
     rows.append(f"| `{name}` | {default} | {differs} | {MACRO_MEANING.get(name, '')} |")
   return "\n".join(rows)

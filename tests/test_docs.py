@@ -3,6 +3,9 @@
 - every ```python block of README.md and docs/*.md runs in a fresh subprocess (unless the line
   before it is `<!-- no-run -->`), and every `python -m specjax` / `specjax ` line of a ```bash
   block marked `<!-- fast -->` runs too, each with a timeout, from an empty folder;
+- a page's recipe runs as written, in one empty folder, in page order: each block marked
+  `<!-- file: PATH -->` is written to PATH and each ```bash block marked `<!-- recipe -->`
+  runs whole (`set -euo pipefail`), so the files and commands a reader copies work together;
 - docs/api.md and the gin macro table of docs/main_job.md equal what `docs/build.py` writes;
 - every class and function a subpackage exports in `__all__` has a docstring;
 - README.md: at most 400 lines, a table of contents, lines of at most 100 characters; README,
@@ -78,6 +81,69 @@ def run_snippet(kind, code, cwd, timeout=SNIPPET_TIMEOUT_S):
       code = sys.executable + code[len("python"):]
     argv = ["bash", "-c", code]
   return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+RECIPE = "<!-- recipe -->"
+FILE_MARKER = re.compile(r"^<!-- file: (\S+) -->$")
+RECIPE_TIMEOUT_S = 900
+
+
+def recipe_steps(text):
+  """[(kind, path, text)] of a page's recipe, in page order: ('file', PATH, content) for a
+  block marked `<!-- file: PATH -->`, ('bash', None, script) for a ```bash block marked
+  `<!-- recipe -->`."""
+  steps = []
+  for language, _, code, marker in code_blocks(text):
+    file_marker = FILE_MARKER.match(marker)
+    if file_marker:
+      steps.append(("file", file_marker.group(1), code + "\n"))
+    elif marker == RECIPE and language == "bash":
+      steps.append(("bash", None, code))
+  return steps
+
+
+def run_recipe(steps, cwd, timeout=RECIPE_TIMEOUT_S):
+  """Writes the recipe's files and runs its scripts in `cwd`, in order; `python` is this
+  interpreter and `specjax` this checkout's command. The failing step's result, else None."""
+  env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+  prelude = (f"set -euo pipefail\npython() {{ {sys.executable} \"$@\"; }}\n"
+             "specjax() { python -m specjax.main \"$@\"; }\n")
+  for kind, path, text in steps:
+    if kind == "file":
+      (cwd / path).parent.mkdir(parents=True, exist_ok=True)
+      (cwd / path).write_text(text)
+      continue
+    result = subprocess.run(["bash", "-c", prelude + text], cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+      return result
+  return None
+
+
+RECIPE_PAGES = [p for p in PAGES if recipe_steps(p.read_text())]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("page", RECIPE_PAGES, ids=lambda p: p.name)
+def test_recipe_runs_as_written(page, tmp_path):
+  failed = run_recipe(recipe_steps(page.read_text()), tmp_path)
+  assert failed is None, _failure(failed)
+
+
+def test_a_recipe_is_its_files_and_scripts_in_order(tmp_path):
+  """The recipe runner is not a no-op: files land where marked, scripts see them, and a failing
+  step fails the run."""
+  page = ("<!-- file: conf/a.gin -->\n```\nX = 1\n```\n\n<!-- recipe -->\n```bash\n"
+          "grep -q 'X = 1' conf/a.gin\npython -c 'print(2)' > two.txt\n```\n\n"
+          "```bash\nexit 3\n```\n")
+  steps = recipe_steps(page)
+  assert [(k, p) for k, p, _ in steps] == [("file", "conf/a.gin"), ("bash", None)]
+  assert run_recipe(steps, tmp_path, timeout=60) is None
+  assert (tmp_path / "two.txt").read_text() == "2\n"
+  failed = run_recipe([*steps, ("bash", None, "false\necho not reached > late.txt")], tmp_path,
+                      timeout=60)
+  assert failed is not None and failed.returncode != 0 and not (tmp_path / "late.txt").exists()
+  assert RECIPE_PAGES  # the manual has a recipe to run
 
 
 def _failure(result):

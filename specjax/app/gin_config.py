@@ -9,9 +9,8 @@ modules and so run code, as in T5X: pass only files you trust. Model gin
 files named by TARGET_MODEL / DRAFT_MODEL (a model folder's `model.gin`, which
 may come with downloaded weights) are NOT given to gin: `read_model_file`
 parses them with the restricted parser of `specjax.models.model_gin`, which
-accepts only `T5Config.<field> = <literal>` or `DecoderOnlyConfig.<field> =
-<literal>` bindings, comments and `include`s of other such files; the values
-are then bound with `gin.bind_parameter`.
+reads T5X's model gin syntax without running any of it (imports skipped, nothing
+called, values literals); the model's values are then bound with `gin.bind_parameter`.
 """
 from __future__ import annotations
 
@@ -30,8 +29,9 @@ import gin
 from specjax.app import bundled
 from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
 from specjax.draft import DynamicTree, StaticTree
-from specjax.models import (DecoderOnlyConfig, FeatureHeadConfig, T5Config, config_from_model_file,
-                            parse_model_file)
+from specjax.models import DecoderOnlyConfig, FeatureHeadConfig, T5Config
+from specjax.models import model_gin
+from specjax.models.model_gin import ModelFile, config_from_model_file
 from specjax.sampling import Sampling
 from specjax.sharding import Partitioner
 from specjax.verify import BlockVerifier, FusedVerifier, ReferenceVerifier, SigmoidApproxVerifierNotExact
@@ -163,11 +163,22 @@ def unbound_macro(error: BaseException) -> Optional[ValueError]:
 
 
 def query_macro(name: str, default=None):
-  """The value of a gin macro, or `default` when it is unbound."""
-  try:
-    return gin.query_parameter(f"%{name}")
-  except ValueError:
-    return default
+  """The value of a gin macro, following `NAME = %OTHER` (runs/decode.gin's T5X aliases), or
+  `default` when it is unbound (a %gin.REQUIRED one comes back as gin's reference)."""
+  for _ in range(8):
+    try:
+      value = gin.query_parameter(f"%{name}")
+    except ValueError:
+      return default
+    if not (isinstance(value, gin.config.ConfigurableReference)
+            and value.scoped_selector.endswith("/gin.macro")):
+      return value
+    name = value.scoped_selector[:-len("/gin.macro")]
+  return default
+
+
+T5X_ALIASES = {"CHECKPOINT_PATH": "TARGET_CHECKPOINT", "INFER_OUTPUT_DIR": "OUTPUT_DIR"}
+"""T5X infer.gin's macro names that runs/decode.gin accepts -> specjax's macro they set."""
 
 
 RUN_FILE = "runs/decode.gin"
@@ -207,7 +218,7 @@ def _included(path: str, paths: Sequence[str], seen: Tuple[str, ...] = ()) -> Se
 
 
 MODEL_MACROS = {"target": "TARGET_MODEL", "draft": "DRAFT_MODEL"}
-_SCOPE_CLASS = {}
+_SCOPE_FILE: Dict[str, ModelFile] = {}
 
 
 def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str] = ()) -> None:
@@ -217,7 +228,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str
   under the scopes `target/` and `draft/`, and the run files and bindings are
   parsed again on top, so `--gin.draft/T5Config.num_heads=...` still wins.
   """
-  _SCOPE_CLASS.clear()
+  _SCOPE_FILE.clear()
   all_paths = search_paths(paths)
   for p in all_paths:
     gin.add_config_file_search_path(p)
@@ -228,10 +239,11 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str
   if models:
     gin.clear_config()
     for scope, model_file in models.items():
-      cls, values = read_model_file(model_file, all_paths)
-      _SCOPE_CLASS[scope] = cls
-      for field, value in values.items():
-        gin.bind_parameter(f"{scope}/{cls}.{field}", value)
+      found = _SCOPE_FILE[scope] = read_model(model_file, all_paths)
+      if found.note():
+        logging.info("%s model: %s", scope, found.note())
+      for field, value in found.values.items():
+        gin.bind_parameter(f"{scope}/{found.cls}.{field}", value)
     _parse_files_and_bindings(files, bindings, all_paths)
   unread = unread_macros(bindings)
   if unread:
@@ -271,6 +283,9 @@ def _known_macros() -> Set[str]:
 
 def _unread_message(name: str) -> str:
   """One line for a bound macro nothing reads, naming the closest real macro."""
+  if name in T5X_ALIASES:
+    return (f"--gin.{name}: this run binds {T5X_ALIASES[name]} itself, which T5X's {name} "
+            f"stands for (runs/decode.gin: {T5X_ALIASES[name]} = %{name}); bind one of them")
   close = difflib.get_close_matches(name, sorted(_known_macros()), n=1, cutoff=0.6)
   hint = f"; did you mean {close[0]}?" if close else ""
   return f"--gin.{name}: no binding reads the macro {name}{hint}"
@@ -368,23 +383,47 @@ def _token_error_site(files: Sequence[str], bindings: Sequence[str], paths: Sequ
 
 def model_config(scope: str):
   """The model config bound under `scope` ('target' or 'draft') by `parse`."""
-  if scope not in _SCOPE_CLASS:
+  if scope not in _SCOPE_FILE:
     raise ValueError(f"no model gin file was given for '{scope}': bind "
                      f"{MODEL_MACROS.get(scope, scope.upper() + '_MODEL')} to e.g. "
                      "'models/t5_1_1_small.gin'")
   with gin.config_scope(scope):
-    return gin.get_configurable(_SCOPE_CLASS[scope])()
+    return gin.get_configurable(_SCOPE_FILE[scope].cls)()
+
+
+def model_vocabulary(scope: str) -> Optional[Dict[str, Any]]:
+  """The vocabulary the model gin file of `scope` names (its
+  `seqio.SentencePieceVocabulary` bindings, as `ModelFile.vocabulary`), or None."""
+  found = _SCOPE_FILE.get(scope)
+  return None if found is None else found.vocabulary
+
+
+def model_notes() -> List[str]:
+  """One line per model gin file of the last `parse` that skipped something (T5X's
+  imports, MODEL, OPTIMIZER, ...): what it skipped, for the log."""
+  return [f"{scope} {f.note()}" for scope, f in _SCOPE_FILE.items() if f.note()]
 
 
 _INCLUDE = re.compile(r"""^\s*include\s+['"](.+)['"]\s*$""")
 
 
-def read_model_file(path: str, paths: Sequence[str] = ()) -> Tuple[str, Dict[str, Any]]:
-  """Parses a model gin file without gin: (class name, {field: value}).
+def _resolver(paths: Sequence[str]):
+  """Finds a model gin file and its includes: an include beside the file that includes it
+  first, then on the gin search paths (T5X's `include 't5x/examples/t5/t5_1_1/base.gin'`
+  with --gin_search_paths=<a T5X checkout>)."""
+  def find(name: str, including: Optional[str]) -> str:
+    if including is not None and not os.path.isabs(name):
+      beside = os.path.join(os.path.dirname(including), name)
+      if os.path.isfile(beside):
+        return beside
+    return resolve(name, paths)
+  return find
 
-  The restricted parser of `specjax.models.model_gin.parse_model_file` (only
-  literal `T5Config.*` / `DecoderOnlyConfig.*` bindings, comments, includes),
-  with the file and its includes found as `resolve` finds gin files.
+
+def read_model(path: str, paths: Sequence[str] = ()) -> ModelFile:
+  """Reads a model gin file without gin (`specjax.models.model_gin.read_model_file`: T5X's
+  syntax, nothing run), the file and its includes found as `resolve` finds gin files and
+  beside the including file.
 
   Args:
     path: the file ('bundled:PAIR/ROLE' and search paths as for `resolve`).
@@ -394,11 +433,16 @@ def read_model_file(path: str, paths: Sequence[str] = ()) -> Tuple[str, Dict[str
     FileNotFoundError: the file or an include is not found.
   """
   all_paths = list(paths) or search_paths()
-  return parse_model_file(path, lambda name, _including: resolve(name, all_paths), all_paths)
+  return model_gin.read_model_file(path, _resolver(all_paths), all_paths)
+
+
+def read_model_file(path: str, paths: Sequence[str] = ()) -> Tuple[str, Dict[str, Any]]:
+  """(class name, {field: value}) of a model gin file (`read_model`)."""
+  found = read_model(path, paths)
+  return found.cls, found.values
 
 
 def model_config_from_file(path: str, paths: Sequence[str] = ()) -> Any:
-  """The T5Config / DecoderOnlyConfig a model gin file describes (`read_model_file`)."""
+  """The T5Config / DecoderOnlyConfig a model gin file describes (`read_model`)."""
   all_paths = list(paths) or search_paths()
-  return config_from_model_file(path, lambda name, _including: resolve(name, all_paths),
-                                all_paths)
+  return config_from_model_file(path, _resolver(all_paths), all_paths)

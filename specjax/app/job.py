@@ -91,9 +91,13 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
             if settings.write_scores else None)
   recs = report.example_records(plan, measured, scores)
   summary = greedy_check.explained(report.summarize(plan, measured), plan, loaded, measured)
+  kept = None
   if settings.output_dir:  # written before anything is shown: a display problem cannot lose them
-    records.write(settings.output_dir, recs, summary)
+    kept = records.write(settings.output_dir, recs, summary)
   report.print_run(console, plan, measured, recs, summary, settings.plain)
+  if kept:
+    console.print(display.text(f"{settings.output_dir} held an earlier run's results: kept "
+                               f"them in {kept}/"))
   if settings.output_dir:
     console.print(display.text(f"wrote {settings.output_dir}/results.jsonl and summary.json"))
   return summary

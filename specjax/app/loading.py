@@ -3,13 +3,16 @@ against each other before any weights load."""
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
+import gin
 import jax
 import numpy as np
 
+from specjax import files
 from specjax.app import bundled, gin_config, prompts
 from specjax.checkpoints import find_checkpoint, load_sharded, load_t5x_for_model
+from specjax.data import Vocab
 from specjax.data.user_vocab import BUNDLED, describe as describe_vocab
 from specjax.data.user_vocab import resolve_vocabulary, vocabulary_difference
 from specjax.models import build_model
@@ -62,10 +65,39 @@ def _is_bundled(checkpoint: Any) -> bool:
   return isinstance(checkpoint, str) and checkpoint.startswith(bundled.PREFIX)
 
 
+def model_gin_vocabulary(named: Optional[Dict[str, Any]]) -> Tuple[Any, str]:
+  """(the vocabulary a target's model gin file names, or None; why not, or ''): `named` is
+  its `seqio.SentencePieceVocabulary` fields (`gin_config.model_vocabulary`). Only a local
+  SentencePiece model file of at most VOCABULARY_BYTES is read (a T5X base.gin names
+  gs://t5-data/..., which is not)."""
+  if not named:
+    return None, ""
+  path = named["sentencepiece_model_file"]
+  if "://" in path:
+    return None, f"the target's model gin file names {path}, which is not a local file"
+  try:
+    files.check_regular(os.path.expanduser(path), "the model gin file's vocabulary")
+    if os.path.getsize(os.path.expanduser(path)) > VOCABULARY_BYTES:
+      return None, f"the target's model gin file names {path}, larger than a vocabulary"
+    return Vocab(os.path.expanduser(path), extra_ids=named["extra_ids"]), ""
+  except (OSError, ValueError, RuntimeError) as e:
+    return None, f"the target's model gin file names {path}, which cannot be read ({e})"
+
+
+VOCABULARY_BYTES = 64 * files.MIB
+"""Largest SentencePiece model a model gin file may name (cc_all.32000's is 0.8 MiB)."""
+
+
 def job_vocabulary(vocabulary: Any, draft_vocabulary: Any, task_vocabulary: Any,
-                   checkpoints: Sequence[Any]):
-  """The run's vocabulary: VOCABULARY, else the task's, else the bundled one for the bundled
-  pairs (all `checkpoints` 'bundled:...'); ValueError when none applies or two differ."""
+                   checkpoints: Sequence[Any], model_vocabulary: Optional[Dict[str, Any]] = None):
+  """The run's vocabulary: VOCABULARY, else the task's, else the one the target's model gin
+  file names (`model_vocabulary`, T5X's seqio.SentencePieceVocabulary bindings) when it can
+  be read, else the bundled one for the bundled pairs (all `checkpoints` 'bundled:...');
+  ValueError when none applies or two differ."""
+  from_model_gin, why_not = (None, "") if vocabulary is not None or task_vocabulary is not None \
+      else model_gin_vocabulary(model_vocabulary)
+  if vocabulary is None and from_model_gin is not None:
+    vocabulary = from_model_gin
   if vocabulary is not None:
     vocab = resolve_vocabulary(vocabulary)
   elif task_vocabulary is not None:
@@ -77,7 +109,7 @@ def job_vocabulary(vocabulary: Any, draft_vocabulary: Any, task_vocabulary: Any,
         "no vocabulary: bind VOCABULARY to the checkpoints' own (a SentencePiece model path, "
         "e.g. --gin.VOCABULARY=\"'/path/sentencepiece.model'\", or @seqio.SentencePieceVocabulary() "
         f"as in T5X's gin); the bundled vocabulary ({BUNDLED!r}) is the default only for the "
-        "bundled pairs")
+        "bundled pairs" + (f" ({why_not})" if why_not else ""))
   shipped = [c for c in checkpoints if _is_bundled(c)]
   if vocabulary is not None and shipped:
     ours = resolve_vocabulary(BUNDLED)
@@ -122,6 +154,12 @@ def check_checkpoints(checkpoints: Dict[str, Any]) -> None:
   """Finds every checkpoint before any loads ({role: path, 'bundled:...' or None for random
   init}): a missing draft checkpoint is named before the target's weights are read."""
   for role, checkpoint in checkpoints.items():
+    if checkpoint is gin.REQUIRED:
+      name = "TARGET_CHECKPOINT (T5X's CHECKPOINT_PATH)" if role == "target" else \
+          f"{role.upper()}_CHECKPOINT"
+      raise ValueError(f"no {role} checkpoint: bind {name} to a T5X checkpoint folder, e.g. "
+                       f"--gin.{name.split()[0]}=\"'/path/checkpoint_1000000'\" (None: random "
+                       "weights, for smoke runs)")
     path = bundled.resolve(checkpoint, "checkpoint")
     if path is None:
       continue

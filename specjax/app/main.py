@@ -108,6 +108,8 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   distributed.initialize_from(args)  # many processes: before any other JAX call
   gin_config.parse(gin_config.run_files(gin_files, DEFAULT_GIN, paths), bindings, paths)
   refuse_beam_search()
+  for note in gin_config.model_notes():  # what a T5X model gin file held that is not read
+    print(f"specjax: {note}", file=sys.stderr)
   inputs_lib.import_modules(gin_config.query_macro("MIXTURE_OR_TASK_MODULE"))
   lengths = gin_config.query_macro("TASK_FEATURE_LENGTHS")
   examples, task_vocabulary = read_inputs(args, lengths)

@@ -111,7 +111,8 @@ def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
   checkpoints = {"target": settings.target_checkpoint,
                  **({"draft": settings.draft_checkpoint} if draft is not None else {})}
   vocab = job_vocabulary(settings.vocabulary, settings.draft_vocabulary,
-                         settings.task_vocabulary, list(checkpoints.values()))
+                         settings.task_vocabulary, list(checkpoints.values()),
+                         gin_config.model_vocabulary("target"))
   check_models(vocab, models)
   rows = [list(e.ids) if e.ids is not None else prompts.text_ids(vocab, e.text, target)
           for e in examples]

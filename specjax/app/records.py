@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from specjax import files
@@ -50,22 +51,77 @@ def record(inp: Any, input_tokens: Sequence[int], ar_ids: Sequence[int],
 
 OUTPUT_FILES = ("results.jsonl", "summary.json")
 """What `write` puts in the output folder."""
+EARLIER = "earlier"
+"""The folder of OUTPUT_DIR where `write` keeps the results of earlier runs."""
 
 
 def check_destinations(output_dir: str) -> None:
   """ValueError naming an output file that `write` could not replace (a symlink, a
-  folder); run before anything is decoded."""
+  folder) or an `earlier/` it could not keep old results in; run before anything is
+  decoded."""
   for name in OUTPUT_FILES:
     files.check_destination(os.path.join(output_dir, name), "the output file")
+  earlier = os.path.join(output_dir, EARLIER)
+  if os.path.islink(earlier) or (os.path.lexists(earlier) and not os.path.isdir(earlier)):
+    raise ValueError(f"{earlier} is not a folder (a link or a file): it is where an earlier "
+                     "run's results are kept; move it away")
 
 
-def write(output_dir: str, records: List[Dict[str, Any]], summary: Dict[str, Any]) -> None:
-  """`output_dir/results.jsonl` (one record a line) and `summary.json`, together: both are
-  written under temporary names first and then renamed into place, so a failure (a full
-  disk, a file size limit) leaves the previous pair as it was; the error names the file."""
+def keep_earlier(output_dir: str) -> Optional[str]:
+  """Moves an earlier run's results.jsonl and summary.json out of `output_dir` into
+  `output_dir/earlier/<when they were written>/` (e.g. earlier/20261128-103105/), as T5X
+  keeps earlier inference results instead of writing over them. Returns that folder, or
+  None when there was nothing to keep."""
+  present = [n for n in OUTPUT_FILES if os.path.lexists(os.path.join(output_dir, n))]
+  if not present:
+    return None
+  check_destinations(output_dir)
+  written = max(os.lstat(os.path.join(output_dir, n)).st_mtime for n in present)
+  stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(written))
+  os.makedirs(os.path.join(output_dir, EARLIER), exist_ok=True)
+  for i in range(1, 1000):
+    folder = os.path.join(output_dir, EARLIER, stamp if i == 1 else f"{stamp}-{i}")
+    try:
+      os.mkdir(folder)
+      break
+    except FileExistsError:
+      continue
+  else:
+    raise FileExistsError(f"too many earlier runs kept in {output_dir}/{EARLIER}/{stamp}-*")
+  for name in present:
+    os.replace(os.path.join(output_dir, name), os.path.join(folder, name))
+  return folder
+
+
+def write(output_dir: str, records: List[Dict[str, Any]], summary: Dict[str, Any]
+          ) -> Optional[str]:
+  """`output_dir/results.jsonl` (one record a line) and `summary.json`, together: an earlier
+  run's pair is first moved to `earlier/` (`keep_earlier`), then both are written under
+  temporary names and renamed into place; on a failure (a full disk, a file size limit) the
+  earlier pair is moved back, so nothing changes; the error names the file. Returns the folder the earlier pair went to,
+  or None."""
   os.makedirs(output_dir, exist_ok=True)
   check_destinations(output_dir)
   results = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
-  files.write_atomic({os.path.join(output_dir, OUTPUT_FILES[0]): results.encode("utf-8"),
-                      os.path.join(output_dir, OUTPUT_FILES[1]):
-                          json.dumps(summary, indent=1).encode("utf-8")})
+  kept = keep_earlier(output_dir)
+  try:
+    files.write_atomic({os.path.join(output_dir, OUTPUT_FILES[0]): results.encode("utf-8"),
+                        os.path.join(output_dir, OUTPUT_FILES[1]):
+                            json.dumps(summary, indent=1).encode("utf-8")})
+  except BaseException:
+    if kept:  # the earlier pair goes back where it was: a failed run changes nothing
+      _put_back(kept, output_dir)
+    raise
+  return kept
+
+
+def _put_back(kept: str, output_dir: str) -> None:
+  """Moves the files `keep_earlier` moved to `kept` back into `output_dir`, and removes the
+  folders it made when they are empty."""
+  for name in os.listdir(kept):
+    os.replace(os.path.join(kept, name), os.path.join(output_dir, name))
+  for folder in (kept, os.path.dirname(kept)):
+    try:
+      os.rmdir(folder)
+    except OSError:  # earlier/ holds older runs
+      break
