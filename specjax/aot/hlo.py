@@ -324,6 +324,8 @@ def f32_temporaries(kernels: Sequence[Kernel], weight_shapes: Sequence[Sequence[
             if sum(d != 1 for d in shape) >= 2}
   out = []
   for k in kernels:
+    if k.opcode in _CONTROL_OPS:  # a nested loop's state, carried in place: no kernel writes it
+      continue
     for dims in _F32_DIMS.findall(k.shape):
       key = tuple(sorted(int(d) for d in dims.split(",") if d and int(d) != 1))
       if key in shapes:
@@ -332,4 +334,5 @@ def f32_temporaries(kernels: Sequence[Kernel], weight_shapes: Sequence[Sequence[
   return out
 
 
+_CONTROL_OPS = frozenset({"while", "conditional", "call"})
 _F32_DIMS = re.compile(r"\bf32\[([\d,]*)\]")

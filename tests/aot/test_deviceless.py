@@ -30,10 +30,13 @@ pytestmark = pytest.mark.skipif(
            "second environment runs this module")
 
 GPU, TPU = "h200", "tpu-v5e"
-KERNELS_PER_LAYER = 18
-"""The budget of a decoder layer's kernels in a batch-1 step on the H200 (XLA's own fusions:
-norms 4, the joined q/k/v and wi products 2, out and wo 2, attention and its cache writes 6-7,
-the activation 1; 23 when one-row products ran as multiply-and-reduce)."""
+KERNELS_PER_LAYER = 12
+"""The budget of a decoder-only layer's kernels in a batch-1 bfloat16 step on the H200 (XLA's
+own fusions: the norms' reductions and scalings 4, the joined q/k/v and wi GEMMs 2, the cache
+writes 2, attention 1, the out and wo GEMMs 2, the activation 1; 23 when one-row products ran
+as multiply-and-reduce and attention read two parts)."""
+TINY_KERNELS_PER_LAYER = 14
+"""The same for the tiny model's layers, too narrow for some of XLA's fusions."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,11 +46,13 @@ def _cpu_host():
 
 @pytest.fixture(scope="module")
 def lm_pieces():
-  """The pieces of the tiny decoder-only sizes (gin/models/decoder_only_tiny.gin) verifying
-  with a bfloat16 target and drafting with the same sizes in float32: shapes only."""
+  """The pieces of a tiny decoder-only model (2 layers) verifying with bfloat16 weights and the
+  same sizes drafting in float32: shapes only."""
   from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
   from specjax.models import build_model  # pylint: disable=import-outside-toplevel
-  config = model_config_from_file("models/decoder_only_tiny.gin")
+  # Widths no activation of a round shares with a weight matrix, so the shape test is sharp.
+  config = dataclasses.replace(model_config_from_file("models/decoder_only_tiny.gin"),
+                               emb_dim=24, num_heads=2, head_dim=16, mlp_dim=40)
   target = build_model(dataclasses.replace(config, dtype="bfloat16"))
   draft = build_model(config)
   return {p.name: p for p in report.model_pieces(target, draft, input_len=4, max_new_tokens=8,
@@ -64,13 +69,28 @@ def test_steps_compile_for_a_gpu_without_weight_shaped_float32_temporaries(lm_pi
   rep, text = report.compile_piece(lm_pieces[piece], GPU)
   assert "sm_90" in text or "__triton" in text  # XLA:GPU's program, not the host's
   assert rep.f32_temps == 0, [k for k in hlo.body_kernels(text) if k.opcode == "fusion"][:8]
-  assert 0 < rep.per_layer <= KERNELS_PER_LAYER
+  assert 0 < rep.per_layer <= TINY_KERNELS_PER_LAYER
   assert rep.whiles == 0 and rep.floor_bytes > 0
+
+
+def test_the_large_step_is_twelve_kernels_per_layer_on_an_h200():
+  """decoder_only large (341M, gin/models/decoder_only_large.gin), bfloat16, batch 1: shapes
+  only, compiled for the H200 as it would run there."""
+  from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
+  from specjax.models import build_model  # pylint: disable=import-outside-toplevel
+  model = build_model(dataclasses.replace(
+      model_config_from_file("models/decoder_only_large.gin"), dtype="bfloat16"))
+  piece = report.step_piece("target step", model, report.abstract_params(model, "bfloat16"),
+                            batch=1, cache_len=128)
+  rep, _ = report.compile_piece(piece, GPU)
+  assert rep.f32_temps == 0
+  assert rep.per_layer <= KERNELS_PER_LAYER, rep.row()
 
 
 def test_the_temporary_check_sees_a_one_row_product_that_is_not_padded():
   """The check can fail: the product `bfloat16_dot` pads, written without the padding, writes
-  an f32 temporary of the weight's shape on the GPU and on the TPU."""
+  an f32 temporary of the weight's shape on the GPU (XLA:TPU does the same inside a whole
+  model's step, not in this one-product loop)."""
   def steps(x, w):
     return lax.fori_loop(0, 2, lambda i, x: lax.dot_general(
         x.astype(jnp.bfloat16), w, (((1,), (0,)), ((), ())),
@@ -78,8 +98,7 @@ def test_the_temporary_check_sees_a_one_row_product_that_is_not_padded():
   weights = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
   piece = report.Piece("raw", jax.jit(steps), (jax.ShapeDtypeStruct((1, 1024), jnp.float32),
                                                 weights), 0, weights)
-  for name in (GPU, TPU):
-    assert report.compile_piece(piece, name)[0].f32_temps >= 1, name
+  assert report.compile_piece(piece, GPU)[0].f32_temps >= 1
 
 
 @pytest.mark.parametrize("name", [GPU, TPU])
