@@ -69,7 +69,8 @@ class Report:
   def row(self) -> Dict[str, Any]:
     """The report as a flat table row (MB for bytes)."""
     return {"piece": self.piece, "target": self.target, "kernels": self.kernels,
-            "per_layer": round(self.per_layer, 1), "outside_layers": self.outside_layers,
+            "per_layer": round(self.per_layer, 1) if self.per_layer else "",
+            "outside_layers": self.outside_layers,
             "f32_temps": self.f32_temps, "f32_temp_MB": round(self.f32_temp_bytes / 1e6, 1),
             "floor_MB": round(self.floor_bytes / 1e6, 1), "whiles": self.whiles,
             "custom_calls": ", ".join(f"{k} x{v}" for k, v in sorted(self.custom_calls.items())),

@@ -208,13 +208,13 @@ def plain_dot(x: Array, kernel: Array, *, transposed: bool = False) -> Array:
   (see `bfloat16_dot`); XLA:CPU runs it as a fast matrix-vector product, so it stays one."""
   lead = x.shape[:-1]
   rows = x.reshape(-1, x.shape[-1])
-  contract = 1 if transposed else 0
-  product = lambda r: lax.dot_general(r, kernel, (((1,), (contract,)), ((), ())))
+  matrix = kernel.T if transposed else kernel
+  product = lambda r: jnp.dot(r, matrix)
   if rows.shape[0] == 1:
     out = lax.platform_dependent(rows, cpu=product, default=lambda r: product(pad_row(r))[:1])
   else:
     out = product(rows)
-  return out.reshape(lead + (kernel.shape[1 - contract],))
+  return out.reshape(lead + (matrix.shape[1],))
 
 
 def pad_row(rows: Array) -> Array:
