@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import xla_bridge
 
-from experiments import hlo_stats
+from specjax.aot import hlo as hlo_stats
 from experiments.common.output import markdown_table
 from experiments.reference_decoder import reference_decode
 from specjax import timing

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import bench_scale, hlo_stats
+from experiments import bench_scale
+from specjax.aot import hlo as hlo_stats
 from specjax.analysis import expected_tokens
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,11 +24,12 @@ from typing import Any, Optional, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax import lax
 
 from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, Dense,
                                    EncodedInputs, Embed, KVCache, MlpBlock,
                                    MultiHeadAttention, NetworkModel, RelativePositionBias,
-                                   RMSNorm, after, check_logits_at,
+                                   RMSNorm, after, attention_parts, check_logits_at,
                                    check_positions, check_prefix_lengths, check_tokens,
                                    check_tree, key_layout, mask_to_bias, mlp_kernel_init,
                                    validate_config, value_layout, write_rows)
@@ -68,7 +69,7 @@ class DecoderLayer(nn.Module):
       bias: without a cache, float32 [B|1, H, q, q] (mask included) over this
         call's own keys; with one, the pair (float32 [B, H, q, max_len] over
         the cache as it was before this call, float32 [B|1, H, q, q] over this
-        call's keys), see `DecoderStack.decode_step`.
+        call's keys), see `DecoderStack.decode_step` and `cached_self_attention`.
       cache: (keys [B, H, D, max_len], values [B, H, max_len, D]) to attend over and then write
         into, or None (teacher forcing).
       starts: int32 [B] slot of x[:, 0] when `cache` is given.
@@ -85,20 +86,64 @@ class DecoderLayer(nn.Module):
     if cache is None:
       x = x + att.attend(query, key, value, bias)
     else:
-      # Attend over the OLD cache and the new keys; the write below is only
-      # carried to the next call (see the layout note in layers.py).
-      old_bias, new_bias = bias
-      new = (key_layout(key), value_layout(value), new_bias)
-      heads = att.attend_heads(query, [(cache[0], cache[1], old_bias), new])
+      heads, cache = cached_self_attention(att.implementation, att.dtype, query, key, value,
+                                           cache, bias, starts)
       x = x + att.output(heads)
-      key, value = after(key, heads), after(value, heads)  # read the old buffers, then write
-      cache = (write_rows(cache[0], key_layout(key), starts, KEY_SLOT_AXIS),
-               write_rows(cache[1], value_layout(value), starts, VALUE_SLOT_AXIS))
     if self.cross_attention:
       h = self.pre_cross_attention_layer_norm(x)
       att = self.encoder_decoder_attention
       x = x + att.attend_parts(att.project_q(h), [cross])
     return x + self.mlp(self.pre_mlp_layer_norm(x)), cache
+
+
+def cached_self_attention(implementation: str, dtype: Any, query: Array, key: Array,
+                          value: Array, cache: Tuple[Array, Array], bias: Tuple[Array, Array],
+                          starts: Array) -> Tuple[Array, Tuple[Array, Array]]:
+  """A cached call's self-attention and cache write, in the order that runs fastest where it
+  is lowered (`jax.lax.platform_dependent`; both orders compute the same values):
+
+    CPU          attend over the cache as it was and the call's own keys (two parts of one
+                 softmax, `cached_attention`), then write the keys: XLA:CPU reads each buffer
+                 where it lies and updates it in place after its last reader (`after`)
+    GPU, TPU     write the keys first, then attend over the written cache (one part, its bias
+                 `join_bias`): XLA:GPU fuses the scores, the softmax and the weighted sum
+                 into one kernel, where the two parts took six
+
+  Args:
+    implementation, dtype: the attention's (`MultiHeadAttention`).
+    query, key, value: [B, k, H, D], the call's projections.
+    cache: (keys [B, H, D, max_len], values [B, H, max_len, D]).
+    bias: (float32 [B, H, k, max_len] over the cache before the call, float32 [B|1, H, k, k]
+      over the call's own keys), as `chain_bias` / `tree_bias` make them.
+    starts: int32 [B], the slot of each row's first token.
+
+  Returns:
+    (the heads' outputs [B, k, H, D], the written cache).
+  """
+  parts = attention_parts(implementation, dtype)
+
+  def read_first(query, key, value, keys, values, old_bias, new_bias, starts):
+    heads = parts(query, [(keys, values, old_bias),
+                          (key_layout(key), value_layout(value), new_bias)])
+    key, value = after(key, heads), after(value, heads)  # read the old buffers, then write
+    return heads, (write_rows(keys, key_layout(key), starts, KEY_SLOT_AXIS),
+                   write_rows(values, value_layout(value), starts, VALUE_SLOT_AXIS))
+
+  def write_first(query, key, value, keys, values, old_bias, new_bias, starts):
+    keys = write_rows(keys, key_layout(key), starts, KEY_SLOT_AXIS)
+    values = write_rows(values, value_layout(value), starts, VALUE_SLOT_AXIS)
+    return parts(query, [(keys, values, join_bias(old_bias, new_bias, starts))]), (keys, values)
+
+  return lax.platform_dependent(query, key, value, cache[0], cache[1], bias[0], bias[1], starts,
+                                cpu=read_first, default=write_first)
+
+
+def join_bias(old_bias: Array, new_bias: Array, starts: Array) -> Array:
+  """The bias over the cache after a call's write: `old_bias` [B, H, k, max_len] (the cache
+  before it: slots from a row's start on are masked) with `new_bias` [B|1, H, k, k] written
+  over slots starts[b] .. starts[b] + k - 1 -> float32 [B, H, k, max_len]."""
+  new_bias = jnp.broadcast_to(new_bias, old_bias.shape[:3] + new_bias.shape[3:])
+  return write_rows(old_bias, new_bias, starts, 3)
 
 
 def chain_bias(relpos_bias: nn.Module, positions: Array, k: int, max_len: int,

@@ -194,7 +194,29 @@ class Dense(nn.Module):
     if kernel.dtype == jnp.int8:  # a draft's, by `specjax.params.quantize_kernels`
       return int8_dot(x, kernel, self.get_variable("params", "kernel" + SCALE_SUFFIX)
                       ).astype(self.dtype)
-    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    return plain_dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+def plain_dot(x: Array, kernel: Array, *, transposed: bool = False) -> Array:
+  """x [..., in] @ kernel [in, out] ([out, in] with `transposed`) in their own dtype (float32
+  weights). A single row is padded to two when lowered for a GPU or TPU, where XLA runs a
+  one-row product as an elementwise multiply writing a weight-sized temporary and a reduce
+  (see `bfloat16_dot`); XLA:CPU runs it as a fast matrix-vector product, so it stays one."""
+  lead = x.shape[:-1]
+  rows = x.reshape(-1, x.shape[-1])
+  contract = 1 if transposed else 0
+  product = lambda r: lax.dot_general(r, kernel, (((1,), (contract,)), ((), ())))
+  if rows.shape[0] == 1:
+    out = lax.platform_dependent(rows, cpu=product, default=lambda r: product(pad_row(r))[:1])
+  else:
+    out = product(rows)
+  return out.reshape(lead + (kernel.shape[1 - contract],))
+
+
+def pad_row(rows: Array) -> Array:
+  """A single row [1, in] -> [2, in] (a zero row below): the product of two rows is a matrix
+  product on every backend, of one row a reduction (see `bfloat16_dot`)."""
+  return jnp.concatenate([rows, jnp.zeros_like(rows)], axis=0)
 
 
 def project(x: Array, weights: Array, *, transposed: bool = False,
@@ -208,7 +230,7 @@ def project(x: Array, weights: Array, *, transposed: bool = False,
     if scales is None:
       raise ValueError("int8 weights need their scales (`specjax.params.quantize_kernels`)")
     return int8_dot(x, weights, scales, transposed=transposed)
-  return jnp.dot(x.astype(jnp.float32), weights.T if transposed else weights)
+  return plain_dot(x.astype(jnp.float32), weights.astype(jnp.float32), transposed=transposed)
 
 
 def bfloat16_dot(x: Array, kernel: Array, *, transposed: bool = False) -> Array:
@@ -217,16 +239,21 @@ def bfloat16_dot(x: Array, kernel: Array, *, transposed: bool = False) -> Array:
 
   The inputs are rounded to bfloat16 and the products summed in float32 (the
   precision of a T5X model run with dtype bfloat16). A single row (M = 1, a
-  batch-1 decode step) is padded to two on the CPU: XLA:CPU runs one row as a
-  loop-emitted matrix-vector product that converts every bfloat16 weight, two
-  or more rows as a YNNPACK dot (avx512_bf16), which is faster even for the
-  whole padded pair.
+  batch-1 decode step) is padded to two on every platform: XLA rewrites a
+  one-row product with float32 sums as an elementwise multiply and a reduce,
+  and on a GPU and a TPU that multiply writes a float32 temporary the size of
+  the weight (read back by the reduce: about 3x a step's weight traffic); on
+  the CPU it becomes a loop that converts every bfloat16 weight. Two rows are a
+  matrix product (a Triton GEMM on a GPU, the MXU on a TPU, a YNNPACK dot on
+  the CPU), faster even for the whole padded pair. The choice does not depend
+  on the backend, so a program compiled for an accelerator on a CPU host
+  (`specjax.aot`) is the one the accelerator runs.
   """
   lead = x.shape[:-1]
   rows = x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16)
   m = rows.shape[0]
-  if m == 1 and jax.default_backend() == "cpu":
-    rows = jnp.concatenate([rows, jnp.zeros_like(rows)], axis=0)
+  if m == 1:
+    rows = pad_row(rows)
   contract = 1 if transposed else 0
   out = lax.dot_general(rows, kernel, (((1,), (contract,)), ((), ())),
                         preferred_element_type=jnp.float32)[:m]
@@ -240,13 +267,13 @@ def int8_dot(x: Array, values: Array, scales: Array, *, transposed: bool = False
   Each row of x is quantized on the fly the same way (symmetric, its max |x| to 127), the
   product summed in int32 and scaled back: a quarter of float32's weight bytes read, for
   drafts, whose weights only change how often their guesses are accepted. A single row is
-  padded to two on the CPU, as in `bfloat16_dot`.
+  padded to two, as in `bfloat16_dot`.
   """
   lead = x.shape[:-1]
   rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
   m = rows.shape[0]
-  if m == 1 and jax.default_backend() == "cpu":
-    rows = jnp.concatenate([rows, jnp.zeros_like(rows)], axis=0)
+  if m == 1:
+    rows = pad_row(rows)
   top = jnp.max(jnp.abs(rows), axis=-1, keepdims=True)
   row_scales = jnp.where(top > 0, top / 127.0, 1.0)
   quantized = jnp.clip(jnp.rint(rows / row_scales), -127, 127).astype(jnp.int8)
@@ -465,6 +492,14 @@ def fused_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]], d
                                       implementation=implementation).astype(dtype)
 
 
+def attention_parts(implementation: str, dtype: Any) -> Callable:
+  """`parts(query, parts) -> heads` for an `ATTENTION_IMPLEMENTATIONS` name: queries
+  [B, q, H, D] over head-major parts (`cached_attention`) -> the heads' outputs [B, q, H, D]."""
+  if implementation == "specjax":
+    return functools.partial(cached_attention, dtype=dtype)
+  return functools.partial(fused_attention, dtype=dtype, implementation=implementation)
+
+
 class MultiHeadAttention(nn.Module):
   """T5X attention: `query`, `key`, `value` [E, H*D] and `out` [H*D, E] kernels.
 
@@ -518,9 +553,7 @@ class MultiHeadAttention(nn.Module):
   def attend_heads(self, query: Array, parts: Sequence[Tuple[Array, Array, Array]]) -> Array:
     """Queries [B, q, H, D] over head-major parts (see `cached_attention`) -> the heads'
     outputs [B, q, H, D], by `implementation`."""
-    if self.implementation == "specjax":
-      return cached_attention(query, parts, self.dtype)
-    return fused_attention(query, parts, self.dtype, self.implementation)
+    return attention_parts(self.implementation, self.dtype)(query, parts)
 
   def attend_parts(self, query: Array, parts: Sequence[Tuple[Array, Array, Array]]) -> Array:
     """Queries [B, q, H, D] over head-major parts (see `cached_attention`) -> [B, q, E]."""

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import hlo_stats
+from specjax.aot import hlo as hlo_stats
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
 from specjax.models import (DecoderOnlyConfig, DecoderOnlyModel, T5Config, T5Model,

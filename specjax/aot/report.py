@@ -1,0 +1,301 @@
+"""What an accelerator would run, compiled on this host: one report per compiled piece.
+
+A piece is a jitted function and abstract arguments (shapes and dtypes only: no weights are
+allocated, so an XXL model compiles on a laptop). `compile_piece` compiles it for a named
+accelerator (`specjax.aot.targets`) and reads the optimized program (`specjax.aot.hlo`):
+
+  kernels        kernels one iteration of the piece's loop launches (a step, or a round)
+  per_layer      of those, per decoder layer (their op names say which layer they came from)
+  f32_temps      kernels that write a float32 array shaped like a weight matrix, and the bytes
+                 they move (written, then read back)
+  floor_bytes    what an iteration must read at least: the weights and the KV cache
+  whiles         loops nested inside one iteration (on a GPU each costs a copy of its predicate
+                 to the host per trip)
+  custom_calls   {target: count} inside one iteration (cuDNN, Pallas kernels, ...)
+  compiler       XLA's own cost and memory analysis where the backend gives one (a TPU's:
+                 'bytes accessed' there includes weight prefetches, a while body counted once)
+
+`model_pieces` builds the pieces of a decode: the target's one-token step, the draft's step,
+the feature head's step, and the autoregressive, chain, tree and feature-chain loops.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.aot import hlo, targets
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+  """A function to compile and its abstract arguments."""
+  name: str
+  """What it is, e.g. 'target step', 'chain loop'."""
+  fn: Callable
+  """A jitted function (static arguments bound)."""
+  args: Tuple
+  """Its arguments as pytrees of `jax.ShapeDtypeStruct` (placed by `compile_piece`)."""
+  layers: int
+  """Decoder layers of one model that one iteration runs through (for the per-layer figure;
+  0: not counted, as in a round, whose kernels hold the target's and the drafter's layers)."""
+  weights: Any
+  """The weights one iteration reads (abstract pytree), for the floor and the smallest matrix."""
+  cache_bytes: int = 0
+  """KV-cache bytes one iteration reads, for the floor."""
+
+
+@dataclasses.dataclass
+class Report:
+  """The compiled program of one piece, read (see the module docstring)."""
+  piece: str
+  target: str
+  kernels: int
+  per_layer: float
+  outside_layers: int
+  f32_temps: int
+  f32_temp_bytes: int
+  floor_bytes: int
+  whiles: int
+  custom_calls: Dict[str, int]
+  compile_s: float
+  compiler: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def row(self) -> Dict[str, Any]:
+    """The report as a flat table row (MB for bytes)."""
+    return {"piece": self.piece, "target": self.target, "kernels": self.kernels,
+            "per_layer": round(self.per_layer, 1), "outside_layers": self.outside_layers,
+            "f32_temps": self.f32_temps, "f32_temp_MB": round(self.f32_temp_bytes / 1e6, 1),
+            "floor_MB": round(self.floor_bytes / 1e6, 1), "whiles": self.whiles,
+            "custom_calls": ", ".join(f"{k} x{v}" for k, v in sorted(self.custom_calls.items())),
+            "compile_s": round(self.compile_s, 1), **self.compiler}
+
+
+def _nbytes(tree: Any) -> int:
+  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def place(tree: Any, device) -> Any:
+  """Abstract arrays (anything with shape and dtype) on one compile-only `device`."""
+  mesh = jax.sharding.Mesh(np.array([device]), ("x",))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def _compiler_figures(compiled) -> Dict[str, float]:
+  out: Dict[str, float] = {}
+  try:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    for key in ("flops", "bytes accessed"):
+      if cost and key in cost:
+        out[f"xla_{key.replace(' ', '_')}"] = float(cost[key])
+  except Exception:  # pylint: disable=broad-except  # not every backend answers
+    pass
+  try:
+    memory = compiled.memory_analysis()
+    if memory is not None:
+      out["xla_temp_MB"] = round(memory.temp_size_in_bytes / 1e6, 1)
+  except Exception:  # pylint: disable=broad-except
+    pass
+  return out
+
+
+def compile_piece(piece: Piece, target: str) -> Tuple[Report, str]:
+  """(its `Report`, the optimized HLO text) of `piece` compiled for `target` without the device.
+  Raises `targets.TargetUnavailable` when the target's compiler is missing."""
+  device = targets.devices(target)[0]
+  start = time.perf_counter()
+  compiled = piece.fn.lower(*place(piece.args, device)).compile()
+  seconds = time.perf_counter() - start
+  text = compiled.as_text()
+  kernels = hlo.body_kernels(text)
+  per_layer, _, outside = hlo.per_layer(kernels)
+  temps = hlo.f32_temporaries(kernels, [x.shape for x in jax.tree.leaves(piece.weights)
+                                        if len(x.shape) >= 2])
+  temp_bytes = 2 * sum(4 * n for k in temps for dtype, n in k.outputs() if dtype == "f32")
+  calls: Dict[str, int] = {}
+  for k in kernels:
+    if k.opcode == "custom-call":
+      calls[k.kind] = calls.get(k.kind, 0) + 1
+  report = Report(
+      piece=piece.name, target=target, kernels=len(kernels),
+      per_layer=per_layer if piece.layers else 0.0, outside_layers=outside,
+      f32_temps=len(temps), f32_temp_bytes=temp_bytes,
+      floor_bytes=_nbytes(piece.weights) + piece.cache_bytes,
+      whiles=sum(k.opcode == "while" for k in kernels), custom_calls=calls,
+      compile_s=seconds,
+      compiler=_compiler_figures(compiled) if targets.target(target).platform == "tpu" else {})
+  return report, text
+
+
+# ----------------------------------------------------------------------------
+# The pieces of a decode.
+# ----------------------------------------------------------------------------
+def _layers(model) -> int:
+  cfg = model.config
+  return getattr(cfg, "num_layers", None) or getattr(cfg, "num_decoder_layers", 0)
+
+
+def _decoder_weights(model, params) -> Any:
+  """The weights a decode step reads: all but a T5 encoder's (abstract)."""
+  if isinstance(params, dict) and "encoder" in params:
+    return {k: v for k, v in params.items() if k != "encoder"}
+  return params
+
+
+def step_piece(name: str, model, params, *, batch: int, cache_len: int, input_len: int = 8,
+               steps: int = 4) -> Piece:
+  """`steps` one-token `model.decode` calls in a jitted `fori_loop` (the step as the loops
+  make it; one iteration is one step), the cache donated so it is updated in place.
+
+  Args:
+    name: the piece's name.
+    model: a `specjax.models` model (decoder-only or T5).
+    params: its parameters, abstract (`jax.eval_shape`) or real.
+    batch, cache_len: the cache's rows and slots; input_len: a T5's encoded input length.
+  """
+  cache = jax.eval_shape(lambda: model.init_cache(batch, cache_len))
+  encoded = None
+  if model.is_encoder_decoder:
+    encoded = jax.eval_shape(model.encode, params, jax.ShapeDtypeStruct((batch, input_len),
+                                                                        jnp.int32))
+
+  def decode_steps(params, cache, encoded, tokens):
+    def body(i, carry):
+      cache, tokens = carry
+      logits, cache = model.decode(params, cache, tokens, jnp.full((batch,), i, jnp.int32),
+                                   encoded)
+      return cache, jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32)
+    return jax.lax.fori_loop(0, steps, body, (cache, tokens))
+
+  fn = jax.jit(decode_steps, donate_argnums=(1,))
+  tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
+  return Piece(name, fn, (params, cache, encoded, tokens), _layers(model),
+               _decoder_weights(model, params), _nbytes(cache) + _nbytes(encoded))
+
+
+def head_step_piece(name: str, head, params, *, batch: int, cache_len: int,
+                    steps: int = 4) -> Piece:
+  """`steps` one-position `head.decode` calls of a feature head (`specjax.models.FeatureHead`)
+  in a jitted `fori_loop`, each reading the features the last one predicted (a chain's later
+  guesses); the logits over the target's vocabulary are the drafter's, not counted here."""
+  cache = jax.eval_shape(lambda: head.init_cache(batch, cache_len))
+  width = head.config.emb_dim
+
+  def head_steps(params, cache, features, embedded):
+    def body(i, carry):
+      cache, features = carry
+      predicted, cache = head.decode(params, cache, features, embedded,
+                                     jnp.full((batch,), i, jnp.int32))
+      return cache, predicted
+    return jax.lax.fori_loop(0, steps, body, (cache, features))
+
+  fn = jax.jit(head_steps, donate_argnums=(1,))
+  rows = jax.ShapeDtypeStruct((batch, 1, width), jnp.float32)
+  return Piece(name, fn, (params, cache, rows, rows), 1, params, _nbytes(cache))
+
+
+def loop_piece(name: str, loop, params, *, batch: int, input_len: int, cache_len: int,
+               weights: Any) -> Piece:
+  """The whole decode of one padded batch (`specjax.decode.runner.run_loop`: start, then one
+  while loop of rounds), as the decode entry points run it; one iteration is one round.
+
+  Args:
+    loop: an `AutoregressiveLoop`, `SpeculativeLoop` or `TreeLoop` (its config's cache_len set).
+    params: its `LoopParams`, abstract.
+    batch, input_len, cache_len: the padded batch's rows, input length and cache slots.
+    weights: what a round reads (for the floor and the weight shapes).
+  """
+  from specjax.decode import runner  # pylint: disable=import-outside-toplevel
+  from specjax.sampling import row_keys  # pylint: disable=import-outside-toplevel
+  fn = jax.jit(lambda params, inputs, seq, length, keys, budget, gamma: runner.run_loop(
+      loop, None, params, inputs, seq, length, keys, budget, gamma))
+  ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+  keys = jax.eval_shape(lambda: row_keys(jax.random.PRNGKey(0), batch))
+  gamma = ints() if loop.takes_gamma else None
+  cache = jax.eval_shape(lambda: loop.target.init_cache(batch, cache_len))
+  return Piece(name, fn, (params, ints(batch, input_len), ints(batch, cache_len), ints(batch),
+                          keys, ints(), gamma), 0, weights, _nbytes(cache))
+
+
+def abstract_params(model, dtype: str, seed: int = 0) -> Any:
+  """The model's parameters as abstract arrays, kernels cast to `dtype` ('bfloat16': as
+  `specjax.params.cast_kernels`; 'int8': as `quantize_kernels`; 'float32': as initialized)."""
+  from specjax import params as P  # pylint: disable=import-outside-toplevel
+
+  def build():
+    p = model.init(seed)
+    if dtype == "bfloat16":
+      return P.cast_kernels(p, jnp.bfloat16)
+    if dtype == "int8":
+      return P.quantize_kernels(p)
+    return p
+  return jax.eval_shape(build)
+
+
+def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
+                 draft_dtype: str = "float32", batch: int = 1, input_len: int = 16,
+                 max_new_tokens: int = 64, gamma: int = 4,
+                 include: Sequence[str] = ("steps", "loops")) -> List[Piece]:
+  """The pieces of decoding with `target_model` verifying and `draft_model` drafting (both
+  random-init, abstract: shapes only), greedy, at `batch` rows:
+
+    target step, draft step, head step       one-token steps (`step_piece`); the head is a
+                                             random feature head at the target's width
+    autoregressive loop, chain loop (γ),     whole decodes (`loop_piece`)
+    tree loop (spines (γ, 1)), feature chain loop (γ)
+
+  include: 'steps', 'loops' or both.
+  """
+  from specjax.decode import DecodeConfig  # pylint: disable=import-outside-toplevel
+  from specjax.decode.round import AutoregressiveLoop, SpeculativeLoop  # pylint: disable=import-outside-toplevel
+  from specjax.decode.state import LoopParams  # pylint: disable=import-outside-toplevel
+  from specjax.decode.tree import TreeLoop  # pylint: disable=import-outside-toplevel
+  from specjax.draft import (FeatureDrafter, ModelDrafter, StaticTree,  # pylint: disable=import-outside-toplevel
+                             TreeModelDrafter)
+  from specjax.models import FeatureHead, FeatureHeadConfig  # pylint: disable=import-outside-toplevel
+  from specjax.sampling import Sampling  # pylint: disable=import-outside-toplevel
+
+  cfg = target_model.config
+  head = FeatureHead(FeatureHeadConfig(
+      vocab_size=cfg.vocab_size, emb_dim=cfg.emb_dim, num_heads=cfg.num_heads,
+      head_dim=cfg.head_dim, mlp_dim=cfg.mlp_dim, mlp_activations=cfg.mlp_activations,
+      dtype=cfg.dtype))
+  tparams = abstract_params(target_model, dtype)
+  dparams = abstract_params(draft_model, draft_dtype, seed=1)
+  hparams = abstract_params(head, draft_dtype if draft_dtype != "float32" else dtype, seed=2)
+  prompt = 0 if target_model.is_encoder_decoder else input_len
+  cache_len = prompt + max_new_tokens + gamma + 2
+  pieces: List[Piece] = []
+  if "steps" in include:
+    pieces += [step_piece("target step", target_model, tparams, batch=batch,
+                          cache_len=cache_len, input_len=input_len),
+               step_piece("draft step", draft_model, dparams, batch=batch,
+                          cache_len=cache_len, input_len=input_len)]
+    pieces.append(head_step_piece("head step", head, hparams, batch=batch,
+                                  cache_len=cache_len))
+  if "loops" in include:
+    config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=cache_len)
+    feature = FeatureDrafter(target_model, head, gamma)
+    fparams = jax.eval_shape(lambda h, t: feature.params(h, t), hparams, tparams)
+    loops = (
+        ("autoregressive loop", AutoregressiveLoop(target_model, config), None, tparams),
+        ("chain loop", SpeculativeLoop(target_model, ModelDrafter(draft_model, gamma), config),
+         dparams, (tparams, dparams)),
+        ("tree loop", TreeLoop(target_model, TreeModelDrafter(
+            draft_model, StaticTree.from_spines((gamma, 1))), config), dparams,
+         (tparams, dparams)),
+        ("feature chain loop", SpeculativeLoop(target_model, feature, config), fparams,
+         (tparams, hparams)))
+    for name, loop, drafter_params, weights in loops:
+      pieces.append(loop_piece(
+          name, loop, LoopParams(target=tparams, drafter=drafter_params), batch=batch,
+          input_len=input_len, cache_len=cache_len, weights=_decoder_weights(
+              target_model, weights) if drafter_params is None else weights))
+  return pieces

@@ -1,0 +1,211 @@
+"""Compile-only devices of an accelerator this host does not have (deviceless compilation).
+
+XLA compiles for a GPU from a `GpuTargetConfigProto` (the device's description: compute
+capability, memory, cores, bandwidth) and for a TPU from a topology name; neither needs the
+device. The CUDA plugin (`jax-cuda13-plugin`, or 12) carries XLA's target configs of the common
+GPUs inside its shared library, each a text proto ending in `device_description_str: "<name>"`:
+`gpu_config_text` reads one from there, so no file has to ship with specjax. libtpu
+(`jax[tpu]`) knows the TPU topologies by name.
+
+    devices("h200")        [one compile-only H200]     (GPU names: `GPUS`)
+    devices("tpu-v5e")     [one compile-only v5e chip] (TPU names: `TPUS`)
+    devices("gpu:FILE")    a GPU described by a GpuTargetConfigProto text file, e.g. the
+                           `*.gpu_target_config.pbtxt` that `--xla_dump_to` writes on a real GPU
+
+`TargetUnavailable` (a ValueError) says in one line what is missing and how to install it
+(`pip install 'specjax[aot]'`). Run with JAX_PLATFORMS=cpu (or `cpu_host()` first): the host's
+own backend stays the CPU, and `jax.default_backend()` answers 'cpu' during such a compile, so choices that depend on
+the device are made per lowering platform (`jax.lax.platform_dependent`), never by asking
+the host's backend.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import importlib.util
+import os
+import re
+from typing import Dict, List, Optional, Tuple
+
+INSTALL = "pip install 'specjax[aot]'"
+"""What installs both compilers (the CUDA plugin without NVIDIA libraries, and libtpu)."""
+
+
+class TargetUnavailable(ValueError):
+  """An accelerator name that is unknown, or whose compiler is not installed (one line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """A named accelerator to compile for."""
+  name: str
+  """The name `devices` takes, e.g. 'h200', 'tpu-v5e'."""
+  platform: str
+  """'gpu' or 'tpu'."""
+  spec: str
+  """GPU: the `device_description_str` of XLA's target config; TPU: libtpu's topology name."""
+  hbm_gbps: float
+  """Peak memory bandwidth in GB/s (the vendor's figure), for rooflines."""
+
+
+GPUS = {t.name: t for t in (
+    Target("h200", "gpu", "NVIDIA H200 141GB HBM3e", 4800.0),
+    Target("h100", "gpu", "NVIDIA H100 80GB HBM3", 3350.0),
+    Target("h100-pcie", "gpu", "NVIDIA H100 PCIe", 2000.0),
+    Target("a100", "gpu", "NVIDIA A100-SXM4-80GB", 2039.0),
+    Target("a100-40", "gpu", "NVIDIA A100-SXM4-40GB", 1555.0),
+    Target("b200", "gpu", "NVIDIA B200", 8000.0),
+)}
+"""GPU names -> XLA's target configs (those the CUDA plugin embeds)."""
+
+TPUS = {t.name: t for t in (
+    Target("tpu-v4", "tpu", "v4:2x2x1", 1200.0),
+    Target("tpu-v5e", "tpu", "v5e:2x2", 819.0),
+    Target("tpu-v5p", "tpu", "v5p:2x2x1", 2765.0),
+    Target("tpu-v6e", "tpu", "v6e:2x2", 1640.0),
+)}
+"""TPU names -> libtpu topologies (a one-chip compile uses the topology's first chip)."""
+
+TARGETS: Dict[str, Target] = {**GPUS, **TPUS}
+
+_CUDA_PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
+
+
+def names() -> str:
+  """The accepted names, for messages."""
+  return ", ".join(TARGETS) + ", gpu:<GpuTargetConfigProto file>"
+
+
+def target(name: str) -> Target:
+  """The `Target` called `name` (`TARGETS`); a 'gpu:FILE' name describes a GPU by a file."""
+  if not isinstance(name, str):
+    raise TargetUnavailable(f"an accelerator name must be a string, got {name!r}; "
+                            f"one of: {names()}")
+  if name.startswith("gpu:"):
+    return Target(name, "gpu", name[4:], 0.0)
+  key = name.strip().lower()
+  if key not in TARGETS:
+    raise TargetUnavailable(f"unknown accelerator {name!r}; one of: {names()}")
+  return TARGETS[key]
+
+
+def cpu_host() -> None:
+  """Makes this process's own backend the CPU, as a deviceless compile needs (JAX's CUDA plugin
+  then registers its compiler without a GPU or cuDNN), unless JAX_PLATFORMS says otherwise or
+  JAX's backends are up already. Commands call it before any JAX work."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  if not os.environ.get("JAX_PLATFORMS") and not xla_bridge.backends_are_initialized():
+    jax.config.update("jax_platforms", "cpu")
+
+
+def _find(module: str):
+  try:
+    return importlib.util.find_spec(module)
+  except ImportError:  # its parent package (jax_plugins) is not installed
+    return None
+
+
+def _plugin_library() -> Tuple[str, str]:
+  """(module, path) of the installed CUDA plugin's shared library."""
+  for module in _CUDA_PLUGINS:
+    spec = _find(module)
+    if spec and spec.submodule_search_locations:
+      for folder in spec.submodule_search_locations:
+        found = sorted(glob.glob(os.path.join(folder, "*.so")))
+        if found:
+          return module, found[0]
+  raise TargetUnavailable(f"compiling for a GPU needs JAX's CUDA plugin, which is not "
+                          f"installed: {INSTALL}")
+
+
+@functools.lru_cache(maxsize=None)
+def _embedded_configs(library: str) -> Dict[str, str]:
+  """{device_description_str: target config text} of every config embedded in `library`."""
+  with open(library, "rb") as f:
+    data = f.read()
+  out = {}
+  for match in re.finditer(rb'device_description_str: "([^"\n]+)"', data):
+    start = data.rfind(b"\x00", 0, match.start()) + 1
+    end = data.find(b"\x00", match.end())
+    text = data[start:end]
+    if b"gpu_device_info" in text:  # a whole config, not a string that names the field
+      out.setdefault(match.group(1).decode(), text.decode("utf-8", "replace"))
+  return out
+
+
+def embedded_gpus() -> List[str]:
+  """The device names of the GPU target configs the installed CUDA plugin carries."""
+  return sorted(_embedded_configs(_plugin_library()[1]))
+
+
+def gpu_config_text(spec: str) -> str:
+  """The GpuTargetConfigProto text of a GPU: `spec` is a `device_description_str` the CUDA
+  plugin embeds, or (a 'gpu:FILE' target's) the path of a text proto file."""
+  if os.path.sep in spec or spec.endswith((".txtpb", ".pbtxt", ".textproto")):
+    from specjax import files  # pylint: disable=import-outside-toplevel
+    try:
+      text = files.read_bytes(spec, files.MIB, "the GPU target config").decode("utf-8")
+    except (OSError, ValueError) as e:
+      raise TargetUnavailable(str(e)) from None
+    if "gpu_device_info" not in text:
+      raise TargetUnavailable(f"{spec} is not a GpuTargetConfigProto text (no gpu_device_info)")
+    return text
+  configs = _embedded_configs(_plugin_library()[1])
+  if spec not in configs:
+    raise TargetUnavailable(f"the installed CUDA plugin has no target config for {spec!r}; "
+                            f"it has: {', '.join(sorted(configs))}")
+  return configs[spec]
+
+
+def _tpu_ready() -> None:
+  if _find("libtpu") is None:
+    raise TargetUnavailable(f"compiling for a TPU needs libtpu, which is not installed: "
+                            f"{INSTALL} (or pip install 'jax[tpu]')")
+  # libtpu asks the cloud's metadata server which TPU this host has. On a host whose own
+  # backend is not a TPU (JAX_PLATFORMS=cpu) there is none to ask: say so, and it stays quiet.
+  import jax  # pylint: disable=import-outside-toplevel
+  host = jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS", "")
+  if not host or "tpu" in host:
+    return
+  # Nor a chip to guard: libtpu's lock file, which lets one process at a time use the chips,
+  # would keep a second compiling process (a parallel test worker) out.
+  for key, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v5litepod-4"),
+                     ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_WORKER_ID", "0"),
+                     ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
+    os.environ.setdefault(key, value)
+
+
+@functools.lru_cache(maxsize=None)
+def _devices(name: str) -> Tuple:
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  chosen = target(name)
+  try:
+    if chosen.platform == "gpu":
+      text = gpu_config_text(chosen.spec)
+      topology = topologies.get_topology_desc("cuda", "cuda", target_config=text,
+                                              topology="1x1x1")
+    else:
+      _tpu_ready()
+      topology = topologies.get_topology_desc(topology_name=chosen.spec, platform="tpu")
+  except TargetUnavailable:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # XLA's errors carry no type
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "not implemented" in first:  # the plugin failed to start in this process
+      first += (" (JAX's backend for it did not start in this process: run with "
+                "JAX_PLATFORMS=cpu, or call specjax.aot.targets.cpu_host() before any JAX work)")
+    raise TargetUnavailable(f"cannot compile for {name}: {first}") from None
+  return tuple(topology.devices[:1])
+
+
+def devices(name: str) -> List:
+  """One compile-only device of the accelerator `name` (see the module docstring), as a list
+  for a `jax.sharding.Mesh`. Raises `TargetUnavailable` with one line naming what is missing."""
+  return list(_devices(name))
+
+
+def hbm_gbps(name: str) -> Optional[float]:
+  """The accelerator's peak memory bandwidth in GB/s, None when unknown (a 'gpu:FILE')."""
+  return target(name).hbm_gbps or None

@@ -1,0 +1,116 @@
+"""`python -m specjax.aot`: a decode compiled for an accelerator this host does not have, read.
+
+    python -m specjax.aot                                   # the bundled LM pair, H200 and TPU v5e
+    python -m specjax.aot --target h100 --target tpu-v6e \\
+        --model models/decoder_only_large.gin --draft models/decoder_only_small.gin \\
+        --pieces steps --output_dir docs/results/aot/decoder_only_large
+
+Models: a model gin file on the search path (gin/models/*.gin) or 'bundled:PAIR/ROLE'; both
+random-init and abstract (no weights are read or allocated). For every compiled piece
+(`specjax.aot.report.model_pieces`) one row: kernels per iteration and per layer, weight-shaped
+float32 temporaries and the bytes they move, the floor (weights + KV cache), nested loops and
+custom calls, and on a TPU XLA's cost and memory analysis. Writes aot.json and aot.md to
+--output_dir when given. Needs the `aot` extra (`pip install 'specjax[aot]'`); the process's own
+JAX backend is the CPU (unless JAX_PLATFORMS says otherwise).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from specjax import command, files
+
+DEFAULT_TARGETS = ("h200", "tpu-v5e")
+DTYPES = ("float32", "bfloat16", "int8")
+PIECES = ("steps", "loops")
+COLUMNS = ("target", "piece", "kernels", "per_layer", "f32_temps", "f32_temp_MB", "floor_MB",
+           "whiles", "custom_calls", "compile_s")
+
+
+def parse_args(argv: Sequence[str]):
+  """The command line (module docstring)."""
+  parser = command.ArgumentParser(prog="python -m specjax.aot", description=__doc__.split("\n")[0])
+  parser.add_argument("--target", action="append", default=None,
+                      help=f"an accelerator (repeatable; default {' '.join(DEFAULT_TARGETS)})")
+  parser.add_argument("--model", default="bundled:lm/target",
+                      help="the target's model gin file or bundled:PAIR/ROLE")
+  parser.add_argument("--draft", default="bundled:lm/draft",
+                      help="the draft's model gin file or bundled:PAIR/ROLE")
+  parser.add_argument("--dtype", default="bfloat16", choices=DTYPES[:2],
+                      help="the target's weight dtype")
+  parser.add_argument("--draft_dtype", default="float32", choices=DTYPES,
+                      help="the draft's (and the feature head's, unless float32) weight dtype")
+  parser.add_argument("--batch", type=int, default=1)
+  parser.add_argument("--input_len", type=int, default=16)
+  parser.add_argument("--max_new_tokens", type=int, default=64)
+  parser.add_argument("--gamma", type=int, default=4)
+  parser.add_argument("--pieces", nargs="+", default=list(PIECES), choices=PIECES)
+  parser.add_argument("--output_dir", default=None, help="writes aot.json and aot.md there")
+  parser.add_argument("--verbose", action="store_true", help="tracebacks for errors")
+  args = parser.parse_args(list(argv))
+  for name in ("batch", "input_len", "max_new_tokens", "gamma"):
+    if getattr(args, name) < 1:
+      parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+  return args
+
+
+def markdown(rows: List[Dict[str, Any]]) -> str:
+  """The rows as a markdown table of `COLUMNS` (and the TPU's compiler figures, if any)."""
+  extra = sorted({k for r in rows for k in r if k.startswith("xla_")})
+  columns = list(COLUMNS) + extra
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
+  return "\n".join(lines) + "\n"
+
+
+def run(argv: Sequence[str]) -> int:
+  """The command: prints one row per (accelerator, piece), as it compiles."""
+  args = parse_args(argv)
+  from specjax.aot import report, targets  # pylint: disable=import-outside-toplevel
+  targets.cpu_host()
+  from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
+  from specjax.models import build_model, check_same_vocab  # pylint: disable=import-outside-toplevel
+  names = args.target or list(DEFAULT_TARGETS)
+  for name in names:
+    targets.devices(name)  # an unknown name or a missing compiler: one line, before any work
+  if args.output_dir:
+    files.check_destination(os.path.join(args.output_dir, "aot.json"), "the report")
+    os.makedirs(args.output_dir, exist_ok=True)
+  target_cfg = dataclasses.replace(model_config_from_file(args.model), dtype=args.dtype)
+  target = build_model(target_cfg)
+  draft = build_model(model_config_from_file(args.draft))
+  check_same_vocab(target, draft.vocab_size)
+  pieces = report.model_pieces(target, draft, dtype=args.dtype, draft_dtype=args.draft_dtype,
+                               batch=args.batch, input_len=args.input_len,
+                               max_new_tokens=args.max_new_tokens, gamma=args.gamma,
+                               include=args.pieces)
+  rows = []
+  print(" | ".join(COLUMNS), flush=True)
+  for name in names:
+    for piece in pieces:
+      row = report.compile_piece(piece, name)[0].row()
+      rows.append(row)
+      print(" | ".join(str(row[c]) for c in COLUMNS), flush=True)
+  if args.output_dir:
+    arguments = dict(targets=names, model=args.model, draft=args.draft, dtype=args.dtype,
+                     draft_dtype=args.draft_dtype, batch=args.batch, input_len=args.input_len,
+                     max_new_tokens=args.max_new_tokens, gamma=args.gamma, pieces=args.pieces)
+    files.write_json(os.path.join(args.output_dir, "aot.json"),
+                     {"arguments": arguments, "jax": jax_version(), "rows": rows})
+    files.write_file(os.path.join(args.output_dir, "aot.md"), markdown(rows))
+  return 0
+
+
+def jax_version() -> str:
+  """'jax X, jaxlib Y' of this process."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jaxlib  # pylint: disable=import-outside-toplevel
+  return f"jax {jax.__version__}, jaxlib {jaxlib.__version__}"
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m specjax.aot` with the project's command contract (`specjax.command`)."""
+  return command.run_cli(run, argv)

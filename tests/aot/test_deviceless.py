@@ -1,0 +1,99 @@
+"""Decoding compiled for an H200 and a TPU v5e on this CPU (`specjax.aot`), and read.
+
+Needs the compilers of the `aot` extra (JAX's CUDA plugin and libtpu: `pip install
+'.[aot]'`); where they are not installed this module is skipped as a whole, and the suite's
+second environment (Python 3.12, the newest JAX, `.ci/run`) runs it. The process's own JAX
+backend must be the CPU (JAX_PLATFORMS=cpu, or `targets.cpu_host()` before any JAX work).
+"""
+import dataclasses
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+from specjax.aot import hlo, report, targets
+
+
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ImportError:
+    return False
+
+
+pytestmark = pytest.mark.skipif(
+    not (_installed("jax_plugins.xla_cuda13") or _installed("jax_plugins.xla_cuda12"))
+    or not _installed("libtpu"),
+    reason="the deviceless compilers are not installed (pip install '.[aot]'); the suite's "
+           "second environment runs this module")
+
+GPU, TPU = "h200", "tpu-v5e"
+KERNELS_PER_LAYER = 18
+"""The budget of a decoder layer's kernels in a batch-1 step on the H200 (XLA's own fusions:
+norms 4, the joined q/k/v and wi products 2, out and wo 2, attention and its cache writes 6-7,
+the activation 1; 23 when one-row products ran as multiply-and-reduce)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_host():
+  targets.cpu_host()
+
+
+@pytest.fixture(scope="module")
+def lm_pieces():
+  """The pieces of the tiny decoder-only sizes (gin/models/decoder_only_tiny.gin) verifying
+  with a bfloat16 target and drafting with the same sizes in float32: shapes only."""
+  from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
+  from specjax.models import build_model  # pylint: disable=import-outside-toplevel
+  config = model_config_from_file("models/decoder_only_tiny.gin")
+  target = build_model(dataclasses.replace(config, dtype="bfloat16"))
+  draft = build_model(config)
+  return {p.name: p for p in report.model_pieces(target, draft, input_len=4, max_new_tokens=8,
+                                                  gamma=2)}
+
+
+def test_the_plugin_carries_the_gpus_named():
+  carried = set(targets.embedded_gpus())
+  assert {t.spec for t in targets.GPUS.values()} <= carried
+
+
+@pytest.mark.parametrize("piece", ["target step", "draft step", "head step"])
+def test_steps_compile_for_a_gpu_without_weight_shaped_float32_temporaries(lm_pieces, piece):
+  rep, text = report.compile_piece(lm_pieces[piece], GPU)
+  assert "sm_90" in text or "__triton" in text  # XLA:GPU's program, not the host's
+  assert rep.f32_temps == 0, [k for k in hlo.body_kernels(text) if k.opcode == "fusion"][:8]
+  assert 0 < rep.per_layer <= KERNELS_PER_LAYER
+  assert rep.whiles == 0 and rep.floor_bytes > 0
+
+
+def test_the_temporary_check_sees_a_one_row_product_that_is_not_padded():
+  """The check can fail: the product `bfloat16_dot` pads, written without the padding, writes
+  an f32 temporary of the weight's shape on the GPU and on the TPU."""
+  def steps(x, w):
+    return lax.fori_loop(0, 2, lambda i, x: lax.dot_general(
+        x.astype(jnp.bfloat16), w, (((1,), (0,)), ((), ())),
+        preferred_element_type=jnp.float32), x)
+  weights = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+  piece = report.Piece("raw", jax.jit(steps), (jax.ShapeDtypeStruct((1, 1024), jnp.float32),
+                                                weights), 0, weights)
+  for name in (GPU, TPU):
+    assert report.compile_piece(piece, name)[0].f32_temps >= 1, name
+
+
+@pytest.mark.parametrize("name", [GPU, TPU])
+def test_the_target_step_compiles_for_a_tpu_too(lm_pieces, name):
+  rep, text = report.compile_piece(lm_pieces["target step"], name)
+  assert rep.f32_temps == 0
+  if name == TPU:
+    assert "xla_bytes_accessed" in rep.row() and "TPU" in text.upper()
+
+
+@pytest.mark.parametrize("piece", ["autoregressive loop", "chain loop", "tree loop",
+                                   "feature chain loop"])
+@pytest.mark.parametrize("name", [GPU, TPU])
+def test_every_decode_loop_compiles_without_a_device(lm_pieces, piece, name):
+  rep, text = report.compile_piece(lm_pieces[piece], name)
+  assert rep.kernels > 0 and "while" in text
+  assert rep.f32_temps == 0
