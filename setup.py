@@ -14,7 +14,8 @@ ASSETS = sorted(os.path.relpath(os.path.join(root, name), "specjax")
                 for root, _, names in os.walk(os.path.join("specjax", "assets")) for name in names)
 
 # The JAX releases specjax supports; the accelerator extras pull the matching jax plugin.
-JAX_RANGE = ">=0.10.0,<0.12"
+# JAX 0.11 and newer need Python >= 3.12, so a Python 3.11 environment resolves to 0.10.x.
+JAX_RANGE = ">=0.10.0,<0.13"
 
 setup(
     name="specjax",
@@ -45,6 +46,9 @@ setup(
         "cuda12": ["jax[cuda12]" + JAX_RANGE],
         "cuda13": ["jax[cuda13]" + JAX_RANGE],
         "tpu": ["jax[tpu]" + JAX_RANGE],
+        # Compiling for GPUs and TPUs on a host without them: JAX's CUDA 13 plugin without
+        # NVIDIA's libraries (cuda13-local) and libtpu, each pinned by JAX to its own release.
+        "aot": ["jax[cuda13-local,tpu]" + JAX_RANGE],
         "test": ["pytest>=8", "pytest-xdist>=3.5", "orbax-checkpoint>=0.11"],
         "seqio": ["seqio>=0.0.19", "sacrebleu>=2.4"],
         "experiments": ["matplotlib>=3.8", "sacrebleu>=2.4", "nbclient>=0.10", "nbformat>=5.10",

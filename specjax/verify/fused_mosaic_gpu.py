@@ -16,12 +16,11 @@ compiled kernel needs (to avoid bank conflicts).
 """
 from __future__ import annotations
 
-import inspect
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from specjax import compat
 from specjax.sampling import CATEGORICAL_BLOCK
 
 _S = CATEGORICAL_BLOCK
@@ -68,7 +67,7 @@ def block_masses(p_row: jax.Array, q_scaled_row: jax.Array, interpret: bool = Fa
     raise ValueError(f"the row's width must be a multiple of {TILE}, got {width}")
   transforms = () if interpret else (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
   load = ((lambda ref: ref[...]) if interpret
-          else (lambda ref: plgpu.load(ref, (), layout=plgpu.Layout.WGMMA)))
+          else (lambda ref: compat.mgpu_load(ref, plgpu.Layout.WGMMA)))
 
   def specjax_fused_verify(p_gmem, q_gmem, resid_gmem, p_masses_gmem, p_smem, q_smem,
                            resid_out, p_out, barrier):
@@ -88,17 +87,9 @@ def block_masses(p_row: jax.Array, q_scaled_row: jax.Array, interpret: bool = Fa
   tile_smem = lambda: plgpu.SMEM((ROWS, _S), jnp.float32, transforms=transforms)
   scratch = [tile_smem(), tile_smem(), plgpu.SMEM((ROWS,), jnp.float32),
              plgpu.SMEM((ROWS,), jnp.float32), plgpu.Barrier(num_arrivals=2)]
-  # jax 0.10.2 renamed out_shape / scratch_shapes to out_type / scratch_types.
-  renamed = "out_type" in inspect.signature(plgpu.kernel).parameters
-  types = ({"out_type": (masses, masses), "scratch_types": scratch} if renamed
-           else {"out_shape": (masses, masses), "scratch_shapes": scratch})
-  kernel = plgpu.kernel(  # named after its body in the lowered program
-      specjax_fused_verify, grid=(width // TILE,), grid_names=("tile",),
-      interpret=_interpret_params() if interpret else False, **types)
+  kernel = compat.mgpu_kernel(  # named after its body in the lowered program
+      specjax_fused_verify, out_type=(masses, masses), scratch_types=scratch,
+      grid=(width // TILE,), grid_names=("tile",),
+      interpret=compat.mgpu_interpret_params() if interpret else False)
   return kernel(p_row.reshape(-1, _S), q_scaled_row.reshape(-1, _S))
 
-
-def _interpret_params():
-  """JAX's GPU interpreter settings (not yet exported under jax.experimental)."""
-  from jax._src.pallas.mosaic_gpu.interpret import params  # pylint: disable=import-outside-toplevel
-  return params.InterpretGPUParams()
