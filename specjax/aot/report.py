@@ -6,8 +6,8 @@ accelerator (`specjax.aot.targets`) and reads the optimized program (`specjax.ao
 
   kernels        kernels one iteration of the piece's loop launches (a step, or a round)
   per_layer      of those, per decoder layer (their op names say which layer they came from)
-  f32_temps      kernels that write a float32 array shaped like a weight matrix, and the bytes
-                 they move (written, then read back)
+  f32_temps      kernels that write a float32 array shaped like a weight matrix
+                 (`weight_matrices`), and the bytes they move (written, then read back)
   floor_bytes    what an iteration must read at least: the weights and the KV cache
   whiles         loops nested inside one iteration (on a GPU each costs a copy of its predicate
                  to the host per trip)
@@ -16,7 +16,7 @@ accelerator (`specjax.aot.targets`) and reads the optimized program (`specjax.ao
                  'bytes accessed' there includes weight prefetches, a while body counted once)
 
 `model_pieces` builds the pieces of a decode: the target's one-token step, the draft's step,
-the feature head's step, and the autoregressive, chain, tree and feature-chain loops.
+the feature head's step, and the autoregressive, chain, tree, feature-chain and streamed loops.
 """
 from __future__ import annotations
 
@@ -81,6 +81,18 @@ def _nbytes(tree: Any) -> int:
   return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
+def weight_matrices(weights: Any) -> List[Tuple[int, ...]]:
+  """The shapes of the weight matrices whose float32 copies count as temporaries: 2-D
+  parameters at least half the median one's size (projections and embeddings; not the small
+  relative-position tables, whose per-step float32 relayout on a TPU is a few KB)."""
+  shapes = [tuple(x.shape) for x in jax.tree.leaves(weights) if len(x.shape) == 2]
+  if not shapes:
+    return []
+  sizes = sorted(math.prod(shape) for shape in shapes)
+  floor = sizes[len(sizes) // 2] / 2
+  return [shape for shape in shapes if math.prod(shape) >= floor]
+
+
 def place(tree: Any, device) -> Any:
   """Abstract arrays (anything with shape and dtype) on one compile-only `device`."""
   mesh = jax.sharding.Mesh(np.array([device]), ("x",))
@@ -117,8 +129,7 @@ def compile_piece(piece: Piece, target: str) -> Tuple[Report, str]:
   text = compiled.as_text()
   kernels = hlo.body_kernels(text)
   per_layer, _, outside = hlo.per_layer(kernels)
-  temps = hlo.f32_temporaries(kernels, [x.shape for x in jax.tree.leaves(piece.weights)
-                                        if len(x.shape) >= 2])
+  temps = hlo.f32_temporaries(kernels, weight_matrices(piece.weights))
   temp_bytes = 2 * sum(4 * n for k in temps for dtype, n in k.outputs() if dtype == "f32")
   calls: Dict[str, int] = {}
   for k in kernels:
@@ -225,6 +236,21 @@ def loop_piece(name: str, loop, params, *, batch: int, input_len: int, cache_len
                           keys, ints(), gamma), 0, weights, _nbytes(cache))
 
 
+def stream_piece(name: str, loop, params, *, slots: int, examples: int, input_len: int,
+                 cache_len: int, weights: Any) -> Piece:
+  """One chunk of a streamed decode (`specjax.decode.stream.chunk_program`: refill free slots,
+  then rounds, in one while loop) of `examples` inputs through `slots` slots; one iteration is
+  a refill and a round."""
+  from specjax.decode.stream import chunk_program  # pylint: disable=import-outside-toplevel
+  from specjax.sampling import row_keys  # pylint: disable=import-outside-toplevel
+  ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+  keys = jax.eval_shape(lambda: row_keys(jax.random.PRNGKey(0), examples))
+  fn, args = chunk_program(loop, params, ints(examples, input_len), ints(examples), keys,
+                           slots=slots, refill_rows=slots, width=cache_len)
+  cache = jax.eval_shape(lambda: loop.target.init_cache(slots, cache_len))
+  return Piece(name, fn, args, 0, weights, _nbytes(cache))
+
+
 def abstract_params(model, dtype: str, seed: int = 0) -> Any:
   """The model's parameters as abstract arrays, kernels cast to `dtype` ('bfloat16': as
   `specjax.params.cast_kernels`; 'int8': as `quantize_kernels`; 'float32': as initialized)."""
@@ -251,6 +277,8 @@ def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
                                              random feature head at the target's width
     autoregressive loop, chain loop (γ),     whole decodes (`loop_piece`)
     tree loop (spines (γ, 1)), feature chain loop (γ)
+    streamed chain loop                      8 inputs streamed through `batch` slots
+                                             (`stream_piece`)
 
   include: 'steps', 'loops' or both.
   """
@@ -299,4 +327,8 @@ def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
           name, loop, LoopParams(target=tparams, drafter=drafter_params), batch=batch,
           input_len=input_len, cache_len=cache_len, weights=_decoder_weights(
               target_model, weights) if drafter_params is None else weights))
+    pieces.append(stream_piece(
+        "streamed chain loop", loops[1][1], LoopParams(target=tparams, drafter=dparams),
+        slots=batch, examples=8, input_len=input_len, cache_len=cache_len,
+        weights=(tparams, dparams)))
   return pieces

@@ -243,6 +243,19 @@ def _empty(loop, batch: int, width: int, params, inputs, length, keys, gamma) ->
                 slot_rounds=zero())
 
 
+def chunk_program(loop, params: Any, inputs: Any, length: Any, keys: Any, *, slots: int,
+                  refill_rows: int, width: int) -> Tuple[Callable, Tuple]:
+  """(a jitted function, its arguments): one chunk of a streamed decode through `slots` slots,
+  the program `stream_decode` runs, for compiling it elsewhere (`specjax.aot` compiles it for
+  an accelerator). Arguments may be abstract (`jax.ShapeDtypeStruct`): params, inputs int32
+  [N, L], length int32 [N], keys [N]; the stream and the scalars come back abstract."""
+  scalar = jax.ShapeDtypeStruct((), jnp.int32)
+  stream = jax.eval_shape(lambda p, i, n, k: _empty(loop, slots, width, p, i, n, k, jnp.int32(1)),
+                          params, inputs, length, keys)
+  program = jax.jit(lambda *args: _run(loop, refill_rows, None, *args))
+  return program, (params, inputs, length, keys, scalar, stream, scalar, scalar, scalar, scalar)
+
+
 def stream_decode(loop, params: Any, inputs: jax.Array, length: jax.Array, keys: jax.Array, *,
                   streaming: Streaming, width: int, max_new_tokens: int, gamma: int = 1,
                   partitioner: Optional[Partitioner] = None,

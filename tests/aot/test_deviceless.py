@@ -110,7 +110,7 @@ def test_the_target_step_compiles_for_a_tpu_too(lm_pieces, name):
 
 
 @pytest.mark.parametrize("piece", ["autoregressive loop", "chain loop", "tree loop",
-                                   "feature chain loop"])
+                                   "feature chain loop", "streamed chain loop"])
 @pytest.mark.parametrize("name", [GPU, TPU])
 def test_every_decode_loop_compiles_without_a_device(lm_pieces, piece, name):
   rep, text = report.compile_piece(lm_pieces[piece], name)
