@@ -12,14 +12,20 @@ What moved, and where:
   jax 0.10.1, accepted both from 0.10.2 and only `out_type` / `scratch_types` from 0.11.2.
 - The GPU interpreter's settings (`InterpretGPUParams`) are exported under
   `jax.experimental.pallas.mosaic_gpu` from jax 0.11.1; before, only from JAX's internals.
+- `jax.sharding.AbstractDevice` gained its `platform` field in jax 0.10.1; from jax 0.11 a
+  Pallas GPU kernel lowered on a host without a GPU reads the GPU it is for from the abstract
+  mesh's device.
 
 flax 0.12.8 to 0.12.12 changed nothing specjax uses.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Sequence
+
+import jax
 
 
 def _mosaic_gpu():
@@ -62,3 +68,13 @@ def mgpu_interpret_params() -> Any:
     return plgpu.InterpretGPUParams()
   from jax._src.pallas.mosaic_gpu.interpret import params  # pylint: disable=import-outside-toplevel
   return params.InterpretGPUParams()
+
+
+def abstract_gpu_mesh(device_kind: str, num_cores: int) -> jax.sharding.AbstractMesh:
+  """A one-device abstract mesh of the NVIDIA GPU `device_kind` (e.g. 'NVIDIA H200') with
+  `num_cores` SMs: under `jax.sharding.use_abstract_mesh`, what a Pallas GPU kernel lowers
+  for on a host without that GPU."""
+  fields = {f.name for f in dataclasses.fields(jax.sharding.AbstractDevice)}
+  device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
+                                       **({"platform": "gpu"} if "platform" in fields else {}))
+  return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)

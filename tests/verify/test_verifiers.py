@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from experiments import bench_verify, sigmoid_quality
-from specjax import analysis
+from specjax import analysis, compat
 from specjax.verify import fused_kernel as fused_verify
 from specjax.verify.fused_kernel import draw_correction
 from specjax.verify import verify
@@ -146,8 +146,7 @@ def test_fused_with_typed_and_non_threefry_keys(rows):
       np.testing.assert_array_equal(_run(verifier, inputs, 1.0)[1], ref[1])
 
 
-H200 = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(
-    device_kind="NVIDIA H200", num_cores=132, platform="gpu"))
+H200 = compat.abstract_gpu_mesh("NVIDIA H200", num_cores=132)
 """One abstract NVIDIA H200 (132 SMs, compute capability 9.0): what a kernel lowers for when
 this host has no GPU (JAX 0.11 and newer ask the mesh which GPU to lower for)."""
 
