@@ -22,7 +22,7 @@ import dataclasses
 import math
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 LOOP_MODULES = r".*(run_loop|reference_decode|decode_steps).*"
 """Module names (jit function names) of the loops worth counting: specjax's one whole-loop

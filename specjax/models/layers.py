@@ -470,7 +470,7 @@ def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
 
 
 def cache_attention(query: Array, keys: Array, values: Array, bias: Array, dtype: Any) -> Array:
-  """Softmax(q k^T + bias) v over one head-major cache, as plain products: the form XLA:GPU
+  """`dot_product_attention` over one head-major cache, as plain products: the form XLA:GPU
   fuses into one kernel (scores, softmax and weighted sum; `cached_attention` splits its
   softmax over parts, which it cannot).
 
@@ -483,10 +483,9 @@ def cache_attention(query: Array, keys: Array, values: Array, bias: Array, dtype
   Returns:
     [B, q, H, D] in `dtype`.
   """
-  logits = jnp.einsum("bqhd,bhdk->bhqk", query.astype(jnp.float32),
-                      keys.astype(jnp.float32)) + bias
-  weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
-  return jnp.einsum("bhqk,bhkd->bqhd", weights, values.astype(dtype))
+  # The cache's layouts as `dot_product_attention` reads them: views, folded into the products.
+  return dot_product_attention(query, jnp.transpose(keys, (0, 3, 1, 2)),
+                               jnp.swapaxes(values, 1, 2), bias, dtype)
 
 
 def fused_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]], dtype: Any,
