@@ -11,6 +11,7 @@ from specjax.app.main import DEFAULT_GIN
 pytestmark = pytest.mark.usefixtures("gin_cleared")
 
 DECODING = sorted(f"decoding/{p.name}" for p in (gin_config.GIN_DIR / "decoding").glob("*.gin"))
+BEAM = ["decoding/beam.gin", "decoding/beam_speculative.gin"]  # for Python callers; refused
 
 
 class _Built(Exception):
@@ -55,10 +56,20 @@ def test_a_sampled_run_keeps_the_default_pair_and_inputs():
   assert gin_config.query_macro("MAX_NEW_TOKENS") == 128
 
 
-@pytest.mark.parametrize("name", DECODING)
+@pytest.mark.parametrize("name", sorted(set(DECODING) - set(BEAM)))
 def test_every_decoding_file_alone_is_a_valid_run(name, stop_at_build, tmp_path):
   """`specjax --gin_file=decoding/X.gin` reads the default inputs and passes every check."""
   with pytest.raises(_Built):
+    run([f"--gin_file={name}", "--plain", f"--gin.OUTPUT_DIR='{tmp_path}'"])
+
+
+@pytest.mark.parametrize("name", BEAM)
+def test_the_beam_search_files_are_refused_before_any_model_is_built(name, stop_at_build,
+                                                                     tmp_path):
+  """The main job does not run beam search: its files would only replace GAMMA silently."""
+  assert name in DECODING
+  with pytest.raises(ValueError, match=r"configure (speculative_)?beam_search .* which the main "
+                                       r"job does not run"):
     run([f"--gin_file={name}", "--plain", f"--gin.OUTPUT_DIR='{tmp_path}'"])
 
 
