@@ -1,0 +1,175 @@
+"""The decode loops' fingerprint: every loop's tokens and the size of its compiled program, to
+hold a change that should alter neither (a refactor) against the code before it.
+
+    python -m experiments.fingerprint --output_dir /tmp/before
+    python -m experiments.fingerprint --output_dir /tmp/after --compare /tmp/before
+
+For each pair (the bundled LM and EN->DE pairs), at T = 0 and T = 1, decodes the first
+`examples` bundled inputs with each loop: autoregressive, the chain (γ 3, draft model), the
+chain streamed through 2 slots, 'auto' (greedy only: its choices follow timings, its greedy
+tokens do not), a static tree (spines (3, 1)), a dynamic tree (branch 2, expand 2, depth 3),
+prompt lookup as a tree (2 continuations of 3), and on the LM pair the bundled feature head as
+a chain and as a static tree. Each row of fingerprint.{md,json} holds the tokens' hash, the
+target calls, and the optimized HLO of the whole-loop programs that decode compiled (XLA's
+dump of `run_loop` and the streamed chunk: instructions in all, kernels of one loop iteration, as
+`specjax.aot.hlo.loop_stats`). `--compare DIR` reads DIR/fingerprint.json and adds, per row,
+whether the tokens are the same and the instruction counts before -> after; the run exits 1
+when any tokens differ or a program grew.
+
+The dump folder is set before JAX's backend starts and the persistent compilation cache is
+off for the run (a program read from the cache is not compiled, so not dumped).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from experiments.common.cli import parse_cli
+from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.inputs import load_examples
+from experiments.common.output import Output, header, markdown_table
+from specjax.aot import hlo
+from specjax.command import run_cli
+
+FAST = dict(examples=1, max_new_tokens=6)
+FULL = dict(examples=3, max_new_tokens=24)
+GAMMA = 3
+LOOP_MODULES = r".*(run_loop|jit__run).*"
+"""The whole-loop programs: the runner's `run_loop` and the streamed decode's chunk (`_run`)."""
+
+
+def _decoders(pair, temperature: float, cache_len: int, max_new_tokens: int
+              ) -> Dict[str, Callable[[Any], Any]]:
+  """name -> fn(inputs int32 [N, W]) -> DecodeResult, for one pair and temperature."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from specjax.app import bundled  # pylint: disable=import-outside-toplevel
+  from specjax.decode import (autoregressive_decode, speculative_decode,  # pylint: disable=import-outside-toplevel
+                              tree_decode)
+  from specjax.draft import (DynamicTree, FeatureDrafter,  # pylint: disable=import-outside-toplevel
+                             PromptLookupTreeDrafter, StaticTree)
+  from specjax.train import load_head  # pylint: disable=import-outside-toplevel
+
+  config = decode_config(temperature, cache_len)
+  common = dict(max_new_tokens=max_new_tokens, rng=jax.random.PRNGKey(0), config=config)
+  target, params = pair.target, pair.target_params
+  drafter, dparams = model_drafter(pair, GAMMA)
+  spines = StaticTree.from_spines((GAMMA, 1))
+  out = {
+      "autoregressive": lambda x: autoregressive_decode(target, params, x, **common),
+      "chain": lambda x: speculative_decode(target, params, drafter, dparams, x, gamma=GAMMA,
+                                            **common),
+      "chain, streamed (2 slots)": lambda x: speculative_decode(
+          target, params, drafter, dparams, x, gamma=GAMMA, slots=2, **common),
+      "static tree": lambda x: tree_decode(target, params, pair.draft, dparams, x,
+                                           tree=spines, **common),
+      "dynamic tree": lambda x: tree_decode(
+          target, params, pair.draft, dparams, x,
+          tree=DynamicTree(branch=2, expand=2, max_depth=GAMMA), **common),
+      "prompt-lookup tree": lambda x: tree_decode(
+          target, params, PromptLookupTreeDrafter(target.vocab_size, branches=2, depth=GAMMA),
+          None, x, **common),
+  }
+  if temperature == 0.0:
+    auto = decode_config(temperature, cache_len)
+    import dataclasses  # pylint: disable=import-outside-toplevel
+    auto = dataclasses.replace(auto, gamma_policy="auto")
+    out["chain, 'auto'"] = lambda x: speculative_decode(
+        target, params, drafter, dparams, x, gamma=GAMMA,
+        **{**common, "config": auto})
+  if pair.name == "lm" and not pair.random_init:
+    head, head_params = load_head(bundled.resolve("bundled:lm/eagle", "checkpoint"))
+    feature = FeatureDrafter(target, head, max_gamma=GAMMA)
+    fparams = feature.params(head_params, params)
+    out["feature chain"] = lambda x: speculative_decode(target, params, feature, fparams, x,
+                                                        gamma=GAMMA, **common)
+    out["feature tree"] = lambda x: tree_decode(target, params, feature, fparams, x,
+                                                tree=spines, **common)
+  return out
+
+
+def _programs(folder: Path, seen: set) -> List[Dict[str, Any]]:
+  """The loop programs dumped since `seen` (updated): instructions and one iteration's
+  kernels of each."""
+  out = []
+  for name, text in sorted(hlo.loop_modules(str(folder)).items()):
+    if name in seen:
+      continue
+    seen.add(name)
+    stats = hlo.loop_stats(text)
+    instructions = sum(1 for line in text.splitlines() if " = " in line
+                       and line.lstrip().startswith(("%", "ROOT %")))
+    out.append({"instructions": instructions, "body_kernels": stats["body_kernels"],
+                "whiles": stats["whiles"]})
+  return out
+
+
+def run(cli, examples: int, max_new_tokens: int) -> List[Dict[str, Any]]:
+  """Writes fingerprint.{md,json}; returns the rows (module docstring)."""
+  folder = Path(os.environ["SPECJAX_FINGERPRINT_DUMP"])
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_enable_compilation_cache", False)
+  before = None
+  if cli.flags["compare"]:
+    before = {(r["pair"], r["T"], r["decode"]): r for r in json.loads(
+        (Path(cli.flags["compare"]) / "fingerprint.json").read_text())["rows"]}
+  rows, seen, worse = [], set(), []
+  for pair in cli.pairs:
+    ex = load_examples(pair, examples, max_input_len=16)
+    cache_len = 16 + max_new_tokens + 2 * GAMMA + 2
+    for temperature in (0.0, 1.0):
+      for name, fn in _decoders(pair, temperature, cache_len, max_new_tokens).items():
+        result = fn(ex.inputs)
+        tokens = np.asarray(result.tokens)
+        programs = _programs(folder, seen)
+        row = {"pair": pair.name, "T": temperature, "decode": name,
+               "tokens": hashlib.sha256(tokens.tobytes()).hexdigest()[:12],
+               "first_tokens": tokens[0, :8].tolist(),
+               "target_calls": int(np.sum(result.target_calls)),
+               "programs": len(programs),
+               "instructions": sum(p["instructions"] for p in programs),
+               "body_kernels": [p["body_kernels"] for p in programs]}
+        old = None if before is None else before.get((pair.name, temperature, name))
+        if old is not None:
+          row["same_tokens"] = old["tokens"] == row["tokens"]
+          row["instructions_before"] = old["instructions"]
+          row["body_kernels_before"] = old["body_kernels"]
+          if not row["same_tokens"] or row["instructions"] > old["instructions"]:
+            worse.append(f"{pair.name} T={temperature:g} {name}")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+  out = Output(cli.output_dir, "fingerprint")
+  columns = ["pair", "T", "decode", "tokens", "target_calls", "programs", "instructions",
+             "body_kernels"]
+  if before is not None:
+    columns += ["same_tokens", "instructions_before", "body_kernels_before"]
+  md = header("The decode loops' fingerprint", cli.pairs, [
+      f"{examples} bundled inputs, {max_new_tokens} new tokens, γ {GAMMA}; instructions: the "
+      "optimized HLO of the loops each decode compiled"]) + markdown_table(rows, columns)
+  out.report(md, rows, cli.pairs)
+  if worse:
+    print("tokens changed or a program grew: " + "; ".join(worse))
+    return 1
+  return rows
+
+
+def main(argv: Optional[List[str]] = None) -> Any:
+  """Sets the dump folder before JAX's backend starts, then runs."""
+  folder = Path(tempfile.mkdtemp(prefix="specjax_fingerprint_"))
+  os.environ["SPECJAX_FINGERPRINT_DUMP"] = str(folder)
+  flags = (f"--xla_dump_to={folder} --xla_dump_hlo_as_text "
+           f"--xla_dump_hlo_module_re={LOOP_MODULES}")
+  os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), flags]))
+  cli = parse_cli(argv, __doc__, "fingerprint", flags={
+      "--compare": dict(default=None, help="a folder holding an earlier fingerprint.json")})
+  result = run(cli, **(FAST if cli.fast else FULL))
+  return result if result == 1 else 0
+
+
+if __name__ == "__main__":
+  sys.exit(run_cli(main))
