@@ -6,9 +6,9 @@ hold a change that should alter neither (a refactor) against the code before it.
 
 For each pair (the bundled LM and EN->DE pairs), at T = 0 and T = 1, decodes the first
 `examples` bundled inputs with each loop: autoregressive, the chain (γ 3, draft model), the
-chain streamed through 2 slots, 'auto' (greedy only: its choices follow timings, its greedy
-tokens do not), a static tree (spines (3, 1)), a dynamic tree (branch 2, expand 2, depth 3),
-prompt lookup as a tree (2 continuations of 3), and on the LM pair the bundled feature head as
+chain streamed through 2 slots, a static tree (spines (3, 1)), a dynamic tree (branch 2, expand 2, depth 3),
+prompt lookup as a tree (2 continuations of 3), the chain and the static tree under 'auto'
+(greedy only: its choices follow timings, its greedy tokens do not), and on the LM pair the bundled feature head as
 a chain and as a static tree. Each row of fingerprint.{md,json} holds the tokens' hash, the
 target calls, and the optimized HLO of the whole-loop programs that decode compiled (XLA's
 dump of `run_loop` and the streamed chunk: instructions in all, kernels of one loop iteration, as
@@ -81,6 +81,8 @@ def _decoders(pair, temperature: float, cache_len: int, max_new_tokens: int
     out["chain, 'auto'"] = lambda x: speculative_decode(
         target, params, drafter, dparams, x, gamma=GAMMA,
         **{**common, "config": auto})
+    out["static tree, 'auto'"] = lambda x: tree_decode(
+        target, params, pair.draft, dparams, x, tree=spines, **{**common, "config": auto})
   if pair.name == "lm" and not pair.random_init:
     head, head_params = load_head(bundled.resolve("bundled:lm/eagle", "checkpoint"))
     feature = FeatureDrafter(target, head, max_gamma=GAMMA)

@@ -9,10 +9,9 @@ import jax.numpy as jnp
 
 from specjax.decode import runner
 from specjax.decode.config import DecodeConfig
-from specjax.decode.inputs import check_decode
 from specjax.decode.loop import advance, bad_logits, going, last_tokens, start_loop
 from specjax.decode.state import DecodeResult, LoopParams, LoopState
-from specjax.decode.stream import Streaming, as_streaming
+from specjax.decode.stream import Streaming
 from specjax.models import DecodingModel
 from specjax.sampling import CORRECTION_STREAM, Sampling, position_key
 from specjax.sharding import Partitioner
@@ -124,10 +123,8 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
     A `DecodeResult` with tokens [B, max_new_tokens], in input order (streaming: with
     `rounds` and `slot_rounds`, see `DecodeResult.slot_utilization`).
   """
-  streaming = as_streaming(slots)
-  rows = None if streaming is None else streaming.sizes(partitioner)[0] + streaming.refill_rows
-  checked = check_decode(model, config, inputs, max_new_tokens, prompt_lengths, rows=rows,
-                         partitioner=partitioner)
-  loop = AutoregressiveLoop.of(model, dataclasses.replace(config, cache_len=checked.cache_len))
-  return runner.decode(loop, LoopParams(target=params), checked, rng, streaming=streaming,
-                       partitioner=partitioner, on_progress=on_progress)
+  entry = runner.enter(model, config, inputs, max_new_tokens, prompt_lengths, slots,
+                       partitioner)
+  return runner.decode(AutoregressiveLoop.of(model, entry.config), LoopParams(target=params),
+                       entry.checked, rng, streaming=entry.streaming, partitioner=partitioner,
+                       on_progress=on_progress)

@@ -6,7 +6,8 @@
   commit  the row advances by n + 1; the drafter rolls back (seq, length, done, caches)
   record  per-row statistics, the trace, the next round's γ
 
-`SpeculativeLoop` holds them with the loop's start; the padded-batch loop
+`SpeculativeLoop` holds them on the skeleton it shares with the tree loop (`DraftingLoop`:
+start, the narrow round, rounds); the padded-batch loop
 (`specjax.decode.speculative`) and the streaming decode (`specjax.decode.stream`) both run
 its `rounds`. Under the 'auto' γ policy a round is one of len(buckets) + 1 compiled
 variants (`specjax.decode.auto_rounds`): the narrow round (every row at γ = 0: the
@@ -159,9 +160,14 @@ def narrow_round(target: DecodingModel, config: DecodeConfig, params: LoopParams
 
 
 class DraftingLoop:
-  """What the chain and tree loops share as `runner.Loop`s (both hold `target`, `drafter` and
-  `config`): the 'auto' policy, γ's bound, the fallback and when the decode goes on."""
+  """The skeleton the chain and tree loops share as `runner.Loop`s (both hold `target`,
+  `drafter` and `config`): `start`, the narrow round, `rounds` (one round, or the 'auto'
+  policy's phases over the narrow round and one wide round per bucket), γ's bound, the fallback
+  and when the decode goes on. A loop adds its `round(bucket, ...)` (draft -> score -> verify
+  -> commit -> record, the target call `bucket` guesses wide) and its `buckets`."""
 
+  takes_gamma: ClassVar[bool]
+  """Whether `start` reads γ: the chain's first γ per row (a tree's shape replaces γ: 0)."""
 
   @property
   def auto(self) -> bool:
@@ -171,6 +177,16 @@ class DraftingLoop:
   def max_gamma(self) -> int:
     return self.drafter.max_gamma
 
+  @property
+  def buckets(self) -> Tuple[int, ...]:
+    """'auto': the γ of each wide-round variant."""
+    raise NotImplementedError
+
+  def round(self, bucket: int, params: LoopParams, state: LoopState, keys, encoded,
+            prefix_len, max_new_tokens) -> LoopState:
+    """One round whose target call scores the last token and `bucket` guesses."""
+    raise NotImplementedError
+
   def fallback_loop(self) -> AutoregressiveLoop:
     """'auto': the autoregressive loop (its result is reported as γ = 0 rounds)."""
     return AutoregressiveLoop.of(self.target, self.config)
@@ -179,11 +195,51 @@ class DraftingLoop:
     """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
     return going(state, params.control if self.auto else None)
 
+  def start(self, params: LoopParams, inputs, seq, length, gamma=None) -> Tuple[LoopState, Any]:
+    """inputs [B, L], seq [B, T], length [B], gamma int32 [] (read when `takes_gamma`) ->
+    (LoopState, encoded): the target encoded / prefilled, the drafter started, every row at
+    its first γ (a tree: 0, which under 'auto' is the narrow round), histograms of γ up to
+    max_gamma."""
+    max_gamma = self.max_gamma
+    batch, width = seq.shape
+    state, encoded = start_drafting(self.target, self.drafter, params, inputs, seq, length,
+                                    max_gamma + 1)
+    return state.replace(
+        gamma=jnp.full((batch,), gamma if self.takes_gamma else 0, jnp.int32),
+        gamma_hist=jnp.zeros((batch, max_gamma + 1), jnp.int32),
+        trace=empty_trace(batch, width, max_gamma) if self.config.trace else None), encoded
+
+  def narrow(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+             max_new_tokens) -> LoopState:
+    """A round in which every row has γ = 0: the autoregressive step (one 1-token target call,
+    the same key, no draft call) counted as a γ = 0 round. A drafter that wants features gets
+    the scored one; others catch up the tokens they missed on their next `propose`."""
+    return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
+                        max_new_tokens, self.max_gamma, self.drafter)
+
+  def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+             max_new_tokens, running: Callable = lambda s: True,
+             place: Callable = lambda s: s) -> LoopState:
+    """At least one round. Fixed γ policies: exactly one, max_gamma wide. 'auto': one
+    `auto_rounds.run` pass, rounds of each variant (the narrow round, then one per bucket)
+    while `running(state)` and `going` hold (the streaming decode stops it when a slot is
+    free). `place` constrains each round's state (sharding)."""
+    step = dict(params=params, keys=keys, encoded=encoded, prefix_len=prefix_len,
+                max_new_tokens=max_new_tokens)
+    if not self.auto:
+      return place(self.round(self.max_gamma, state=state, **step))
+    variants = [lambda s: self.narrow(state=s, **step)] + [
+        lambda s, b=b: self.round(b, state=s, **step) for b in self.buckets]
+    return auto_rounds.run(params.control, self.buckets, variants, state, prefix_len,
+                           max_new_tokens,
+                           running=lambda s: self.going(params, s) & running(s), place=place)
+
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeLoop(DraftingLoop):
-  """Algorithm 1's start and rounds (static, hashable), shared by the padded-batch loop and
-  the streaming decode (`specjax.decode.stream`). `params` is a `LoopParams`."""
+  """Algorithm 1 as a `runner.Loop` (static, hashable; `params` is a `LoopParams`): the
+  `DraftingLoop` skeleton with the chain's round, shared by the padded-batch loop and the
+  streaming decode (`specjax.decode.stream`)."""
 
   target: DecodingModel
   drafter: Drafter
@@ -196,18 +252,6 @@ class SpeculativeLoop(DraftingLoop):
   def buckets(self) -> Tuple[int, ...]:
     """'auto': the γ of each wide-round variant (`DecodeConfig.auto_buckets` resolved)."""
     return auto.resolve_buckets(self.config.auto_buckets, self.max_gamma) if self.auto else ()
-
-  def start(self, params: LoopParams, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
-    """inputs [B, L], seq [B, T], length [B], gamma int32 [] -> (LoopState, encoded): the
-    target encoded / prefilled, the drafter started, every row at γ."""
-    max_gamma = self.drafter.max_gamma
-    batch, width = seq.shape
-    state, encoded = start_drafting(self.target, self.drafter, params, inputs, seq, length,
-                                    max_gamma + 1)
-    return state.replace(
-        gamma=jnp.full((batch,), gamma, jnp.int32),
-        gamma_hist=jnp.zeros((batch, max_gamma + 1), jnp.int32),
-        trace=empty_trace(batch, width, max_gamma) if self.config.trace else None), encoded
 
   def round(self, bucket: int, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
             max_new_tokens) -> LoopState:
@@ -226,29 +270,3 @@ class SpeculativeLoop(DraftingLoop):
     after = commit(config, drafter, state, proposal, verdict, cache, drafter_state, prefix_len,
                    max_new_tokens, features)
     return record(config, state, after, proposal, verdict, drafter.max_gamma)
-
-  def narrow(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
-             max_new_tokens) -> LoopState:
-    """A round in which every row has γ = 0: the autoregressive step (one 1-token target call,
-    the same key, no draft call) counted as a γ = 0 round. The drafter's state is left as it
-    is: its next `propose` catches up the tokens it missed."""
-    return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
-                        max_new_tokens, self.drafter.max_gamma, self.drafter)
-
-
-  def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
-             max_new_tokens, running: Callable = lambda s: True,
-             place: Callable = lambda s: s) -> LoopState:
-    """At least one round. Fixed γ policies: exactly one. 'auto': one `auto.run_phases` pass,
-    rounds of each variant while `running(state)` and `going` hold (the streaming decode stops
-    it when a slot is free). `place` constrains each round's state (sharding)."""
-    max_gamma = self.drafter.max_gamma
-    step = dict(params=params, keys=keys, encoded=encoded, prefix_len=prefix_len,
-                max_new_tokens=max_new_tokens)
-    if not self.auto:
-      return place(self.round(max_gamma, state=state, **step))
-    variants = [lambda s: self.narrow(state=s, **step)] + [
-        lambda s, b=b: self.round(b, state=s, **step) for b in self.buckets]
-    return auto_rounds.run(params.control, self.buckets, variants, state, prefix_len,
-                           max_new_tokens,
-                           running=lambda s: self.going(params, s) & running(s), place=place)

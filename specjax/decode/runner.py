@@ -16,8 +16,9 @@ traced methods over the typed `LoopState`: `start` (encode / prefill, the drafte
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable, Optional, Protocol, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +27,10 @@ import numpy as np
 from specjax.decode import auto, calibration
 from specjax.decode.config import DecodeConfig
 from specjax.decode.fallback import as_narrow_rounds
-from specjax.decode.inputs import Checked, check_nan, initial_seq
+from specjax.decode.inputs import Checked, check_decode, check_nan, initial_seq
 from specjax.decode.loop import finish
 from specjax.decode.state import DecodeResult, LoopParams, LoopState
-from specjax.decode.stream import Streaming, stream_decode
+from specjax.decode.stream import Streaming, as_streaming, stream_decode
 from specjax.models import DecodingModel
 from specjax.sampling import row_keys
 from specjax.sharding import Partitioner, constrain, place, unpad
@@ -78,6 +79,30 @@ class Loop(Protocol):
     """bool []: whether the decode goes on."""
 
 
+class Entry(NamedTuple):
+  """What every decode entry has once its inputs are checked (`enter`)."""
+
+  streaming: Optional[Streaming]  # the stream's settings (None: one padded batch)
+  checked: Checked  # the inputs, prefix lengths, budget, cache length and γ, checked
+  config: DecodeConfig  # the entry's config with the checked cache length
+  rows: int  # rows decoded at once (streaming: slots plus refill rows; else the batch)
+
+
+def enter(target: DecodingModel, config: DecodeConfig, inputs, max_new_tokens, prompt_lengths,
+          slots: Any, partitioner: Optional[Partitioner], **checks: Any) -> Entry:
+  """The decode entries' shared preamble: the streaming settings (`as_streaming(slots)`), the
+  inputs checked for the rows decoded at once (`check_decode`, with `checks`: the drafter
+  and γ), and the config's cache length fixed to the checked one (so a streaming
+  calibration's padded batch sees the stream's)."""
+  streaming = as_streaming(slots)
+  rows = None if streaming is None else streaming.rows(partitioner)
+  checked = check_decode(target, config, inputs, max_new_tokens, prompt_lengths, rows=rows,
+                         partitioner=partitioner, **checks)
+  return Entry(streaming=streaming, checked=checked,
+               config=dataclasses.replace(config, cache_len=checked.cache_len),
+               rows=rows or checked.inputs.shape[0])
+
+
 @functools.partial(jax.jit, static_argnames=("loop", "partitioner"))
 def run_loop(loop: Loop, partitioner, params: LoopParams, inputs, seq, length, keys,
              max_new_tokens, gamma):
@@ -102,8 +127,7 @@ def decode(loop: Loop, params: LoopParams, checked: Checked, rng, *,
   policy would never speculate. Returns the `DecodeResult` (tokens [B, max_new_tokens]; the
   cost table under 'auto'); ValueError naming rows whose logits held NaN.
   """
-  rows = None if streaming is None else (streaming.sizes(partitioner)[0]
-                                         + streaming.refill_rows)
+  rows = None if streaming is None else streaming.rows(partitioner)
   prepared = None
   if streaming is None or loop.auto:
     some = (slice(None) if streaming is None

@@ -22,7 +22,7 @@ from specjax.decode.chain_checks import check_chain
 from specjax.decode.inputs import check_decode
 from specjax.decode.round import SpeculativeLoop
 from specjax.decode.state import DecodeResult, LoopParams
-from specjax.decode.stream import Streaming, as_streaming
+from specjax.decode.stream import Streaming
 from specjax.draft import Drafter
 from specjax.models import DecodingModel
 from specjax.sharding import Partitioner
@@ -77,17 +77,13 @@ def speculative_decode(target: DecodingModel, target_params: Any, drafter: Draft
     raise ValueError(f"gamma is required for gamma_policy={config.gamma_policy!r}")
   if costs is not None and not auto_policy:
     raise ValueError(f"a cost table is for gamma_policy='auto', not {config.gamma_policy!r}")
-  streaming = as_streaming(slots)
-  rows = None if streaming is None else (streaming.sizes(partitioner)[0]
-                                         + streaming.refill_rows)
-  checked = check_decode(target, config, inputs, max_new_tokens, prompt_lengths,
-                         drafter=drafter, gamma=gamma, rows=rows, partitioner=partitioner)
-  check_chain(drafter.max_gamma, [target, *drafter.models], rows or checked.inputs.shape[0],
-              checked.cache_len, target.vocab_size, checked.cache_size, partitioner)
-  # The cache length is fixed here, so a streaming calibration's padded batch sees the stream's.
-  loop = SpeculativeLoop(target, drafter, dataclasses.replace(config, cache_len=checked.cache_len))
-  return runner.decode(loop, LoopParams(target=target_params, drafter=draft_params), checked,
-                       rng, streaming=streaming, partitioner=partitioner,
+  entry = runner.enter(target, config, inputs, max_new_tokens, prompt_lengths, slots,
+                       partitioner, drafter=drafter, gamma=gamma)
+  check_chain(drafter.max_gamma, [target, *drafter.models], entry.rows, entry.checked.cache_len,
+              target.vocab_size, entry.checked.cache_size, partitioner)
+  return runner.decode(SpeculativeLoop(target, drafter, entry.config),
+                       LoopParams(target=target_params, drafter=draft_params), entry.checked,
+                       rng, streaming=entry.streaming, partitioner=partitioner,
                        on_progress=on_progress, costs=costs)
 
 

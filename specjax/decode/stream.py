@@ -84,6 +84,10 @@ class Streaming:
       sizes.append(sizes[-1] // 2)
     return tuple(sizes)
 
+  def rows(self, partitioner: Optional[Partitioner] = None) -> int:
+    """Rows the stream holds at once: its first slot count and a refill pass's rows."""
+    return self.sizes(partitioner)[0] + self.refill_rows
+
 
 @flax.struct.dataclass
 class Slots:

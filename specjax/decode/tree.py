@@ -35,13 +35,12 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.decode import auto, auto_rounds, runner
+from specjax.decode import auto, runner
 from specjax.decode.config import DecodeConfig
-from specjax.decode.inputs import check_decode
-from specjax.decode.loop import advance, bad_logits, last_tokens, start_drafting
-from specjax.decode.round import DraftingLoop, narrow_round, record_trace
-from specjax.decode.state import DecodeResult, LoopParams, LoopState, empty_trace
-from specjax.decode.stream import Streaming, as_streaming
+from specjax.decode.loop import advance, bad_logits, last_tokens
+from specjax.decode.round import DraftingLoop, draft, record_trace
+from specjax.decode.state import DecodeResult, LoopParams, LoopState
+from specjax.decode.stream import Streaming
 from specjax.decode.tree_checks import check_tree
 from specjax.draft import (Accepted, Drafter, FeatureDrafter, FeatureTreeDrafter, NGramDrafter,
                            NGramTreeDrafter)
@@ -82,8 +81,9 @@ class TreeVerdict:
 
 @dataclasses.dataclass(frozen=True)
 class TreeLoop(DraftingLoop):
-  """The tree loop as a `runner.Loop`: its start and rounds (static, hashable); params is a
-  `LoopParams`."""
+  """The tree loop as a `runner.Loop` (static, hashable; params is a `LoopParams`): the
+  `DraftingLoop` skeleton (start, the narrow round, rounds) with the tree's round, whose one
+  width is the tree's depth."""
 
   target: DecodingModel
   drafter: Drafter  # a tree drafter (`drafter.tree` is its StaticTree or DynamicTree)
@@ -99,58 +99,17 @@ class TreeLoop(DraftingLoop):
     """'auto': the one wide round, the tree, as the bucket γ = max_depth."""
     return (self.max_gamma,)
 
-  def start(self, params: LoopParams, inputs, seq, length, gamma=None):
-    """-> (LoopState, encoded): the target encoded / prefilled, the drafter started
-    (`gamma` unused: the tree's shape replaces it)."""
-    del gamma
-    depth = self.max_gamma
-    state, encoded = start_drafting(self.target, self.drafter, params, inputs, seq, length,
-                                    depth + 1)
-    batch, width = seq.shape
-    # Each row's γ (under 'auto' 0: narrow, else the tree) and rounds by γ: a tree round
-    # counts at D.
-    state = state.replace(gamma=jnp.zeros_like(length),
-                          gamma_hist=jnp.zeros((batch, depth + 1), jnp.int32),
-                          trace=empty_trace(batch, width, depth) if self.config.trace else None)
-    return state, encoded
-
-  def round(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
+  def round(self, bucket: int, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
             max_new_tokens) -> LoopState:
-    """One tree round: draft -> score -> verify -> commit -> record."""
-    proposal, drafter_state = self._draft(params, state, keys)
+    """One tree round: draft -> score -> verify -> commit -> record (`bucket`: the tree's
+    depth, its one width)."""
+    del bucket
+    proposal, drafter_state = draft(self.drafter, params, state, keys, self.config)
     logits, features, cache = self._score(params.target, state, proposal, encoded)
     verdict = self._verify(keys, state, proposal, logits)
     after = self._commit(state, verdict, cache, drafter_state, prefix_len, max_new_tokens,
                          features)
     return self._record(state, after, proposal, verdict)
-
-  def narrow(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
-             max_new_tokens) -> LoopState:
-    """'auto': a round in which every row takes one plain target step (the autoregressive
-    step, the key a tree round's n = 0 correction uses; no draft call), counted at γ = 0.
-    The drafter catches up the tokens it missed on its next `propose`."""
-    return narrow_round(self.target, self.config, params, state, keys, encoded, prefix_len,
-                        max_new_tokens, self.max_gamma, self.drafter)
-
-
-  def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
-             max_new_tokens, running: Callable = lambda s: True,
-             place: Callable = lambda s: s) -> LoopState:
-    """At least one round (the streaming interface of `SpeculativeLoop.rounds`): one tree
-    round, or under 'auto' one `auto.run_phases` pass over the narrow and tree rounds."""
-    step = dict(params=params, keys=keys, encoded=encoded, prefix_len=prefix_len,
-                max_new_tokens=max_new_tokens)
-    if not self.auto:
-      return place(self.round(state=state, **step))
-    variants = [lambda s: self.narrow(state=s, **step), lambda s: self.round(state=s, **step)]
-    return auto_rounds.run(params.control, self.buckets, variants, state,
-                           prefix_len, max_new_tokens,
-                           running=lambda s: self.going(params, s) & running(s), place=place)
-
-  def _draft(self, params: LoopParams, state: LoopState, keys) -> Tuple[TreeProposal, Any]:
-    """The drafter's tree of N nodes for every row (`TreeProposal`) and its new state."""
-    return self.drafter.propose(params.drafter, state.drafter_state, state.seq, state.length,
-                                state.gamma, keys, self.config.sampling)
 
   def _score(self, target_params, state: LoopState, proposal: TreeProposal, encoded):
     """The target's logits [B, N + 1, V] at the root and every node, in one call, its
@@ -303,15 +262,12 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, draft_p
   """
   drafter = _tree_drafter(drafter, tree)
   check_tree(drafter.tree, config, costs=costs)
-  streaming = as_streaming(slots)
-  rows = None if streaming is None else (streaming.sizes(partitioner)[0]
-                                         + streaming.refill_rows)
-  checked = check_decode(target, config, inputs, max_new_tokens, prompt_lengths,
-                         drafter=drafter, rows=rows, partitioner=partitioner)
+  entry = runner.enter(target, config, inputs, max_new_tokens, prompt_lengths, slots,
+                       partitioner, drafter=drafter)
   check_tree(drafter.tree, config, vocab_size=target.vocab_size,
-             models=[target, *drafter.models], rows=rows or checked.inputs.shape[0],
-             cache_len=checked.cache_len, partitioner=partitioner)
-  loop = TreeLoop(target, drafter, dataclasses.replace(config, cache_len=checked.cache_len))
-  return runner.decode(loop, LoopParams(target=target_params, drafter=draft_params), checked,
-                       rng, streaming=streaming, partitioner=partitioner,
+             models=[target, *drafter.models], rows=entry.rows,
+             cache_len=entry.checked.cache_len, partitioner=partitioner)
+  return runner.decode(TreeLoop(target, drafter, entry.config),
+                       LoopParams(target=target_params, drafter=draft_params), entry.checked,
+                       rng, streaming=entry.streaming, partitioner=partitioner,
                        on_progress=on_progress, costs=costs)
