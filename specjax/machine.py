@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 DOT_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 """/proc/cpuinfo flags named in `describe`, in this order."""
@@ -53,3 +53,29 @@ def describe(lines: Optional[Sequence[str]] = None) -> str:
     notes.append("no vnni")
   listed = " ".join(flags) or "no AVX2"
   return text + f", {listed}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+BF16_DOT_FLAGS = ("avx512_bf16", "amx_bf16")
+"""CPU flags of bfloat16 dot instructions: XLA:CPU's bfloat16 dots are fast only with them."""
+
+
+def draft_weights_dtype(backend: str, lines: Optional[Sequence[str]] = None) -> Tuple[str, str]:
+  """(dtype, why): the weight dtype a draft (a model or a feature head) runs fastest in here.
+
+  A draft's step reads its weights once per guess, so fewer weight bytes are faster where the
+  dots run natively. A GPU or TPU multiplies bfloat16 natively: 'bfloat16'. A CPU with
+  bfloat16 dot instructions (`BF16_DOT_FLAGS`) likewise; a CPU without them converts bfloat16
+  to float32 element by element, and int8 (half of bfloat16's bytes, one scale per output
+  column) was faster there (docs/feature_drafts.md): 'int8'. Where the CPU's flags cannot be
+  read, 'int8' too. `backend` is `jax.default_backend()`.
+  """
+  if backend != "cpu":
+    return "bfloat16", f"the {backend.upper()} runs bfloat16 dots natively"
+  flags = dot_flags(lines)
+  if flags is None:
+    return "int8", "this CPU's flags are unreadable (no /proc/cpuinfo): int8, the CPU default"
+  have = [flag for flag in BF16_DOT_FLAGS if flag in flags]
+  if have:
+    return "bfloat16", f"this CPU has bfloat16 dot instructions ({', '.join(have)})"
+  return "int8", ("this CPU has no bfloat16 dot instructions (no avx512_bf16 or amx_bf16): "
+                  "int8 reads half of bfloat16's weight bytes without converting them")

@@ -55,7 +55,7 @@ def _run(tmp_path, *args, gin_file=TINY, prompt=("--prompt", "x")):
     ("--gin.WEIGHTS_DTYPE=['bfloat16']", ValueError,
      r"weights_dtype must be one of \['bfloat16', 'float32'\], got \['bfloat16'\]"),
     ("--gin.DRAFT_WEIGHTS_DTYPE={{'int8':1}}", ValueError,
-     r"draft_weights_dtype must be one of \[.*'int8'\], got \{'int8': 1\}"),
+     r"draft_weights_dtype must be one of \[.*'int8', 'auto'\], got \{'int8': 1\}"),
     ("--gin.decode_job.drafter=['model']", ValueError, r"drafter must be one of \[.*'model'"),
     ("--gin.AUTO_BUCKETS=4", ValueError, "auto_buckets must be a tuple of increasing integers"),
     ("--gin.AUTO_BUCKETS=None", ValueError, "auto_buckets must be a tuple of increasing integer"),

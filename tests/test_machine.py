@@ -23,3 +23,15 @@ def test_an_avx512_bf16_cpu_lists_its_dot_flags_in_order():
 def test_no_cpuinfo_falls_back_to_the_model_alone():
   assert machine.dot_flags([]) is None
   assert machine.describe([]).endswith(f", {os.cpu_count()} cores")
+
+
+def test_a_draft_runs_bfloat16_where_the_dots_are_native_and_int8_elsewhere():
+  assert machine.draft_weights_dtype("cpu", GENOA)[0] == "bfloat16"
+  assert "avx512_bf16" in machine.draft_weights_dtype("cpu", GENOA)[1]
+  assert machine.draft_weights_dtype("cpu", AVX2_ONLY) == (
+      "int8", "this CPU has no bfloat16 dot instructions (no avx512_bf16 or amx_bf16): int8 "
+      "reads half of bfloat16's weight bytes without converting them")
+  assert machine.draft_weights_dtype("cpu", [])[0] == "int8"
+  assert machine.draft_weights_dtype("gpu", AVX2_ONLY) == (
+      "bfloat16", "the GPU runs bfloat16 dots natively")
+  assert machine.draft_weights_dtype("tpu")[0] == "bfloat16"

@@ -69,6 +69,11 @@ def test_the_bundled_head_runs_from_its_run_file(tmp_path):
   assert summary["eos"] == "ignored: every example decodes 12 tokens"
   assert summary["autoregressive_tokens_per_row"] == "12.0 (12-12)"
   assert summary["speculative_tokens_per_row"] == "12.0 (12-12)"
+  # DRAFT_WEIGHTS_DTYPE 'auto': the machine's choice and its reason are in the summary.
+  from specjax import machine
+  chosen, why = machine.draft_weights_dtype("cpu")
+  assert summary["draft_weights_dtype"] == chosen
+  assert summary["draft_weights_dtype_why"] == f"'auto' chose {chosen}: {why}"
   record = json.loads((tmp_path / "results.jsonl").read_text())
   assert record["prediction_tokens"][0] == 1 and len(record["prediction_tokens"]) == 12
 

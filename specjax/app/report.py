@@ -148,6 +148,8 @@ def summarize(plan, measured) -> Dict:
       "gamma_policy": decoding.gamma_policy, "drafter": settings.drafter,
       "weights_dtype": settings.weights_dtype,
       "draft_weights_dtype": settings.draft_weights_dtype,
+      **({} if settings.draft_weights_why is None else
+         {"draft_weights_dtype_why": settings.draft_weights_why}),
       "verifier": describe(verifier),
       "temperature": sampling.temperature, "lenience": lenience,
       **({} if not settings.ignore_eos else

@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Optional
 
+import jax
+
+from specjax import machine
 from specjax.checks import check_choice, check_count, check_int
 from specjax.decode import DecodeConfig
 from specjax.decode import check_tree as decode_check_tree
@@ -77,7 +80,10 @@ class JobSettings:
   draft_weights_dtype: str
   """DRAFT_WEIGHTS_DTYPE: the same for the draft (a model or a feature head), which may also
   be 'int8' (`specjax.params.quantize_kernels`: a quarter of float32's weight bytes; it
-  changes α, never the output)."""
+  changes α, never the output), or 'auto': the dtype a draft runs fastest in on this machine
+  (`specjax.machine.draft_weights_dtype`), resolved when the settings are made."""
+  draft_weights_why: Optional[str] = None
+  """Why 'auto' chose the draft's dtype (None: DRAFT_WEIGHTS_DTYPE named it)."""
   partitioner: Optional[Partitioner]
   """A `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a device mesh; None:
   one device."""
@@ -133,7 +139,12 @@ class JobSettings:
     if check_count("max_input_len", self.max_input_len) < 2:
       raise ValueError(f"max_input_len must be >= 2 (a token and EOS), got {self.max_input_len}")
     check_int("seed", self.seed)
-    check_choice("draft_weights_dtype", self.draft_weights_dtype, DRAFT_WEIGHTS_DTYPES)
+    check_choice("draft_weights_dtype", self.draft_weights_dtype,
+                 [*DRAFT_WEIGHTS_DTYPES, "auto"])
+    if self.draft_weights_dtype == "auto":
+      dtype, why = machine.draft_weights_dtype(jax.default_backend())
+      object.__setattr__(self, "draft_weights_dtype", dtype)
+      object.__setattr__(self, "draft_weights_why", f"'auto' chose {dtype}: {why}")
     if (isinstance(self.weights_dtype, str) and self.weights_dtype in DRAFT_WEIGHTS_DTYPES
         and self.weights_dtype not in WEIGHTS_DTYPES):
       raise ValueError(f"weights_dtype {self.weights_dtype!r} is for drafts only "
