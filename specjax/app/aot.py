@@ -16,9 +16,7 @@ JAX backend is the CPU (unless JAX_PLATFORMS says otherwise).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from specjax import command, files

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Tuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
