@@ -17,7 +17,8 @@ from specjax.decode.state import LoopParams
 from specjax.draft import (DRAFTERS, DynamicTree, FeatureDrafter, FeatureTreeDrafter,
                            HierarchicalDrafter, StaticTree, get_drafter)
 from specjax.draft.tree import spine_tail
-from specjax.models import DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, build_model
+from specjax.models import (DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, T5Config,
+                            build_model)
 from specjax.models.feature_head import shift_features
 from specjax.params import quantize_kernels
 from specjax.sampling import Sampling
@@ -51,25 +52,75 @@ def _near_copy_head(target):
 # correct sampler is about 0.005 (measured 0.005), so the 0.015 bound passes, while a loop
 # whose joint law is off by 0.025 or more in TV fails. The head's own first-token law is
 # more than 0.05 in TV from the target's (asserted), so a loop that kept unverified guesses
-# or a stale feature state would be caught.
+# or a stale feature state would be caught. Both families: a decoder-only target continuing
+# PROMPT, and a T5 target decoding from its start token with PROMPT as the encoder's input
+# (its head reads the decoder's features, which hold the encoder's output through the
+# target's cross-attention).
 V, STEPS, N = 4, 3, 200_000
 PROMPT = [2, 3]
 
 
+def _tiny_target(family):
+  if family == "lm":
+    return build_model(DecoderOnlyConfig(vocab_size=V, emb_dim=8, num_heads=2, num_layers=1,
+                                          head_dim=4, mlp_dim=8))
+  return build_model(T5Config(vocab_size=V, emb_dim=8, num_heads=2, num_encoder_layers=1,
+                              num_decoder_layers=1, head_dim=4, mlp_dim=8))
+
+
+def _teacher_forced(target, params, continuation):
+  """(logits [STEPS, V] of each token of `continuation` given those before it, the
+  decoder's features [STEPS, E] there, the decoder inputs' embeddings [STEPS, E])."""
+  continuation = list(continuation)
+  if target.is_encoder_decoder:
+    inputs = jnp.asarray([PROMPT], jnp.int32)
+    decoder = jnp.asarray([[0] + continuation[:-1]], jnp.int32)
+    logits, features = target.features(params, inputs, decoder)
+    return logits[0], features[0], target.embed(params, decoder)[0]
+  seq = jnp.asarray([PROMPT + continuation[:-1]], jnp.int32)
+  logits, features = target.features(params, seq)
+  at = slice(len(PROMPT) - 1, None)
+  return logits[0, at], features[0, at], target.embed(params, seq)[0, at]
+
+
 def _exact_joint(target, params):
-  """The target's law of the next STEPS tokens after PROMPT, from teacher-forced logits."""
+  """The target's law of the next STEPS tokens, from teacher-forced logits."""
   law = {}
   for continuation in itertools.product(range(V), repeat=STEPS):
-    seq = jnp.asarray([PROMPT + list(continuation)], jnp.int32)
-    probs = np.asarray(jax.nn.softmax(target.logits(params, seq)[0], axis=-1), np.float64)
-    law[continuation] = float(np.prod([probs[len(PROMPT) - 1 + i, token]
-                                       for i, token in enumerate(continuation)]))
+    logits, _, _ = _teacher_forced(target, params, continuation)
+    probs = np.asarray(jax.nn.softmax(logits, axis=-1), np.float64)
+    law[continuation] = float(np.prod([probs[i, token] for i, token in enumerate(continuation)]))
   return law
 
 
-def test_joint_of_first_three_tokens_matches_target_at_temperature_one():
-  target = build_model(DecoderOnlyConfig(vocab_size=V, emb_dim=8, num_heads=2, num_layers=1,
-                                         head_dim=4, mlp_dim=8))
+def _first_token_tv(target, params, head, head_params):
+  """TV between the target's law of the first token and the head's q of it, computed apart
+  from the loops (the head over the target's shifted features, as it is trained)."""
+  if target.is_encoder_decoder:  # the first guess reads no earlier feature (zeros)
+    _, features, embedded = _teacher_forced(target, params, [0])
+    previous = jnp.zeros_like(features[:1])
+  else:
+    seq = jnp.asarray([PROMPT], jnp.int32)
+    _, all_features = target.features(params, seq)
+    previous = shift_features(all_features)[0]
+    embedded = target.embed(params, seq)[0]
+    features = all_features[0]
+  logits, _, _ = _teacher_forced(target, params, [0])
+  predicted = head.forward(head_params, previous[None], embedded[None, :previous.shape[0]])
+  q = jax.nn.softmax(target.feature_logits(params, predicted[0, -1]))
+  p = jax.nn.softmax(logits[0])
+  return 0.5 * float(jnp.abs(p - q).sum())
+
+
+def _joint_tv(target, params, tokens):
+  law = _exact_joint(target, params)
+  counts = collections.Counter(map(tuple, np.asarray(tokens)[:, :STEPS].tolist()))
+  return 0.5 * sum(abs(counts.get(k, 0) / N - p) for k, p in law.items())
+
+
+@pytest.mark.parametrize("family", ["lm", "t5"])
+def test_joint_of_first_three_tokens_matches_target_at_temperature_one(family):
+  target = _tiny_target(family)
   params = target.init(jax.random.PRNGKey(5))
   head = FeatureHead(FeatureHeadConfig(vocab_size=V, emb_dim=8, num_heads=2, head_dim=4,
                                        mlp_dim=8))
@@ -79,33 +130,26 @@ def test_joint_of_first_three_tokens_matches_target_at_temperature_one():
                               np.array([PROMPT] * N, np.int32), max_new_tokens=STEPS, gamma=2,
                               rng=jax.random.PRNGKey(0),
                               config=DecodeConfig(eos_id=-1, cache_len=16))
-  law = _exact_joint(target, params)
-  counts = collections.Counter(map(tuple, np.asarray(result.tokens)[:, :STEPS].tolist()))
-  tv = 0.5 * sum(abs(counts.get(k, 0) / N - p) for k, p in law.items())
+  tv = _joint_tv(target, params, result.tokens)
   assert tv < 0.015, tv
   # Rounds accepted 0, 1 and 2 guesses: the state was rolled back and re-fed.
   assert np.all(np.asarray(result.accepted_hist).sum(0) > 1000)
   # Power: the head's q of the first token, computed independently, is far from p.
-  seq = jnp.asarray([PROMPT], jnp.int32)
-  _, features = target.features(params, seq)
-  predicted = head.forward(head_params, shift_features(features), target.embed(params, seq))
-  q = jax.nn.softmax(target.feature_logits(params, predicted[0, -1]))
-  p = jax.nn.softmax(target.logits(params, seq)[0, -1])
-  assert 0.5 * float(jnp.abs(p - q).sum()) > 0.05
+  assert _first_token_tv(target, params, head, head_params) > 0.05
 
 
-# Power: as the chain test above (same target, head, prompt and N = 200,000: a correct
+# Power: as the chain test above (same targets, head, prompt and N = 200,000: a correct
 # sampler's TV is about 0.005 against the 0.015 bound). Rounds accept 0, 1 and 2 nodes
 # (asserted), so a tree round that fed a node its wrong parent feature, kept the wrong path's
 # target features, or verified a child against another node's q would move the law. The
 # dynamic tree (EAGLE-2's expansion) runs the static trees' drawing code too. The head drafts
 # over token ids 0..2 only (vocab_limit 3 of a token ranking): token 3, which the target draws
-# about a quarter of the time here, is never guessed, so its mass must come from the
-# corrections alone.
-def test_tree_joint_of_first_three_tokens_matches_target_at_temperature_one():
+# often enough here (asserted), is never guessed, so its mass must come from the corrections
+# alone.
+@pytest.mark.parametrize("family", ["lm", "t5"])
+def test_tree_joint_of_first_three_tokens_matches_target_at_temperature_one(family):
   tree = DynamicTree(branch=2, expand=1, max_depth=2)
-  target = build_model(DecoderOnlyConfig(vocab_size=V, emb_dim=8, num_heads=2, num_layers=1,
-                                         head_dim=4, mlp_dim=8))
+  target = _tiny_target(family)
   params = target.init(jax.random.PRNGKey(5))
   head = FeatureHead(FeatureHeadConfig(vocab_size=V, emb_dim=8, num_heads=2, head_dim=4,
                                        mlp_dim=8))
@@ -116,10 +160,8 @@ def test_tree_joint_of_first_three_tokens_matches_target_at_temperature_one():
                        np.array([PROMPT] * N, np.int32), max_new_tokens=STEPS,
                        rng=jax.random.PRNGKey(0), tree=tree,
                        config=DecodeConfig(eos_id=-1, cache_len=16, trace=True))
-  law = _exact_joint(target, params)
   tokens = np.asarray(result.tokens)[:, :STEPS]
-  counts = collections.Counter(map(tuple, tokens.tolist()))
-  tv = 0.5 * sum(abs(counts.get(k, 0) / N - p) for k, p in law.items())
+  tv = _joint_tv(target, params, tokens)
   assert tv < 0.015, tv
   assert np.all(np.asarray(result.accepted_hist).sum(0) > 1000)
   assert 0.1 < np.mean(tokens == 3) and not np.any(np.asarray(result.trace.guesses) == 3)
