@@ -1,14 +1,15 @@
 """Feature-level (EAGLE-style) drafts beside the independent draft model, in one run.
 
   python -m experiments.bench_eagle --pair lm --weights_dtype bfloat16 [--head DIR] [--fast]
+  python -m experiments.bench_eagle --pair translate --weights_dtype bfloat16 --head DIR
 
-The bundled LM target decodes each of `num_examples` bundled prompts alone (batch 1) for
-`max_new_tokens` tokens (EOS ignored, so every decoder emits the same count) at temperature
-0, by:
+The pair's target (the bundled LM or EN->DE one) decodes each of `num_examples` bundled inputs
+alone (batch 1) for `max_new_tokens` tokens (EOS ignored, so every decoder emits the same
+count) at temperature 0, by:
 - the target alone (autoregressive);
 - the pair's independent draft model, chains of γ (`draft_gammas`);
-- the feature head (`--head`: a folder written by `runs/train_lm_eagle.gin`, default the
-  bundled one), chains (`feature_chains`: (γ, vocab_limit, ranked, kernels), the limit None
+- the feature head (`--head`: a folder written by `runs/train_lm_eagle.gin` or
+  `runs/train_translate_eagle.gin`, default the pair's bundled one), chains (`feature_chains`: (γ, vocab_limit, ranked, kernels), the limit None
   or K: the head drafts over K token ids only, the first K of its token ranking
   (`token_ranking.npy`, the most frequent in its training data) when `ranked`, else ids
   0..K-1; kernels: the dtype its kernels run in, 'int8' as the bundled run's,
@@ -54,7 +55,8 @@ from specjax.train import load_head, load_token_ranking
 FAST = dict(num_examples=1, max_new_tokens=8, draft_gammas=(2,),
             feature_chains=((2, None, False, "float32"), (2, 64, True, "int8")),
             tree_spines=((2, 1),), dynamic_trees=((2, 1, 2, 3),), repeats=1)
-DEFAULT_HEAD = "bundled:lm/eagle"
+DEFAULT_HEADS = {"lm": "bundled:lm/eagle", "translate": "bundled:translate/eagle"}
+"""The feature head each pair decodes with when --head is not given."""
 
 
 def decoders(pair, head, head_params, ranking, *, draft_gammas: Sequence[int],
@@ -119,9 +121,11 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
                draft_gammas=tuple(draft_gammas),
                feature_gammas=tuple(g for g, _, _, _ in feature_chains))
   pair = cli.pairs[0]
-  if len(cli.pairs) != 1 or pair.target.is_encoder_decoder:
-    raise ValueError("bench_eagle decodes the bundled LM pair: give --pair lm")
-  head_name = cli.flags["head"]  # a head folder, or 'bundled:lm/eagle'
+  if len(cli.pairs) != 1:
+    raise ValueError("bench_eagle decodes one pair: give --pair lm or --pair translate")
+  head_name = cli.flags["head"] or DEFAULT_HEADS.get(pair.name)  # a folder, or 'bundled:...'
+  if head_name is None:
+    raise ValueError(f"pair {pair.name!r} has no bundled feature head: give --head DIR")
   kinds = {tree_kernels, *(kernels for _, _, _, kernels in feature_chains)}
   for kernels in sorted(kinds):
     if kernels not in DRAFT_WEIGHTS_DTYPES:
@@ -201,7 +205,7 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
                   f"feature head: {head_name}, its kernels as each row names"
                   + ("; most frequent ids: its token_ranking.npy" if ranking is not None
                      else ""),
-                  f"{num_examples} bundled prompts × {max_new_tokens} tokens (EOS ignored), "
+                  f"{num_examples} bundled inputs × {max_new_tokens} tokens (EOS ignored), "
                   f"temperature 0, every decoder interleaved per example, median of {repeats} "
                   "passes, compile excluded (compile_s apart); greedy: outputs equal to the "
                   "autoregressive one, or differing only at near-ties of the target's logits "
@@ -216,9 +220,11 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
 
 
 main = cli_main(run, "bench_eagle", __doc__, FAST, default_pairs=("lm",),
-                flags={"--head": dict(default=DEFAULT_HEAD,
+                flags={"--head": dict(default=None,
                                       help="the feature head: a folder written by "
-                                           "runs/train_lm_eagle.gin, or 'bundled:lm/eagle'")})
+                                           "runs/train_lm_eagle.gin or "
+                                           "runs/train_translate_eagle.gin, or 'bundled:lm/eagle' "
+                                           "(default: the pair's bundled head)")})
 
 
 if __name__ == "__main__":
