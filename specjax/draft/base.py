@@ -17,7 +17,7 @@ whatever the drafter. Randomness: the guess at absolute position j of a row uses
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Callable, ClassVar, Optional, Protocol, Tuple, runtime_checkable
 
 import flax
 import jax
@@ -114,6 +114,31 @@ def sample_guess(row_keys, length, i, probs, greedy: bool):
     return argmax(probs)
   keys = jax.vmap(position_key, in_axes=(0, 0, None))(row_keys, length + i, DRAFT_STREAM)
   return jax.vmap(categorical)(keys, probs)
+
+
+def guess_chain(first_logits, step: Callable, carry: Any, row_keys, length, gamma,
+                max_gamma: int, sampling: Sampling):
+  """A chain drafter's guesses, one draft call each: guess 0 from `first_logits` [B, V] (the
+  drafter's first call, which caught its state up), guess i from `step(carry, prev, i) ->
+  (logits [B, V], carry)` with prev int32 [B, 1] guess i - 1. Rows with a smaller γ (gamma
+  int32 [B]) ride along to the batch's largest; only their own count.
+  -> (tokens int32 [B, max_gamma], probs float32 [B, max_gamma, V] (the standardized q of
+  `draft_step`), the last carry)."""
+  batch = first_logits.shape[0]
+  guess0, probs0 = draft_step(row_keys, length, 0, first_logits, sampling)
+  tokens = jnp.zeros((batch, max_gamma), jnp.int32).at[:, 0].set(guess0)
+  all_probs = jnp.zeros((batch, max_gamma, probs0.shape[-1]), jnp.float32).at[:, 0].set(probs0)
+
+  def body(i, loop):  # one draft call; runs γ - 1 times per round
+    tokens, all_probs, carry = loop
+    prev = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)  # [B, 1]
+    logits, carry = step(carry, prev, i)
+    guess, probs = draft_step(row_keys, length, i, logits, sampling)
+    tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
+    all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
+    return tokens, all_probs, carry
+
+  return jax.lax.fori_loop(1, jnp.max(gamma), body, (tokens, all_probs, carry))
 
 
 def draft_step(row_keys, length, i, logits, sampling: Sampling):

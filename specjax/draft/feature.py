@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes, draft_step
+from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, check_sizes,
+                                guess_chain)
 from specjax.models import FeatureModel
 from specjax.models.feature_head import FeatureHead, shift_features
 from specjax.rows import take_rows, update_rows
@@ -151,31 +152,19 @@ class FeatureDrafter(FeatureHeadDrafter):
 
   def propose(self, params, state, seq, length, gamma, row_keys, sampling):
     head, target_params = params["head"], params["target"]
-    batch = seq.shape[0]
     feature, cache = catch_up(self.target, self.head, params, state, seq, length,
                               self.max_gamma + 1)
-    guess0, probs0 = draft_step(row_keys, length, 0,
-                                self.draft_logits(params, feature), sampling)
-    tokens = jnp.zeros((batch, self.max_gamma), jnp.int32).at[:, 0].set(guess0)
-    all_probs = jnp.zeros((batch, self.max_gamma, probs0.shape[-1]),
-                          jnp.float32).at[:, 0].set(probs0)
 
-    def body(i, carry):  # one head step (its own last prediction, the last guess)
-      tokens, all_probs, cache, feature = carry
-      prev = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)  # [B, 1]
+    def step(carry, prev, i):  # the head on its own last prediction and guess i - 1
+      cache, feature = carry
       predicted, cache = self.head.decode(head, cache, feature[:, None],
                                           self.target.embed(target_params, prev),
                                           length + i - 1)
-      feature = predicted[:, 0]
-      guess, probs = draft_step(row_keys, length, i, self.draft_logits(params, feature),
-                                sampling)
-      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
-      all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
-      return tokens, all_probs, cache, feature
+      return self.draft_logits(params, predicted[:, 0]), (cache, predicted[:, 0])
 
-    # Rows with a smaller γ ride along to the batch's largest γ; only their own count.
-    tokens, all_probs, cache, _ = jax.lax.fori_loop(1, jnp.max(gamma), body,
-                                                    (tokens, all_probs, cache, feature))
+    tokens, all_probs, (cache, _) = guess_chain(self.draft_logits(params, feature), step,
+                                                (cache, feature), row_keys, length, gamma,
+                                                self.max_gamma, sampling)
     state = state.replace(cache=cache, fed=length, start=length)
     return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
 

@@ -8,7 +8,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes, draft_step
+from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, check_sizes,
+                                guess_chain)
 from specjax.models import DecodingModel, start_model
 from specjax.models.protocol import decode_logits_at
 from specjax.rows import take_rows
@@ -68,7 +69,6 @@ class ModelDrafter(DrafterDefaults):
     return ModelDrafterState(cache=cache, encoded=encoded, fed=fed, start=length)
 
   def propose(self, params, state, seq, length, gamma, row_keys, sampling):
-    batch = seq.shape[0]
     cache, fed = catch_up_cache(self.model, params, state.cache, state.encoded, seq, length,
                                 state.fed, self.window, self.catch_up)
     state = state.replace(cache=cache, fed=fed)
@@ -79,26 +79,15 @@ class ModelDrafter(DrafterDefaults):
     window = take_rows(seq, begin[:, None] + jnp.arange(self.window)[None, :])
     logits, cache = decode_logits_at(self.model, params, state.cache, window, begin,
                                      state.encoded, lag)  # [B, V]
-    guess0, probs0 = draft_step(row_keys, length, 0, logits, sampling)
-    tokens = jnp.zeros((batch, self.max_gamma), jnp.int32)
-    all_probs = jnp.zeros((batch, self.max_gamma, probs0.shape[-1]), jnp.float32)
-    tokens = tokens.at[:, 0].set(guess0)
-    all_probs = all_probs.at[:, 0].set(probs0)
 
-    def body(i, carry):  # one draft step; runs γ - 1 times per round
-      tokens, all_probs, cache = carry
-      prev = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)  # [B, 1]
+    def step(cache, prev, i):  # the model on guess i - 1
       logits, cache = self.model.decode(params, cache, prev, length + i - 1, state.encoded)
-      guess, probs = draft_step(row_keys, length, i, logits[:, 0], sampling)
-      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
-      all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
-      return tokens, all_probs, cache
+      return logits[:, 0], cache
 
-    # Rows with a smaller γ ride along to the batch's largest γ; only their own count.
-    most = jnp.max(gamma)
-    tokens, all_probs, cache = jax.lax.fori_loop(1, most, body, (tokens, all_probs, cache))
+    tokens, all_probs, cache = guess_chain(logits, step, cache, row_keys, length, gamma,
+                                           self.max_gamma, sampling)
     # Fed: the committed tokens, then x_1 .. x_{G-1} (G = the batch's largest γ).
-    state = state.replace(cache=cache, fed=length + most - 1, start=length)
+    state = state.replace(cache=cache, fed=length + jnp.max(gamma) - 1, start=length)
     return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
 
   def update(self, state, accepted: Accepted):
