@@ -8,8 +8,9 @@ For each pair (the bundled LM and EN->DE pairs), at T = 0 and T = 1, decodes the
 `examples` bundled inputs with each loop: autoregressive, the chain (γ 3, draft model), the
 chain streamed through 2 slots, a static tree (spines (3, 1)), a dynamic tree (branch 2, expand 2, depth 3),
 prompt lookup as a tree (2 continuations of 3), the chain and the static tree under 'auto'
-(greedy only: its choices follow timings, its greedy tokens do not), and on the LM pair the bundled feature head as
-a chain and as a static tree. Each row of fingerprint.{md,json} holds the tokens' hash, the
+(greedy only: its choices follow timings, its greedy tokens do not), a dynamic tree cut to
+its 4 most probable nodes (greedy only: the cut is exact at T = 0), and on the LM pair the
+bundled feature head as a chain, a static tree and (greedy) the cut dynamic tree. Each row of fingerprint.{md,json} holds the tokens' hash, the
 target calls, and the optimized HLO of the whole-loop programs that decode compiled (XLA's
 dump of `run_loop` and the streamed chunk: instructions in all, kernels of one loop iteration, as
 `specjax.aot.hlo.loop_stats`). `--compare DIR` reads DIR/fingerprint.json and adds, per row,
@@ -59,6 +60,7 @@ def _decoders(pair, temperature: float, cache_len: int, max_new_tokens: int
   target, params = pair.target, pair.target_params
   drafter, dparams = model_drafter(pair, GAMMA)
   spines = StaticTree.from_spines((GAMMA, 1))
+  cut = DynamicTree(branch=2, expand=2, max_depth=GAMMA, keep=4)  # exact at T = 0 only
   out = {
       "autoregressive": lambda x: autoregressive_decode(target, params, x, **common),
       "chain": lambda x: speculative_decode(target, params, drafter, dparams, x, gamma=GAMMA,
@@ -83,6 +85,8 @@ def _decoders(pair, temperature: float, cache_len: int, max_new_tokens: int
         **{**common, "config": auto})
     out["static tree, 'auto'"] = lambda x: tree_decode(
         target, params, pair.draft, dparams, x, tree=spines, **{**common, "config": auto})
+    out["dynamic tree, keep 4"] = lambda x: tree_decode(
+        target, params, pair.draft, dparams, x, tree=cut, **common)
   if pair.name == "lm" and not pair.random_init:
     head, head_params = load_head(bundled.resolve("bundled:lm/eagle", "checkpoint"))
     feature = FeatureDrafter(target, head, max_gamma=GAMMA)
@@ -91,6 +95,9 @@ def _decoders(pair, temperature: float, cache_len: int, max_new_tokens: int
                                                         gamma=GAMMA, **common)
     out["feature tree"] = lambda x: tree_decode(target, params, feature, fparams, x,
                                                 tree=spines, **common)
+    if temperature == 0.0:
+      out["feature dynamic tree, keep 4"] = lambda x: tree_decode(
+          target, params, feature, fparams, x, tree=cut, **common)
   return out
 
 

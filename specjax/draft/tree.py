@@ -16,7 +16,7 @@ j + 1 node j), so a row's tree does not depend on its batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Optional, Sequence, Tuple
 
 import flax
 import jax
@@ -322,7 +322,7 @@ class TreeModelDrafter(DrafterDefaults):
     """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state); gamma unused (the
     tree's shape is static)."""
     del gamma
-    tree, batch = self.tree, seq.shape[0]
+    tree = self.tree
     cache, fed = catch_up_cache(self.model, params, state.cache, state.encoded, seq, length,
                                 state.fed, self.window, self.catch_up)
     lag = jnp.clip(length - 1 - fed, 0, self.window - 1)
@@ -330,51 +330,24 @@ class TreeModelDrafter(DrafterDefaults):
     window = take_rows(seq, begin[:, None] + jnp.arange(self.window)[None, :])
     logits, cache = decode_logits_at(self.model, params, cache, window, begin, state.encoded,
                                      lag)  # [B, V]
-    starts = level_starts(tree.levels)
-    size = tree.grown
-    depth, (tokens, parent, valid, path_logq, probs) = empty_tree(tree, batch, logits.shape[-1])
-    # Level 1: the root's children.
-    level_logits, level_ids = logits[:, None], jnp.zeros((batch, 1), jnp.int32)
-    parent_logq, q_row = jnp.zeros((batch, 1), jnp.float32), 0
-    tail, first = spine_tail(tree)  # node index of depth d >= tail: first + d
-    for d in range(1, tail):
-      lo, hi = starts[d - 1], starts[d]
-      if d > 1:  # the level above's logits, from one call over its nodes
-        plo, phi = starts[d - 2], starts[d - 1]
-        attention = level_attention(tree, parent, depth, length, plo, phi, cache_positions(cache))
-        level_logits, cache = self.model.decode(params, cache, tokens[:, plo:phi], length + plo,
-                                                state.encoded, tree=attention)
-        level_ids = jnp.broadcast_to(jnp.arange(plo, phi) + 1, (batch, phi - plo))
-        parent_logq, q_row = path_logq[:, plo:phi], plo + 1
-      tokens, parent, valid, path_logq, probs = put_level(
-          (tokens, parent, valid, path_logq, probs), lo, q_row, draw_level(
-              tree, d, row_keys, length, level_logits, level_ids, parent_logq, hi - lo, sampling))
-    if tail <= tree.max_depth:  # single-node levels whose parent is single too: one loop
-      anc = static_ancestors(tree, batch)
-      step = lambda d, a: self._spine_level(params, state.encoded, row_keys, length, anc, depth,
-                                            first + d, d, sampling, a)
-      cache, tokens, parent, valid, path_logq, probs = jax.lax.fori_loop(
-          tail, tree.max_depth + 1, step, (cache, tokens, parent, valid, path_logq, probs))
-    fed = length  # positions < length hold the committed tokens; the tree's are junk
-    proposal = TreeProposal(tokens=tokens, parent=parent, depth=depth, valid=valid, probs=probs,
-                            calls=jnp.full((batch,), tree.max_depth, jnp.int32))
-    source = state.source
-    if tree.nodes < size:
-      proposal, source = keep_most_probable(proposal, path_logq, tree.nodes)
-    return proposal, state.replace(cache=cache, fed=fed, source=source)
 
-  def _spine_level(self, params, encoded, row_keys, length, anc, depth, node, d, sampling,
-                   arrays):
-    """The single node `node` (traced) at depth d (traced) under the single node node - 1:
-    one draft call over node - 1, one child drawn (its first-ranked)."""
-    cache, nodes = arrays[0], arrays[1:]
-    above = node - 1
-    attention = nodes_call(anc, depth, length, above, 1, cache_positions(cache))
-    feed = jax.lax.dynamic_slice_in_dim(nodes[0], above, 1, axis=1)
-    logits, cache = self.model.decode(params, cache, feed, length + above, encoded,
-                                      tree=attention)  # [B, 1, V]
-    return (cache,) + spine_child(self.tree, row_keys, length, node, d, logits[:, 0], sampling,
-                                  nodes)
+    def level(cache, tokens, parent, depth, plo, phi):  # one call over nodes plo .. phi - 1
+      attention = level_attention(tree, parent, depth, length, plo, phi, cache_positions(cache))
+      return self.model.decode(params, cache, tokens[:, plo:phi], length + plo, state.encoded,
+                               tree=attention)
+
+    def spine(cache, tokens, parent, depth, anc, above):  # one call over node `above`
+      attention = nodes_call(anc, depth, length, above, 1, cache_positions(cache))
+      feed = jax.lax.dynamic_slice_in_dim(tokens, above, 1, axis=1)
+      logits, cache = self.model.decode(params, cache, feed, length + above, state.encoded,
+                                        tree=attention)  # [B, 1, V]
+      return logits[:, 0], cache
+
+    proposal, source, cache = grow_tree(tree, logits, level, spine, cache, row_keys, length,
+                                        sampling)
+    # fed: positions < length hold the committed tokens; the tree's are junk.
+    return proposal, state.replace(cache=cache, fed=length,
+                                   source=state.source if source is None else source)
 
   def update(self, state: TreeDrafterState, accepted: Accepted) -> TreeDrafterState:
     """After verification (`Accepted`: the round's start, the path of n accepted nodes): the
@@ -385,6 +358,60 @@ class TreeModelDrafter(DrafterDefaults):
                       -1)
     cache = move_path(self.model, state.cache, length, grown, n)
     return state.replace(cache=cache, fed=length + jnp.minimum(n, self.tree.max_depth - 1))
+
+
+def grow_tree(tree, root_logits, level_call: Callable, spine_call: Callable, carry: Any,
+              row_keys, length, sampling: Sampling):
+  """What every tree drafter does with its draft calls: the tree of `tree` (a StaticTree or
+  DynamicTree) drawn level by level, one draft call per level.
+
+  root_logits [B, V]: the drafter's first call (which caught it up), the q of the root's
+  children. level_call(carry, tokens, parent, depth, plo, phi) -> (logits [B, phi - plo, V],
+  carry): one call over the nodes plo .. phi - 1 (a level of several nodes), each at slot
+  length + j under tree attention (`level_attention`). spine_call(carry, tokens, parent,
+  depth, anc, above) -> (logits [B, V], carry): one call over the single node `above` (traced)
+  of the tree's spine tail, whose levels run as one loop (`spine_tail`). The draws are
+  `draw_level` and `spine_child`'s, so every tree drafter draws the same tree from the same
+  logits. -> (TreeProposal, `keep_most_probable`'s source map when the tree keeps fewer nodes
+  than it grows (else None), the last carry).
+  """
+  batch = root_logits.shape[0]
+  starts = level_starts(tree.levels)
+  depth, (tokens, parent, valid, path_logq, probs) = empty_tree(tree, batch,
+                                                                root_logits.shape[-1])
+  # Level 1: the root's children.
+  level_logits, level_ids = root_logits[:, None], jnp.zeros((batch, 1), jnp.int32)
+  parent_logq, q_row = jnp.zeros((batch, 1), jnp.float32), 0
+  tail, first = spine_tail(tree)  # node index of depth d >= tail: first + d
+  for d in range(1, tail):
+    lo, hi = starts[d - 1], starts[d]
+    if d > 1:  # the level above's logits, from one call over its nodes
+      plo, phi = starts[d - 2], starts[d - 1]
+      level_logits, carry = level_call(carry, tokens, parent, depth, plo, phi)
+      level_ids = jnp.broadcast_to(jnp.arange(plo, phi) + 1, (batch, phi - plo))
+      parent_logq, q_row = path_logq[:, plo:phi], plo + 1
+    tokens, parent, valid, path_logq, probs = put_level(
+        (tokens, parent, valid, path_logq, probs), lo, q_row, draw_level(
+            tree, d, row_keys, length, level_logits, level_ids, parent_logq, hi - lo, sampling))
+  if tail <= tree.max_depth:  # single-node levels whose parent is single too: one loop (a
+    # chain's steps; unrolled, XLA:CPU copied a head's whole cache at each level's write)
+    anc = static_ancestors(tree, batch)
+
+    def spine_level(d, arrays):  # node first + d (traced) at depth d under node first + d - 1
+      carry, nodes = arrays[0], arrays[1:]
+      node = first + d
+      logits, carry = spine_call(carry, nodes[0], nodes[1], depth, anc, node - 1)
+      return (carry,) + spine_child(tree, row_keys, length, node, d, logits, sampling, nodes)
+
+    carry, tokens, parent, valid, path_logq, probs = jax.lax.fori_loop(
+        tail, tree.max_depth + 1, spine_level,
+        (carry, tokens, parent, valid, path_logq, probs))
+  proposal = TreeProposal(tokens=tokens, parent=parent, depth=depth, valid=valid, probs=probs,
+                          calls=jnp.full((batch,), tree.max_depth, jnp.int32))
+  source = None
+  if tree.nodes < tree.grown:
+    proposal, source = keep_most_probable(proposal, path_logq, tree.nodes)
+  return proposal, source, carry
 
 
 def draw_level(tree, d: int, row_keys, length, logits, ids, parent_logq, width: int,
