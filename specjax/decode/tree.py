@@ -42,9 +42,8 @@ from specjax.decode.round import DraftingLoop, draft, record_trace
 from specjax.decode.state import DecodeResult, LoopParams, LoopState
 from specjax.decode.stream import Streaming
 from specjax.decode.tree_checks import check_tree
-from specjax.draft import (Accepted, Drafter, FeatureDrafter, FeatureTreeDrafter, NGramDrafter,
-                           NGramTreeDrafter)
-from specjax.draft.tree import DynamicTree, StaticTree, TreeModelDrafter, TreeProposal, move_path
+from specjax.draft import Accepted, Drafter
+from specjax.draft.tree import TreeModelDrafter, TreeProposal, check_shape, move_path
 from specjax.models import DecodingModel
 from specjax.models.tree import tree_call
 from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, position_key
@@ -199,15 +198,10 @@ def trace_guesses(tokens, parent, depth, valid, path, n, *, max_depth: int):
 
 def _tree_drafter(drafter: Any, tree: Any) -> Drafter:
   """The tree drafter of `tree_decode`'s arguments; ValueError naming what it cannot take."""
-  if tree is not None:
-    if not isinstance(tree, (StaticTree, DynamicTree)):
-      raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
-    if isinstance(drafter, FeatureDrafter):
-      drafter = FeatureTreeDrafter(drafter.target, drafter.head, tree, drafter.vocab_limit)
-    elif isinstance(drafter, NGramDrafter):
-      drafter = NGramTreeDrafter(drafter, tree)
-    else:
-      drafter = TreeModelDrafter(drafter, tree)
+  if tree is not None:  # a chain drafter says how it drafts a tree; a model drafts it itself
+    check_shape(tree)
+    drafter = (drafter.as_tree(tree) if isinstance(drafter, Drafter)
+               else TreeModelDrafter(drafter, tree))
   if not isinstance(drafter, Drafter) or drafter.tree is None:
     raise ValueError("tree_decode needs a tree drafter (TreeModelDrafter, NGramTreeDrafter, "
                      "PromptLookupTreeDrafter or FeatureTreeDrafter), or a draft model, n-gram "

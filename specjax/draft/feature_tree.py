@@ -28,8 +28,8 @@ import jax.numpy as jnp
 
 from specjax.draft.feature import (FeatureDrafterState, FeatureHeadDrafter, catch_up,
                                    check_head)
-from specjax.draft.tree import (DynamicTree, StaticTree, TreeProposal, cache_positions,
-                                grow_tree, level_attention)
+from specjax.draft.tree import (TreeProposal, cache_positions, check_shape, grow_tree,
+                                level_attention)
 from specjax.models.feature_head import FeatureHead
 from specjax.models.tree import nodes_call
 from specjax.sampling import Sampling
@@ -54,8 +54,7 @@ class FeatureTreeDrafter(FeatureHeadDrafter):
   deterministic: ClassVar[bool] = False
 
   def __post_init__(self):
-    if not isinstance(self.tree, (StaticTree, DynamicTree)):
-      raise ValueError(f"tree must be a StaticTree or DynamicTree, got {self.tree!r}")
+    check_shape(self.tree)
     check_head(self)
 
   @property

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 
 from specjax.draft.base import Accepted, DrafterDefaults
 from specjax.draft.ngram import NGramDrafter, NoState, table_probs
-from specjax.draft.tree import (DynamicTree, StaticTree, TreeProposal, level_starts,
-                                draw_level, keep_most_probable)
+from specjax.draft.tree import (TreeProposal, check_shape, draw_level, keep_most_probable,
+                                level_starts)
 from specjax.rows import take_rows
 from specjax.sampling import Sampling
 
@@ -38,8 +38,7 @@ class NGramTreeDrafter(DrafterDefaults):
   def __post_init__(self):
     if not isinstance(self.table, NGramDrafter):
       raise ValueError(f"table must be an NGramDrafter, got {self.table!r}")
-    if not isinstance(self.tree, (StaticTree, DynamicTree)):
-      raise ValueError(f"tree must be a StaticTree or DynamicTree, got {self.tree!r}")
+    check_shape(self.tree)
 
   @property
   def vocab_size(self) -> int:

@@ -290,8 +290,7 @@ class TreeModelDrafter(DrafterDefaults):
 
   def __post_init__(self):
     check_sizes(self, window=2, catch_up=1)
-    if not isinstance(self.tree, (StaticTree, DynamicTree)):
-      raise ValueError(f"tree must be a StaticTree or DynamicTree, got {self.tree!r}")
+    check_shape(self.tree)
 
   @property
   def vocab_size(self) -> int:
@@ -412,6 +411,13 @@ def grow_tree(tree, root_logits, level_call: Callable, spine_call: Callable, car
   if tree.nodes < tree.grown:
     proposal, source = keep_most_probable(proposal, path_logq, tree.nodes)
   return proposal, source, carry
+
+
+def check_shape(tree: Any) -> Any:
+  """`tree` when it is a `StaticTree` or `DynamicTree`; ValueError naming what it got."""
+  if not isinstance(tree, (StaticTree, DynamicTree)):
+    raise ValueError(f"tree must be a StaticTree or DynamicTree, got {tree!r}")
+  return tree
 
 
 def draw_level(tree, d: int, row_keys, length, logits, ids, parent_logq, width: int,

@@ -78,3 +78,30 @@ def test_tree_ancestors_and_the_greedy_walk_run_no_loop():
   text = walk.lower(parent, parent, jnp.asarray([1, 1, 2, 2, 3, 4], jnp.int32),
                     jnp.ones(6, jnp.bool_), jnp.ones((7, 5))).as_text()
   assert "while" not in text
+
+
+def test_a_chain_drafter_says_how_it_drafts_a_tree():
+  from specjax.draft import (FeatureDrafter, FeatureTreeDrafter, ModelDrafter,  # pylint: disable=import-outside-toplevel
+                             NGramTreeDrafter, PromptLookupDrafter, TreeModelDrafter,
+                             UnigramDrafter)
+  from specjax.models import FeatureHead, FeatureHeadConfig  # pylint: disable=import-outside-toplevel
+  from specjax.testing import tiny_pair  # pylint: disable=import-outside-toplevel
+  tree = StaticTree.from_spines((2, 1))
+  pair = tiny_pair("lm")
+  assert ModelDrafter(pair.draft, max_gamma=2, catch_up=4).as_tree(tree) == TreeModelDrafter(
+      pair.draft, tree, catch_up=4)
+  head = FeatureHead(FeatureHeadConfig(vocab_size=pair.target.vocab_size,
+                                       emb_dim=pair.target.feature_dim, num_heads=2, head_dim=8,
+                                       mlp_dim=16))
+  assert FeatureDrafter(pair.target, head, max_gamma=2, vocab_limit=5).as_tree(tree) == (
+      FeatureTreeDrafter(pair.target, head, tree, 5))
+  unigram, _ = UnigramDrafter([np.arange(4)], 4, max_gamma=2)
+  assert unigram.as_tree(tree) == NGramTreeDrafter(unigram, tree)
+  # One that cannot says so in one line, before anything compiles.
+  with pytest.raises(ValueError, match=r"^PromptLookupDrafter cannot draft a given tree: "):
+    tree_decode(TableModel(4), random_table(1, 4), PromptLookupDrafter(4, max_gamma=2), None,
+                np.array([[2, 3]], np.int32), max_new_tokens=2, rng=jax.random.PRNGKey(0),
+                tree=tree)
+  with pytest.raises(ValueError, match=r"^tree must be a StaticTree or DynamicTree, got 3$"):
+    tree_decode(TableModel(4), random_table(1, 4), unigram, None, np.array([[2, 3]], np.int32),
+                max_new_tokens=2, rng=jax.random.PRNGKey(0), tree=3)
