@@ -33,10 +33,11 @@ Calibration (the 'auto' policy's cost table), one name per step:
   calibration.decide   a table -> the loop's control, or the autoregressive loop instead
 
 Modules, top down: `speculative` / `tree` / `autoregressive` (the entries: checks, then the
-runner), `runner` (the `Loop` protocol, 'auto' decided once, padded or streamed),
-`calibration` (cost tables), `fallback` (the autoregressive result as γ = 0 rounds), `stream`
-(slots), `round` (the chain's draft -> score -> verify -> commit -> record), `auto_rounds` (the
-policy's variant choice inside the loop), `auto` (the policy), `loop` / `state` (shared
+runner), `runner` (the `Loop` protocol, 'auto' decided once, padded or streamed), `stream`
+(slots), `round` (the loop skeleton the chain and tree share, and the chain's draft -> score ->
+verify -> commit -> record), `auto/` (the 'auto' policy's room: `auto.policy` the rule and its
+cost table, `auto.rounds` the variant choice inside the loop, `auto.calibration` cost tables,
+`auto.fallback` the autoregressive result as γ = 0 rounds), `loop` / `state` (shared
 pieces), `inputs` (the one validation preamble), `tree_checks` (the one tree validation),
 `chain_checks` (a chain round's working set).
 """

@@ -10,7 +10,7 @@
 start, the narrow round, rounds); the padded-batch loop
 (`specjax.decode.speculative`) and the streaming decode (`specjax.decode.stream`) both run
 its `rounds`. Under the 'auto' γ policy a round is one of len(buckets) + 1 compiled
-variants (`specjax.decode.auto_rounds`): the narrow round (every row at γ = 0: the
+variants (`specjax.decode.auto.rounds`): the narrow round (every row at γ = 0: the
 autoregressive step) or a wide round whose target call has the width of a bucket.
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.decode import auto, auto_rounds
+from specjax.decode import auto
+from specjax.decode.auto import rounds as auto_rounds
 from specjax.decode.autoregressive import AutoregressiveLoop
 from specjax.decode.config import DecodeConfig
 from specjax.decode.gamma import next_gamma

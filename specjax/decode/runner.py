@@ -24,9 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.decode import auto, calibration
+from specjax.decode import auto
+from specjax.decode.auto import calibration
 from specjax.decode.config import DecodeConfig
-from specjax.decode.fallback import as_narrow_rounds
+from specjax.decode.auto.fallback import as_narrow_rounds
 from specjax.decode.inputs import Checked, check_decode, check_nan, initial_seq
 from specjax.decode.loop import finish
 from specjax.decode.state import DecodeResult, LoopParams, LoopState

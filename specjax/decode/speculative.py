@@ -16,7 +16,8 @@ from typing import Any, Callable, Optional, Union
 
 import jax
 
-from specjax.decode import auto, calibration, runner
+from specjax.decode import auto, runner
+from specjax.decode.auto import calibration
 from specjax.decode.config import DecodeConfig
 from specjax.decode.chain_checks import check_chain
 from specjax.decode.inputs import check_decode

@@ -42,7 +42,8 @@ from specjax.decode.round import DraftingLoop, draft, record_trace
 from specjax.decode.state import DecodeResult, LoopParams, LoopState
 from specjax.decode.stream import Streaming
 from specjax.decode.tree_checks import check_tree
-from specjax.draft import Accepted, Drafter
+from specjax.draft import (Accepted, Drafter, FeatureDrafter, FeatureTreeDrafter, ModelDrafter,
+                           NGramDrafter, NGramTreeDrafter)
 from specjax.draft.tree import TreeModelDrafter, TreeProposal, check_shape, move_path
 from specjax.models import DecodingModel
 from specjax.models.tree import tree_call
@@ -198,10 +199,21 @@ def trace_guesses(tokens, parent, depth, valid, path, n, *, max_depth: int):
 
 def _tree_drafter(drafter: Any, tree: Any) -> Drafter:
   """The tree drafter of `tree_decode`'s arguments; ValueError naming what it cannot take."""
-  if tree is not None:  # a chain drafter says how it drafts a tree; a model drafts it itself
+  if tree is not None:
     check_shape(tree)
-    drafter = (drafter.as_tree(tree) if isinstance(drafter, Drafter)
-               else TreeModelDrafter(drafter, tree))
+    if isinstance(drafter, FeatureDrafter):
+      drafter = FeatureTreeDrafter(drafter.target, drafter.head, tree, drafter.vocab_limit)
+    elif isinstance(drafter, NGramDrafter):
+      drafter = NGramTreeDrafter(drafter, tree)
+    elif isinstance(drafter, ModelDrafter):
+      drafter = TreeModelDrafter(drafter.model, tree, window=drafter.window,
+                                 catch_up=drafter.catch_up)
+    elif isinstance(drafter, Drafter):
+      raise ValueError(f"{type(drafter).__name__} cannot draft a given tree: tree_decode takes "
+                       "a tree drafter with tree=None, or a draft model, ModelDrafter, n-gram "
+                       f"table or FeatureDrafter with tree=..., got tree={tree!r}")
+    else:
+      drafter = TreeModelDrafter(drafter, tree)
   if not isinstance(drafter, Drafter) or drafter.tree is None:
     raise ValueError("tree_decode needs a tree drafter (TreeModelDrafter, NGramTreeDrafter, "
                      "PromptLookupTreeDrafter or FeatureTreeDrafter), or a draft model, n-gram "

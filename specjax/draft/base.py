@@ -100,14 +100,6 @@ class DrafterDefaults:
 
   wants_features: ClassVar[bool] = False
 
-  def as_tree(self, tree: Any) -> Any:
-    """The tree drafter that drafts `tree` (a `StaticTree` / `DynamicTree`) as this drafter
-    drafts a chain (`tree_decode(..., tree=...)` asks for it). A drafter that cannot (a tree
-    drafter already, prompt lookup) refuses in one line; chain drafters that can override it."""
-    raise ValueError(f"{type(self).__name__} cannot draft a given tree: tree_decode takes a tree "
-                     "drafter with tree=None, or a draft model, ModelDrafter, n-gram table or "
-                     f"FeatureDrafter with tree=..., got tree={tree!r}")
-
 
 def check_sizes(drafter: Any, **minimums: int) -> None:
   """ValueError unless each named field of `drafter` is an integer >= its minimum (bools

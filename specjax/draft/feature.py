@@ -150,12 +150,6 @@ class FeatureDrafter(FeatureHeadDrafter):
     """Cache positions a round writes past the committed tokens: the guesses."""
     return self.max_gamma
 
-  def as_tree(self, tree: Any) -> Any:
-    """A `FeatureTreeDrafter` of the same target, head and vocab_limit drafting `tree` (its
-    params are this drafter's)."""
-    from specjax.draft.feature_tree import FeatureTreeDrafter  # pylint: disable=import-outside-toplevel
-    return FeatureTreeDrafter(self.target, self.head, tree, self.vocab_limit)
-
   def propose(self, params, state, seq, length, gamma, row_keys, sampling):
     head, target_params = params["head"], params["target"]
     feature, cache = catch_up(self.target, self.head, params, state, seq, length,

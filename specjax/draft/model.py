@@ -90,11 +90,6 @@ class ModelDrafter(DrafterDefaults):
     state = state.replace(cache=cache, fed=length + jnp.max(gamma) - 1, start=length)
     return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
 
-  def as_tree(self, tree: Any) -> Any:
-    """A `TreeModelDrafter` of the same model and catch-up settings drafting `tree`."""
-    from specjax.draft.tree import TreeModelDrafter  # pylint: disable=import-outside-toplevel
-    return TreeModelDrafter(self.model, tree, window=self.window, catch_up=self.catch_up)
-
   def update(self, state, accepted: Accepted):
     return self.truncate(state, state.start + accepted.n)
 

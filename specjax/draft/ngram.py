@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Sequence, Tuple
+from typing import ClassVar, Sequence, Tuple
 
 import flax
 import jax
@@ -113,11 +113,6 @@ class NGramDrafter(DrafterDefaults):
 
     tokens, all_probs, _ = jax.lax.fori_loop(0, jnp.max(gamma), body, (tokens, all_probs, prev))
     return Proposal(tokens=tokens, probs=all_probs, calls=jnp.zeros((batch,), jnp.int32)), state
-
-  def as_tree(self, tree: Any) -> Any:
-    """An `NGramTreeDrafter` drawing `tree` from this table (its params are this drafter's)."""
-    from specjax.draft.ngram_tree import NGramTreeDrafter  # pylint: disable=import-outside-toplevel
-    return NGramTreeDrafter(self, tree)
 
   def update(self, state, accepted: Accepted):
     return state

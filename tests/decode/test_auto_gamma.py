@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
-from specjax.decode import auto, auto_rounds, calibration
+from specjax.decode import auto
+from specjax.decode.auto import calibration
+from specjax.decode.auto import rounds as auto_rounds
 from specjax.decode import runner
 from specjax.decode import speculative as decoding
 from specjax.draft import HierarchicalDrafter, ModelDrafter

@@ -80,7 +80,8 @@ def test_tree_ancestors_and_the_greedy_walk_run_no_loop():
   assert "while" not in text
 
 
-def test_a_chain_drafter_says_how_it_drafts_a_tree():
+def test_a_chain_drafter_with_a_tree_shape_becomes_its_tree_drafter():
+  from specjax.decode.tree import _tree_drafter  # pylint: disable=import-outside-toplevel
   from specjax.draft import (FeatureDrafter, FeatureTreeDrafter, ModelDrafter,  # pylint: disable=import-outside-toplevel
                              NGramTreeDrafter, PromptLookupDrafter, TreeModelDrafter,
                              UnigramDrafter)
@@ -88,15 +89,16 @@ def test_a_chain_drafter_says_how_it_drafts_a_tree():
   from specjax.testing import tiny_pair  # pylint: disable=import-outside-toplevel
   tree = StaticTree.from_spines((2, 1))
   pair = tiny_pair("lm")
-  assert ModelDrafter(pair.draft, max_gamma=2, catch_up=4).as_tree(tree) == TreeModelDrafter(
-      pair.draft, tree, catch_up=4)
+  assert _tree_drafter(ModelDrafter(pair.draft, max_gamma=2, catch_up=4), tree) == (
+      TreeModelDrafter(pair.draft, tree, catch_up=4))
+  assert _tree_drafter(pair.draft, tree) == TreeModelDrafter(pair.draft, tree)
   head = FeatureHead(FeatureHeadConfig(vocab_size=pair.target.vocab_size,
                                        emb_dim=pair.target.feature_dim, num_heads=2, head_dim=8,
                                        mlp_dim=16))
-  assert FeatureDrafter(pair.target, head, max_gamma=2, vocab_limit=5).as_tree(tree) == (
+  assert _tree_drafter(FeatureDrafter(pair.target, head, max_gamma=2, vocab_limit=5), tree) == (
       FeatureTreeDrafter(pair.target, head, tree, 5))
   unigram, _ = UnigramDrafter([np.arange(4)], 4, max_gamma=2)
-  assert unigram.as_tree(tree) == NGramTreeDrafter(unigram, tree)
+  assert _tree_drafter(unigram, tree) == NGramTreeDrafter(unigram, tree)
   # One that cannot says so in one line, before anything compiles.
   with pytest.raises(ValueError, match=r"^PromptLookupDrafter cannot draft a given tree: "):
     tree_decode(TableModel(4), random_table(1, 4), PromptLookupDrafter(4, max_gamma=2), None,

@@ -1,72 +1,21 @@
-"""The cost-aware γ policy ('auto'): speculate only where it pays, per batch and per row.
+"""The 'auto' γ policy's rule, its cost table and its compiled phases.
 
-Cost model. A round whose largest γ is g costs `s[g]` seconds: s[0] is a plain target
-step (one token wide, no draft call, exactly an autoregressive step); for g ≥ 1 the round
-drafts g guesses and the target scores them in the compiled width of the smallest bucket
-b ≥ g (`DecodeConfig.auto_buckets`), so s[g] = s[b]. The `CostTable` holds s for
-γ = 0 and each bucket, measured once per (models, batch, cache length) by `time_rounds`
-inside the compiled loop itself (verification and loop overhead included), so s[g] / s[0]
-is Thm 3.8's denominator γc + 1 with the measured r(γ+1) in place of the paper's r = 1:
-s[g] / s[0] = r(b+1) + g·c + (verification and loop overhead).
-
-Decision, each round, a pure function of the table and the decode state. Row b has a
-running α̂_b (Σ min(p, q) over its verified positions, plus w prior positions at the
-table's α: the acceptance rate its calibration measured on the same models, the slowest
-row's of the batch it ran on; w = PRIOR_POSITIONS / batch (`prior_of`), so that at batch 1
-one unlucky round does not end the row's speculation for good: narrow rounds verify
-nothing, so a row that leaves speculation on its first rejection never returns, and on the
-bundled LM pair at T = 0 rows that accept 92% of their guesses did just that. A table
-without an α gives one prior position at α = 1: a row with no evidence is given one
-speculative round) and room_b tokens left in its budget. Offering γ guesses it emits
-E_b(γ) = Σ_{i ≤ min(γ, room_b−1)} α̂_b^i tokens per round (Eq. 1, capped by its budget), so
-it needs about room_b / E_b(γ) more rounds. The batch runs until its slowest row is done,
-so the policy picks
+Invariant: a decision is a pure function of the `CostTable` (seconds of the narrow round
+s[0], a plain target step, and of a round in each compiled bucket, measured inside the
+compiled loop by `time_rounds`) and the decode state (each row's running α̂, its prior from
+the table's α via `prior_of`, and its room left): the batch plays
 
     g* = argmin_{g ≤ gamma_cap} s[g] · max_{b active} room_b / E_b(g)      (ties: the smaller g)
 
-which at batch 1 maximizes E(g) / s[g], Thm 3.8 with measured costs, and which can be
-g* = 0: speculation off. It is batch-aware: a wider call is paid by the whole batch, so
-rows whose α̂ would pay for speculation alone are switched to γ = 0 when the batch's
-slowest row does not gain enough to pay for the wider call.
-
-Sharing the wide call. All rows of a round run in one call of the bucket's width. Row b
-offers γ_b = min(g*, room_b − 1) guesses (0 when done): guessing past its budget buys
-nothing, and any γ_b < g* is free since the call is paid anyway. A row with γ_b = 0 in a
-wide round takes one token, drawn from p at its first position with the correction
-stream's key of that position (Algorithm 1 with no guess offered; with the reference
-verifier it is the autoregressive loop's own draw): exact. When g* = 0 the whole round is
-the narrow branch: one 1-token target call, no draft call. The narrow round and a round
-of each bucket's width are compiled once into the one loop (`run_phases`): a decision
-never recompiles.
-
-Probes. A narrow round verifies nothing, so a row's α̂ cannot recover from an unlucky
-start on its own: on the LM pair shipped with the continued target, at T = 0 and batch 1,
-366 of auto's 412 rounds over eight prompts were narrow after early rejections (auto 0.72
-of fixed γ = 7, which ran 1.50x autoregressive: acceptance there comes in bursts, the first
-guess wrong or all of them right). So when the batch's choice is g* = 0, every
-PROBE_EVERY-th round (by the batch's round count) instead plays the γ the rule picks from
-the prior alone (each row at the table's α, no evidence of its own), if that γ is ≥ 1; its
-verified positions then update the rows' α̂ as any round does. A probe costs at most
-(s[γ] − s[0]) − (E − 1) steps per PROBE_EVERY rounds where speculation truly does not pay,
-and never runs where the prior itself says γ = 0 (below).
-
-Speculation off for the whole decode. Before the first round every row's α̂ is the
-table's α and its room is at most max_new_tokens. If g* = 0 there, it stays 0 for the
-whole decode (`never_speculates`): narrow rounds verify nothing, so every α̂ stays the
-prior, and with equal α̂ the slowest term is the row with the most room, whose choice only
-moves towards 0 as its room shrinks (s[g] / E(min(g, room − 1)) can only grow); a refilled
-slot starts again at max_new_tokens. Such a decode is exactly the autoregressive loop
-(the narrow round draws its token as that loop does), so `speculative_decode` runs that
-loop instead, without the draft model's start or the policy's bookkeeping, and reports
-every round at γ = 0.
-
-Reproducibility. Decisions depend only on the cost table and the decode state, never on
-timings taken during the decode. At T > 0 a row's tokens depend on its γ decisions (which
-position keys are consumed), so a seed reproduces its tokens exactly given the same cost
-table: save it (`CostTable.save`, the main job's COST_TABLE) and pass it back. Under
-'auto' a row's γ also depends on its batch (the batch's slowest row), so at T > 0 a row's
-tokens, not their distribution, depend on its batch mates; greedy output is always the
-target's argmax path.
+(Eq. 1's E_b(g), Thm 3.8 with measured costs; `choose_gamma`), each row offering
+min(g*, room_b − 1), every PROBE_EVERY-th narrow decision replaced by the prior's own choice
+(a row can come back after early rejections). A row at γ = 0 inside a wide call draws what
+Algorithm 1 draws with no guess offered, so every decision is exact. If g* = 0 before the
+first round it stays 0 (`never_speculates`) and the decode is the autoregressive loop. The
+narrow round and one round per bucket are compiled once into one loop (`run_phases`): a
+decision never recompiles, and a seed reproduces its tokens given the same table.
+docs/auto_and_streaming.md holds the derivation, the measurements behind the prior and the
+probes, and the reproducibility notes.
 """
 from __future__ import annotations
 

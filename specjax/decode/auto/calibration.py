@@ -107,7 +107,7 @@ def decide(prepared: PreparedDecode, costs: Optional[auto.CostTable], gamma_cap:
          max_new_tokens: int) -> Tuple[auto.CostTable, Optional[auto.AutoControl]]:
   """The 'auto' branch of a speculative decode, decided once: (the cost table, the loop's
   control), the control None when the policy would play only γ = 0 rounds (the caller then
-  runs the autoregressive loop instead, `specjax.decode.fallback`)."""
+  runs the autoregressive loop instead, `specjax.decode.auto.fallback`)."""
   costs = costs_for(prepared, costs)
   if auto.never_speculates(costs, gamma_cap, max_new_tokens):
     return costs, None
