@@ -11,7 +11,6 @@ data: changing them does not recompile.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Optional, Union
 
 import jax
@@ -20,7 +19,6 @@ from specjax.decode import auto, runner
 from specjax.decode.auto import calibration
 from specjax.decode.config import DecodeConfig
 from specjax.decode.chain_checks import check_chain
-from specjax.decode.inputs import check_decode
 from specjax.decode.round import SpeculativeLoop
 from specjax.decode.state import DecodeResult, LoopParams
 from specjax.decode.stream import Streaming
@@ -120,8 +118,8 @@ def prepare_decode(target: DecodingModel, target_params: Any, drafter: Drafter,
   compiled loop with an explicit 'auto' control (`auto.AutoControl`: forced schedules,
   rollback), as calibration does; it returns (DecodeResult, nan bool [B]). Arguments as
   for `speculative_decode`."""
-  checked = check_decode(target, config, inputs, max_new_tokens, prompt_lengths,
-                         drafter=drafter, partitioner=partitioner)
-  loop = SpeculativeLoop(target, drafter, dataclasses.replace(config, cache_len=checked.cache_len))
-  return runner.prepare(loop, LoopParams(target=target_params, drafter=draft_params), checked,
+  entry = runner.enter(target, config, inputs, max_new_tokens, prompt_lengths, None,
+                       partitioner, drafter=drafter)
+  return runner.prepare(SpeculativeLoop(target, drafter, entry.config),
+                        LoopParams(target=target_params, drafter=draft_params), entry.checked,
                         slice(None), rng, partitioner)

@@ -18,8 +18,7 @@ import jax.numpy as jnp
 
 from specjax.draft.base import Accepted, DrafterDefaults
 from specjax.draft.ngram import NGramDrafter, NoState, table_probs
-from specjax.draft.tree import (TreeProposal, check_shape, draw_level, keep_most_probable,
-                                level_starts)
+from specjax.draft.tree import TreeProposal, check_shape, grow_tree
 from specjax.rows import take_rows
 from specjax.sampling import Sampling
 
@@ -69,33 +68,18 @@ class NGramTreeDrafter(DrafterDefaults):
               ) -> Tuple[TreeProposal, NoState]:
     """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state); gamma unused."""
     del gamma
-    tree, batch, vocab = self.tree, seq.shape[0], self.vocab_size
-    size, starts = tree.grown, level_starts(tree.levels)
-    tokens = jnp.zeros((batch, size), jnp.int32)
-    parent = jnp.full((batch, size), -1, jnp.int32)
-    valid = jnp.zeros((batch, size), jnp.bool_)
-    probs = jnp.zeros((batch, size + 1, vocab), jnp.float32)
-    path_logq = jnp.zeros((batch, size), jnp.float32)
     last = take_rows(seq, (length - 1)[:, None])  # [B, 1]
-    logits, ids = self._logits(params, last), jnp.zeros((batch, 1), jnp.int32)
-    parent_logq, q_row = jnp.zeros((batch, 1), jnp.float32), 0
-    for d in range(1, tree.max_depth + 1):
-      lo, hi = starts[d - 1], starts[d]
-      if d > 1:  # the children of the level above, drawn from q(· | its tokens)
-        plo, phi = starts[d - 2], starts[d - 1]
-        logits = self._logits(params, tokens[:, plo:phi])
-        ids = jnp.broadcast_to(jnp.arange(plo, phi, dtype=jnp.int32) + 1, (batch, phi - plo))
-        parent_logq, q_row = path_logq[:, plo:phi], plo + 1
-      new = draw_level(tree, d, row_keys, length, logits, ids, parent_logq, hi - lo, sampling)
-      tokens, parent, valid, path_logq = (x.at[:, lo:hi].set(v) for x, v in zip(
-          (tokens, parent, valid, path_logq), new[:4]))
-      probs = probs.at[:, q_row:q_row + new[4].shape[1]].set(new[4])
-    proposal = TreeProposal(tokens=tokens, parent=parent,
-                            depth=jnp.broadcast_to(jnp.asarray(tree.depth), (batch, size)),
-                            valid=valid, probs=probs, calls=jnp.zeros((batch,), jnp.int32))
-    if tree.nodes < size:
-      proposal, _ = keep_most_probable(proposal, path_logq, tree.nodes)
-    return proposal, state
+
+    def level(carry, tokens, parent, depth, plo, phi):  # q(· | each node's token)
+      return self._logits(params, tokens[:, plo:phi]), carry
+
+    def spine(carry, tokens, parent, depth, anc, above):
+      return self._logits(params, jax.lax.dynamic_slice_in_dim(tokens, above, 1, axis=1))[:, 0], \
+          carry
+
+    proposal, _, _ = grow_tree(self.tree, self._logits(params, last)[:, 0], level, spine, None,
+                               row_keys, length, sampling)
+    return proposal.replace(calls=jnp.zeros_like(proposal.calls)), state  # no model call
 
   def update(self, state, accepted: Accepted):
     del accepted
