@@ -22,6 +22,7 @@ off for the run (a program read from the cache is not compiled, so not dumped).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -77,9 +78,7 @@ def _decoders(pair, temperature: float, cache_len: int, max_new_tokens: int
           None, x, **common),
   }
   if temperature == 0.0:
-    auto = decode_config(temperature, cache_len)
-    import dataclasses  # pylint: disable=import-outside-toplevel
-    auto = dataclasses.replace(auto, gamma_policy="auto")
+    auto = dataclasses.replace(config, gamma_policy="auto")
     out["chain, 'auto'"] = lambda x: speculative_decode(
         target, params, drafter, dparams, x, gamma=GAMMA,
         **{**common, "config": auto})
