@@ -230,7 +230,7 @@ def loop_piece(name: str, loop, params, *, batch: int, input_len: int, cache_len
       loop, None, params, inputs, seq, length, keys, budget, gamma))
   ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   keys = jax.eval_shape(lambda: row_keys(jax.random.PRNGKey(0), batch))
-  gamma = ints() if loop.takes_gamma else None
+  gamma = ints()  # a loop that does not read it ignores it (jit drops the argument)
   cache = jax.eval_shape(lambda: loop.target.init_cache(batch, cache_len))
   return Piece(name, fn, (params, ints(batch, input_len), ints(batch, cache_len), ints(batch),
                           keys, ints(), gamma), 0, weights, _nbytes(cache))

@@ -37,11 +37,7 @@ class AutoregressiveLoop:
   config: DecodeConfig
 
   drafter: ClassVar[None] = None
-  takes_gamma: ClassVar[bool] = False
-  auto: ClassVar[bool] = False  # the 'auto' policy is a speculative loop's
   max_gamma: ClassVar[int] = 0
-  buckets: ClassVar[Tuple[int, ...]] = ()
-  alpha_rounds: ClassVar[Optional[int]] = None
 
   @classmethod
   def of(cls, target: DecodingModel, config: DecodeConfig) -> "AutoregressiveLoop":
@@ -49,9 +45,6 @@ class AutoregressiveLoop:
     every decode that runs it (an 'auto' fallback included) shares one compiled loop."""
     return cls(target, DecodeConfig(sampling=config.sampling, eos_id=config.eos_id,
                                     cache_len=config.cache_len))
-
-  def fallback_loop(self) -> "AutoregressiveLoop":
-    return self
 
   def start(self, params: LoopParams, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
     """inputs [B, L], seq [B, T], length [B] -> (LoopState, encoded) after encode / prefill."""

@@ -169,9 +169,19 @@ class DraftingLoop:
 
   takes_gamma: ClassVar[bool]
   """Whether `start` reads γ: the chain's first γ per row (a tree's shape replaces γ: 0)."""
+  alpha_rounds: ClassVar[Optional[int]] = None
+  """'auto': rounds of the calibration's α run (None: as many as it times)."""
 
   @property
-  def auto(self) -> bool:
+  def auto(self) -> Optional[auto.AutoSpec]:
+    """The 'auto' policy's spec (`runner.auto_spec`), None under a fixed γ."""
+    if not self._auto:
+      return None
+    return auto.AutoSpec(buckets=self.buckets, alpha_rounds=self.alpha_rounds,
+                                fallback=AutoregressiveLoop.of(self.target, self.config))
+
+  @property
+  def _auto(self) -> bool:
     return self.config.gamma_policy == "auto"
 
   @property
@@ -188,13 +198,9 @@ class DraftingLoop:
     """One round whose target call scores the last token and `bucket` guesses."""
     raise NotImplementedError
 
-  def fallback_loop(self) -> AutoregressiveLoop:
-    """'auto': the autoregressive loop (its result is reported as γ = 0 rounds)."""
-    return AutoregressiveLoop.of(self.target, self.config)
-
   def going(self, params: LoopParams, state: LoopState) -> jax.Array:
     """bool []: whether the decode goes on (a row is busy; 'auto': within control.max_rounds)."""
-    return going(state, params.control if self.auto else None)
+    return going(state, params.control if self._auto else None)
 
   def start(self, params: LoopParams, inputs, seq, length, gamma=None) -> Tuple[LoopState, Any]:
     """inputs [B, L], seq [B, T], length [B], gamma int32 [] (read when `takes_gamma`) ->
@@ -227,7 +233,7 @@ class DraftingLoop:
     free). `place` constrains each round's state (sharding)."""
     step = dict(params=params, keys=keys, encoded=encoded, prefix_len=prefix_len,
                 max_new_tokens=max_new_tokens)
-    if not self.auto:
+    if not self._auto:
       return place(self.round(self.max_gamma, state=state, **step))
     variants = [lambda s: self.narrow(state=s, **step)] + [
         lambda s, b=b: self.round(b, state=s, **step) for b in self.buckets]
@@ -247,12 +253,11 @@ class SpeculativeLoop(DraftingLoop):
   config: DecodeConfig
 
   takes_gamma: ClassVar[bool] = True  # every row's first γ
-  alpha_rounds: ClassVar[Optional[int]] = None
 
   @property
   def buckets(self) -> Tuple[int, ...]:
     """'auto': the γ of each wide-round variant (`DecodeConfig.auto_buckets` resolved)."""
-    return auto.resolve_buckets(self.config.auto_buckets, self.max_gamma) if self.auto else ()
+    return auto.resolve_buckets(self.config.auto_buckets, self.max_gamma) if self._auto else ()
 
   def round(self, bucket: int, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
             max_new_tokens) -> LoopState:

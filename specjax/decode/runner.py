@@ -38,37 +38,23 @@ from specjax.sharding import Partitioner, constrain, place, unpad
 
 
 class Loop(Protocol):
-  """What the runner drives (`AutoregressiveLoop`, `SpeculativeLoop`, `TreeLoop`)."""
+  """What the runner drives (`AutoregressiveLoop`, `SpeculativeLoop`, `TreeLoop`): a loop
+  built from its `target`, `config` and `drafter` (None: the autoregressive loop) implements
+  γ's bound, `start`, `rounds` and `going`. A loop that the 'auto' policy can drive also has
+  an `auto` member (`auto_spec`)."""
 
   target: DecodingModel
   config: DecodeConfig
-  drafter: Any  # the loop's drafter (None: the autoregressive loop)
-
-  @property
-  def takes_gamma(self) -> bool:
-    """Whether `start` reads γ (data): the chain loop's first γ per row."""
-
-  @property
-  def auto(self) -> bool:
-    """Whether the 'auto' policy chooses each round (a speculative loop only)."""
+  drafter: Any
 
   @property
   def max_gamma(self) -> int:
     """The γ bound of its buffers (a tree's depth); 0 without a drafter."""
 
-  @property
-  def buckets(self) -> Tuple[int, ...]:
-    """'auto': the γ of each compiled wide-round variant."""
-
-  @property
-  def alpha_rounds(self) -> Optional[int]:
-    """'auto': rounds of the calibration's α run (None: as many as it times)."""
-
-  def fallback_loop(self) -> "Loop":
-    """'auto': the autoregressive loop the decode runs when the policy never speculates."""
-
   def start(self, params: LoopParams, inputs, seq, length, gamma) -> Tuple[LoopState, Any]:
-    """inputs [B, L], seq [B, T], length [B], gamma int32 [] or None -> (LoopState, encoded)."""
+    """inputs [B, L], seq [B, T], length [B], gamma int32 [] (each row's first γ; a loop
+    that does not read it ignores it, and jit drops the unused argument) -> (LoopState,
+    encoded)."""
 
   def rounds(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
              max_new_tokens, running: Callable = lambda s: True,
@@ -78,6 +64,12 @@ class Loop(Protocol):
 
   def going(self, params: LoopParams, state: LoopState) -> jax.Array:
     """bool []: whether the decode goes on."""
+
+
+def auto_spec(loop: Loop) -> Optional[auto.AutoSpec]:
+  """The loop's optional 'auto' member: an `auto.AutoSpec` when the 'auto' policy drives it,
+  else None (also for a loop without the member)."""
+  return getattr(loop, "auto", None)
 
 
 class Entry(NamedTuple):
@@ -129,16 +121,16 @@ def decode(loop: Loop, params: LoopParams, checked: Checked, rng, *,
   cost table under 'auto'); ValueError naming rows whose logits held NaN.
   """
   rows = None if streaming is None else streaming.rows(partitioner)
-  prepared = None
-  if streaming is None or loop.auto:
+  prepared, spec = None, auto_spec(loop)
+  if streaming is None or spec is not None:
     some = (slice(None) if streaming is None
             else np.arange(rows - streaming.refill_rows) % checked.inputs.shape[0])
     prepared = prepare(loop, params, checked, some,
                        rng if streaming is None else jax.random.PRNGKey(0), partitioner)
-  if loop.auto:
+  if spec is not None:
     costs, control = calibration.decide(prepared, costs, checked.gamma, checked.max_new_tokens)
     if control is None:  # the autoregressive loop, reported as rounds at γ = 0
-      result = decode(loop.fallback_loop(), LoopParams(target=params.target), checked, rng,
+      result = decode(spec.fallback, LoopParams(target=params.target), checked, rng,
                       streaming=streaming, partitioner=partitioner, on_progress=on_progress)
       trace_width = checked.cache_len if loop.config.trace else 0
       return as_narrow_rounds(result, loop.max_gamma, trace_width).replace(cost_table=costs)
@@ -178,11 +170,12 @@ def prepare(loop: Loop, params: LoopParams, checked: Checked, rows, rng,
     loop_params = LoopParams(target=target_params, drafter=draft_params, control=control)
     return unpad(partitioner, run_loop(loop, partitioner, loop_params, *arrays,
                                        jnp.int32(budget),
-                                       jnp.int32(gamma) if loop.takes_gamma else None), batch)
+                                       jnp.int32(1 if gamma is None else gamma)), batch)
 
+  spec = auto_spec(loop)
   return calibration.PreparedDecode(
       key=(loop, partitioner, inputs.shape, checked.cache_len),
       models=f"target {auto.describe(loop.target)}; drafter {auto.describe(loop.drafter)}",
       batch=batch, cache_len=checked.cache_len, max_gamma=loop.max_gamma,
-      buckets=loop.buckets, max_new_tokens=checked.max_new_tokens, run=run,
-      alpha_rounds=loop.alpha_rounds)
+      buckets=spec.buckets if spec else (), max_new_tokens=checked.max_new_tokens, run=run,
+      alpha_rounds=spec.alpha_rounds if spec else None)

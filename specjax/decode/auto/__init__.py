@@ -6,16 +6,17 @@
   calibration  the cost table measured once per (models, batch, cache length), kept, decided
   fallback     a decode that never speculates reported as rounds at γ = 0
 
-A loop opts in through `DecodeConfig.gamma_policy = 'auto'`; docs/auto_and_streaming.md
+A loop opts in through `DecodeConfig.gamma_policy = 'auto'` and says what the runner needs by
+its optional `auto` member (an `AutoSpec`); docs/auto_and_streaming.md
 explains the rule and its measurements.
 """
 from specjax.decode.auto.policy import (NO_LIMIT, PRIOR_ALPHA, PRIOR_POSITIONS, PROBE_EVERY,
-                                        SCHEDULE_ROUNDS, AutoControl, CostTable, branch_index,
+                                        SCHEDULE_ROUNDS, AutoControl, AutoSpec, CostTable, branch_index,
                                         choose_gamma, default_buckets, describe, forced_gamma,
                                         never_speculates, prior_of, resolve_buckets,
                                         run_phases, time_rounds)
 
 __all__ = ["NO_LIMIT", "PRIOR_ALPHA", "PRIOR_POSITIONS", "PROBE_EVERY", "SCHEDULE_ROUNDS",
-           "AutoControl", "CostTable", "branch_index", "choose_gamma", "default_buckets",
+           "AutoControl", "AutoSpec", "CostTable", "branch_index", "choose_gamma", "default_buckets",
            "describe", "forced_gamma", "never_speculates", "prior_of", "resolve_buckets",
            "run_phases", "time_rounds"]

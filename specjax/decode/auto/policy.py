@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import flax
 import jax
@@ -325,6 +325,18 @@ def run_phases(variants: Sequence[Callable], decide: Callable, running: Callable
         lambda c, i=index: running(c[0]) & (c[2] == i),
         functools.partial(step, f=variant), carry)
   return carry[0]
+
+
+class AutoSpec(NamedTuple):
+  """What the runner reads of a loop under the 'auto' policy (its optional `auto` member;
+  None, or absent, when the policy is off)."""
+  buckets: Tuple[int, ...]
+  """The γ of each compiled wide-round variant."""
+  alpha_rounds: Optional[int]
+  """Rounds of the calibration's α run (None: as many as it times)."""
+  fallback: Any
+  """The autoregressive loop the decode runs instead when the policy never speculates (its
+  result is reported as γ = 0 rounds)."""
 
 
 @flax.struct.dataclass
