@@ -51,7 +51,7 @@ def start_drafting(target, drafter, params, inputs, seq, length, hist_width: int
   state, encoded, features = start_loop(target, params.target, inputs, seq, length, width,
                                         hist_width, features=True)
   return state.replace(drafter_state=drafter.init(params.drafter, inputs, seq, length, width,
-                                                  features=features)), encoded
+                                                  features=features, encoded=encoded)), encoded
 
 
 def last_tokens(state: LoopState) -> jax.Array:

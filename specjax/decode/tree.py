@@ -42,9 +42,8 @@ from specjax.decode.round import DraftingLoop, draft, record_trace
 from specjax.decode.state import DecodeResult, LoopParams, LoopState
 from specjax.decode.stream import Streaming
 from specjax.decode.tree_checks import check_tree
-from specjax.draft import (Accepted, Drafter, FeatureDrafter, FeatureTreeDrafter, ModelDrafter,
-                           NGramDrafter, NGramTreeDrafter)
-from specjax.draft.tree import TreeModelDrafter, TreeProposal, check_shape, move_path
+from specjax.draft import Accepted, Drafter, TreeModelDrafter
+from specjax.draft.tree import TreeProposal, check_shape, move_path
 from specjax.models import DecodingModel
 from specjax.models.tree import tree_call
 from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, position_key
@@ -201,19 +200,8 @@ def _tree_drafter(drafter: Any, tree: Any) -> Drafter:
   """The tree drafter of `tree_decode`'s arguments; ValueError naming what it cannot take."""
   if tree is not None:
     check_shape(tree)
-    if isinstance(drafter, FeatureDrafter):
-      drafter = FeatureTreeDrafter(drafter.target, drafter.head, tree, drafter.vocab_limit)
-    elif isinstance(drafter, NGramDrafter):
-      drafter = NGramTreeDrafter(drafter, tree)
-    elif isinstance(drafter, ModelDrafter):
-      drafter = TreeModelDrafter(drafter.model, tree, window=drafter.window,
-                                 catch_up=drafter.catch_up)
-    elif isinstance(drafter, Drafter):
-      raise ValueError(f"{type(drafter).__name__} cannot draft a given tree: tree_decode takes "
-                       "a tree drafter with tree=None, or a draft model, ModelDrafter, n-gram "
-                       f"table or FeatureDrafter with tree=..., got tree={tree!r}")
-    else:
-      drafter = TreeModelDrafter(drafter, tree)
+    drafter = (drafter.as_tree(tree) if isinstance(drafter, Drafter)  # the drafter says how
+               else TreeModelDrafter(drafter, tree))  # a bare draft model
   if not isinstance(drafter, Drafter) or drafter.tree is None:
     raise ValueError("tree_decode needs a tree drafter (TreeModelDrafter, NGramTreeDrafter, "
                      "PromptLookupTreeDrafter or FeatureTreeDrafter), or a draft model, n-gram "
@@ -237,7 +225,9 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, draft_p
   Args:
     target: the target `DecodingModel`.
     target_params: its parameters.
-    drafter: a `specjax.draft.tree.TreeModelDrafter`, or a draft `DecodingModel` with `tree`;
+    drafter: a tree drafter (`drafter.tree` set, e.g. `specjax.draft.TreeModelDrafter`), a
+      chain drafter with an `as_tree` (`ModelDrafter`, `NGramDrafter`, `FeatureDrafter`) and
+      `tree`, or a draft `DecodingModel` with `tree`;
       a `specjax.draft.NGramTreeDrafter`, or an `NGramDrafter` with `tree` (the tree drawn
       from its table); a `specjax.draft.PromptLookupTreeDrafter` (several prompt-lookup
       continuations).

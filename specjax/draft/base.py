@@ -61,8 +61,10 @@ class Drafter(Protocol):
 
   wants_features: bool
   """Whether `update` needs the target's features at the scored positions (`Accepted.features`,
-  a `specjax.models.FeatureModel` target): the chain loop then scores with `decode_features`.
-  False (`DrafterDefaults`) for every drafter but `FeatureDrafter`."""
+  a `specjax.models.FeatureModel` target): the chain loop then scores with `decode_features`,
+  and its `init` also takes `features=` (a decoder-only target's prompt features) and
+  `encoded=` (a T5 target's `encode` of the inputs). False (`DrafterDefaults`) for every
+  drafter but the feature drafters."""
 
   @property
   def max_gamma(self) -> int:
@@ -93,12 +95,23 @@ class Drafter(Protocol):
   def update(self, state: Any, accepted: Accepted) -> Any:
     """The state after verification (`Accepted`)."""
 
+  def as_tree(self, tree: Any) -> "Drafter":
+    """The tree drafter that drafts `tree` (a StaticTree or DynamicTree) the way this chain
+    drafter drafts its chains (`tree_decode(..., drafter, tree=...)`); ValueError for a
+    drafter that cannot (`DrafterDefaults`)."""
+
 
 class DrafterDefaults:
   """The protocol's attributes that only some drafters change, with their defaults, in one
   place: every shipped drafter inherits them and overrides what it needs."""
 
   wants_features: ClassVar[bool] = False
+
+  def as_tree(self, tree: Any) -> "Drafter":
+    """No tree of its own: ValueError naming the drafter."""
+    raise ValueError(f"{type(self).__name__} cannot draft a given tree: tree_decode takes a "
+                     "tree drafter with tree=None, or a draft model, ModelDrafter, n-gram "
+                     f"table or FeatureDrafter with tree=..., got tree={tree!r}")
 
 
 def check_sizes(drafter: Any, **minimums: int) -> None:

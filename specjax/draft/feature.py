@@ -1,4 +1,5 @@
-"""`FeatureDrafter`: drafts from the target's own features through a feature head (EAGLE-style).
+"""Drafts from the target's own features through a feature head (EAGLE-style): `FeatureDrafter`
+guesses a chain, `FeatureTreeDrafter` a token tree (`FeatureDrafter.as_tree`).
 
 The head (`specjax.models.feature_head`) runs over the target's positions: at position p it
 reads [f_{p-1}, embedding(x_p)] and predicts f_p, whose logits through the target's own
@@ -18,6 +19,22 @@ Params: `FeatureDrafter.params(head_params, target_params, token_ranking=None)` 
 the target's (frozen: its embedding and output projection are read; a decoder-only target's
 prompt features come from the loop's prefill, or one pass over the prompt in `init`).
 Verification is unchanged, so the output is exactly the target's distribution.
+
+Trees (`FeatureTreeDrafter`: EAGLE's trees, EAGLE-2's with a `DynamicTree`), a round:
+
+  window  one head call feeds the committed positions not yet fed true features (as
+          `FeatureDrafter`); its prediction at the last committed token gives the root's q.
+  levels  the root's children are drawn from it (`specjax.draft.tree.draw_level`); then ONE
+          head call per level feeds that level's nodes, each with its parent's PREDICTED
+          feature and its own token, at slot length + j under tree attention (each node sees
+          the committed positions and its ancestors), and their predictions give the q of
+          their children. A `DynamicTree` expands the nodes of highest path probability
+          (EAGLE-2); its `keep` cut is exact at temperature 0 only, as for any tree drafter.
+
+The tree loop scores the tree with the target's features and hands the drafter those of the
+root and the accepted path (`Accepted.features`); the next window re-feeds those positions
+with them, so the head's tree slots never need moving. Verification is the tree loop's
+(`specjax.verify.tree`), so the output is exactly the target's distribution.
 """
 from __future__ import annotations
 
@@ -31,9 +48,14 @@ import numpy as np
 
 from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, check_sizes,
                                 guess_chain)
+from specjax.draft.tree import (TreeProposal, cache_positions, check_shape, grow_tree,
+                                level_attention)
 from specjax.models import FeatureModel
 from specjax.models.feature_head import FeatureHead, shift_features
+from specjax.models.layers import EncodedInputs
+from specjax.models.tree import nodes_call
 from specjax.rows import take_rows, update_rows
+from specjax.sampling import Sampling
 
 
 @flax.struct.dataclass
@@ -44,6 +66,8 @@ class FeatureDrafterState:
   # each row's length - 1; later positions are stale and rewritten before they are read)
   fed: jax.Array  # int32 [B]: head positions 0..fed-1 were fed true features
   start: jax.Array  # int32 [B]: the row's length at the last `propose`
+  encoded: Any = None  # a head with cross_attention: the target's last decoder layer's
+  # cross-attention keys and values of the rows' source (an EncodedInputs of one layer)
 
 
 class FeatureHeadDrafter(DrafterDefaults):
@@ -88,11 +112,13 @@ class FeatureHeadDrafter(DrafterDefaults):
       params["rows_scale"] = scales
     return dict(params, ids=jnp.asarray(ids, jnp.int32), rows=rows)
 
-  def init(self, params, inputs, seq, length, cache_len, features=None):
+  def init(self, params, inputs, seq, length, cache_len, features=None, encoded=None):
     """The state at the start of a decode; `features`: a decoder-only target's prompt
-    features float32 [B, P, E] from the loop's prefill (None: computed here)."""
+    features float32 [B, P, E] from the loop's prefill (None: computed here); `encoded`: a T5
+    target's `encode` of `inputs` from the loop's start (None: computed here when the head
+    has cross_attention)."""
     return start_state(self.target, self.head, params, inputs, seq, length, cache_len,
-                       features)
+                       features, encoded)
 
   def draft_logits(self, params: dict, features: jax.Array) -> jax.Array:
     """The head's predicted features [..., E] -> the draft's logits [..., V] through the
@@ -159,7 +185,7 @@ class FeatureDrafter(FeatureHeadDrafter):
       cache, feature = carry
       predicted, cache = self.head.decode(head, cache, feature[:, None],
                                           self.target.embed(target_params, prev),
-                                          length + i - 1)
+                                          length + i - 1, encoded=state.encoded)
       return self.draft_logits(params, predicted[:, 0]), (cache, predicted[:, 0])
 
     tokens, all_probs, (cache, _) = guess_chain(self.draft_logits(params, feature), step,
@@ -167,6 +193,10 @@ class FeatureDrafter(FeatureHeadDrafter):
                                                 self.max_gamma, sampling)
     state = state.replace(cache=cache, fed=length, start=length)
     return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
+
+  def as_tree(self, tree: Any) -> "FeatureTreeDrafter":
+    """The same head drafting `tree` (a StaticTree or DynamicTree), over the same ids."""
+    return FeatureTreeDrafter(self.target, self.head, tree, self.vocab_limit)
 
 
 
@@ -189,16 +219,24 @@ def check_head(drafter: Any) -> None:
 
 
 def start_state(target: Any, head: FeatureHead, params: dict, inputs, seq, length,
-                cache_len: int, prompt_features=None) -> FeatureDrafterState:
+                cache_len: int, prompt_features=None, encoded=None) -> FeatureDrafterState:
   """A feature drafter's state at the start of a decode: a decoder-only target's prompt
   features (`prompt_features` float32 [B, P, E], the loop's prefill gives them; None: one
-  pass over the prompt here) fed to the head; nothing fed for a T5 decoder."""
+  pass over the prompt here) fed to the head; nothing fed for a T5 decoder, whose head with
+  cross_attention keeps the target's last decoder layer's keys and values of the source
+  (from `encoded`, the target's `encode` of `inputs`; None: encoded here)."""
   batch, width = seq.shape
   features = jnp.zeros((batch, width, head.config.emb_dim), jnp.float32)
   cache = head.init_cache(batch, cache_len)
   if target.is_encoder_decoder:  # the decoder starts at token 0: nothing fed yet
     zeros = jnp.zeros((batch,), jnp.int32)
-    return FeatureDrafterState(cache=cache, features=features, fed=zeros, start=length)
+    source = None
+    if head.config.cross_attention:
+      encoded = target.encode(params["target"], inputs) if encoded is None else encoded
+      source = EncodedInputs(keys=encoded.keys[-1:], values=encoded.values[-1:],
+                             mask=encoded.mask)
+    return FeatureDrafterState(cache=cache, features=features, fed=zeros, start=length,
+                               encoded=source)
   if prompt_features is None:
     prompt_features = _prompt_features(target, params["target"], inputs, length)
   features = jax.lax.dynamic_update_slice_in_dim(features, prompt_features, 0, axis=1)
@@ -220,7 +258,8 @@ def catch_up(target: Any, head: FeatureHead, params: dict, state: FeatureDrafter
     before = jnp.take_along_axis(state.features, jnp.clip(at - 1, 0)[:, :, None], axis=1)
     before = jnp.where((at >= 1)[:, :, None], before, 0.0)  # f_{-1} = 0
     return head.decode(params["head"], cache, before,
-                       target.embed(params["target"], take_rows(seq, at)), begin)
+                       target.embed(params["target"], take_rows(seq, at)), begin,
+                       encoded=state.encoded)
 
   def behind(carry):
     return jnp.any(length - 1 - carry[1] >= width)
@@ -244,3 +283,76 @@ def _prompt_features(target: Any, params: Any, prompts: jax.Array, length: jax.A
   _, features, _ = target.decode_features(params, target.init_cache(batch, width), prompts,
                                           jnp.zeros((batch,), jnp.int32), None, **kwargs)
   return features
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureTreeDrafter(FeatureHeadDrafter):
+  """A tree drafter whose nodes come from a feature head over the target's features.
+
+  `target` is the `FeatureModel` being decoded, `head` the `FeatureHead` trained for it (same
+  emb_dim and vocabulary, checked here), `tree` a `StaticTree` or `DynamicTree`. Its params
+  are `FeatureTreeDrafter.params(head_params, target_params)`, as `FeatureDrafter`'s.
+  """
+
+  target: Any  # a specjax.models.FeatureModel
+  head: FeatureHead
+  tree: Any  # StaticTree or DynamicTree
+  vocab_limit: Optional[int] = None
+  """As `FeatureDrafter.vocab_limit`: nodes are drawn from that many token ids only (the
+  first of the token ranking given to `params`, else ids below it)."""
+
+  deterministic: ClassVar[bool] = False
+
+  def __post_init__(self):
+    check_shape(self.tree)
+    check_head(self)
+
+  @property
+  def max_gamma(self) -> int:
+    """The tree's depth: the most guesses a round can accept."""
+    return self.tree.max_depth
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: every grown node (the
+    window's re-fed positions lie below them)."""
+    return self.tree.grown
+
+  def propose(self, params, state: FeatureDrafterState, seq, length, gamma, row_keys,
+              sampling: Sampling) -> Tuple[TreeProposal, FeatureDrafterState]:
+    """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state); gamma unused (the
+    tree's shape is static)."""
+    del gamma
+    tree, target, batch = self.tree, self.target, seq.shape[0]
+    head, target_params = params["head"], params["target"]
+    root, cache = catch_up(target, self.head, params, state, seq, length, tree.max_depth + 1)
+    # predicted[:, 0] is the root's predicted feature, predicted[:, j + 1] node j's.
+    predicted = jnp.zeros((batch, tree.grown + 1, root.shape[-1]),
+                          jnp.float32).at[:, 0].set(root)
+
+    def level(carry, tokens, parent, depth, plo, phi):  # one head call over a level's nodes
+      cache, predicted = carry  # each node reads its parent's predicted feature
+      inputs = jnp.take_along_axis(predicted, (parent[:, plo:phi] + 1)[:, :, None], axis=1)
+      attention = level_attention(tree, parent, depth, length, plo, phi, cache_positions(cache))
+      out, cache = self.head.decode(head, cache, inputs,
+                                    target.embed(target_params, tokens[:, plo:phi]),
+                                    length + plo, tree=attention, encoded=state.encoded)
+      predicted = predicted.at[:, plo + 1:phi + 1].set(out)
+      return self.draft_logits(params, out), (cache, predicted)  # [B, m, V]
+
+    def spine(carry, tokens, parent, depth, anc, above):  # one head call over node `above`
+      cache, predicted = carry
+      attention = nodes_call(anc, depth, length, above, 1, cache_positions(cache))
+      # The node's parent is looked up: at the loop's first depth it lies in a level of
+      # several nodes (spines (4, 1): node 2's parent is node 0).
+      up = jax.lax.dynamic_slice_in_dim(parent, above, 1, axis=1) + 1  # [B, 1]
+      inputs = jnp.take_along_axis(predicted, up[:, :, None], axis=1)  # [B, 1, E]
+      feed = jax.lax.dynamic_slice_in_dim(tokens, above, 1, axis=1)
+      out, cache = self.head.decode(head, cache, inputs, target.embed(target_params, feed),
+                                    length + above, tree=attention, encoded=state.encoded)
+      predicted = jax.lax.dynamic_update_slice_in_dim(predicted, out, above + 1, axis=1)
+      return self.draft_logits(params, out)[:, 0], (cache, predicted)
+
+    proposal, _, (cache, _) = grow_tree(tree, self.draft_logits(params, root), level, spine,
+                                        (cache, predicted), row_keys, length, sampling)
+    return proposal, state.replace(cache=cache, fed=length, start=length)

@@ -1,16 +1,27 @@
-"""Unigram and bigram drafters from sparse count tables (c ≈ 0)."""
+"""Unigram and bigram drafters from sparse count tables (c ≈ 0), no model call.
+
+`NGramDrafter` guesses a chain from its table; `NGramTreeDrafter` grows a `StaticTree` or
+`DynamicTree` from the same table: a node's children are drawn from q(· | the node's
+token) (bigram) or the unigram q, at temperature 0 its most frequent followers, at
+temperature > 0 an ordered draw without replacement (or i.i.d., `iid=True`), exactly as
+`TreeModelDrafter` draws from a model's logits. The q of every node is a real
+distribution, so the tree is verified by `specjax.verify.tree`'s multi-candidate rule
+and the output follows the target exactly. A level costs one table lookup per node, O(V).
+"""
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Sequence, Tuple
+from typing import Any, ClassVar, Sequence, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes, sample_guess
+from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes, guess_chain
+from specjax.draft.tree import TreeProposal, check_shape, grow_tree
 from specjax.rows import take_rows
+from specjax.sampling import Sampling
 
 
 def table_probs(params, prev: jax.Array) -> jax.Array:
@@ -96,25 +107,82 @@ class NGramDrafter(DrafterDefaults):
   def init(self, params, inputs, seq, length, cache_len):
     return NoState()
 
+  def logits(self, params, context: jax.Array) -> jax.Array:
+    """int32 [...] context tokens -> float32 [..., V]: log q(· | token) (bigram) or the
+    unigram log q (the context unread)."""
+    flat = context.reshape(-1)
+    if self.order == 1:
+      flat = jnp.zeros_like(flat)
+    return jnp.log(table_probs(params, flat)).reshape(*context.shape, self.vocab)
+
   def propose(self, params, state, seq, length, gamma, row_keys, sampling):
-    batch = seq.shape[0]
-    prev = take_rows(seq, (length - 1)[:, None])[:, 0]
-    tokens = jnp.zeros((batch, self.max_gamma), jnp.int32)
-    all_probs = jnp.zeros((batch, self.max_gamma, self.vocab), jnp.float32)
-
-    def body(i, carry):
-      tokens, all_probs, prev = carry
-      context = prev if self.order == 2 else jnp.zeros_like(prev)
-      probs = sampling.probs(jnp.log(table_probs(params, context)))
-      guess = sample_guess(row_keys, length, i, probs, sampling.greedy)
-      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, guess[:, None], i, axis=1)
-      all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
-      return tokens, all_probs, guess
-
-    tokens, all_probs, _ = jax.lax.fori_loop(0, jnp.max(gamma), body, (tokens, all_probs, prev))
-    return Proposal(tokens=tokens, probs=all_probs, calls=jnp.zeros((batch,), jnp.int32)), state
+    last = take_rows(seq, (length - 1)[:, None])[:, 0]  # [B]
+    step = lambda carry, prev, i: (self.logits(params, prev[:, 0]), carry)  # a table lookup
+    tokens, all_probs, _ = guess_chain(self.logits(params, last), step, (), row_keys, length,
+                                       gamma, self.max_gamma, sampling)
+    return Proposal(tokens=tokens, probs=all_probs, calls=jnp.zeros_like(length)), state
 
   def update(self, state, accepted: Accepted):
+    return state
+
+  def as_tree(self, tree: Any) -> "NGramTreeDrafter":
+    """A tree drafter growing `tree` (a StaticTree or DynamicTree) from this table."""
+    return NGramTreeDrafter(self, tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class NGramTreeDrafter(DrafterDefaults):
+  """The tree `tree` drafted from the table of `table` (an `NGramDrafter`, whose params
+  this drafter takes: `NGramDrafter.from_corpus`). Module docstring."""
+
+  table: NGramDrafter
+  tree: Any  # StaticTree or DynamicTree
+
+  deterministic: ClassVar[bool] = False  # each node's q is the table's distribution
+  models: ClassVar[Tuple] = ()  # no draft model: nothing to cache
+
+  def __post_init__(self):
+    if not isinstance(self.table, NGramDrafter):
+      raise ValueError(f"table must be an NGramDrafter, got {self.table!r}")
+    check_shape(self.tree)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.table.vocab
+
+  @property
+  def max_gamma(self) -> int:
+    """The tree's depth: the most guesses a round can accept."""
+    return self.tree.max_depth
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens (the target's only)."""
+    return self.tree.nodes
+
+  def init(self, params, inputs, seq, length, cache_len):
+    del params, inputs, seq, length, cache_len
+    return NoState()
+
+  def propose(self, params, state, seq, length, gamma, row_keys, sampling: Sampling
+              ) -> Tuple[TreeProposal, NoState]:
+    """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state); gamma unused."""
+    del gamma
+    last = take_rows(seq, (length - 1)[:, None])[:, 0]  # [B]
+    logits = lambda context: self.table.logits(params, context)
+
+    def level(carry, tokens, parent, depth, plo, phi):  # q(· | each node's token)
+      return logits(tokens[:, plo:phi]), carry
+
+    def spine(carry, tokens, parent, depth, anc, above):  # q(· | node `above`'s token)
+      return logits(jax.lax.dynamic_index_in_dim(tokens, above, axis=1, keepdims=False)), carry
+
+    proposal, _, _ = grow_tree(self.tree, logits(last), level, spine, None, row_keys, length,
+                               sampling)
+    return proposal.replace(calls=jnp.zeros_like(proposal.calls)), state  # no model call
+
+  def update(self, state, accepted: Accepted):
+    del accepted
     return state
 
 

@@ -5,15 +5,12 @@ import dataclasses
 from typing import Any, Mapping, Optional
 
 from specjax.draft.base import Drafter
-from specjax.draft.feature import FeatureDrafter
-from specjax.draft.feature_tree import FeatureTreeDrafter
+from specjax.draft.feature import FeatureDrafter, FeatureTreeDrafter
 from specjax.draft.hierarchical import HierarchicalDrafter
 from specjax.draft.lookup_tree import PromptLookupTreeDrafter
-from specjax.draft.model import ModelDrafter
-from specjax.draft.ngram import NGramDrafter
-from specjax.draft.ngram_tree import NGramTreeDrafter
+from specjax.draft.model import ModelDrafter, TreeModelDrafter
+from specjax.draft.ngram import NGramDrafter, NGramTreeDrafter
 from specjax.draft.prompt_lookup import PromptLookupDrafter
-from specjax.draft.tree import TreeModelDrafter
 
 DRAFTERS = {
     "model": ModelDrafter,
@@ -29,6 +26,35 @@ DRAFTERS = {
 """Every shipped drafter class by its registry name."""
 
 
+def register_drafter(name: str, cls: Optional[type] = None) -> Any:
+  """Adds the drafter class `cls` to `DRAFTERS` under `name`, so that `get_drafter`, gin's
+  `DRAFTER` name and the main job build it from its fields; `register_drafter(name)` alone is a
+  class decorator. Returns `cls`.
+
+  A drafter class is a frozen dataclass (hashable: the loops take it as a static argument)
+  with the `Drafter` protocol's `init`, `propose` and `update` (docs/drafters_verifiers.md
+  walks one through). ValueError naming what is missing, or the class already registered
+  under `name`."""
+  if cls is None:
+    return lambda c: register_drafter(name, c)
+  if not isinstance(name, str) or not name.isidentifier():
+    raise ValueError(f"a drafter's registry name is an identifier, got {name!r}")
+  what = getattr(cls, "__name__", repr(cls))
+  if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
+    raise ValueError(f"drafter {name!r}: {what} is not a dataclass (a drafter is static, "
+                     "hashable configuration: @dataclasses.dataclass(frozen=True))")
+  if not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+    raise ValueError(f"drafter {name!r}: {what} must be frozen (jit hashes it)")
+  missing = [m for m in ("init", "propose", "update") if not callable(getattr(cls, m, None))]
+  if missing:
+    raise ValueError(f"drafter {name!r}: {what} has no {missing[0]}() (the Drafter protocol: "
+                     "init, propose, update)")
+  if DRAFTERS.get(name, cls) is not cls:
+    raise ValueError(f"drafter name {name!r} is taken by {DRAFTERS[name].__name__}")
+  DRAFTERS[name] = cls
+  return cls
+
+
 def drafter_fields(name: str) -> tuple:
   """The field names of the drafter class registered under `name` (its constructor's)."""
   return tuple(f.name for f in dataclasses.fields(_drafter_class(name)))
@@ -39,7 +65,8 @@ def get_drafter(name: str, offered: Optional[Mapping[str, Any]] = None, **fields
 
   Args:
     name: the registry name ('model' | 'ngram' | 'prompt_lookup' | 'hierarchical' |
-      'tree_model' | 'ngram_tree' | 'prompt_lookup_tree' | 'feature' | 'feature_tree').
+      'tree_model' | 'ngram_tree' | 'prompt_lookup_tree' | 'feature' | 'feature_tree', or
+      one added by `register_drafter`).
     offered: values a caller has for any drafter (e.g. the main job's {'model': the draft
       model, 'vocab': the target's vocabulary size, 'max_gamma': ..., 'tree': ...}); each is
       passed only when the class has a field of that name.

@@ -1,4 +1,6 @@
-"""Token trees: their static shapes and a model drafter that drafts one level per call.
+"""Token trees: their static shapes, how a drafter draws one (`grow_tree`), and the cache move
+after verification. The tree drafters live beside their chain drafters (`specjax.draft.model`,
+`.ngram`, `.feature`; prompt lookup in `.lookup_tree`).
 
 A tree of N nodes lies in level order: the nodes of depth 1, then those of depth 2, ...;
 the children of one node are contiguous and in the order they were drawn. Shapes are
@@ -16,19 +18,16 @@ j + 1 node j), so a row's tree does not depend on its batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import Accepted, DrafterDefaults, check_sizes
-from specjax.draft.model import catch_up_cache
-from specjax.models import DecodingModel, start_model
-from specjax.models.protocol import decode_logits_at
+from specjax.draft.base import check_sizes
+from specjax.models import DecodingModel
 from specjax.models.tree import level_call, nodes_call
-from specjax.rows import take_rows
 from specjax.sampling import DRAFT_STREAM, Sampling, argmax, position_key
 
 
@@ -260,103 +259,6 @@ def _children_keys(row_keys, length, depth: int, nodes: jax.Array):
     base = position_key(key, l - 1 + depth, DRAFT_STREAM)
     return jax.vmap(lambda i: jax.random.fold_in(base, i))(ids)
   return jax.vmap(row)(row_keys, length, nodes)
-
-
-@flax.struct.dataclass
-class TreeDrafterState:
-  cache: Any  # the draft model's KV cache
-  encoded: Any  # the draft's encoder output (None for decoder-only)
-  fed: jax.Array  # int32 [B]: cache positions 0..fed-1 hold the row's committed tokens
-  source: jax.Array  # int32 [B, N]: the grown node (draft cache position length + j) of node j
-
-
-@dataclasses.dataclass(frozen=True)
-class TreeModelDrafter(DrafterDefaults):
-  """A specjax model drafts a token tree, ONE draft call per level (static shapes).
-
-  The first call feeds the catch-up window ending at the last committed token (as
-  `ModelDrafter`) and yields the root's q; the call for level d feeds all level-d nodes
-  at positions length + j (each sees the committed cache and its ancestors), yielding the q
-  of their children. After verification `update` moves the accepted path's draft cache
-  positions into place, as the target's.
-  """
-
-  model: DecodingModel
-  tree: Any  # StaticTree or DynamicTree
-  window: int = 2
-  catch_up: int = 8
-
-  deterministic: ClassVar[bool] = False
-
-  def __post_init__(self):
-    check_sizes(self, window=2, catch_up=1)
-    check_shape(self.tree)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.model.vocab_size
-
-  @property
-  def max_gamma(self) -> int:
-    """The tree's depth: the most guesses a round can accept."""
-    return self.tree.max_depth
-
-  @property
-  def lookahead(self) -> int:
-    """Cache positions a round writes past the committed tokens: every grown node."""
-    return self.tree.grown
-
-  @property
-  def models(self) -> Tuple[DecodingModel, ...]:
-    return (self.model,)
-
-  def init(self, params, inputs, seq, length, cache_len):
-    cache, encoded, fed = start_model(self.model, params, inputs, length, cache_len)
-    nodes = self.tree.nodes
-    source = jnp.broadcast_to(jnp.arange(nodes, dtype=jnp.int32), (seq.shape[0], nodes))
-    return TreeDrafterState(cache=cache, encoded=encoded, fed=fed, source=source)
-
-  def propose(self, params, state: TreeDrafterState, seq, length, gamma, row_keys,
-              sampling: Sampling) -> Tuple[TreeProposal, TreeDrafterState]:
-    """seq [B, T], length [B], row_keys [B] -> (TreeProposal, state); gamma unused (the
-    tree's shape is static)."""
-    del gamma
-    tree = self.tree
-    cache, fed = catch_up_cache(self.model, params, state.cache, state.encoded, seq, length,
-                                state.fed, self.window, self.catch_up)
-    lag = jnp.clip(length - 1 - fed, 0, self.window - 1)
-    begin = length - 1 - lag
-    window = take_rows(seq, begin[:, None] + jnp.arange(self.window)[None, :])
-    logits, cache = decode_logits_at(self.model, params, cache, window, begin, state.encoded,
-                                     lag)  # [B, V]
-
-    def level(cache, tokens, parent, depth, plo, phi):  # one call over nodes plo .. phi - 1
-      attention = level_attention(tree, parent, depth, length, plo, phi, cache_positions(cache))
-      return self.model.decode(params, cache, tokens[:, plo:phi], length + plo, state.encoded,
-                               tree=attention)
-
-    def spine(cache, tokens, parent, depth, anc, above):  # one call over node `above`
-      attention = nodes_call(anc, depth, length, above, 1, cache_positions(cache))
-      feed = jax.lax.dynamic_slice_in_dim(tokens, above, 1, axis=1)
-      logits, cache = self.model.decode(params, cache, feed, length + above, state.encoded,
-                                        tree=attention)  # [B, 1, V]
-      return logits[:, 0], cache
-
-    proposal, source, cache = grow_tree(tree, logits, level, spine, cache, row_keys, length,
-                                        sampling)
-    # fed: positions < length hold the committed tokens; the tree's are junk.
-    return proposal, state.replace(cache=cache, fed=length,
-                                   source=state.source if source is None else source)
-
-  def update(self, state: TreeDrafterState, accepted: Accepted) -> TreeDrafterState:
-    """After verification (`Accepted`: the round's start, the path of n accepted nodes): the
-    path's positions move to start.. and the fed count covers the path nodes that were fed (all
-    but a deepest-level node)."""
-    length, path, n = accepted.start, accepted.path, accepted.n
-    grown = jnp.where(path >= 0, jnp.take_along_axis(state.source, jnp.maximum(path, 0), axis=1),
-                      -1)
-    cache = move_path(self.model, state.cache, length, grown, n)
-    return state.replace(cache=cache, fed=length + jnp.minimum(n, self.tree.max_depth - 1))
 
 
 def grow_tree(tree, root_logits, level_call: Callable, spine_call: Callable, carry: Any,

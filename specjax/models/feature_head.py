@@ -8,9 +8,16 @@ embedding the target's own frozen input embedding), projects the concatenation t
 RMSNorm, and predicts f_p; the target's own `feature_logits(f_p)` then give the distribution
 of x_{p+1}. The head's parameters hold no vocabulary matrix.
 
+With `cross_attention` (an encoder-decoder target) the layer also attends to the source: its
+queries read the target's own last decoder layer's cross-attention keys and values
+(`EncodedInputs.keys[-1]`, `values[-1]`, computed once per generation by the target's
+`encode`), so the head sees the encoder output through the target's projections and holds
+only a query and an output kernel for it.
+
 Parameter tree (T5X names): `input_projection/kernel [2E, E]`, `relpos_bias/rel_embedding
 [H, 32]`, `layers_0/{pre_self_attention_layer_norm, self_attention/{query,key,value,out},
-pre_mlp_layer_norm, mlp/{wi_0,wi_1,wo}}`, `decoder_norm/scale [E]`.
+pre_mlp_layer_norm, mlp/{wi_0,wi_1,wo}}`, `decoder_norm/scale [E]`; with `cross_attention`
+also `layers_0/{pre_cross_attention_layer_norm, encoder_decoder_attention/{query,out}}`.
 """
 from __future__ import annotations
 
@@ -25,10 +32,13 @@ import numpy as np
 
 from specjax.models.decoder_only import DecoderLayer, causal_bias, chain_bias, tree_bias
 from specjax.checks import check_int
-from specjax.models.layers import (DTYPES, Array, Dense, KVCache, RelativePositionBias, RMSNorm,
-                                   activation_fn, apply_network, check_dtype_and_attention,
-                                   check_params_match, check_tree, mlp_kernel_init, zeros_cache)
+from specjax.models.layers import (DTYPES, Array, Dense, EncodedInputs, KVCache,
+                                   RelativePositionBias, RMSNorm, activation_fn, apply_network,
+                                   check_dtype_and_attention, check_params_match, check_tree,
+                                   mask_to_bias, mlp_kernel_init, zeros_cache)
 from specjax.models.tree import TreeAttention
+
+Cross = Tuple[Array, Array, Array]  # keys [B, H, D, L_in], values [B, H, L_in, D], bias [B, 1, 1, L_in]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +61,10 @@ class FeatureHeadConfig:
   attention_impl: str = "specjax"
   """How the layer's attention is computed (`layers.ATTENTION_IMPLEMENTATIONS`), as on the
   target's configs; same parameters."""
+  cross_attention: bool = False
+  """Attend to an encoder-decoder target's source through the target's last decoder layer's
+  cross-attention keys and values (module docstring); num_heads and head_dim then equal the
+  target's."""
 
   def __post_init__(self):
     name = type(self).__name__
@@ -62,6 +76,9 @@ class FeatureHeadConfig:
     object.__setattr__(self, "mlp_activations", tuple(acts))  # gin may give a list
     for act in self.mlp_activations:
       activation_fn(act)
+    if not isinstance(self.cross_attention, bool):
+      raise ValueError(f"{name}.cross_attention must be True or False, "
+                       f"got {self.cross_attention!r}")
     check_dtype_and_attention(self)
 
 
@@ -73,7 +90,7 @@ class FeatureHeadNetwork(nn.Module):
     cfg, dtype = self.config, DTYPES[self.config.dtype]
     self.input_projection = Dense(cfg.emb_dim, mlp_kernel_init, dtype)
     self.relpos_bias = RelativePositionBias(cfg.num_heads)
-    self.layers_0 = DecoderLayer(cfg, cross_attention=False)
+    self.layers_0 = DecoderLayer(cfg, cross_attention=cfg.cross_attention)
     self.decoder_norm = RMSNorm(dtype)
 
   def _fuse(self, prev_features: Array, embedded: Array) -> Array:
@@ -81,15 +98,16 @@ class FeatureHeadNetwork(nn.Module):
     return self.input_projection(jnp.concatenate(
         [prev_features.astype(dtype), embedded.astype(dtype)], axis=-1))
 
-  def forward(self, prev_features: Array, embedded: Array) -> Array:
+  def forward(self, prev_features: Array, embedded: Array, cross: Optional[Cross] = None
+              ) -> Array:
     """Teacher-forced: [B, L, E] twice -> predicted features float32 [B, L, E]."""
     bias = causal_bias(self.relpos_bias, prev_features.shape[1])
-    x, _ = self.layers_0(self._fuse(prev_features, embedded), bias, None, None, None)
+    x, _ = self.layers_0(self._fuse(prev_features, embedded), bias, None, None, cross)
     return self.decoder_norm(x).astype(jnp.float32)
 
   def decode_step(self, prev_features: Array, embedded: Array, positions: Array,
-                  cache: KVCache, tree: Optional[TreeAttention] = None
-                  ) -> Tuple[Array, KVCache]:
+                  cache: KVCache, tree: Optional[TreeAttention] = None,
+                  cross: Optional[Cross] = None) -> Tuple[Array, KVCache]:
     """Cached step at slots positions[b] + i, a chain or (`tree`) a token tree ->
     (features float32 [B, k, E], cache)."""
     if tree is None:
@@ -98,7 +116,7 @@ class FeatureHeadNetwork(nn.Module):
       bias = tree_bias(self.relpos_bias, tree, positions,
                        jnp.arange(cache.max_len, dtype=jnp.int32))
     x, (keys, values) = self.layers_0(self._fuse(prev_features, embedded), bias,
-                                      (cache.keys[0], cache.values[0]), positions, None)
+                                      (cache.keys[0], cache.values[0]), positions, cross)
     return self.decoder_norm(x).astype(jnp.float32), KVCache(keys=(keys,), values=(values,))
 
 
@@ -136,36 +154,63 @@ class FeatureHead:
 
   def check_target(self, target: Any) -> None:
     """ValueError, naming both shapes, unless `target` has this head's feature width and
-    vocabulary (a head only fits the target it was trained for)."""
+    vocabulary (a head only fits the target it was trained for), and with `cross_attention`
+    is an encoder-decoder model with the head's num_heads and head_dim."""
     cfg = self.config
     target_dim = target.feature_dim
     if (cfg.emb_dim, cfg.vocab_size) != (target_dim, target.vocab_size):
       raise ValueError(f"the feature head was built for a target with emb_dim {cfg.emb_dim} "
                        f"and vocab_size {cfg.vocab_size}, but this target has emb_dim "
                        f"{target_dim} and vocab_size {target.vocab_size}")
+    if not cfg.cross_attention:
+      return
+    if not getattr(target, "is_encoder_decoder", False):
+      raise ValueError("a feature head with cross_attention reads an encoder-decoder "
+                       f"target's source; this target ({type(target).__name__}) has none")
+    heads = (target.config.num_heads, target.config.head_dim)
+    if (cfg.num_heads, cfg.head_dim) != heads:
+      raise ValueError(f"a feature head with cross_attention reads the target's last "
+                       f"cross-attention keys and values: it needs num_heads {heads[0]} and "
+                       f"head_dim {heads[1]} as the target, got {cfg.num_heads} and "
+                       f"{cfg.head_dim}")
 
   def init_cache(self, batch: int, max_len: int) -> KVCache:
     """The head's zeroed KV cache: keys [batch, H, D, max_len], values [batch, H, max_len, D]."""
     cfg = self.config
     return zeros_cache(batch, max_len, 1, cfg.num_heads, cfg.head_dim, DTYPES[cfg.dtype])
 
-  def forward(self, params: Any, prev_features: Array, embedded: Array) -> Array:
+  def forward(self, params: Any, prev_features: Array, embedded: Array,
+              encoded: Optional[EncodedInputs] = None) -> Array:
     """Teacher-forced: prev_features [B, L, E] (f_{p-1}, zeros at p = 0), embedded [B, L, E]
-    (the target's embedding of x_p) -> predicted f_p float32 [B, L, E]."""
-    return apply_network(self._net, "forward", params, prev_features, embedded)
+    (the target's embedding of x_p) -> predicted f_p float32 [B, L, E]. `encoded`: the
+    target's `encode` of the rows' source, needed with `cross_attention` (ignored without)."""
+    return apply_network(self._net, "forward", params, prev_features, embedded,
+                         self._cross(encoded))
 
   def decode(self, params: Any, cache: KVCache, prev_features: Array, embedded: Array,
-             positions: Array, tree: Optional[TreeAttention] = None
-             ) -> Tuple[Array, KVCache]:
+             positions: Array, tree: Optional[TreeAttention] = None,
+             encoded: Optional[EncodedInputs] = None) -> Tuple[Array, KVCache]:
     """Writes k positions per row at positions[b] .. positions[b] + k - 1 (inputs as
     `forward`, [B, k, E]) -> (predicted features float32 [B, k, E], cache). Slots past a
     row's position are masked, as the target's cache (`specjax.models.protocol`). With
     `tree` (a `specjax.models.tree.TreeAttention`) the k inputs are tree nodes: each sees
-    the visible cache and its ancestors only, at its own sequence position."""
+    the visible cache and its ancestors only, at its own sequence position. `encoded` as
+    `forward`."""
     batch, k = prev_features.shape[:2]
     check_tree(tree, batch, k, cache.max_len, None)
     return apply_network(self._net, "decode_step", params, prev_features, embedded,
-                         positions, cache, tree)
+                         positions, cache, tree, self._cross(encoded))
+
+  def _cross(self, encoded: Optional[EncodedInputs]) -> Optional[Cross]:
+    """The layer's cross-attention input from the target's `encode` (None without
+    `cross_attention`)."""
+    if not self.config.cross_attention:
+      return None
+    if not isinstance(encoded, EncodedInputs):
+      raise ValueError("this feature head has cross_attention: it needs encoded = the "
+                       "target's encode(params, inputs) of the same rows, got "
+                       f"{type(encoded).__name__}")
+    return encoded_cross(encoded)
 
 
 def shift_features(features: Array) -> Array:
@@ -173,7 +218,19 @@ def shift_features(features: Array) -> Array:
   return jnp.pad(features, ((0, 0), (1, 0), (0, 0)))[:, :-1]
 
 
+def encoded_cross(encoded: EncodedInputs) -> Cross:
+  """The target's last decoder layer's cross-attention keys and values, with the source's
+  padding bias float32 [B, 1, 1, L_in]: what a head with `cross_attention` attends to."""
+  return (encoded.keys[-1], encoded.values[-1],
+          mask_to_bias(encoded.mask)[:, None, None, :])
+
+
 def _init(net: FeatureHeadNetwork, rng: Array) -> Any:
-  width = net.config.emb_dim
-  zeros = jnp.zeros((1, 1, width), jnp.float32)
-  return net.init(rng, zeros, zeros, method="forward")["params"]
+  cfg = net.config
+  zeros = jnp.zeros((1, 1, cfg.emb_dim), jnp.float32)
+  cross = None
+  if cfg.cross_attention:  # one source position (the kernels do not depend on its length)
+    cross = (jnp.zeros((1, cfg.num_heads, cfg.head_dim, 1), jnp.float32),
+             jnp.zeros((1, cfg.num_heads, 1, cfg.head_dim), jnp.float32),
+             jnp.zeros((1, 1, 1, 1), jnp.float32))
+  return net.init(rng, zeros, zeros, cross, method="forward")["params"]

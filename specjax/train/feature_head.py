@@ -134,8 +134,12 @@ def head_loss_sums(head: FeatureHead, target: Any, head_params: Any, target_para
   and with several passes fed_correct_sum (the last pass's agreement)."""
   tokens = batch["decoder_input_tokens"]  # [B, L]
   weights = batch["decoder_loss_weights"].astype(jnp.float32)  # [B, L]
+  encoded = None
   if target.is_encoder_decoder:
     logits, features = target.features(target_params, batch["encoder_input_tokens"], tokens)
+    if head.config.cross_attention:
+      encoded = jax.lax.stop_gradient(target.encode(target_params,
+                                                    batch["encoder_input_tokens"]))
   else:
     logits, features = target.features(target_params, tokens)
   features = jax.lax.stop_gradient(features)  # [B, L, E]
@@ -143,7 +147,7 @@ def head_loss_sums(head: FeatureHead, target: Any, head_params: Any, target_para
   embedded = jax.lax.stop_gradient(target.embed(target_params, tokens))
   inputs, loss, out = features, 0.0, {}
   for k in range(feature.passes):
-    predicted = head.forward(head_params, shift_features(inputs), embedded)
+    predicted = head.forward(head_params, shift_features(inputs), embedded, encoded)
     regression = jnp.mean(smooth_l1(predicted - features), axis=-1)  # [B, L]
     log_q = jax.nn.log_softmax(target.feature_logits(target_params, predicted), axis=-1)
     ce = -jnp.sum(p * log_q, axis=-1)  # [B, L]

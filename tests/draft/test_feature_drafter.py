@@ -27,22 +27,28 @@ from specjax.testing import TableModel, tiny_pair
 GREEDY = DecodeConfig(sampling=Sampling(temperature=0.0), trace=True)
 
 
-def _head(target, seed=3):
+def _head(target, seed=3, cross=False):
+  """A random head for `target`; `cross`: with cross_attention (the target's heads)."""
+  heads = (target.config.num_heads, target.config.head_dim) if cross else (2, 8)
   head = FeatureHead(FeatureHeadConfig(vocab_size=target.vocab_size, emb_dim=target.feature_dim,
-                                       num_heads=2, head_dim=8, mlp_dim=32))
+                                       num_heads=heads[0], head_dim=heads[1], mlp_dim=32,
+                                       cross_attention=cross))
   return head, head.init(seed)
 
 
-def _near_copy_head(target):
+def _near_copy_head(target, cross=False):
   """A head whose prediction is about its input feature f_{p-1} (a small random layer on
   top): greedy, it mostly guesses the last token again, so rounds accept 0..γ guesses."""
-  head, params = _head(target)
+  head, params = _head(target, cross=cross)
   width = target.feature_dim
   params["input_projection"]["kernel"] = jnp.concatenate([jnp.eye(width),
                                                           jnp.zeros((width, width))])
   layer = params["layers_0"]
   layer["self_attention"]["out"]["kernel"] = layer["self_attention"]["out"]["kernel"] * 0.1
   layer["mlp"]["wo"]["kernel"] = layer["mlp"]["wo"]["kernel"] * 0.1
+  if cross:  # the source moves the prediction too, a little
+    attention = layer["encoder_decoder_attention"]
+    attention["out"]["kernel"] = attention["out"]["kernel"] * 0.01
   return head, params
 
 
@@ -55,12 +61,21 @@ def _near_copy_head(target):
 # or a stale feature state would be caught. Both families: a decoder-only target continuing
 # PROMPT, and a T5 target decoding from its start token with PROMPT as the encoder's input
 # (its head reads the decoder's features, which hold the encoder's output through the
-# target's cross-attention).
+# target's cross-attention; 't5_cross': a head that also attends to the source through the
+# target's last cross-attention keys and values).
 V, STEPS, N = 4, 3, 200_000
+FAMILIES = ["lm", "t5", "t5_cross"]
 PROMPT = [2, 3]
 
 
 def _tiny_target(family):
+  """(the tiny target of `family`, its head's config)."""
+  head = FeatureHeadConfig(vocab_size=V, emb_dim=8, num_heads=2, head_dim=4, mlp_dim=8,
+                           cross_attention=family == "t5_cross")
+  return _tiny_model(family), FeatureHead(head)
+
+
+def _tiny_model(family):
   if family == "lm":
     return build_model(DecoderOnlyConfig(vocab_size=V, emb_dim=8, num_heads=2, num_layers=1,
                                           head_dim=4, mlp_dim=8))
@@ -106,7 +121,10 @@ def _first_token_tv(target, params, head, head_params):
     embedded = target.embed(params, seq)[0]
     features = all_features[0]
   logits, _, _ = _teacher_forced(target, params, [0])
-  predicted = head.forward(head_params, previous[None], embedded[None, :previous.shape[0]])
+  encoded = (target.encode(params, jnp.asarray([PROMPT], jnp.int32))
+             if head.config.cross_attention else None)
+  predicted = head.forward(head_params, previous[None], embedded[None, :previous.shape[0]],
+                           encoded)
   q = jax.nn.softmax(target.feature_logits(params, predicted[0, -1]))
   p = jax.nn.softmax(logits[0])
   return 0.5 * float(jnp.abs(p - q).sum())
@@ -118,12 +136,10 @@ def _joint_tv(target, params, tokens):
   return 0.5 * sum(abs(counts.get(k, 0) / N - p) for k, p in law.items())
 
 
-@pytest.mark.parametrize("family", ["lm", "t5"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_joint_of_first_three_tokens_matches_target_at_temperature_one(family):
-  target = _tiny_target(family)
+  target, head = _tiny_target(family)
   params = target.init(jax.random.PRNGKey(5))
-  head = FeatureHead(FeatureHeadConfig(vocab_size=V, emb_dim=8, num_heads=2, head_dim=4,
-                                       mlp_dim=8))
   head_params = head.init(7)
   drafter = FeatureDrafter(target, head, max_gamma=2)
   result = speculative_decode(target, params, drafter, drafter.params(head_params, params),
@@ -146,13 +162,11 @@ def test_joint_of_first_three_tokens_matches_target_at_temperature_one(family):
 # over token ids 0..2 only (vocab_limit 3 of a token ranking): token 3, which the target draws
 # often enough here (asserted), is never guessed, so its mass must come from the corrections
 # alone.
-@pytest.mark.parametrize("family", ["lm", "t5"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_tree_joint_of_first_three_tokens_matches_target_at_temperature_one(family):
   tree = DynamicTree(branch=2, expand=1, max_depth=2)
-  target = _tiny_target(family)
+  target, head = _tiny_target(family)
   params = target.init(jax.random.PRNGKey(5))
-  head = FeatureHead(FeatureHeadConfig(vocab_size=V, emb_dim=8, num_heads=2, head_dim=4,
-                                       mlp_dim=8))
   drafter = FeatureDrafter(target, head, max_gamma=2, vocab_limit=3)
   # Through a token ranking: the ids 2, 0, 1 (the first 3 of it), in that order.
   fparams = drafter.params(head.init(7), params, token_ranking=[2, 0, 1, 3])
@@ -191,7 +205,10 @@ def _first_guesses(pair, head, head_params, inputs, result, ids=None):
       prefix = [int(t) for t in inputs[row] if t]
       seq = jnp.asarray([prefix + generated], jnp.int32)
       _, features = target.features(params, seq)
-    predicted = head.forward(head_params, shift_features(features), target.embed(params, seq))
+    encoded = (target.encode(params, inputs[row:row + 1])
+               if head.config.cross_attention else None)
+    predicted = head.forward(head_params, shift_features(features), target.embed(params, seq),
+                             encoded)
     logits = np.asarray(target.feature_logits(params, predicted[0]))
     if ids is not None:  # -inf elsewhere: ties go to the smallest id, as in the drafter
       masked = np.full_like(logits, -np.inf)
@@ -205,10 +222,10 @@ def _first_guesses(pair, head, head_params, inputs, result, ids=None):
   return expected
 
 
-@pytest.mark.parametrize("family", ["lm", "t5"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_equals_autoregressive_and_rounds_read_true_features(family):
-  pair = tiny_pair(family)
-  head, head_params = _near_copy_head(pair.target)
+  pair = tiny_pair("lm" if family == "lm" else "t5")
+  head, head_params = _near_copy_head(pair.target, cross=family == "t5_cross")
   drafter = FeatureDrafter(pair.target, head, max_gamma=3)
   inputs = _inputs(family)
   reference = autoregressive_decode(pair.target, pair.target_params, inputs, max_new_tokens=20,
@@ -266,10 +283,10 @@ def test_streamed_through_slots_greedy_equals_autoregressive():
   np.testing.assert_array_equal(result.tokens, reference.tokens)
 
 
-@pytest.mark.parametrize("family", ["lm", "t5"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_tree_greedy_equals_autoregressive(family):
-  pair = tiny_pair(family)
-  head, head_params = _near_copy_head(pair.target)
+  pair = tiny_pair("lm" if family == "lm" else "t5")
+  head, head_params = _near_copy_head(pair.target, cross=family == "t5_cross")
   inputs = _inputs(family)
   reference = autoregressive_decode(pair.target, pair.target_params, inputs, max_new_tokens=20,
                                     rng=jax.random.PRNGKey(0), config=GREEDY)

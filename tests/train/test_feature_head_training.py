@@ -138,3 +138,51 @@ def test_later_passes_read_the_heads_own_predicted_features():
 def test_bad_passes_are_named(passes):
   with pytest.raises(ValueError, match="passes must be an int >= 1"):
     FeatureHeadTraining(target="t", passes=passes)
+
+
+def test_a_cross_attention_head_reads_the_targets_source():
+  """A T5 target's head with cross_attention: the training loss is the head's forward over
+  the target's last decoder layer's keys and values of the batch's source (recomputed here
+  from `encode` directly), and another source gives another loss; a decoder-only target, or
+  heads of another shape, are refused."""
+  from specjax.models import FeatureHead
+  from specjax.models.feature_head import shift_features
+  from specjax.train.feature_head import head_loss_sums, smooth_l1
+  pair = tiny_pair("t5")
+  cfg = pair.target.config
+  head = FeatureHead(FeatureHeadConfig(vocab_size=8192, emb_dim=cfg.emb_dim,
+                                       num_heads=cfg.num_heads, head_dim=cfg.head_dim,
+                                       mlp_dim=32, cross_attention=True))
+  head.check_target(pair.target)
+  params = head.init(jax.random.PRNGKey(1))
+  assert set(params["layers_0"]["encoder_decoder_attention"]) == {"query", "out"}
+  source = np.array([[5, 7, 9, 1, 0], [3, 4, 1, 0, 0]], np.int32)
+  tokens = np.array([[0, 11, 13, 2], [0, 6, 8, 0]], np.int32)
+  batch = {"encoder_input_tokens": source, "decoder_input_tokens": tokens,
+           "decoder_loss_weights": (tokens > 0).astype(np.int32)}
+  training = FeatureHeadTraining(target="t")
+  sums = head_loss_sums(head, pair.target, params, pair.target_params, batch, training)
+  tp = pair.target_params
+  logits, features = pair.target.features(tp, source, tokens)
+  predicted = head.forward(params, shift_features(features), pair.target.embed(tp, tokens),
+                           pair.target.encode(tp, source))
+  log_q = jax.nn.log_softmax(pair.target.feature_logits(tp, predicted), -1)
+  loss = (smooth_l1(predicted - features).mean(-1)
+          + 0.1 * -(jax.nn.softmax(logits, -1) * log_q).sum(-1))
+  np.testing.assert_allclose(sums["loss_sum"], float((loss * batch["decoder_loss_weights"]).sum()),
+                             rtol=1e-5)
+  # The same decoder tokens under another source: other keys and values, another loss.
+  other = dict(batch, encoder_input_tokens=np.array([[8, 1, 0, 0, 0], [9, 9, 9, 1, 0]],
+                                                    np.int32))
+  moved = head_loss_sums(head, pair.target, params, pair.target_params, other, training)
+  assert abs(float(moved["loss_sum"]) - float(sums["loss_sum"])) > 1e-4
+  with pytest.raises(ValueError, match="needs encoded"):
+    head.forward(params, shift_features(features), pair.target.embed(tp, tokens))
+  lm = tiny_pair("lm").target
+  with pytest.raises(ValueError, match="has none"):
+    FeatureHead(dataclasses.replace(head.config, emb_dim=lm.feature_dim)).check_target(lm)
+  narrow = FeatureHead(dataclasses.replace(head.config, num_heads=2))
+  with pytest.raises(ValueError, match=f"num_heads {cfg.num_heads} and head_dim"):
+    narrow.check_target(pair.target)
+  with pytest.raises(ValueError, match="cross_attention must be True or False"):
+    dataclasses.replace(head.config, cross_attention="yes")
