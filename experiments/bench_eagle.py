@@ -30,7 +30,7 @@ apart. Columns:
 """
 from __future__ import annotations
 
-import time
+import functools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
@@ -40,10 +40,10 @@ import numpy as np
 
 from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
+from experiments.common.compare import compare
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import load_examples
 from experiments.common.output import Output, header, markdown_table
-from specjax import analysis, timing
 from specjax.app import bundled
 from specjax.app.greedy_check import greedy_difference
 from specjax.command import run_cli
@@ -71,19 +71,17 @@ def decoders(pair, head, head_params, ranking, *, draft_gammas: Sequence[int],
   key = jax.random.PRNGKey(0)
   target, params = pair.target, pair.target_params
   common = dict(max_new_tokens=max_new_tokens, rng=key, config=config)
+  chain = lambda d, p, g: functools.partial(_chain, target, params, d, p, g, common)
   runs = {"autoregressive": ("ar", lambda row: autoregressive_decode(target, params, row,
                                                                       **common))}
   for g in draft_gammas:
-    drafter, dparams = model_drafter(pair, g)
-    runs[f"draft model, chain γ={g}"] = ("chain", (lambda d, p, g: lambda row: speculative_decode(
-        target, params, d, p, row, gamma=g, **common))(drafter, dparams, g))
+    runs[f"draft model, chain γ={g}"] = ("chain", chain(*model_drafter(pair, g), g))
   for g, limit, ranked, kernels in feature_chains:
     drafter = FeatureDrafter(target, head, max_gamma=g, vocab_limit=limit)
     fparams = drafter.params(head_params[kernels], params,
                              token_ranking=ranking if ranked else None)
-    runs[f"feature head{_limited(limit, ranked)}, {kernels}, chain γ={g}"] = ("chain", (
-        lambda d, p, g: lambda row: speculative_decode(target, params, d, p, row, gamma=g,
-                                                       **common))(drafter, fparams, g))
+    runs[f"feature head{_limited(limit, ranked)}, {kernels}, chain γ={g}"] = (
+        "chain", chain(drafter, fparams, g))
   trees = [(f"feature head, spines {tuple(s)}", StaticTree.from_spines(tuple(s)))
            for s in tree_spines]
   trees += [(f"feature head, dynamic b{b} e{e} d{d} keep {k}",
@@ -94,9 +92,17 @@ def decoders(pair, head, head_params, ranking, *, draft_gammas: Sequence[int],
   for name, tree in trees:
     label = name.replace("feature head", f"feature head"
                          f"{_limited(tree_vocab_limit, ranking is not None)}, {tree_kernels}")
-    runs[label] = ("tree", (lambda t: lambda row: tree_decode(
-        target, params, drafter, fparams, row, tree=t, **common))(tree))
+    runs[label] = ("tree", functools.partial(_tree, target, params, drafter, fparams, tree,
+                                             common))
   return runs
+
+
+def _chain(target, params, drafter, draft_params, gamma, common, row):
+  return speculative_decode(target, params, drafter, draft_params, row, gamma=gamma, **common)
+
+
+def _tree(target, params, drafter, draft_params, tree, common, row):
+  return tree_decode(target, params, drafter, draft_params, row, tree=tree, **common)
 
 
 def _limited(limit: Optional[int], ranked: bool) -> str:
@@ -151,54 +157,26 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
                   tree_kernels=tree_kernels,
                   cache_len=max_input_len + max_new_tokens + grown + 1,
                   max_new_tokens=max_new_tokens)
-  medians = {name: [] for name in runs}
-  stats = {name: dict(calls=0, alpha_sum=0.0, alpha_count=0) for name in runs}
-  greedy = {name: [] for name in runs}  # per example: its greedy_check verdict when it differs
   weights = ("bfloat16" if any(np.asarray(leaf).dtype == jnp.bfloat16
                                for leaf in jax.tree.leaves(pair.target_params)) else "float32")
-  compile_s: Dict[str, float] = {}
-  start = time.perf_counter()
-  for i in range(num_examples):
-    row = ex.inputs[i:i + 1]
-    t = timing.interleaved({name: (lambda fn: lambda: fn(row))(fn)
-                            for name, (_, fn) in runs.items()}, repeats, warmup=i == 0)
-    compile_s = compile_s or dict(t.compile_s)
-    reference = t.outputs["autoregressive"]
-    for name in runs:
-      out = t.outputs[name]
-      if not np.array_equal(np.asarray(out.tokens), np.asarray(reference.tokens)):
-        found = greedy_difference(pair.target, pair.target_params, row, None, reference, out,
-                                  weights)
-        if not found["greedy_verdict"].startswith("differs only at near-ties"):
-          raise AssertionError(f"{name}, example {i}: {found}")
-        greedy[name].append(found["greedy_difference"].replace("example 0:", f"example {i}:", 1))
-      medians[name].append(t.median(name))
-      stats[name]["calls"] += int(out.target_calls[0])
-      stats[name]["alpha_sum"] += float(out.alpha_sum[0])
-      stats[name]["alpha_count"] += int(out.alpha_count[0])
-    print(f"example {i + 1} of {num_examples} done, {time.perf_counter() - start:.0f} s"
-          + (f" (compiles {sum(compile_s.values()):.0f} s)" if i == 0 else ""), flush=True)
-  tokens = max_new_tokens * num_examples
-  ar = np.asarray(medians["autoregressive"])
-  rows = []
-  for name, (kind, _) in runs.items():
-    own, st = np.asarray(medians[name]), stats[name]
-    alpha = st["alpha_sum"] / max(st["alpha_count"], 1) if kind != "ar" else None
-    gamma = int(name.rsplit("γ=", 1)[1]) if kind == "chain" else None
-    ratios = ar / own
-    rows.append({
-        "decoder": name, "alpha": alpha, "tokens_per_call": tokens / max(st["calls"], 1),
-        "E_tokens": (float(analysis.expected_tokens(alpha, gamma)) if gamma else None),
-        "ms_per_token": 1e3 * own.sum() / tokens,
-        "speedup": float(ar.sum() / own.sum()),
-        "speedup_range": f"{ratios.min():.2f}-{ratios.max():.2f}",
-        "greedy": (f"{num_examples - len(greedy[name])} of {num_examples} identical"
-                   + (f"; near-ties: {'; '.join(greedy[name])}" if greedy[name] else "")),
-        "compile_s": compile_s.get(name, 0.0)})
-    print(f"{name}: α={alpha if alpha is None else round(alpha, 3)} "
-          f"tokens/call={rows[-1]['tokens_per_call']:.2f} "
-          f"ms/token={rows[-1]['ms_per_token']:.3f} speedup={rows[-1]['speedup']:.2f} "
-          f"({rows[-1]['speedup_range']})")
+
+  def near_ties_only(name, i, row, reference, out):  # else the run fails
+    found = greedy_difference(pair.target, pair.target_params, row, None, reference, out,
+                              weights)
+    if not found["greedy_verdict"].startswith("differs only at near-ties"):
+      raise AssertionError(f"{name}, example {i}: {found}")
+    return "near-ties: " + found["greedy_difference"].replace("example 0:", f"example {i}:", 1)
+
+  result = compare({name: fn for name, (_, fn) in runs.items()}, ex.inputs, repeats,
+                   reference="autoregressive", check=near_ties_only, progress=True,
+                   gammas={name: int(name.rsplit("γ=", 1)[1])
+                           for name, (kind, _) in runs.items() if kind == "chain"})
+  rows = result.rows()
+  for row in rows:
+    alpha = "-" if row["alpha"] is None else f"{row['alpha']:.3f}"
+    print(f"{row['decoder']}: α={alpha} tokens/call={row['tokens_per_call']:.2f} "
+          f"ms/token={row['ms_per_token']:.3f} speedup={row['speedup']:.2f} "
+          f"({row['speedup_range']})")
   out = Output(cli.output_dir, "bench_eagle")
   md = header("Feature-level drafts (EAGLE-style) beside the independent draft, batch 1",
               cli.pairs, [

@@ -2,13 +2,13 @@
 verifier calls in one jitted loop each (per-call milliseconds, cost ratios c and r(γ))."""
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common.compare import compare
 from experiments.common.pairs import Pair
 from specjax import timing
 
@@ -22,31 +22,13 @@ def passes_for(seconds_per_pass: float, min_seconds: float, *, low: int = 1,
 
 def time_interleaved(runs: Dict[str, Callable[[np.ndarray], Any]], inputs: np.ndarray,
                      repeats: int) -> Tuple[Dict[str, float], Dict[str, float], Dict[str, Dict]]:
-  """Batch-1 timings of several decoders over the rows of `inputs`, interleaved.
-
-  runs: name -> fn(row int32 [1, W]) returning a DecodeResult. Each row is decoded by every
-  decoder in `repeats` passes (`specjax.timing.interleaved`; the first row's warm-up compiles),
-  and the per-row medians are summed.
-  Returns (compile seconds: the first row's warm-up less its median run, summed median
-  seconds, per-name totals of one run of each row: tokens, target_calls, alpha_sum,
-  alpha_count).
+  """Batch-1 timings of several decoders over the rows of `inputs`, interleaved
+  (`experiments.common.compare.compare`, no reference).
+  Returns (compile seconds, summed median seconds, per-name totals of one run of each row:
+  tokens, target_calls, alpha_sum, alpha_count).
   """
-  compile_s: Dict[str, float] = {}
-  seconds = {name: 0.0 for name in runs}
-  stats = {name: dict(tokens=0, target_calls=0, alpha_sum=0.0, alpha_count=0) for name in runs}
-  for i in range(len(inputs)):
-    row = inputs[i:i + 1]
-    t = timing.interleaved({name: functools.partial(fn, row) for name, fn in runs.items()},
-                           repeats, warmup=i == 0)
-    compile_s = compile_s or dict(t.compile_s)
-    for name in runs:
-      seconds[name] += t.median(name)
-      out, st = t.outputs[name], stats[name]
-      st["tokens"] += int(out.lengths[0])
-      st["target_calls"] += int(out.target_calls[0])
-      st["alpha_sum"] += float(out.alpha_sum[0])
-      st["alpha_count"] += int(out.alpha_count[0])
-  return compile_s, seconds, stats
+  result = compare(runs, inputs, repeats)
+  return result.compile_s, result.seconds, result.stats
 
 
 Run = Tuple[Callable[[], Any], int]

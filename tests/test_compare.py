@@ -1,0 +1,51 @@
+"""`experiments.common.compare`: the standard columns from decodes timed side by side."""
+import time
+import types
+
+import numpy as np
+import pytest
+
+from experiments.common.compare import compare
+
+
+def _decoder(tokens_per_call, alpha, seconds, tokens=8, differ_on=()):
+  """A fake decoder of one row: `tokens` tokens in tokens / tokens_per_call target calls,
+  α estimate `alpha` (over 4 positions), `seconds` of work per call, and other tokens on the
+  examples listed in `differ_on` (found by the example's first input token); alpha None: no
+  speculative round (the autoregressive loop's count of α positions is 0)."""
+  def decode(row):
+    time.sleep(seconds)
+    out = np.arange(tokens)[None] + (100 if int(row[0, 0]) in differ_on else 0)
+    calls = tokens / tokens_per_call
+    return types.SimpleNamespace(tokens=out, lengths=np.array([tokens]),
+                                 target_calls=np.array([calls]),
+                                 alpha_sum=np.array([4 * (alpha or 0.0)]),
+                                 alpha_count=np.array([0 if alpha is None else 4]))
+  return decode
+
+
+def test_columns_against_the_reference():
+  inputs = np.array([[1, 0], [2, 0], [3, 0]], np.int32)
+  result = compare({"ar": _decoder(1.0, None, 0.02), "chain γ=3": _decoder(2.0, 0.5, 0.01),
+                    "wrong": _decoder(2.0, 0.5, 0.01, differ_on=(2,))},
+                   inputs, repeats=3, reference="ar", gammas={"chain γ=3": 3})
+  rows = {row["decoder"]: row for row in result.rows()}
+  assert rows["ar"]["alpha"] is None and rows["ar"]["speedup"] == pytest.approx(1.0)
+  chain = rows["chain γ=3"]
+  assert chain["alpha"] == pytest.approx(0.5) and chain["tokens_per_call"] == pytest.approx(2.0)
+  assert chain["E_tokens"] == pytest.approx((1 - 0.5 ** 4) / (1 - 0.5))  # Eq. 1
+  assert 1.5 < chain["speedup"] < 2.5  # 20 ms against 10 ms per example (sleep's jitter)
+  assert chain["ms_per_token"] == pytest.approx(10 / 8, rel=0.3)
+  low, high = map(float, chain["speedup_range"].split("-"))
+  assert low <= chain["speedup"] <= high
+  assert chain["greedy"] == "3 of 3 identical"
+  assert rows["wrong"]["greedy"] == "2 of 3 identical; example 1 differs"
+  assert rows["wrong"]["E_tokens"] is None  # no γ given
+
+
+def test_a_check_may_fail_the_run():
+  def never(name, i, row, reference, out):
+    raise AssertionError(f"{name}, example {i}")
+  with pytest.raises(AssertionError, match="bad, example 0"):
+    compare({"ar": _decoder(1.0, 0.0, 0.0), "bad": _decoder(1.0, 0.0, 0.0, differ_on=(1,))},
+            np.array([[1]], np.int32), repeats=1, reference="ar", check=never)
