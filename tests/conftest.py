@@ -73,6 +73,13 @@ SAMPLER_OPTIONS = ({} if _ACCELERATOR else {
 thousands of rows, whose run outweighs its compile: optimized code with XLA:CPU's default
 emitters (tests/verify/test_step.py: 31 -> 13 s). The same function is computed."""
 
+# PyPI's torch for Python 3.12 and 3.13 is a CUDA build whose `triton` package loads an LLVM of
+# its own; imported (transformers -> torch._dynamo -> triton) into a test process that already
+# holds jaxlib's, it crashed xdist workers with a segmentation fault inside triton's import. The
+# HuggingFace tests run torch on the CPU, which needs no triton, and torch takes a triton that
+# cannot be imported as absent. specjax's own Triton kernels are lowered by jaxlib, not by it.
+sys.modules.setdefault("triton", None)
+
 # The suite compiles afresh and writes nothing to the user's cache folder (specjax's commands
 # use JAX's persistent compilation cache; the tests of that cache set their own folder).
 os.environ.setdefault("SPECJAX_COMPILATION_CACHE", "off")
