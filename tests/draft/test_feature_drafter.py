@@ -62,9 +62,11 @@ def _near_copy_head(target, cross=False):
 # PROMPT, and a T5 target decoding from its start token with PROMPT as the encoder's input
 # (its head reads the decoder's features, which hold the encoder's output through the
 # target's cross-attention; 't5_cross': a head that also attends to the source through the
-# target's last cross-attention keys and values).
+# target's last cross-attention keys and values, as the bundled EN->DE head does; the T5
+# sampled tests run that head, whose decode path includes the features-only one).
 V, STEPS, N = 4, 3, 200_000
 FAMILIES = ["lm", "t5", "t5_cross"]
+SAMPLED_FAMILIES = ["lm", "t5_cross"]
 PROMPT = [2, 3]
 
 
@@ -136,7 +138,7 @@ def _joint_tv(target, params, tokens):
   return 0.5 * sum(abs(counts.get(k, 0) / N - p) for k, p in law.items())
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SAMPLED_FAMILIES)
 def test_joint_of_first_three_tokens_matches_target_at_temperature_one(family):
   target, head = _tiny_target(family)
   params = target.init(jax.random.PRNGKey(5))
@@ -162,7 +164,7 @@ def test_joint_of_first_three_tokens_matches_target_at_temperature_one(family):
 # over token ids 0..2 only (vocab_limit 3 of a token ranking): token 3, which the target draws
 # often enough here (asserted), is never guessed, so its mass must come from the corrections
 # alone.
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SAMPLED_FAMILIES)
 def test_tree_joint_of_first_three_tokens_matches_target_at_temperature_one(family):
   tree = DynamicTree(branch=2, expand=1, max_depth=2)
   target, head = _tiny_target(family)
