@@ -136,9 +136,12 @@ class T5Network(nn.Module):
     """Cached step; see `DecoderStack.decode_step`."""
     return self.decoder.decode_step(tokens, positions, cache, None, encoded, logits_at, tree)
 
-  def forward_features(self, inputs: Array, decoder_input_tokens: Array):
-    """Teacher-forced (logits float32 [B, L_dec, V], features float32 [B, L_dec, E])."""
-    return self.decoder.forward(decoder_input_tokens, None, self.encode(inputs), features=True)
+  def forward_features(self, inputs: Array, decoder_input_tokens: Array,
+                       encoded: Optional[EncodedInputs] = None):
+    """Teacher-forced (logits float32 [B, L_dec, V], features float32 [B, L_dec, E]); `encoded`:
+    `encode(inputs)` when the caller has it already."""
+    encoded = self.encode(inputs) if encoded is None else encoded
+    return self.decoder.forward(decoder_input_tokens, None, encoded, features=True)
 
   def decode_step_features(self, tokens: Array, positions: Array, cache: KVCache,
                            encoded: EncodedInputs, tree: Optional[TreeAttention] = None):
@@ -247,14 +250,15 @@ class T5Model(NetworkModel):
     check_tree(tree, tokens.shape[0], tokens.shape[1], cache.max_len, None)
     return self._apply("decode_step_features", params, tokens, positions, cache, encoded, tree)
 
-  def features(self, params: Any, inputs: Any, decoder_input_tokens: Any
-               ) -> Tuple[Array, Array]:
-    """Teacher-forced (logits float32 [B, L_dec, V], features float32 [B, L_dec, E])."""
+  def features(self, params: Any, inputs: Any, decoder_input_tokens: Any,
+               encoded: Optional[EncodedInputs] = None) -> Tuple[Array, Array]:
+    """Teacher-forced (logits float32 [B, L_dec, V], features float32 [B, L_dec, E]);
+    `encoded`: this model's `encode(params, inputs)` when the caller has it (not run again)."""
     self.check_params(params)
     inputs = check_tokens(inputs, self.vocab_size, "encoder inputs")
     decoder_input_tokens = check_tokens(decoder_input_tokens, self.vocab_size,
                                         "decoder_input_tokens")
-    return self._apply("forward_features", params, inputs, decoder_input_tokens)
+    return self._apply("forward_features", params, inputs, decoder_input_tokens, encoded)
 
   def _check_decode(self, params, cache, tokens, positions, encoded):
     self.check_params(params)

@@ -134,12 +134,12 @@ def head_loss_sums(head: FeatureHead, target: Any, head_params: Any, target_para
   and with several passes fed_correct_sum (the last pass's agreement)."""
   tokens = batch["decoder_input_tokens"]  # [B, L]
   weights = batch["decoder_loss_weights"].astype(jnp.float32)  # [B, L]
-  encoded = None
+  encoded = None  # the target's source keys and values, encoded once for both uses
   if target.is_encoder_decoder:
-    logits, features = target.features(target_params, batch["encoder_input_tokens"], tokens)
+    source = batch["encoder_input_tokens"]
     if head.config.cross_attention:
-      encoded = jax.lax.stop_gradient(target.encode(target_params,
-                                                    batch["encoder_input_tokens"]))
+      encoded = jax.lax.stop_gradient(target.encode(target_params, source))
+    logits, features = target.features(target_params, source, tokens, encoded)
   else:
     logits, features = target.features(target_params, tokens)
   features = jax.lax.stop_gradient(features)  # [B, L, E]
