@@ -154,6 +154,24 @@ def guess_chain(first_logits, step: Callable, carry: Any, row_keys, length, gamm
   return jax.lax.fori_loop(1, jnp.max(gamma), body, (tokens, all_probs, carry))
 
 
+def catch_up_loop(call: Callable[[Any, jax.Array], Any], state: Any, fed, length, window: int,
+                  begin: Callable[[jax.Array], jax.Array], end: Callable[[jax.Array], jax.Array]):
+  """The catch-up of a drafter with a cache of its own: while some row lags `window` or more
+  behind its last committed position (length - 1 - fed >= window; fed, length int32 [B]),
+  every row is fed one window from start = begin(fed) (`state = call(state, start)`; a row
+  already close enough re-feeds positions it holds, with the same values) and fed becomes
+  end(start). -> (state, fed int32 [B]); no call when no row lags that far."""
+  def behind(carry):
+    return jnp.any(length - 1 - carry[1] >= window)
+
+  def feed(carry):
+    state, fed = carry
+    start = begin(fed)
+    return call(state, start), end(start)
+
+  return jax.lax.while_loop(behind, feed, (state, fed))
+
+
 def draft_step(row_keys, length, i, logits, sampling: Sampling):
   """Guess i and its standardized q from a draft's logits [B, V] -> (int32 [B], float32 [B, V]).
 

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, check_sizes,
+from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, catch_up_loop, check_sizes,
                                 guess_chain)
 from specjax.draft.tree import (TreeProposal, cache_positions, check_shape, grow_tree,
                                 level_attention)
@@ -261,15 +261,10 @@ def catch_up(target: Any, head: FeatureHead, params: dict, state: FeatureDrafter
                        target.embed(params["target"], take_rows(seq, at)), begin,
                        encoded=state.encoded)
 
-  def behind(carry):
-    return jnp.any(length - 1 - carry[1] >= width)
-
-  def feed(carry):  # rows already close enough re-feed their last window: same values
-    cache, fed = carry
-    begin = jnp.minimum(fed, jnp.maximum(length - width, 0))
-    return window(cache, begin)[1], jnp.minimum(begin + width, length - 1)
-
-  cache, fed = jax.lax.while_loop(behind, feed, (state.cache, state.fed))
+  cache, fed = catch_up_loop(lambda cache, begin: window(cache, begin)[1], state.cache,
+                             state.fed, length, width,
+                             begin=lambda fed: jnp.minimum(fed, jnp.maximum(length - width, 0)),
+                             end=lambda begin: jnp.minimum(begin + width, length - 1))
   lag = jnp.clip(length - 1 - fed, 0, width - 1)
   predicted, cache = window(cache, length - 1 - lag)
   return jnp.take_along_axis(predicted, lag[:, None, None], axis=1)[:, 0], cache

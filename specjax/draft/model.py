@@ -10,7 +10,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, check_sizes,
+from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, catch_up_loop, check_sizes,
                                 guess_chain)
 from specjax.draft.tree import (TreeProposal, cache_positions, check_shape, grow_tree,
                                 level_attention, move_path)
@@ -122,18 +122,12 @@ def catch_up_cache(model: DecodingModel, params, cache, encoded, seq, length, fe
   """
   chunk = min(chunk, seq.shape[1])
   offsets = jnp.arange(chunk)[None, :]
-
-  def behind(carry):
-    return jnp.any(length - 1 - carry[1] >= window)
-
-  def feed(carry):
-    cache, fed = carry
-    start = jnp.minimum(jnp.minimum(fed, length - 1), seq.shape[1] - chunk)
-    _, cache = model.decode(params, cache, take_rows(seq, start[:, None] + offsets), start,
-                            encoded)
-    return cache, jnp.minimum(start + chunk, length)
-
-  return jax.lax.while_loop(behind, feed, (cache, fed))
+  call = lambda cache, start: model.decode(params, cache, take_rows(seq, start[:, None] + offsets),
+                                           start, encoded)[1]
+  return catch_up_loop(call, cache, fed, length, window,
+                       begin=lambda fed: jnp.minimum(jnp.minimum(fed, length - 1),
+                                                     seq.shape[1] - chunk),
+                       end=lambda start: jnp.minimum(start + chunk, length))
 
 
 @flax.struct.dataclass
