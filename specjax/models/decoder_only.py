@@ -26,14 +26,14 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jax import lax
 
+from specjax.models.checks import (check_logits_at, check_positions, check_prefix_lengths,
+                                   check_tokens, check_tree, validate_config)
 from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, Dense,
-                                   EncodedInputs, Embed, KVCache, MlpBlock,
-                                   MultiHeadAttention, NetworkModel, RelativePositionBias,
-                                   RMSNorm, after, attention_parts, cache_attention,
-                                   check_logits_at,
-                                   check_positions, check_prefix_lengths, check_tokens,
-                                   check_tree, key_layout, mask_to_bias, mlp_kernel_init,
-                                   validate_config, value_layout, write_rows)
+                                   EncodedInputs, Embed, KVCache, MlpBlock, MultiHeadAttention,
+                                   RelativePositionBias, RMSNorm, after, attention_parts,
+                                   cache_attention, key_layout, mask_to_bias, mlp_kernel_init,
+                                   value_layout, write_rows)
+from specjax.models.network import NetworkModel
 from specjax.models.tree import TreeAttention
 
 

@@ -32,11 +32,13 @@ import numpy as np
 
 from specjax.models.decoder_only import DecoderLayer, causal_bias, chain_bias, tree_bias
 from specjax.checks import check_int
+from specjax.models.checks import check_dtype_and_attention, check_tree
 from specjax.models.layers import (DTYPES, Array, Dense, EncodedInputs, KVCache,
-                                   RelativePositionBias, RMSNorm, activation_fn, apply_network,
-                                   check_dtype_and_attention, check_params_match, check_tree,
-                                   mask_to_bias, mlp_kernel_init, zeros_cache)
+                                   RelativePositionBias, RMSNorm, activation_fn, mask_to_bias,
+                                   mlp_kernel_init, zeros_cache)
+from specjax.models.network import apply_network
 from specjax.models.tree import TreeAttention
+from specjax.params import check_params_match
 
 Cross = Tuple[Array, Array, Array]  # keys [B, H, D, L_in], values [B, H, L_in, D], bias [B, 1, 1, L_in]
 

@@ -34,10 +34,11 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from specjax.models.decoder_only import DecoderStack
+from specjax.models.checks import (check_logits_at, check_positions, check_tokens, check_tree,
+                                   validate_config)
 from specjax.models.layers import (DTYPES, Array, EncodedInputs, Embed, KVCache, MlpBlock,
-                                   MultiHeadAttention, NetworkModel, RelativePositionBias,
-                                   RMSNorm, check_logits_at, check_positions, check_tokens,
-                                   check_tree, mask_to_bias, validate_config)
+                                   MultiHeadAttention, RelativePositionBias, RMSNorm, mask_to_bias)
+from specjax.models.network import NetworkModel
 from specjax.models.tree import TreeAttention
 
 T5Encoded = EncodedInputs  # what `T5Model.encode` returns
