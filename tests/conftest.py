@@ -54,7 +54,7 @@ def _xla_accepts(flag: str) -> bool:
 # XLA:CPU's classic (elemental) fusion emitters, not its newer MLIR fusion emitters: they fuse
 # and generate code differently (the same functions computed) and compile the suite's loops in
 # about half the time (the tiny T5 pair's speculative and autoregressive loops: 7.3 -> 4.0 s;
-# tests/test_main.py, test_first_run, test_user_path, test_main_tree, decode/test_stream,
+# tests/app/test_main.py, test_first_run, test_user_path, test_main_tree, decode/test_stream,
 # test_experiments and models/test_models together: 320 -> 185 s). Their code runs slower, which
 # the few tests whose run time outweighs their compiles pay (a 200k-sample test: 13 -> 18 s).
 # Tests that count the ops of a compiled program exactly compile it as a user's process does
@@ -80,12 +80,20 @@ emitters (tests/verify/test_step.py: 31 -> 13 s). The same function is computed.
 # cannot be imported as absent. specjax's own Triton kernels are lowered by jaxlib, not by it.
 sys.modules.setdefault("triton", None)
 
-# The suite compiles afresh and writes nothing to the user's cache folder (specjax's commands
-# use JAX's persistent compilation cache; the tests of that cache set their own folder).
+# The suite compiles afresh and writes nothing to the user's cache folder: specjax's commands
+# (run by tests in fresh processes) read SPECJAX_COMPILATION_CACHE, off here unless it is set.
+# Set to a folder, the test processes and their commands share that persistent cache, which
+# pays on a rerun (tests/decode: 5:00 -> 3:05 on 2 cores, every program read back), not within
+# one run: the suite's programs differ from test to test (the same run with a fresh folder
+# took 5:09). The tests of the cache itself set their own folder.
 os.environ.setdefault("SPECJAX_COMPILATION_CACHE", "off")
 
 import jax  # pylint: disable=wrong-import-position
 import pytest  # pylint: disable=wrong-import-position
+
+from specjax import compile_cache  # pylint: disable=wrong-import-position
+
+compile_cache.enable(compile_cache.choose_folder())
 
 MAX_MAPS = 30_000
 

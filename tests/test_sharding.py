@@ -22,7 +22,7 @@ from specjax.sharding import STANDARD_RULES, logical_to_spec, param_logical_axes
 
 MESHES = {"8x1": 1, "1x8": 8, "4x2": 2}  # name -> num_partitions on 8 devices
 # Sharded runs (mesh, loop) per family, compared with the family's single-device
-# speculative run (greedy: equal to its autoregressive output, tests/test_decoding_models.py).
+# speculative run (greedy: equal to its autoregressive output, tests/decode/test_decoding_models.py).
 # Every mesh is covered; each family runs model-parallel; compiles are kept few (2-core CI).
 RUNS = {"t5": (("8x1", "spec"), ("4x2", "spec")),
         "decoder_only": (("1x8", "spec"), ("4x2", "spec"), ("4x2", "ar"), ("4x2", "stream"),

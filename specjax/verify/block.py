@@ -43,7 +43,7 @@ Algorithm 1; with num_guesses = 1 this is Algorithm 1 and draws the reference's 
 bit for bit. Unlike Algorithm 1, τ depends on guesses and uniforms PAST the accepted
 prefix, and the next round draws at those positions again: with keys tied only to
 (row, position, stream) that reuse biases the output (TV ≈ 0.027 on the 3-token joint
-of the table models in tests/test_block_verify.py). Hence `fresh_round_keys`: the decode
+of the table models in tests/verify/test_block.py). Hence `fresh_round_keys`: the decode
 loop folds each round's start position into the row keys for this verifier. A row's
 output still does not depend on its batch; unlike the token verifiers', it depends on
 where its rounds start. Lenience is not defined for block verification: only l = 1.

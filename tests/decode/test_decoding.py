@@ -1,6 +1,6 @@
 """Tests for the decode loops with table models (fixed probability tables).
 
-Real-network tests (both model families) live in tests/test_decoding_models.py.
+Real-network tests (both model families) live in tests/decode/test_decoding_models.py.
 """
 import collections
 

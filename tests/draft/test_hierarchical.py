@@ -19,7 +19,7 @@ def _drafter(max_gamma=4):
 
 
 def test_hierarchical_joint_is_exact():
-  # Power as in tests/test_decoding.py: 64 outcomes, 400k rows, sampling TV ≈ 0.004.
+  # Power as in tests/decode/test_decoding.py: 64 outcomes, 400k rows, sampling TV ≈ 0.004.
   target, medium, small = random_table(1, V), random_table(2, V, 1.0), random_table(3, V, 0.5)
   rows = 400_000
   result = speculative_decode(TableModel(V), target, _drafter(), {"medium": medium, "inner": small},

@@ -463,7 +463,7 @@ def _prompts(batch=16, seed=0):
 
 def test_greedy_with_block_equals_autoregressive(tables):
   # At temperature 0 the loop takes exact argmax matching for every exact verifier
-  # (tests/test_decoding.py runs it with every drafter); this checks block is routed there.
+  # (tests/decode/test_decoding.py runs it with every drafter); this checks block is routed there.
   target_table, draft_table = tables
   prompts, lengths = _prompts()
   greedy = Sampling(temperature=0.0)

@@ -3,7 +3,7 @@
 - `fused` draws the SAME tokens as `reference` for the same randomness, bit for
   bit, on both backends (XLA, and the Pallas kernel in interpret mode), with a
   vocabulary that is not a multiple of the tile; and it passes the 200k-sample
-  distribution test of tests/test_speculative.py.
+  distribution test of tests/verify/test_step.py.
 - `sigmoid` is NOT exact and is excluded from the distribution test by name;
   instead its deviation is measured and asserted to be large.
 """
@@ -228,10 +228,10 @@ def test_draw_correction_rejects_unknown_backend():
 
 # --------------------------------------------------------------- distribution
 
-V, G, N, TV_BOUND = 8, 3, 200_000, 0.006  # the power analysis of tests/test_speculative.py
+V, G, N, TV_BOUND = 8, 3, 200_000, 0.006  # the power analysis of tests/verify/test_step.py
 
 # By name: 'sigmoid' is NOT exact (Wagner et al.'s approximation) and is tested below for
-# its measured deviation instead; 'reference' has this test in tests/test_speculative.py.
+# its measured deviation instead; 'reference' has this test in tests/verify/test_step.py.
 NOT_EXACT = ("sigmoid",)
 DISTRIBUTION_TESTED = [name for name in VERIFIERS if name not in NOT_EXACT + ("reference",)]
 

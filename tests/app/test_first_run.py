@@ -15,7 +15,7 @@ from specjax.app import gin_config, report, run
 from specjax.checkpoints import save_t5x
 from specjax.models import build_model
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = "runs/random_tiny.gin"
 
 

@@ -15,7 +15,7 @@ from experiments import bench_scale
 from specjax.aot import hlo as hlo_stats
 from specjax.analysis import expected_tokens
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

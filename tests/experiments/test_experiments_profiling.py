@@ -6,7 +6,7 @@ import math
 import pytest
 
 from experiments import bench_eagle, bench_trees
-from tests.test_experiments import _files
+from tests.experiments.test_experiments import _files
 
 
 def _markdown_tables(text):
@@ -104,7 +104,7 @@ def test_bench_dots_times_each_dtype_on_each_shape(tmp_path, capsys):
     assert row["fastest"] == min(bench_dots.DTYPES, key=lambda d: row[f"{d}_us"])
   assert machine.describe() in (tmp_path / "bench_dots.md").read_text()
   assert "| weights | rows |" in capsys.readouterr().out
-  with pytest.raises(SystemExit):
+  with pytest.raises(ValueError, match="rows must be an integer >= 1"):
     bench_dots.main(["--rows", "0"])
 
 

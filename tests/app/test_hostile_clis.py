@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAIR = os.path.join(ROOT, "specjax", "assets", "pairs", "translate", "target")
 
 # Runs one command's `cli` on several argument lists in one process (JAX starts once);

@@ -1,6 +1,6 @@
 """The experiment modules that reproduce the paper's tables and figures, and the HF-peer bench,
 in fast mode on the bundled pairs: they run and write their files (the profiling benches:
-tests/test_experiments_profiling.py)."""
+tests/experiments/test_experiments_profiling.py)."""
 import csv
 import json
 

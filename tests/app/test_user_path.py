@@ -28,7 +28,7 @@ from specjax.data import BUNDLED_VOCABULARY, load_bundled, resolve_vocabulary, v
 from specjax.data import vocabulary_difference
 from specjax.models import build_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PIECES, EXTRA_IDS = 300, 20  # the seqio vocabulary has 320 ids; the T5 models' logits 384
 LENGTHS = "{'inputs': 16, 'targets': 6}"  # TASK_FEATURE_LENGTHS of every run (one compile each)
 TASK_MODULE = "specjax_user_path_tasks"

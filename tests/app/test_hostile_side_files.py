@@ -5,7 +5,7 @@ shortened (results.jsonl keeps it whole)."""
 import json
 import os
 
-from tests.test_hostile_clis import many
+from tests.app.test_hostile_clis import many
 
 TINY = "--gin_file=runs/random_tiny.gin"  # a random-init tiny T5 pair (no checkpoint)
 AUTO = ["--gin.GAMMA_POLICY='auto'", "--gin.MAX_NEW_TOKENS=4", "--gin.BATCH_SIZE=1",

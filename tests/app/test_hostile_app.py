@@ -14,7 +14,7 @@ from specjax.app import measure, run
 from tests.test_hostile import _clear_gin  # pylint: disable=unused-import (autouse fixture)
 
 TINY = "runs/random_tiny.gin"  # a random-init tiny T5 pair (no checkpoint needed)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture
