@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common.checks import check_counts
+from experiments.common.cli import parse_cli
 from experiments.common.output import Output, header, markdown_table
 from specjax import machine, timing
 from specjax.command import run_cli
@@ -79,21 +81,20 @@ def measure(rows: Sequence[int], dots: int, passes: int) -> List[Dict]:
   return out
 
 
+FLAGS = {"--rows": dict(type=int, nargs="+", default=[1, 2, 6, 48]),
+         "--dots": dict(type=int, default=200), "--passes": dict(type=int, default=7)}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 6, 48])
-  parser.add_argument("--dots", type=int, default=200)
-  parser.add_argument("--passes", type=int, default=7)
-  parser.add_argument("--output_dir", default="out/bench_dots")
-  args = parser.parse_args(argv)
-  if min(args.rows) < 1 or args.dots < 1 or args.passes < 1:
-    parser.error("--rows, --dots and --passes must be >= 1")
+  cli = parse_cli(argv, __doc__, "bench_dots", needs_pairs=False, flags=FLAGS)
+  args = argparse.Namespace(**cli.flags)
+  check_counts(rows=tuple(args.rows), dots=args.dots, passes=args.passes)
   rows = measure(args.rows, args.dots, args.passes)
   md = header("Dense dots by weight dtype", [], [
       f"µs per dot, median of {args.passes} interleaved passes of a jitted loop of "
       f"{args.dots} dots; *_vs_float32: that dtype's time over float32's (< 1: faster)"])
   md += "\n" + markdown_table(rows)
-  out = Output(args.output_dir, "bench_dots")
+  out = Output(cli.output_dir, "bench_dots")
   print(md)
   out.tables(md, rows, [], machine=machine.describe())
   out.announce()

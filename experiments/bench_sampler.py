@@ -1,7 +1,7 @@
 """The sampler's cost: `categorical`'s two-stage draw beside one race over the vocabulary.
 
     python -m experiments.bench_sampler [--batches 1 8] [--examples 6] [--new_tokens 128]
-        [--gamma 3] [--repeats 5] [--weights_dtype bfloat16] [--output_dir DIR]
+        [--gamma 3] [--repeats 5] [--weights_dtype bfloat16] [--pair lm] [--output_dir DIR]
 
 `specjax.sampling.categorical` draws an id in two exponential races, over the masses of
 blocks of 128 ids and then inside the winning block: V / 128 + 128 Exp(1) draws. The one
@@ -13,13 +13,12 @@ process:
    the two samplers interleaved (`specjax.timing`), median of 7;
 2. the bundled LM pair at batch 1, T = 1, `examples` prompts × `new_tokens` (EOS ignored):
    autoregressive and speculative (γ, the model drafter) with each sampler, all four
-   decoders interleaved per prompt (`experiments.common.timed.time_interleaved`, median of
+   decoders interleaved per prompt (`experiments.common.compare.compare`, median of
    `repeats`). The one-race variant is traced with `race` in place of `categorical` in every
    module that draws (the loops, the drafters, the verifiers); compile time is reported apart.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 from typing import Dict, List, Optional, Sequence
 from unittest import mock
@@ -28,12 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common.cli import add_weights_flags
+from experiments.common.cli import parse_cli
+from experiments.common.compare import compare
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import load_examples
 from experiments.common.output import Output, markdown_table
-from experiments.common.pairs import Pair, load_pair, with_weights
-from experiments.common.timed import time_interleaved
+from experiments.common.pairs import Pair
 from specjax import sampling, timing
 from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, speculative_decode
@@ -106,53 +105,47 @@ def end_to_end(pair: Pair, *, examples: int, new_tokens: int, gamma: int,
         return speculative_decode(pair.target, pair.target_params, drafter, dparams, row,
                                   max_new_tokens=new_tokens, gamma=gamma, rng=key, config=config)
     runs[f"ar {name}"], runs[f"spec {name}"] = ar, spec
-  compile_s, seconds, stats = time_interleaved(runs, ex.inputs, repeats)
+  result = {r["decoder"]: r for r in compare(runs, ex.inputs, repeats).rows()}
   # Both samplers are exact but draw different tokens from the same key: equal tokens would
   # mean a variant was not traced with its own sampler (a cached inner trace).
   for kind in ("ar", "spec"):
     first = [np.asarray(runs[f"{kind} {name}"](ex.inputs[:1]).tokens) for name in SAMPLERS]
     if np.array_equal(*first):
       raise RuntimeError(f"{kind}: the two samplers drew the same tokens; the patch did not take")
-  total = examples * new_tokens
   rows = []
   for name in SAMPLERS:
-    st = stats[f"spec {name}"]
+    ar, spec = result[f"ar {name}"], result[f"spec {name}"]
     rows.append({
         "sampler": name,
-        "AR ms/token": round(seconds[f"ar {name}"] / total * 1e3, 3),
-        f"spec γ={gamma} ms/token": round(seconds[f"spec {name}"] / total * 1e3, 3),
-        "speedup": round(seconds[f"ar {name}"] / seconds[f"spec {name}"], 3),
-        "α": round(st["alpha_sum"] / max(st["alpha_count"], 1), 3),
-        "compile AR / spec s": f"{compile_s[f'ar {name}']:.1f} / {compile_s[f'spec {name}']:.1f}",
+        "AR ms/token": round(ar["ms_per_token"], 3),
+        f"spec γ={gamma} ms/token": round(spec["ms_per_token"], 3),
+        "speedup": round(ar["ms_per_token"] / spec["ms_per_token"], 3),
+        "α": round(spec["alpha"], 3),
+        "compile AR / spec s": f"{ar['compile_s']:.1f} / {spec['compile_s']:.1f}",
     })
   return rows
 
 
+FLAGS = {"--batches": dict(type=int, nargs="+", default=[1, 8]),
+         "--vocabs": dict(type=int, nargs="+", default=[8192, 32768]),
+         "--examples": dict(type=int, default=6), "--new_tokens": dict(type=int, default=128),
+         "--gamma": dict(type=int, default=3), "--repeats": dict(type=int, default=5)}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-  parser.add_argument("--vocabs", type=int, nargs="+", default=[8192, 32768])
-  parser.add_argument("--examples", type=int, default=6)
-  parser.add_argument("--new_tokens", type=int, default=128)
-  parser.add_argument("--gamma", type=int, default=3)
-  parser.add_argument("--repeats", type=int, default=5)
-  add_weights_flags(parser, default="bfloat16")
-  parser.add_argument("--output_dir", default=None,
-                      help="also write the tables to OUTPUT_DIR/bench_sampler.md")
-  args = parser.parse_args(argv)
-  pair = with_weights(load_pair("lm"), args.weights_dtype,
-                             args.draft_weights_dtype)
+  cli = parse_cli(argv, __doc__, "bench_sampler", default_pairs=("lm",), flags=FLAGS,
+                  weights_dtype="bfloat16")
+  f = cli.flags
   text = ("One draw (jitted loop of 200, median of 7)\n\n"
-          + markdown_table(micro(args.batches, args.vocabs))
-          + f"\n\nLM pair ({args.weights_dtype} target), batch 1, T = 1, {args.examples} prompts "
-          f"× {args.new_tokens} tokens, median of {args.repeats} interleaved runs\n\n"
-          + markdown_table(end_to_end(pair, examples=args.examples,
-                                             new_tokens=args.new_tokens, gamma=args.gamma,
-                                             repeats=args.repeats)))
+          + markdown_table(micro(f["batches"], f["vocabs"])))
+  for pair in cli.pairs:
+    text += (f"\n\n{pair.label}, batch 1, T = 1, "
+             f"{f['examples']} prompts × {f['new_tokens']} tokens, median of {f['repeats']} "
+             "interleaved runs\n\n"
+             + markdown_table(end_to_end(pair, examples=f["examples"], new_tokens=f["new_tokens"],
+                                         gamma=f["gamma"], repeats=f["repeats"])))
   print(text)
-  if args.output_dir:
-    Output(args.output_dir, "bench_sampler").markdown(text)
+  Output(cli.output_dir, "bench_sampler").markdown(text)
 
 
 if __name__ == "__main__":

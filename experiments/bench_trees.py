@@ -34,9 +34,9 @@ Tokens per call is not a timing; timings on a loaded machine are not claims.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
-
+import argparse
 import dataclasses
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 import jax
@@ -225,19 +225,16 @@ def _costs(pair, inputs: np.ndarray, widths: Sequence[int], new: int):
   return {k: ms[f"target{k}"] / 1e3 for k in ks}, ms["draft1"] / ms["target1"]
 
 
+FLAGS = {"--batch": dict(type=int, action="append"),
+         "--temperature": dict(type=float, action="append"),
+         "--width": dict(type=int, action="append"), "--trees": dict(type=int),
+         "--auto": dict(action="store_true"), "--lookup": dict(action="store_true"),
+         "--ngram": dict(action="store_true"), "--no_timing": dict(action="store_true")}
+
+
 def main(argv=None) -> List[dict]:
-  import argparse  # pylint: disable=import-outside-toplevel
-  parser = argparse.ArgumentParser(add_help=False)
-  parser.add_argument("--batch", type=int, action="append")
-  parser.add_argument("--temperature", type=float, action="append")
-  parser.add_argument("--width", type=int, action="append")
-  parser.add_argument("--trees", type=int)
-  parser.add_argument("--auto", action="store_true")
-  parser.add_argument("--lookup", action="store_true")
-  parser.add_argument("--ngram", action="store_true")
-  parser.add_argument("--no_timing", action="store_true")
-  own, rest = parser.parse_known_args(argv)
-  cli = parse_cli(rest, __doc__, "bench_trees")
+  cli = parse_cli(argv, __doc__, "bench_trees", flags=FLAGS)
+  own = argparse.Namespace(**cli.flags)
   settings = FAST if cli.fast else FULL
   widths = tuple(own.width or settings["widths"])
   batches = tuple(own.batch or ((1,) if cli.fast else (1, 8)))

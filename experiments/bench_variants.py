@@ -20,11 +20,11 @@ are identical to the target's autoregressive ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Dict, List, Sequence
 
 import gin
 import jax
-import numpy as np
 
 from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
@@ -32,7 +32,8 @@ from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import Examples, load_examples
 from experiments.common.output import Output, fmt, header, markdown_table
 from experiments.common.pairs import Pair, tiny_model
-from experiments.common.timed import cost_ratios, time_interleaved
+from experiments.common.compare import compare
+from experiments.common.timed import cost_ratios
 from specjax.command import run_cli
 from specjax.decode import runner
 from specjax.decode import autoregressive_decode, speculative_decode
@@ -53,14 +54,14 @@ def _counting(fn, counts: Dict, name):
   return wrapped
 
 
-def _row(pair, temp, name, seconds, stats, compile_s, total, ar_per_token, **extra) -> Dict:
-  st = stats[name]
-  per_token = seconds[name] / total
-  return {"pair": pair.name, "temperature": temp, "decoder": name, **extra,
-          "alpha": st["alpha_sum"] / max(st["alpha_count"], 1) if name != "ar" else "",
-          "tokens_per_call": st["tokens"] / max(st["target_calls"], 1),
-          "ms_per_token": 1e3 * per_token, "speedup": ar_per_token / per_token,
-          "compile_s": compile_s[name]}
+def _rows(pair, temp, runs, inputs, repeats, **extra) -> List[Dict]:
+  """The standard rows of `runs` (`compare`, 'ar' the reference) with the pair, temperature
+  and `extra` (name -> {column: value} per decoder) in front."""
+  rows = compare(runs, inputs, repeats, reference="ar").rows()
+  if temp != 0:  # sampled: outputs differ from the autoregressive one by design
+    rows = [{k: v for k, v in r.items() if k != "greedy"} for r in rows]
+  return [{"pair": pair.name, "temperature": temp, **extra.get(r["decoder"], {}), **r,
+           "alpha": r["alpha"] if r["decoder"] != "ar" else ""} for r in rows]
 
 
 def adaptive(pair: Pair, ex: Examples, temp: float, gammas: Sequence[int],
@@ -88,14 +89,9 @@ def adaptive(pair: Pair, ex: Examples, temp: float, gammas: Sequence[int],
                            "heuristic")
   runs["optimal"] = spec(dataclasses.replace(base, gamma_policy="optimal",
                                                     cost_coefficient=c), start, "optimal")
-  compile_s, seconds, stats = time_interleaved(runs, ex.inputs, repeats)
-  total = len(ex.inputs) * max_new_tokens
-  ar = seconds["ar"] / total
-  rows = []
-  for name in runs:
-    policy = name.split(" ")[0]
-    rows.append(_row(pair, temp, name, seconds, stats, compile_s, total, ar,
-                     compiles=counts.get(policy, "") if name != "ar" else ""))
+  rows = _rows(pair, temp, runs, ex.inputs, repeats)
+  for r in rows:  # counted while compare ran them
+    r["compiles"] = counts.get(r["decoder"].split(" ")[0], "") if r["decoder"] != "ar" else ""
   best = max((r for r in rows if r["decoder"].startswith("constant")), key=lambda r: r["speedup"])
   for r in rows:
     r["vs_best_fixed"] = r["speedup"] / best["speedup"]
@@ -119,19 +115,15 @@ def hierarchical(pair: Pair, tiny, tiny_params, ex: Examples, temp: float,
                                                   max_new_tokens=max_new_tokens, rng=key,
                                                   config=config)}
   for name, (d, p) in drafters.items():
-    runs[name] = (lambda d, p: lambda row: speculative_decode(
-        pair.target, pair.target_params, d, p, row, max_new_tokens=max_new_tokens, gamma=gamma,
-        rng=key, config=config))(d, p)
-  identical = ""
-  if temp == 0:
-    ar = np.asarray(runs["ar"](ex.inputs[:1]).tokens)
-    identical = all(np.array_equal(np.asarray(runs[n](ex.inputs[:1]).tokens), ar)
-                    for n in drafters)
-  compile_s, seconds, stats = time_interleaved(runs, ex.inputs, repeats)
-  total = len(ex.inputs) * max_new_tokens
-  ar_per_token = seconds["ar"] / total
-  return [_row(pair, temp, name, seconds, stats, compile_s, total, ar_per_token, gamma=gamma,
-               greedy_identical=identical if name != "ar" else "") for name in runs]
+    runs[name] = functools.partial(speculative_decode, pair.target, pair.target_params, d, p,
+                                   max_new_tokens=max_new_tokens, gamma=gamma, rng=key,
+                                   config=config)
+  rows = _rows(pair, temp, runs, ex.inputs, repeats,
+               **{name: {"gamma": gamma} for name in runs if name != "ar"})
+  for row in rows:  # greedy: every example's output the target's (compare's greedy column)
+    row["greedy_identical"] = ("" if row["decoder"] == "ar" or temp != 0 else
+                               row["greedy"].startswith(f"{len(ex.inputs)} of "))
+  return rows
 
 
 @gin.configurable(module="bench_variants")

@@ -15,7 +15,6 @@ For each pair and each of its models (target, draft):
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 

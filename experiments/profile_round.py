@@ -37,11 +37,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common.cli import add_weights_flags
+from experiments.common.cli import parse_cli
 from experiments.common.decoding import decode_config
 from experiments.common.inputs import load_examples
 from experiments.common.output import markdown_table
-from experiments.common.pairs import load_pair, with_weights
 from experiments.common.timed import decode_loop, ms_per_call, propose_loop, verify_loop
 from specjax import timing
 from specjax.analysis import expected_tokens
@@ -73,21 +72,20 @@ def read_gbps(megabytes: int = 256, repeats: int = 5) -> float:
   return x.nbytes / timing.interleaved({"sum": lambda: total(x)}, repeats).median("sum") / 1e9
 
 
+FLAGS = {"--cache_lens": dict(type=int, nargs="+", default=[256, 512]),
+         "--gammas": dict(type=int, nargs="+", default=[2, 4, 6]),
+         "--batches": dict(type=int, nargs="+", default=[1, 8]),
+         "--new_tokens": dict(type=int, default=128), "--repeats": dict(type=int, default=5)}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--cache_lens", type=int, nargs="+", default=[256, 512])
-  parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 6])
-  parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-  parser.add_argument("--new_tokens", type=int, default=128)
-  parser.add_argument("--repeats", type=int, default=5)
-  add_weights_flags(parser)
-  args = parser.parse_args(argv)
+  cli = parse_cli(argv, __doc__, "profile_round", default_pairs=("lm",), flags=FLAGS)
+  args = argparse.Namespace(**cli.flags)
   for length in args.cache_lens:
     if length < PROMPT_LEN + args.new_tokens + max(args.gammas) + 1:
       raise ValueError(f"cache length {length} cannot hold a {PROMPT_LEN}-token prompt, "
                        f"{args.new_tokens} new tokens and γ = {max(args.gammas)} (+1)")
-  pair = with_weights(load_pair("lm"), args.weights_dtype, args.draft_weights_dtype)
+  pair = cli.pairs[0]
   target, tparams, draft, dparams = pair.target, pair.target_params, pair.draft, pair.draft_params
   prompts_all = load_examples(pair, max(args.batches), max_input_len=PROMPT_LEN).inputs
   lengths_all = np.maximum((prompts_all != 0).sum(1), 1)

@@ -34,11 +34,10 @@ import jax
 import numpy as np
 
 from experiments.common.checks import check_counts
-from experiments.common.cli import add_weights_flags
+from experiments.common.cli import parse_cli
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import load_examples
 from experiments.common.output import Output, markdown_table
-from experiments.common.pairs import load_pair, with_weights
 from experiments.common.timed import decode_loop, ms_per_call, propose_loop, verify_loop
 from specjax.checks import check_int
 from specjax.command import run_cli
@@ -107,34 +106,28 @@ def measure(pair, *, slots: int, inputs: int, gammas: Sequence[int], new_tokens:
   return rows
 
 
+FLAGS = {"--slots": dict(type=int, default=8), "--inputs": dict(type=int, default=64),
+         "--gammas": dict(type=int, nargs="+", default=[1, 2]),
+         "--new_tokens": dict(type=int, default=128), "--repeats": dict(type=int, default=5)}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--slots", type=int, default=8)
-  parser.add_argument("--inputs", type=int, default=64)
-  parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2])
-  parser.add_argument("--new_tokens", type=int, default=128)
-  parser.add_argument("--repeats", type=int, default=5)
-  add_weights_flags(parser)
-  parser.add_argument("--output_dir", default=None,
-                      help="also write the table to OUTPUT_DIR/stream_round.md")
-  args = parser.parse_args(argv)
+  cli = parse_cli(argv, __doc__, "stream_round", default_pairs=("lm",), flags=FLAGS)
+  args = argparse.Namespace(**cli.flags)
   check_counts(gammas=args.gammas, slots=args.slots, inputs=args.inputs,
                       repeats=args.repeats)
   check_int("new_tokens (the slope's short run is new_tokens // 8)", args.new_tokens,
                    low=8)
-  pair = with_weights(load_pair("lm"), args.weights_dtype,
-                             args.draft_weights_dtype)
+  pair = cli.pairs[0]
   rows = measure(pair, slots=args.slots, inputs=args.inputs, gammas=args.gammas,
                  new_tokens=args.new_tokens, repeats=args.repeats)
   text = (f"{pair.label}; {args.inputs} inputs through {args.slots} slots, greedy, "
           f"{args.new_tokens} tokens each (EOS ignored); medians of {args.repeats}, "
           "interleaved.\n\n" + markdown_table(rows) + "\n")
   print(text)
-  if args.output_dir:
-    out = Output(args.output_dir, "stream_round")
-    out.markdown(text)
-    print(f"wrote {out.written[0]}")
+  out = Output(cli.output_dir, "stream_round")
+  out.markdown(text)
+  print(f"wrote {out.written[0]}")
   print("median measured speedup:",
         f"{statistics.median(row['measured speedup'] for row in rows):.3f}")
 

@@ -19,6 +19,7 @@ jitted and compiled before timing, runs interleaved, median of `repeats`):
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, List, Sequence
 
 import gin
@@ -30,7 +31,8 @@ from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import Examples, load_examples
 from experiments.common.output import Output, header, markdown_table
 from experiments.common.pairs import Pair
-from experiments.common.timed import cost_ratios, time_interleaved
+from experiments.common.compare import compare
+from experiments.common.timed import cost_ratios
 from specjax import analysis
 from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, speculative_decode
@@ -41,10 +43,10 @@ FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 3), temperatures=(0.0,)
 
 def time_decoders(pair: Pair, ex: Examples, temperature: float,
                   gammas: Sequence[int], max_new_tokens: int, repeats: int, seed: int = 0):
-  """Per-example batch-1 timings; returns {'ar': s/token, γ: (s/token, α, tokens/call)}."""
-  max_gamma = max(gammas)
+  """Per-example batch-1 timings (`compare`, autoregressive the reference) -> the standard
+  rows by decoder name ('ar', 'γ=G')."""
   width = ex.inputs.shape[1]
-  config = decode_config(temperature, width + max_new_tokens + max_gamma + 1)
+  config = decode_config(temperature, width + max_new_tokens + max(gammas) + 1)
   key = jax.random.PRNGKey(seed)
   runs = {"ar": lambda row: autoregressive_decode(
       pair.target, pair.target_params, row, max_new_tokens=max_new_tokens, rng=key,
@@ -54,17 +56,11 @@ def time_decoders(pair: Pair, ex: Examples, temperature: float,
     # wide whatever the round's γ (γ is data), so one drafter of max_gamma = max(gammas)
     # made every γ pay the widest call (γ = 1 rounds: 2.76 vs 2.36 ms on the bundled LM).
     drafter, dparams = model_drafter(pair, g)
-    runs[f"γ={g}"] = (lambda g, drafter, dparams: lambda row: speculative_decode(
-        pair.target, pair.target_params, drafter, dparams, row, max_new_tokens=max_new_tokens,
-        gamma=g, rng=key, config=config))(g, drafter, dparams)
-  compile_s, seconds, stats = time_interleaved(runs, ex.inputs, repeats)
-  total = len(ex.inputs) * max_new_tokens  # eos_id -1: every row generates the full budget
-  out = {"ar": seconds["ar"] / total, "compile_s": compile_s}
-  for g in gammas:
-    st = stats[f"γ={g}"]
-    out[g] = (seconds[f"γ={g}"] / total, st["alpha_sum"] / max(st["alpha_count"], 1),
-              total / max(st["target_calls"], 1))
-  return out
+    runs[f"γ={g}"] = functools.partial(
+        speculative_decode, pair.target, pair.target_params, drafter, dparams,
+        max_new_tokens=max_new_tokens, gamma=g, rng=key, config=config)
+  result = compare(runs, ex.inputs, repeats, reference="ar")
+  return {row["decoder"]: row for row in result.rows()}
 
 
 @gin.configurable(module="table2_speedup")
@@ -89,19 +85,20 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
     cache_len = max_input_len + max_new_tokens + max(gammas) + 1
     costs = cost_ratios(pair, ex.inputs[:1], gammas, cache_len, step_repeats)
     for temp in temperatures:
-      timing = time_decoders(pair, ex, temp, gammas, max_new_tokens, repeats)
+      timed = time_decoders(pair, ex, temp, gammas, max_new_tokens, repeats)
+      ar = timed["ar"]
       for g in gammas:
-        per_token, alpha, per_call = timing[g]
-        c, r = costs["c"], costs["r"][g]
+        spec = timed[f"γ={g}"]
+        alpha, per_call, c, r = spec["alpha"], spec["tokens_per_call"], costs["c"], costs["r"][g]
         rows.append({
             "pair": pair.name, "temperature": temp, "gamma": g, "alpha": alpha,
             "c": c, "r": r, "tokens_per_call": per_call,
             "EXP": float(analysis.walltime_improvement(alpha, g, c)),
             "EXP_CPU": float(analysis.expected_tokens(alpha, g) / (g * c + r)),
             "EXP_CPU_obs": per_call / (g * c + r),
-            "EMP": timing["ar"] / per_token,
-            "ar_ms_per_token": 1e3 * timing["ar"], "spec_ms_per_token": 1e3 * per_token,
-            "compile_ar_s": timing["compile_s"]["ar"], "compile_spec_s": timing["compile_s"][f"γ={g}"]})
+            "EMP": spec["speedup"], "ar_ms_per_token": ar["ms_per_token"],
+            "spec_ms_per_token": spec["ms_per_token"], "compile_ar_s": ar["compile_s"],
+            "compile_spec_s": spec["compile_s"]})
         print(f"{pair.name} T={temp} γ={g}: α={alpha:.2f} c={c:.3f} r={r:.2f} "
               f"EXP={rows[-1]['EXP']:.2f} EXP-CPU={rows[-1]['EXP_CPU']:.2f} "
               f"EMP={rows[-1]['EMP']:.2f}")

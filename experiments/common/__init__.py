@@ -4,7 +4,8 @@
   cli       the scripts' command line: gin flags, --pair, --fast, --output_dir
   inputs    evaluation examples, n-gram corpora, output ids, BLEU and perplexity
   checks    argument checks of the scripts' settings
-  timed     timed decodes and in-loop model, drafter and verifier calls
+  compare   decoders side by side per example, with the standard columns
+  timed     in-loop model, drafter and verifier calls (c, r(γ))
   output    the output folder: markdown, CSV, JSON, plots
   decoding  the experiments' DecodeConfig and model drafter
 

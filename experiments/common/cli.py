@@ -26,14 +26,16 @@ class Cli:
 def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
               default_pairs: Sequence[str] = ("lm", "translate"),
               needs_pairs: Union[bool, Callable[[Dict[str, Any]], bool]] = True,
-              flags: Optional[Dict[str, Dict[str, Any]]] = None) -> Cli:
+              flags: Optional[Dict[str, Dict[str, Any]]] = None,
+              weights_dtype: str = "float32") -> Cli:
   """gin flags (T5X style) plus --pair (repeatable), --fast and --output_dir.
 
   `--fast` asks for the module's FAST settings (tests, smoke runs); they win over
   gin. Pairs are loaded before the experiment's own gin settings are parsed
   again, since a preset pair parses its own model gin files.
   flags: the module's own flags, '--name' -> `argparse.add_argument` keywords (in Cli.flags);
-  needs_pairs: whether pairs are loaded, or a function of those flags that says so.
+  needs_pairs: whether pairs are loaded, or a function of those flags that says so;
+  weights_dtype: --weights_dtype's default.
   """
   argv = sys.argv[1:] if argv is None else list(argv)
   files, bindings, paths, rest = gin_config.split_gin_args(argv)
@@ -44,7 +46,7 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
   parser.add_argument("--fast", action="store_true", help="tiny settings (tests, smoke runs)")
   parser.add_argument("--output_dir", default=f"out/experiments/{name}")
   parser.add_argument("--seed", type=int, default=0)
-  add_weights_flags(parser)
+  add_weights_flags(parser, weights_dtype)
   actions = [parser.add_argument(flag, **kwargs) for flag, kwargs in (flags or {}).items()]
   args = parser.parse_args(rest)
   own = {action.dest: getattr(args, action.dest) for action in actions}

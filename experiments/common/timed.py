@@ -1,5 +1,6 @@
-"""Timings of the experiments: decodes interleaved row by row, and model, drafter and
-verifier calls in one jitted loop each (per-call milliseconds, cost ratios c and r(γ))."""
+"""Timings of the experiments' calls: model, drafter and verifier calls in one jitted loop each
+(per-call milliseconds, cost ratios c and r(γ)); whole decodes side by side are
+`experiments.common.compare`'s."""
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -8,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common.compare import compare
 from experiments.common.pairs import Pair
 from specjax import timing
 
@@ -18,17 +18,6 @@ def passes_for(seconds_per_pass: float, min_seconds: float, *, low: int = 1,
   clipped to [low, high]."""
   passes = max(int(np.ceil(min_seconds / max(seconds_per_pass, 1e-9))), low)
   return passes if high is None else min(passes, high)
-
-
-def time_interleaved(runs: Dict[str, Callable[[np.ndarray], Any]], inputs: np.ndarray,
-                     repeats: int) -> Tuple[Dict[str, float], Dict[str, float], Dict[str, Dict]]:
-  """Batch-1 timings of several decoders over the rows of `inputs`, interleaved
-  (`experiments.common.compare.compare`, no reference).
-  Returns (compile seconds, summed median seconds, per-name totals of one run of each row:
-  tokens, target_calls, alpha_sum, alpha_count).
-  """
-  result = compare(runs, inputs, repeats)
-  return result.compile_s, result.seconds, result.stats
 
 
 Run = Tuple[Callable[[], Any], int]
