@@ -19,6 +19,8 @@ The models, each from gin run files under gin/runs/ (the hyperparameters live th
   lm_eagle          runs/train_lm_eagle.gin          a feature head (EAGLE-style) for the
                                                      bundled LM target, ~2.1M; --data_dir: the
                                                      target's own continuations (the gin file)
+  translate_eagle   runs/train_translate_eagle.gin   the same for the bundled EN->DE target,
+                                                     its layer also attending to the source
 
 Each trains into OUT/NAME (resumable: rerun the same command after an
 interruption), with its model.gin beside the checkpoints; the shipped checkpoint
@@ -63,6 +65,7 @@ RUNS = {
     "lm_draft_distilled": "runs/distill_lm_draft.gin",
     "translate_draft_distilled": "runs/distill_translate_draft.gin",
     "lm_eagle": "runs/train_lm_eagle.gin",
+    "translate_eagle": "runs/train_translate_eagle.gin",
 }
 # Distilled drafts learn from OUT/TEACHER (train it first).
 TEACHERS = {"lm_draft_distilled": "lm_target", "translate_draft_distilled": "translate_target"}
@@ -71,7 +74,7 @@ SHIP = {  # run name -> (pair, role) under specjax.app.bundled.PAIRS_DIR
     "lm_target": ("lm", "target"), "lm_draft": ("lm", "draft"), "lm_tiny": ("lm", "tiny"),
     "translate_target": ("translate", "target"), "translate_draft": ("translate", "draft"),
     "lm_draft_distilled": ("lm", "draft"), "translate_draft_distilled": ("translate", "draft"),
-    "lm_eagle": ("lm", "eagle"),
+    "lm_eagle": ("lm", "eagle"), "translate_eagle": ("translate", "eagle"),
 }
 DEFAULT_SHIP = ("lm_target", "lm_draft", "lm_tiny", "translate_target", "translate_draft")
 
@@ -113,9 +116,11 @@ def ship(source: Path, dest: Path = bundled.PAIRS_DIR,
             "steps": int(ckpt.name.split("_")[1]),
             "train_tokens": int(sum(r["tokens"] for r in by_step.values())),
             # Time in train steps (from the logged tokens/s), evals and restarts excluded.
-            "train_seconds": round(sum(r["tokens"] / r["tokens_per_second"]
-                                       for r in by_step.values()
-                                       if r.get("tokens_per_second")), 1),
+            "train_seconds": (round(sum(r["tokens"] / r["tokens_per_second"]
+                                        for r in by_step.values()
+                                        if r.get("tokens_per_second")), 1)
+                              if any(r.get("tokens_per_second") for r in by_step.values())
+                              else None),  # a feature head's run logs no throughput
             "wall_seconds": summaries.get(name, {}).get("wall_seconds"),
             "params": count_params(params),
             "validation": evals[-1] if evals else None}

@@ -31,7 +31,7 @@ PAIRS_DIR = Path(__file__).resolve().parents[1] / "assets" / "pairs"
 PAIRS = {"lm": "lm_ddtp_en", "translate": "translate_en_de"}
 """Bundled pair -> its task (the bundled evaluation split in specjax/assets/eval)."""
 ROLES = ("target", "draft", "tiny", "eagle")
-"""A pair's models: its target, its draft, a tiny smoke model and (LM) a feature head (EAGLE)
+"""A pair's models: its target, its draft, a tiny smoke model (LM) and a feature head (EAGLE)
 trained for its target."""
 PREFIX = "bundled:"
 _CKPT = re.compile(r"checkpoint_(\d+)")
