@@ -3,15 +3,23 @@
     python -m experiments.profile_round [--cache_lens 256 512] [--gammas 2 4 6]
         [--batches 1 8] [--new_tokens 128] [--repeats 5] [--weights_dtype bfloat16]
 
-Bundled LM pair (`specjax.app.bundled`), greedy, prompts from the bundled evaluation
-split. For every cache length L and batch B it builds, each inside its own
-jitted `fori_loop` so that per-call dispatch is not counted (results are folded
-into the loop carry so XLA cannot drop them): the target's 1-token call and the
+A bundled pair (`--pair lm`, the default, or `--pair translate`: an encoder-decoder's calls
+read its encoder output, computed once), greedy, prompts from the bundled evaluation split.
+For every cache length L and batch B it builds, each inside its own jitted `fori_loop` so
+that per-call dispatch is not counted (results are folded into the loop carry so XLA
+cannot drop them): the target's 1-token call and the
 draft's 1-token call, and per γ the target's (γ+1)-token call, one drafter
 proposal of γ guesses and one verification step; plus whole autoregressive and
 speculative generations. All of one (L, B) are compiled first and then timed in
 turn, `repeats` times (medians), so a busy spell of a shared machine hits them
 alike.
+
+Per γ also the round's model calls in one loop ("calls together": a (γ+1)-token target call
+then γ one-token draft calls, `experiments.common.timed.paired_loop`) beside the same calls
+timed apart (each model alone in its loop): on a CPU the difference is what the two models
+cost each other by sharing the caches (each evicts the other's weights), which the isolated
+r and c do not hold; "c in a round" charges it to the draft: (calls together − the target's
+call) / γ / the target's 1-token call.
 
 Rounds and steps are slopes: (a generation of `new_tokens` − one of half as many) / the
 rounds (tokens) between them, so the per-call fixed part (prefill, the drafter's start,
@@ -41,7 +49,8 @@ from experiments.common.cli import parse_cli
 from experiments.common.decoding import decode_config
 from experiments.common.inputs import load_examples
 from experiments.common.output import markdown_table
-from experiments.common.timed import decode_loop, ms_per_call, propose_loop, verify_loop
+from experiments.common.timed import (decode_loop, ms_per_call, paired_loop, propose_loop,
+                                      verify_loop)
 from specjax import timing
 from specjax.analysis import expected_tokens
 from specjax.command import run_cli
@@ -111,15 +120,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
           target, tparams, prompts, max_new_tokens=budget, rng=key, config=config,
           prompt_lengths=plen), 1)
       # Whole calls (1 "call" each): the budget is data, so both budgets share one compile.
-      runs = {"t1": decode_loop(target, tparams, batch, cache_len, 1),
-              "d1": decode_loop(draft, dparams, batch, cache_len, 1),
+      # An encoder-decoder's decoder calls read their model's encoder output (once per loop).
+      t_enc = target.encode(tparams, jnp.asarray(prompts)) if target.is_encoder_decoder else None
+      d_enc = draft.encode(dparams, jnp.asarray(prompts)) if draft.is_encoder_decoder else None
+      runs = {"t1": decode_loop(target, tparams, batch, cache_len, 1, encoded=t_enc),
+              "d1": decode_loop(draft, dparams, batch, cache_len, 1, encoded=d_enc),
               "ar": ar(args.new_tokens), "ar_half": ar(half)}
       for gamma in args.gammas:
         drafter = ModelDrafter(draft, gamma)  # max_gamma sizes the target call: γ + 1 tokens
         spec = lambda budget, d=drafter, g=gamma: (lambda: speculative_decode(
             target, tparams, d, dparams, prompts, max_new_tokens=budget, gamma=g,
             rng=key, config=config, prompt_lengths=plen), 1)
-        runs[f"tk{gamma}"] = decode_loop(target, tparams, batch, cache_len, gamma + 1)
+        runs[f"tk{gamma}"] = decode_loop(target, tparams, batch, cache_len, gamma + 1,
+                                         encoded=t_enc)
+        runs[f"pair{gamma}"] = paired_loop(target, tparams, draft, dparams, batch, cache_len,
+                                           gamma + 1, gamma, target_encoded=t_enc,
+                                           draft_encoded=d_enc)
         runs[f"prop{gamma}"] = propose_loop(drafter, dparams, prompts, cache_len, gamma)
         runs[f"ver{gamma}"] = verify_loop(config, batch, gamma, target.vocab_size)
         runs[f"spec{gamma}"] = spec(args.new_tokens)
@@ -146,10 +162,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         tk, prop, ver = (ms[f"{p}{gamma}"] for p in ("tk", "prop", "ver"))
         round_ms = (ms[f"spec{gamma}"] - ms[f"spechalf{gamma}"]) / max(rounds - rounds_half, 1)
         r, expect = tk / t1, float(expected_tokens(alpha, gamma))  # Eq. 1
+        apart = tk + gamma * ms["d1"]
         round_rows.append({
             "L": cache_len, "B": batch, "γ": gamma, "rounds": rounds,
             "target γ+1 call ms": tk, "draft proposal ms": prop, "verification ms": ver,
             "round ms": round_ms, "unaccounted %": 100 * (round_ms - tk - prop - ver) / round_ms,
+            "calls apart ms": apart, "calls together ms": ms[f"pair{gamma}"],
+            "together - apart ms": ms[f"pair{gamma}"] - apart,
+            "c in a round": (ms[f"pair{gamma}"] - tk) / gamma / t1,
             "call fixed ms": ms[f"spec{gamma}"] - rounds * round_ms,
             "call / rounds ms": ms[f"spec{gamma}"] / rounds,
             "r": r, "c": c, "α": alpha, "E[tokens]": expect,

@@ -53,6 +53,36 @@ def decode_loop(model, params, batch: int, cache_len: int, k: int, *, encoded: A
   return (lambda: loop(params, cache, encoded)), calls
 
 
+def paired_loop(target, tparams, draft, dparams, batch: int, cache_len: int, k: int,
+                draft_steps: int, *, target_encoded: Any = None, draft_encoded: Any = None,
+                position: int = 20, calls: int = 40) -> Run:
+  """A round's two models in one jitted `fori_loop`: per iteration one k-token target call then
+  `draft_steps` one-token draft calls, as `decode_loop` makes them (each call's input depends on
+  the last result, so they run in turn). Set beside `decode_loop`'s target and draft loops, it
+  shows what the models cost each other when they share the machine's caches within a round.
+  Compiles on its first call."""
+  tcache, dcache = target.init_cache(batch, cache_len), draft.init_cache(batch, cache_len)
+
+  @jax.jit
+  def loop(tparams, dparams, tcache, dcache, target_encoded, draft_encoded):
+    def body(i, carry):
+      tcache, dcache, acc = carry
+      positions = position + (i + jnp.arange(batch, dtype=jnp.int32)) % 8
+      token = 5 + acc.astype(jnp.int32) % 2  # data-dependent: the calls cannot overlap
+      logits, tcache = target.decode(tparams, tcache, jnp.full((batch, k), token, jnp.int32),
+                                     positions, target_encoded)
+      acc = acc + jnp.argmax(logits[:, -1], -1).sum().astype(jnp.float32)
+      for step in range(draft_steps):
+        token = 5 + acc.astype(jnp.int32) % 2
+        logits, dcache = draft.decode(dparams, dcache, jnp.full((batch, 1), token, jnp.int32),
+                                      positions + step, draft_encoded)
+        acc = acc + jnp.argmax(logits[:, -1], -1).sum().astype(jnp.float32)
+      return tcache, dcache, acc
+    return jax.lax.fori_loop(0, calls, body, (tcache, dcache, 0.0))[2]
+
+  return (lambda: loop(tparams, dparams, tcache, dcache, target_encoded, draft_encoded)), calls
+
+
 def propose_loop(drafter, params, prompts: np.ndarray, cache_len: int, gamma: int,
                  n: int = 30) -> Run:
   """n drafter proposals of `gamma` guesses per row (catch-up window included), greedy, in one

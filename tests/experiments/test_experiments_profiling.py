@@ -25,9 +25,10 @@ def _markdown_tables(text):
   return tables
 
 
-def test_profile_round_accounts_for_a_round(capsys):
+@pytest.mark.parametrize("pair", ["lm", "translate"])  # decoder-only; encoder-decoder
+def test_profile_round_accounts_for_a_round(capsys, pair):
   from experiments import profile_round  # pylint: disable=import-outside-toplevel
-  profile_round.main(["--cache_lens", "256", "--gammas", "2", "--batches", "2",
+  profile_round.main(["--pair", pair, "--cache_lens", "256", "--gammas", "2", "--batches", "2",
                       "--new_tokens", "12", "--repeats", "1"])
   out = capsys.readouterr().out
   steps, rounds = _markdown_tables(out)
@@ -38,8 +39,16 @@ def test_profile_round_accounts_for_a_round(capsys):
                "floor ms"):
     assert float(step[name]) > 0, name
   for name in ("target γ+1 call ms", "draft proposal ms", "verification ms", "call / rounds ms",
-               "r", "c", "E[tokens]", "predicted speedup", "measured speedup"):
+               "r", "c", "E[tokens]", "predicted speedup", "measured speedup",
+               "calls apart ms", "calls together ms"):
     assert float(row[name]) > 0, name
+  # Together: the target's 3-token call and two draft steps in one loop, apart: the same
+  # calls each in its own loop; the difference is timing (either sign on a quiet cache).
+  assert math.isclose(float(row["calls apart ms"]),
+                      float(row["target γ+1 call ms"]) + 2 * float(step["draft 1-token call ms"]),
+                      rel_tol=0.02, abs_tol=0.002)
+  assert math.isfinite(float(row["together - apart ms"]))
+  assert math.isfinite(float(row["c in a round"]))
   # Slopes between two budgets (12 and 6 tokens, one repeat): timing noise can give them
   # either sign here, so only that they are numbers is asserted.
   for table, name in ((step, "AR step ms"), (step, "AR call fixed ms"), (row, "round ms"),
