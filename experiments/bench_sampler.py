@@ -105,11 +105,12 @@ def end_to_end(pair: Pair, *, examples: int, new_tokens: int, gamma: int,
         return speculative_decode(pair.target, pair.target_params, drafter, dparams, row,
                                   max_new_tokens=new_tokens, gamma=gamma, rng=key, config=config)
     runs[f"ar {name}"], runs[f"spec {name}"] = ar, spec
-  result = {r["decoder"]: r for r in compare(runs, ex.inputs, repeats).rows()}
+  compared = compare(runs, ex.inputs, repeats)
+  result = {r["decoder"]: r for r in compared.rows()}
   # Both samplers are exact but draw different tokens from the same key: equal tokens would
   # mean a variant was not traced with its own sampler (a cached inner trace).
   for kind in ("ar", "spec"):
-    first = [np.asarray(runs[f"{kind} {name}"](ex.inputs[:1]).tokens) for name in SAMPLERS]
+    first = [np.asarray(compared.first[f"{kind} {name}"].tokens) for name in SAMPLERS]
     if np.array_equal(*first):
       raise RuntimeError(f"{kind}: the two samplers drew the same tokens; the patch did not take")
   rows = []

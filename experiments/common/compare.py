@@ -37,6 +37,7 @@ class Comparison:
   reference: Optional[str]
   gammas: Mapping[str, int]
   examples: int
+  first: Dict[str, Any] = dataclasses.field(default_factory=dict)  # example 0's DecodeResults
 
   @property
   def seconds(self) -> Dict[str, float]:
@@ -100,12 +101,14 @@ def compare(decoders: Mapping[str, Decode], inputs: np.ndarray, repeats: int, *,
            for name in names}
   differences: Dict[str, List[str]] = {name: [] for name in names}
   compile_s: Dict[str, float] = {}
+  first: Dict[str, Any] = {}
   start = time.perf_counter()
   for i in range(len(inputs)):
     row = inputs[i:i + 1]
     t = timing.interleaved({name: functools.partial(decoders[name], row) for name in names},
                            repeats, warmup=i == 0)
     compile_s = compile_s or dict(t.compile_s)
+    first = first or dict(t.outputs)
     for name in names:
       out, st = t.outputs[name], stats[name]
       medians[name].append(t.median(name))
@@ -122,7 +125,7 @@ def compare(decoders: Mapping[str, Decode], inputs: np.ndarray, repeats: int, *,
             + (f" (compiles {sum(compile_s.values()):.0f} s)" if i == 0 else ""), flush=True)
   return Comparison(compile_s=compile_s, medians=medians, stats=stats,
                     differences=differences, reference=reference, gammas=dict(gammas or {}),
-                    examples=len(inputs))
+                    examples=len(inputs), first=first)
 
 
 def _differs(name: str, i: int, row, reference, out, check) -> Optional[str]:

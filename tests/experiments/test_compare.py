@@ -27,7 +27,8 @@ def _decoder(tokens_per_call, alpha, seconds, tokens=8, differ_on=()):
 def test_columns_against_the_reference():
   inputs = np.array([[1, 0], [2, 0], [3, 0]], np.int32)
   result = compare({"ar": _decoder(1.0, None, 0.02), "chain γ=3": _decoder(2.0, 0.5, 0.01),
-                    "wrong": _decoder(2.0, 0.5, 0.01, differ_on=(2,))},
+                    "wrong": _decoder(2.0, 0.5, 0.01, differ_on=(2,)),
+                    "first differs": _decoder(1.0, None, 0.0, differ_on=(1,))},
                    inputs, repeats=3, reference="ar", gammas={"chain γ=3": 3})
   rows = {row["decoder"]: row for row in result.rows()}
   assert rows["ar"]["alpha"] is None and rows["ar"]["speedup"] == pytest.approx(1.0)
@@ -41,6 +42,10 @@ def test_columns_against_the_reference():
   assert chain["greedy"] == "3 of 3 identical"
   assert rows["wrong"]["greedy"] == "2 of 3 identical; example 1 differs"
   assert rows["wrong"]["E_tokens"] is None  # no γ given
+  # Example 0's results are kept (inputs 1: only "first differs" draws other tokens there).
+  assert list(result.first) == list(rows)
+  np.testing.assert_array_equal(result.first["wrong"].tokens, np.arange(8)[None])
+  np.testing.assert_array_equal(result.first["first differs"].tokens, 100 + np.arange(8)[None])
 
 
 def test_a_check_may_fail_the_run():
