@@ -135,24 +135,36 @@ def verify_loop(config, batch: int, gamma: int, vocab: int, n: int = 50) -> Run:
 def cost_ratios(pair: Pair, inputs: np.ndarray, gammas: Sequence[int], cache_len: int,
                 repeats: int, calls: int = 40) -> Dict:
   """c = draft step / target step (k = 1) and r(γ) = target (γ+1)-token call / 1-token call,
-  from in-loop `decode` calls at batch 1 (`decode_loop`), all interleaved, medians of `repeats`.
+  from in-loop `decode` calls at batch 1 (`decode_loop`), and per γ c in a round: (a
+  (γ+1)-token target call and γ draft steps in one loop (`paired_loop`) − the target's call
+  alone) / γ / the target's step, what a draft step costs where the two models share the
+  caches. All interleaved, medians of `repeats`.
 
   inputs: int32 [1, W] (encoded once per model for an encoder-decoder); the k tokens sit in a
   generation's middle: at W // 2 (+ 0..7) for an LM, at 8 for an encoder-decoder's decoder.
-  Returns {'c', 'target_step_s', 'draft_step_s', 'r': {γ: r(γ)}}.
+  Returns {'c', 'target_step_s', 'draft_step_s', 'r': {γ: r(γ)}, 'c_round': {γ: c}}.
   """
   position = 8 if pair.target.is_encoder_decoder else inputs.shape[1] // 2
+  encode = lambda model, params: (model.encode(params, jnp.asarray(inputs))
+                                  if model.is_encoder_decoder else None)
+  t_enc, d_enc = encode(pair.target, pair.target_params), encode(pair.draft, pair.draft_params)
 
-  def loop(model, params, k):
-    encoded = model.encode(params, jnp.asarray(inputs)) if model.is_encoder_decoder else None
+  def loop(model, params, k, encoded):
     return decode_loop(model, params, 1, cache_len, k, encoded=encoded, position=position,
                        calls=calls)
 
   ks = sorted({1, *[g + 1 for g in gammas]})
-  runs = {f"target k={k}": loop(pair.target, pair.target_params, k) for k in ks}
-  runs["draft k=1"] = loop(pair.draft, pair.draft_params, 1)
+  runs = {f"target k={k}": loop(pair.target, pair.target_params, k, t_enc) for k in ks}
+  runs["draft k=1"] = loop(pair.draft, pair.draft_params, 1, d_enc)
+  for g in gammas:
+    runs[f"round γ={g}"] = paired_loop(pair.target, pair.target_params, pair.draft,
+                                       pair.draft_params, 1, cache_len, g + 1, g,
+                                       target_encoded=t_enc, draft_encoded=d_enc,
+                                       position=position, calls=calls)
   ms, _ = ms_per_call(runs, repeats)
   target = {k: ms[f"target k={k}"] / 1e3 for k in ks}
   draft = ms["draft k=1"] / 1e3
   return {"c": draft / target[1], "target_step_s": target[1], "draft_step_s": draft,
-          "r": {g: target[g + 1] / target[1] for g in gammas}}
+          "r": {g: target[g + 1] / target[1] for g in gammas},
+          "c_round": {g: (ms[f"round γ={g}"] / 1e3 - target[g + 1]) / g / target[1]
+                      for g in gammas}}
