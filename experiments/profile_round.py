@@ -49,8 +49,8 @@ from experiments.common.cli import parse_cli
 from experiments.common.decoding import decode_config
 from experiments.common.inputs import load_examples
 from experiments.common.output import markdown_table
-from experiments.common.timed import (decode_loop, ms_per_call, paired_loop, propose_loop,
-                                      verify_loop)
+from experiments.common.timed import (c_in_round, decode_loop, ms_per_call, paired_loop,
+                                      propose_loop, verify_loop)
 from specjax import timing
 from specjax.analysis import expected_tokens
 from specjax.command import run_cli
@@ -169,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             "round ms": round_ms, "unaccounted %": 100 * (round_ms - tk - prop - ver) / round_ms,
             "calls apart ms": apart, "calls together ms": ms[f"pair{gamma}"],
             "together - apart ms": ms[f"pair{gamma}"] - apart,
-            "c in a round": (ms[f"pair{gamma}"] - tk) / gamma / t1,
+            "c in a round": c_in_round(ms[f"pair{gamma}"], tk, gamma, t1),
             "call fixed ms": ms[f"spec{gamma}"] - rounds * round_ms,
             "call / rounds ms": ms[f"spec{gamma}"] / rounds,
             "r": r, "c": c, "α": alpha, "E[tokens]": expect,

@@ -83,6 +83,14 @@ def paired_loop(target, tparams, draft, dparams, batch: int, cache_len: int, k: 
   return (lambda: loop(tparams, dparams, tcache, dcache, target_encoded, draft_encoded)), calls
 
 
+def c_in_round(together_s: float, target_call_s: float, gamma: int, target_step_s: float
+               ) -> float:
+  """A draft step's cost in a round, in target steps: `paired_loop`'s iteration (a (γ+1)-token
+  target call and γ draft steps) less the target's call timed alone, per draft step, over the
+  target's one-token step (any consistent time unit)."""
+  return (together_s - target_call_s) / gamma / target_step_s
+
+
 def propose_loop(drafter, params, prompts: np.ndarray, cache_len: int, gamma: int,
                  n: int = 30) -> Run:
   """n drafter proposals of `gamma` guesses per row (catch-up window included), greedy, in one
@@ -166,5 +174,5 @@ def cost_ratios(pair: Pair, inputs: np.ndarray, gammas: Sequence[int], cache_len
   draft = ms["draft k=1"] / 1e3
   return {"c": draft / target[1], "target_step_s": target[1], "draft_step_s": draft,
           "r": {g: target[g + 1] / target[1] for g in gammas},
-          "c_round": {g: (ms[f"round γ={g}"] / 1e3 - target[g + 1]) / g / target[1]
+          "c_round": {g: c_in_round(ms[f"round γ={g}"] / 1e3, target[g + 1], g, target[1])
                       for g in gammas}}

@@ -1,7 +1,10 @@
-"""`experiments.common.compare`: the standard columns from decodes timed side by side."""
+"""`experiments.common.compare`: the standard columns from decodes timed side by side; and
+`experiments.common.timed.paired_loop`, the round's two models in one timed loop."""
 import time
 import types
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -54,3 +57,36 @@ def test_a_check_may_fail_the_run():
   with pytest.raises(AssertionError, match="bad, example 0"):
     compare({"ar": _decoder(1.0, 0.0, 0.0), "bad": _decoder(1.0, 0.0, 0.0, differ_on=(1,))},
             np.array([[1]], np.int32), repeats=1, reference="ar", check=never)
+
+
+class _CountingModel:
+  """A stand-in model whose decode records each call's token count and whose argmax is 2 + the
+  first token fed (so each call's input shows what came before it)."""
+
+  def __init__(self, name, calls):
+    self.name, self.calls = name, calls
+
+  def init_cache(self, batch, cache_len):
+    return jnp.zeros((batch,), jnp.float32)
+
+  def decode(self, params, cache, tokens, positions, encoded):
+    self.calls.append((self.name, tokens.shape[1]))
+    logits = jax.nn.one_hot(tokens[:, :1] + 2, 16) * params  # [B, 1, 16]
+    return logits, cache + 1.0
+
+
+def test_paired_loop_makes_one_target_call_then_gamma_draft_calls_in_turn():
+  from experiments.common.timed import c_in_round, paired_loop  # pylint: disable=import-outside-toplevel
+  calls = []
+  target, draft = _CountingModel("target", calls), _CountingModel("draft", calls)
+  run, n = paired_loop(target, 1.0, draft, 1.0, 1, 16, k=3, draft_steps=2, calls=4)
+  acc = float(run())
+  # Traced once: per iteration the 3-token target call, then two 1-token draft calls.
+  assert calls == [("target", 3), ("draft", 1), ("draft", 1)] and n == 4
+  # Each call is fed 5 + acc % 2 and adds its argmax (fed + 2, odd or even in turn): the sum
+  # follows the chain only when every call reads the result of the one before it.
+  want = 0.0
+  for _ in range(4 * 3):
+    want += 5 + int(want) % 2 + 2
+  assert acc == want
+  assert c_in_round(5.0, 3.0, 2, 2.0) == 0.5  # (5 - 3) / 2 steps / 2
