@@ -269,7 +269,8 @@ def abstract_params(model, dtype: str, seed: int = 0) -> Any:
 def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
                  draft_dtype: str = "float32", batch: int = 1, input_len: int = 16,
                  max_new_tokens: int = 64, gamma: int = 4,
-                 include: Sequence[str] = ("steps", "loops")) -> List[Piece]:
+                 include: Sequence[str] = ("steps", "loops"), unroll: bool = False
+                 ) -> List[Piece]:
   """The pieces of decoding with `target_model` verifying and `draft_model` drafting (both
   random-init, abstract: shapes only), greedy, at `batch` rows:
 
@@ -280,7 +281,8 @@ def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
     streamed chain loop                      8 inputs streamed through `batch` slots
                                              (`stream_piece`)
 
-  include: 'steps', 'loops' or both.
+  include: 'steps', 'loops' or both. unroll: the chain drafters' `unroll` (their γ guesses in
+  straight-line code: a round's one nested loop is then the draft's catch-up).
   """
   from specjax.decode import DecodeConfig  # pylint: disable=import-outside-toplevel
   from specjax.decode.round import AutoregressiveLoop, SpeculativeLoop  # pylint: disable=import-outside-toplevel
@@ -311,11 +313,12 @@ def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
                                   cache_len=cache_len))
   if "loops" in include:
     config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=cache_len)
-    feature = FeatureDrafter(target_model, head, gamma)
+    feature = FeatureDrafter(target_model, head, gamma, unroll=unroll)
     fparams = jax.eval_shape(lambda h, t: feature.params(h, t), hparams, tparams)
     loops = (
         ("autoregressive loop", AutoregressiveLoop(target_model, config), None, tparams),
-        ("chain loop", SpeculativeLoop(target_model, ModelDrafter(draft_model, gamma), config),
+        ("chain loop", SpeculativeLoop(target_model, ModelDrafter(draft_model, gamma,
+                                                                 unroll=unroll), config),
          dparams, (tparams, dparams)),
         ("tree loop", TreeLoop(target_model, TreeModelDrafter(
             draft_model, StaticTree.from_spines((gamma, 1))), config), dparams,

@@ -46,6 +46,8 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--max_new_tokens", type=int, default=64)
   parser.add_argument("--gamma", type=int, default=4)
   parser.add_argument("--pieces", nargs="+", default=list(PIECES), choices=PIECES)
+  parser.add_argument("--unroll", action="store_true",
+                      help="the chain drafters draft their γ guesses unrolled (no loop per guess)")
   parser.add_argument("--output_dir", default=None, help="writes aot.json and aot.md there")
   parser.add_argument("--verbose", action="store_true", help="tracebacks for errors")
   args = parser.parse_args(list(argv))
@@ -84,7 +86,7 @@ def run(argv: Sequence[str]) -> int:
   pieces = report.model_pieces(target, draft, dtype=args.dtype, draft_dtype=args.draft_dtype,
                                batch=args.batch, input_len=args.input_len,
                                max_new_tokens=args.max_new_tokens, gamma=args.gamma,
-                               include=args.pieces)
+                               include=args.pieces, unroll=args.unroll)
   rows = []
   print(" | ".join(COLUMNS), flush=True)
   for name in names:
@@ -95,7 +97,8 @@ def run(argv: Sequence[str]) -> int:
   if args.output_dir:
     arguments = dict(targets=names, model=args.model, draft=args.draft, dtype=args.dtype,
                      draft_dtype=args.draft_dtype, batch=args.batch, input_len=args.input_len,
-                     max_new_tokens=args.max_new_tokens, gamma=args.gamma, pieces=args.pieces)
+                     max_new_tokens=args.max_new_tokens, gamma=args.gamma, pieces=args.pieces,
+                     unroll=args.unroll)
     files.write_json(os.path.join(args.output_dir, "aot.json"),
                      {"arguments": arguments, "jax": jax_version(), "rows": rows})
     files.write_file(os.path.join(args.output_dir, "aot.md"), markdown(rows))

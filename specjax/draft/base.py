@@ -23,7 +23,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.checks import check_int
+from specjax.checks import check_bool, check_int
 from specjax.sampling import DRAFT_STREAM, Sampling, argmax, categorical, position_key
 
 
@@ -121,6 +121,12 @@ def check_sizes(drafter: Any, **minimums: int) -> None:
     check_int(f"{type(drafter).__name__}.{field}", getattr(drafter, field), low=low)
 
 
+def check_flags(drafter: Any, *fields: str) -> None:
+  """ValueError unless each named field of `drafter` is a bool."""
+  for field in fields:
+    check_bool(f"{type(drafter).__name__}.{field}", getattr(drafter, field))
+
+
 def sample_guess(row_keys, length, i, probs, greedy: bool):
   """Draws guess i (absolute position length + i) from probs [B, V] per row."""
   if greedy:  # probs are one-hot: no randomness needed
@@ -130,11 +136,15 @@ def sample_guess(row_keys, length, i, probs, greedy: bool):
 
 
 def guess_chain(first_logits, step: Callable, carry: Any, row_keys, length, gamma,
-                max_gamma: int, sampling: Sampling):
+                max_gamma: int, sampling: Sampling, unroll: bool = False):
   """A chain drafter's guesses, one draft call each: guess 0 from `first_logits` [B, V] (the
   drafter's first call, which caught its state up), guess i from `step(carry, prev, i) ->
   (logits [B, V], carry)` with prev int32 [B, 1] guess i - 1. Rows with a smaller γ (gamma
   int32 [B]) ride along to the batch's largest; only their own count.
+
+  unroll: draft all max_gamma guesses in straight-line code (no loop: on a GPU each trip of a
+  while loop copies its predicate to the host), whatever the rows' γ; guesses past a row's γ
+  are drawn and ignored, so the output is the same.
   -> (tokens int32 [B, max_gamma], probs float32 [B, max_gamma, V] (the standardized q of
   `draft_step`), the last carry)."""
   batch = first_logits.shape[0]
@@ -151,7 +161,18 @@ def guess_chain(first_logits, step: Callable, carry: Any, row_keys, length, gamm
     all_probs = jax.lax.dynamic_update_slice_in_dim(all_probs, probs[:, None], i, axis=1)
     return tokens, all_probs, carry
 
-  return jax.lax.fori_loop(1, jnp.max(gamma), body, (tokens, all_probs, carry))
+  loop = (tokens, all_probs, carry)
+  if not unroll:
+    return jax.lax.fori_loop(1, jnp.max(gamma), body, loop)
+  for i in range(1, max_gamma):
+    loop = body(i, loop)
+  return loop
+
+
+def draft_calls(gamma, drafter: Any):
+  """A chain round's draft calls per row (int32 [B]): the row's γ (gamma int32 [B]), or
+  max_gamma for a drafter that unrolls its guesses."""
+  return jnp.full_like(gamma, drafter.max_gamma) if drafter.unroll else gamma
 
 
 def catch_up_loop(call: Callable[[Any, jax.Array], Any], state: Any, fed, length, window: int,

@@ -46,8 +46,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, catch_up_loop, check_sizes,
-                                guess_chain)
+from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, catch_up_loop, check_flags,
+                                check_sizes,
+                                draft_calls, guess_chain)
 from specjax.draft.tree import (TreeProposal, cache_positions, check_shape, grow_tree,
                                 level_attention)
 from specjax.models import FeatureModel
@@ -163,12 +164,16 @@ class FeatureDrafter(FeatureHeadDrafter):
   a unigram model's pieces by score). The head's logits cost vocab_limit / V of the full
   product; a guess outside the ids is never made (its q is 0), which costs acceptance,
   never exactness."""
+  unroll: bool = False
+  """Draft all max_gamma guesses in straight-line code, no loop per guess (`guess_chain`): for
+  GPUs and TPUs at a fixed γ = max_gamma. A smaller γ still drafts max_gamma guesses."""
 
   tree: ClassVar[None] = None  # a chain drafter
   deterministic: ClassVar[bool] = False
 
   def __post_init__(self):
     check_sizes(self, max_gamma=1)
+    check_flags(self, "unroll")
     check_head(self)
 
   @property
@@ -190,9 +195,9 @@ class FeatureDrafter(FeatureHeadDrafter):
 
     tokens, all_probs, (cache, _) = guess_chain(self.draft_logits(params, feature), step,
                                                 (cache, feature), row_keys, length, gamma,
-                                                self.max_gamma, sampling)
+                                                self.max_gamma, sampling, self.unroll)
     state = state.replace(cache=cache, fed=length, start=length)
-    return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
+    return Proposal(tokens=tokens, probs=all_probs, calls=draft_calls(gamma, self)), state
 
   def as_tree(self, tree: Any) -> "FeatureTreeDrafter":
     """The same head drafting `tree` (a StaticTree or DynamicTree), over the same ids."""

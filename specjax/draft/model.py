@@ -10,8 +10,9 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, catch_up_loop, check_sizes,
-                                guess_chain)
+from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, catch_up_loop, check_flags,
+                                check_sizes,
+                                draft_calls, guess_chain)
 from specjax.draft.tree import (TreeProposal, cache_positions, check_shape, grow_tree,
                                 level_attention, move_path)
 from specjax.models import DecodingModel, start_model
@@ -50,12 +51,16 @@ class ModelDrafter(DrafterDefaults):
   """Static catch-up window: lags up to window-1 (2 suffices alone; 3 inside a hierarchy)."""
   catch_up: int = 8
   """Static chunk width that feeds longer lags (after rounds without a draft call)."""
+  unroll: bool = False
+  """Draft all max_gamma guesses in straight-line code, no loop per guess (`guess_chain`): for
+  GPUs and TPUs at a fixed γ = max_gamma. A smaller γ still drafts max_gamma guesses."""
 
   tree: ClassVar[None] = None  # a chain drafter
   deterministic: ClassVar[bool] = False
 
   def __post_init__(self):
     check_sizes(self, max_gamma=1, window=2)
+    check_flags(self, "unroll")
 
   @property
   def vocab_size(self) -> int:
@@ -91,10 +96,12 @@ class ModelDrafter(DrafterDefaults):
       return logits[:, 0], cache
 
     tokens, all_probs, cache = guess_chain(logits, step, cache, row_keys, length, gamma,
-                                           self.max_gamma, sampling)
-    # Fed: the committed tokens, then x_1 .. x_{G-1} (G = the batch's largest γ).
-    state = state.replace(cache=cache, fed=length + jnp.max(gamma) - 1, start=length)
-    return Proposal(tokens=tokens, probs=all_probs, calls=gamma), state
+                                           self.max_gamma, sampling, self.unroll)
+    # Fed: the committed tokens, then x_1 .. x_{G-1} (G guesses drafted: the batch's largest
+    # γ, or max_gamma unrolled).
+    drafted = self.max_gamma if self.unroll else jnp.max(gamma)
+    state = state.replace(cache=cache, fed=length + drafted - 1, start=length)
+    return Proposal(tokens=tokens, probs=all_probs, calls=draft_calls(gamma, self)), state
 
   def update(self, state, accepted: Accepted):
     return self.truncate(state, state.start + accepted.n)

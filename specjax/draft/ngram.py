@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes, guess_chain
+from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, check_flags, check_sizes,
+                                guess_chain)
 from specjax.draft.tree import TreeProposal, check_shape, grow_tree
 from specjax.rows import take_rows
 from specjax.sampling import Sampling
@@ -55,6 +56,8 @@ class NGramDrafter(DrafterDefaults):
   order: int
   vocab: int
   max_gamma: int
+  unroll: bool = False
+  """All max_gamma guesses in straight-line code, no loop per guess (`guess_chain`)."""
 
   tree: ClassVar[None] = None  # a chain drafter
   deterministic: ClassVar[bool] = False
@@ -64,6 +67,7 @@ class NGramDrafter(DrafterDefaults):
     if self.order not in (1, 2):
       raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {self.order!r}")
     check_sizes(self, vocab=1, max_gamma=1)
+    check_flags(self, "unroll")
 
   @property
   def vocab_size(self) -> int:
@@ -119,7 +123,7 @@ class NGramDrafter(DrafterDefaults):
     last = take_rows(seq, (length - 1)[:, None])[:, 0]  # [B]
     step = lambda carry, prev, i: (self.logits(params, prev[:, 0]), carry)  # a table lookup
     tokens, all_probs, _ = guess_chain(self.logits(params, last), step, (), row_keys, length,
-                                       gamma, self.max_gamma, sampling)
+                                       gamma, self.max_gamma, sampling, self.unroll)
     return Proposal(tokens=tokens, probs=all_probs, calls=jnp.zeros_like(length)), state
 
   def update(self, state, accepted: Accepted):

@@ -44,8 +44,7 @@ def _cpu_host():
   targets.cpu_host()
 
 
-@pytest.fixture(scope="module")
-def lm_pieces():
+def _tiny_pieces(**options):
   """The pieces of a tiny decoder-only model (2 layers) verifying with bfloat16 weights and the
   same sizes drafting in float32: shapes only."""
   from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
@@ -56,7 +55,12 @@ def lm_pieces():
   target = build_model(dataclasses.replace(config, dtype="bfloat16"))
   draft = build_model(config)
   return {p.name: p for p in report.model_pieces(target, draft, input_len=4, max_new_tokens=8,
-                                                  gamma=2)}
+                                                  gamma=2, **options)}
+
+
+@pytest.fixture(scope="module")
+def lm_pieces():
+  return _tiny_pieces()
 
 
 def test_the_plugin_carries_the_gpus_named():
@@ -116,3 +120,13 @@ def test_every_decode_loop_compiles_without_a_device(lm_pieces, piece, name):
   rep, text = report.compile_piece(lm_pieces[piece], name)
   assert rep.kernels > 0 and "while" in text
   assert rep.f32_temps == 0
+  if piece in ("chain loop", "feature chain loop"):  # the draft's catch-up and its guesses
+    assert rep.whiles == 2
+
+
+@pytest.mark.parametrize("piece", ["chain loop", "feature chain loop"])
+def test_unrolled_guesses_leave_one_nested_loop_in_a_round(piece):
+  """Drafters with `unroll=True`: the γ guesses in straight-line code; the catch-up (a loop
+  that makes no trip unless rows lag, as after the 'auto' policy's γ = 0 rounds) remains."""
+  rep, _ = report.compile_piece(_tiny_pieces(include=("loops",), unroll=True)[piece], GPU)
+  assert rep.whiles == 1 and rep.f32_temps == 0

@@ -3,6 +3,7 @@
 Real-network tests (both model families) live in tests/decode/test_decoding_models.py.
 """
 import collections
+import dataclasses
 
 import jax
 import numpy as np
@@ -55,6 +56,33 @@ def test_joint_of_first_three_tokens_matches_target(tables, sampling):
   # The draft's own law is far from the target's: the test has power here.
   assert _joint_tv(result.tokens, exact_joint(np.asarray(draft_table), sampling, [2, 3],
                                               STEPS)) > 0.05
+
+
+# Power as above (N = 400,000, 0.01 bound). γ = 2 under max_gamma = 3: the unrolled drafters
+# draw a third guess each round that no row may use; a loop that verified it, or fed the model
+# drafter's cache past what was drafted, moves the law or the tokens.
+@pytest.mark.parametrize("name", ["model", "bigram"])
+def test_unrolled_guesses_draw_the_loops_tokens_and_stay_exact(tables, name):
+  target_table, draft_table = tables
+  prompt = np.array([[2, 3]] * N, np.int32)
+  config = DecodeConfig(eos_id=NO_EOS, cache_len=16)
+  looped, params = _drafters(draft_table, max_gamma=3)[name]
+  unrolled = dataclasses.replace(looped, unroll=True)
+  decode = lambda drafter, rows: speculative_decode(
+      TableModel(V), target_table, drafter, params, prompt[:rows], max_new_tokens=STEPS,
+      gamma=2, rng=jax.random.PRNGKey(0), config=config)
+  result = decode(unrolled, N)
+  assert _joint_tv(result.tokens, exact_joint(np.asarray(target_table), Sampling(), [2, 3],
+                                              STEPS)) < 0.01
+  table_law = exact_joint(np.asarray(draft_table), Sampling(), [2, 3], STEPS)
+  assert name != "model" or _joint_tv(result.tokens, table_law) > 0.05  # the draft's is far
+  # Keys are per row and position: the first rows are the looped drafter's tokens.
+  reference = decode(looped, 2000)
+  np.testing.assert_array_equal(result.tokens[:2000], reference.tokens)
+  np.testing.assert_array_equal(result.target_calls[:2000], reference.target_calls)
+  if name == "model":  # three draft calls a round, where the loop made two at most
+    np.testing.assert_array_equal(result.draft_calls, 3 * result.target_calls)
+    assert np.all(np.asarray(reference.draft_calls) <= 2 * np.asarray(reference.target_calls))
 
 
 def test_joint_exact_with_prompt_lookup_and_encoder_decoder(tables):

@@ -4,6 +4,8 @@ Greedy speculative output must equal greedy autoregressive output token for
 token, for every row of a batch of 16 prompts of mixed lengths, both families,
 γ ∈ {1, 3, 7} and every drafter.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,6 +81,26 @@ def test_greedy_speculative_equals_autoregressive(family, drafter_name):
       full = np.asarray(result.lengths) == NEW
       calls = np.asarray(result.target_calls)[full]
       np.testing.assert_array_equal(calls, -(-NEW // (gamma + 1)))
+
+
+@pytest.mark.parametrize("drafter_name", ["model", "self"])
+def test_unrolled_model_drafter_accepts_what_the_loop_accepts(family, drafter_name):
+  # The unrolled drafter drafts all 7 guesses each round and feeds its cache 6 of them: a
+  # round that left a wrong guess in the cache, or fed it too few or too many positions,
+  # drafts other guesses than the loop and accepts a different number of them ('self' accepts
+  # all 7 at γ = 7, the one case where the cache must then be fed the last guess).
+  target, target_params, prompts, lengths, reference, drafters = family
+  looped, params = drafters[drafter_name]
+  unrolled = dataclasses.replace(looped, unroll=True)
+  for gamma in (1, 3, 7):
+    kw = dict(max_new_tokens=NEW, gamma=gamma, rng=jax.random.PRNGKey(0), config=GREEDY,
+              prompt_lengths=lengths)
+    loop_result = speculative_decode(target, target_params, looped, params, prompts, **kw)
+    result = speculative_decode(target, target_params, unrolled, params, prompts, **kw)
+    np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=f"γ={gamma}")
+    np.testing.assert_array_equal(result.target_calls, loop_result.target_calls)
+    np.testing.assert_array_equal(result.accepted_hist, loop_result.accepted_hist)
+    np.testing.assert_array_equal(result.draft_calls, 7 * np.asarray(result.target_calls))
 
 
 def test_greedy_identity_holds_with_bfloat16_kernels():
