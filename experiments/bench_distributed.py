@@ -4,7 +4,7 @@
   python -m experiments.bench_distributed --pair_role lm/tiny
 
 Each layout (processes x CPU devices per process, 'model' axis) runs under
-`specjax.launch`; every process initializes JAX (`specjax.distributed.initialize`),
+`specjax.runtime.launch`; every process initializes JAX (`specjax.runtime.distributed.initialize`),
 records `ru_maxrss` (baseline: after imports, the backend and the model are set up),
 loads the checkpoint with `specjax.checkpoints.load_sharded` into float32 global arrays
 (the bundled checkpoint is bfloat16 zarr) and records `ru_maxrss` again. The figures are
@@ -42,7 +42,7 @@ def _own_bytes(tree: Any) -> int:
 def child(argv: Sequence[str]) -> None:
   """One process of a layout: measures and (process 0) writes `--out` as JSON."""
   # pylint: disable=import-outside-toplevel
-  from specjax import distributed
+  from specjax.runtime import distributed
   parser = argparse.ArgumentParser()
   parser.add_argument("--pair_role", default="lm/target")
   parser.add_argument("--num_partitions", type=int, default=1)
@@ -55,7 +55,7 @@ def child(argv: Sequence[str]) -> None:
   from specjax.app import bundled
   from specjax.checkpoints import load_sharded
   from specjax.models import build_model, read_model_gin
-  from specjax.sharding import Partitioner
+  from specjax.runtime.sharding import Partitioner
   from specjax.params import flatten
   pair, role = args.pair_role.split("/")
   folder = bundled.checkpoint_dir(pair, role)
@@ -77,7 +77,7 @@ def child(argv: Sequence[str]) -> None:
 
 def measure(pair_role: str, layouts: Sequence[Sequence[int]], folder: Path) -> List[Dict]:
   """One row per (layout, process)."""
-  from specjax import launch  # pylint: disable=import-outside-toplevel
+  from specjax.runtime import launch  # pylint: disable=import-outside-toplevel
   rows = []
   for processes, devices, partitions in layouts:
     out = folder / f"layout_{processes}x{devices}_m{partitions}.json"
@@ -112,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   md = (f"# Peak host memory of a sharded load: bundled:{args.pair_role}\n\n"
         "`python -m experiments.bench_distributed`: per process, `ru_maxrss` after minus "
         "before `load_sharded` (float32 arrays from the bfloat16 zarr checkpoint) under "
-        "`specjax.launch` (CPU devices, gloo).\n\n" + markdown_table(rows))
+        "`specjax.runtime.launch` (CPU devices, gloo).\n\n" + markdown_table(rows))
   out.markdown(md)
   out.csv(rows)
   out.json({"pair_role": args.pair_role, "layouts": LAYOUTS, "rows": rows})

@@ -35,7 +35,7 @@ def _measure(args) -> list:
   from specjax.decode import autoregressive_decode, speculative_decode
   from specjax.draft import ModelDrafter
   from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
-  from specjax.sharding import Partitioner
+  from specjax.runtime.sharding import Partitioner
 
   def build(layers, emb, seed):
     model = DecoderOnlyModel(DecoderOnlyConfig(vocab_size=512, emb_dim=emb, num_heads=8,

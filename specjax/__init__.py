@@ -11,6 +11,8 @@ Decoding", ICML 2023. See README.md for the tour. The subpackages:
   specjax.checkpoints  T5X legacy and Orbax checkpoints
   specjax.train        optax training, batches, training checkpoints, distillation
   specjax.data         corpora, vocabulary, seqio tasks
+  specjax.runtime      sharding, multi-process runs, the launcher, the compile cache
+  specjax.aot          decoding compiled for a GPU or TPU this host does not have, and read
 """
 __version__ = "0.1.0"
 

@@ -91,7 +91,7 @@ os.environ.setdefault("SPECJAX_COMPILATION_CACHE", "off")
 import jax  # pylint: disable=wrong-import-position
 import pytest  # pylint: disable=wrong-import-position
 
-from specjax import compile_cache  # pylint: disable=wrong-import-position
+from specjax.runtime import compile_cache  # pylint: disable=wrong-import-position
 
 compile_cache.enable(compile_cache.choose_folder())
 

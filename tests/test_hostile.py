@@ -60,7 +60,7 @@ def _run(tmp_path, *args, gin_file=TINY, prompt=("--prompt", "x")):
     ("--gin.AUTO_BUCKETS=4", ValueError, "auto_buckets must be a tuple of increasing integers"),
     ("--gin.AUTO_BUCKETS=None", ValueError, "auto_buckets must be a tuple of increasing integer"),
     ("--gin.AUTO_BUCKETS={{1:2}}", ValueError, r"auto_buckets must be .*got \{1: 2\}"),
-    ("--gin.decode_job.partitioner=4", ValueError, "partitioner must be a specjax.sharding"),
+    ("--gin.decode_job.partitioner=4", ValueError, "partitioner must be a specjax.runtime.sharding"),
     # A feature head with a bogus attention_impl was not checked at all.
     ("--gin_file=runs/bundled_lm_eagle.gin --gin.draft/FeatureHeadConfig.attention_impl='bogus'",
      ValueError, r"FeatureHeadConfig.attention_impl must be one of \['cudnn', 'specjax', 'xla'\]"),

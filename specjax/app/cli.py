@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import List, Optional
 
-from specjax import compile_cache, distributed
+from specjax.runtime import compile_cache, distributed
 from specjax.app.gin_config import GIN_DIR
 from specjax.command import (EXIT_INTERRUPTED, EXIT_USAGE, USAGE_ERRORS,  # noqa: F401
                              ArgumentParser, one_line, report_error, run_cli)

@@ -3,7 +3,7 @@
 Run it under the launcher (any number of processes) or alone (one process, or
 `--single` for no mesh at all): the tokens must not depend on how it runs.
 
-    python -m specjax.launch --num_processes 2 --local_devices 2 -- specjax.app.distributed_check \\
+    python -m specjax.runtime.launch --num_processes 2 --local_devices 2 -- specjax.app.distributed_check \\
         --target bundled:lm/target --draft bundled:lm/draft --num_partitions 2 --out /tmp/d.json
 
 The prompts are drawn from `--seed` over the target's vocabulary (ids >= 2), the same in
@@ -26,7 +26,7 @@ DECODES = ("ar_greedy", "ar_sampled", "spec_greedy", "spec_sampled", "lookup_gre
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  from specjax import distributed  # pylint: disable=import-outside-toplevel
+  from specjax.runtime import distributed  # pylint: disable=import-outside-toplevel
   parser = argparse.ArgumentParser(prog="python -m specjax.app.distributed_check",
                                    description=__doc__.split("\n")[0])
   parser.add_argument("--target", required=True,
@@ -76,11 +76,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
   """Every decode of `args.decodes`; returns the JSON record (written by process 0 only)."""
   # pylint: disable=import-outside-toplevel
   import jax
-  from specjax import distributed
+  from specjax.runtime import distributed
   from specjax.decode import DecodeConfig, autoregressive_decode, beam_search, speculative_decode
   from specjax.draft import ModelDrafter, PromptLookupDrafter
   from specjax.sampling import Sampling
-  from specjax.sharding import Partitioner
+  from specjax.runtime.sharding import Partitioner
 
   partitioner = None if args.single else Partitioner(num_partitions=args.num_partitions)
   target, target_params = load(args.target, partitioner, args.checkpoint_step)
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  from specjax import distributed  # pylint: disable=import-outside-toplevel
+  from specjax.runtime import distributed  # pylint: disable=import-outside-toplevel
   args = parse_args(argv)
   process = distributed.initialize_from(args)
   record = run(args)

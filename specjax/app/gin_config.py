@@ -33,7 +33,7 @@ from specjax.models import DecoderOnlyConfig, FeatureHeadConfig, T5Config
 from specjax.models import model_gin
 from specjax.models.model_gin import ModelFile, config_from_model_file
 from specjax.sampling import Sampling
-from specjax.sharding import Partitioner
+from specjax.runtime.sharding import Partitioner
 from specjax.verify import BlockVerifier, FusedVerifier, ReferenceVerifier, SigmoidApproxVerifierNotExact
 
 
@@ -67,7 +67,7 @@ for _obj, _module in ((T5Config, "specjax.models"), (DecoderOnlyConfig, "specjax
                       (ReferenceVerifier, "specjax.verify"), (FusedVerifier, "specjax.verify"),
                       (BlockVerifier, "specjax.verify"),
                       (SigmoidApproxVerifierNotExact, "specjax.verify"),
-                      (Partitioner, "specjax.sharding"), (beam_search, "specjax.decode"),
+                      (Partitioner, "specjax.runtime.sharding"), (beam_search, "specjax.decode"),
                       (speculative_beam_search, "specjax.decode")):
   register(_obj, _module)
 # Token-tree shapes: `@specjax.draft.tree_spines()` with `tree_spines.lengths = (12, 2, 1)`,

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 import gin
 from rich.console import Console
 
-from specjax import distributed
+from specjax.runtime import distributed
 from specjax.app import display, greedy_check, records, report
 from specjax.app.measure import load, measure
 from specjax.app.plan import make_plan
@@ -21,7 +21,7 @@ from specjax.app.scoring import sequence_scores
 from specjax.app.settings import JobSettings, feature_lengths, job_verifier
 from specjax.decode import DecodeConfig
 from specjax.sampling import Sampling
-from specjax.sharding import Partitioner
+from specjax.runtime.sharding import Partitioner
 from specjax.verify import describe
 
 

@@ -16,7 +16,7 @@ from specjax.data import Vocab
 from specjax.data.user_vocab import BUNDLED, describe as describe_vocab
 from specjax.data.user_vocab import resolve_vocabulary, vocabulary_difference
 from specjax.models import build_model
-from specjax.sharding import Partitioner
+from specjax.runtime.sharding import Partitioner
 
 __all__ = ["build_model", "load_model", "load_params", "encode_inputs", "job_vocabulary",
            "check_models", "check_checkpoints"]

@@ -21,7 +21,7 @@ stderr and exit status 2 (`--verbose` adds the traceback).
 
 Many devices: `--gin.NUM_PARTITIONS=8` splits each model over 8 devices (the
 'model' mesh axis; the rest of `jax.devices()` is the 'data' axis, see
-`specjax.sharding`). Multi-host: call `jax.distributed.initialize()` first on
+`specjax.runtime.sharding`). Multi-host: call `jax.distributed.initialize()` first on
 every host and run this same command on each (jax.devices() then spans all).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 
-from specjax import compile_cache, distributed
+from specjax.runtime import compile_cache, distributed
 from specjax.app import cli as cli_lib
 from specjax.app import gin_config
 from specjax.app.job import decode_job

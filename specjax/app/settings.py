@@ -19,7 +19,7 @@ from specjax.decode import DecodeConfig
 from specjax.decode import check_tree as decode_check_tree
 from specjax.draft import DRAFTERS, drafter_fields
 from specjax.params import DRAFT_WEIGHTS_DTYPES, WEIGHTS_DTYPES
-from specjax.sharding import Partitioner
+from specjax.runtime.sharding import Partitioner
 from specjax.verify import ReferenceVerifier, default_verifier
 
 FITTED_IN_PYTHON = ("ngram", "ngram_tree", "hierarchical")
@@ -85,7 +85,7 @@ class JobSettings:
   draft_weights_why: Optional[str] = None
   """Why 'auto' chose the draft's dtype (None: DRAFT_WEIGHTS_DTYPE named it)."""
   partitioner: Optional[Partitioner]
-  """A `specjax.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a device mesh; None:
+  """A `specjax.runtime.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a device mesh; None:
   one device."""
   vocabulary: Any
   """VOCABULARY: a SentencePiece model path, 'bundled:specjax_8k', a `Vocab` or a
@@ -152,7 +152,7 @@ class JobSettings:
                        f"distribution; use one of {sorted(WEIGHTS_DTYPES)}")
     check_choice("weights_dtype", self.weights_dtype, WEIGHTS_DTYPES)
     if self.partitioner is not None and not isinstance(self.partitioner, Partitioner):
-      raise ValueError(f"partitioner must be a specjax.sharding.Partitioner (gin: "
+      raise ValueError(f"partitioner must be a specjax.runtime.sharding.Partitioner (gin: "
                        f"NUM_PARTITIONS) or None, got {self.partitioner!r}")
     if self.cost_table and self.decoding.gamma_policy != "auto":
       raise ValueError(f"cost_table is for gamma_policy='auto', not "

@@ -5,7 +5,7 @@
 writes the legacy format atomically (with `extra_files` committed in the same
 rename); `list_checkpoint_dirs`, `delete_checkpoint` and `clean_model_dir`
 manage a model folder's checkpoints and the leftovers of crashed saves;
-`load_sharded` reads straight into a `specjax.sharding.Partitioner`'s shardings;
+`load_sharded` reads straight into a `specjax.runtime.sharding.Partitioner`'s shardings;
 `save_t5x_collective` writes global arrays from every process of a job at once.
 """
 from specjax.checkpoints.t5x import (LEGACY, ORBAX, VERSION, CheckpointLocation, clean_model_dir,

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import tensorstore as ts
 
-from specjax import distributed
+from specjax.runtime import distributed
 from specjax.checkpoints import _commit, _io
 from specjax.checkpoints.t5x import VERSION, check_path, clean_model_dir
 from specjax.params import flatten, unflatten

@@ -9,7 +9,7 @@ import numpy as np
 from specjax.checkpoints import _io
 from specjax.checkpoints.t5x import check_path, read_flat, snapshot
 from specjax.params import check_params_match, flatten, unflatten
-from specjax.sharding import Partitioner
+from specjax.runtime.sharding import Partitioner
 
 
 class _LazyZarr:
@@ -45,7 +45,7 @@ def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = No
   Args:
     path: as for `specjax.checkpoints.load_t5x`.
     shardings: nested dict of `jax.sharding.Sharding` with T5X names (e.g.
-      `specjax.sharding.Partitioner.param_shardings(model.param_shapes())`).
+      `specjax.runtime.sharding.Partitioner.param_shardings(model.param_shapes())`).
     dtype: as for `specjax.checkpoints.load_t5x`.
     expected: optional tree of expected shapes (e.g. `model.param_shapes()`).
 
@@ -91,7 +91,7 @@ def load_sharded(path: str, model: Any, partitioner: Partitioner, *, dtype: Any 
   Args:
     path: as for `specjax.checkpoints.load_t5x`.
     model: its `param_shapes()` gives the expected names and shapes.
-    partitioner: a `specjax.sharding.Partitioner`.
+    partitioner: a `specjax.runtime.sharding.Partitioner`.
     dtype: as for `load_t5x` (None keeps the stored dtypes).
   """
   shapes = model.param_shapes()

@@ -14,7 +14,7 @@ from specjax.decode.state import DecodeResult, LoopParams, LoopState
 from specjax.decode.stream import Streaming
 from specjax.models import DecodingModel
 from specjax.sampling import CORRECTION_STREAM, Sampling, position_key
-from specjax.sharding import Partitioner
+from specjax.runtime.sharding import Partitioner
 
 
 def next_tokens(sampling: Sampling, keys: jax.Array, length: jax.Array,
@@ -106,7 +106,7 @@ def autoregressive_decode(model: DecodingModel, params: Any, inputs, *, max_new_
     rng: one PRNG key, or one key per row [B].
     config: static settings.
     prompt_lengths: optional int [B] for decoder-only prompts (default: non-zero count).
-    partitioner: a `specjax.sharding.Partitioner` to run on its mesh (params placed
+    partitioner: a `specjax.runtime.sharding.Partitioner` to run on its mesh (params placed
       in their shardings, the batch padded to and split over the 'data' axis).
     slots: stream the B inputs through this many slots (in-flight batching,
       `specjax.decode.stream`): a finished row takes the next input. None: one padded batch.

@@ -46,7 +46,7 @@ from specjax.decode.beam_core import (BeamResult, Beams, beam_step, beams_done, 
                                       select_rows, start_copies, gather_rows)
 from specjax.decode.inputs import check_cache_size, check_count, check_eos, check_nan
 from specjax.models import DecodingModel
-from specjax.sharding import Partitioner, constrain, place, unpad
+from specjax.runtime.sharding import Partitioner, constrain, place, unpad
 
 
 # ----------------------------------------------------------------------- the loop
@@ -116,7 +116,7 @@ def beam_search(model: DecodingModel, params: Any, inputs: Any, *, beam_size: in
     alpha: brevity-penalty exponent (T5X default 0.6; 0 ranks by raw log-probability).
     eos_id: the token that finishes a beam.
     prompt_lengths: optional int [B] for decoder-only prompts (default: non-zero count).
-    partitioner: a `specjax.sharding.Partitioner` to run on its mesh (params in their
+    partitioner: a `specjax.runtime.sharding.Partitioner` to run on its mesh (params in their
       shardings; examples padded to and split over 'data', their beams kept together).
   Returns:
     A `BeamResult`; `target_calls` counts the steps each row ran.

@@ -34,7 +34,7 @@ from specjax.decode.state import DecodeResult, LoopParams, LoopState
 from specjax.decode.stream import Streaming, as_streaming, stream_decode
 from specjax.models import DecodingModel
 from specjax.sampling import row_keys
-from specjax.sharding import Partitioner, constrain, place, unpad
+from specjax.runtime.sharding import Partitioner, constrain, place, unpad
 
 
 class Loop(Protocol):

@@ -24,7 +24,7 @@ from specjax.decode.state import DecodeResult, LoopParams
 from specjax.decode.stream import Streaming
 from specjax.draft import Drafter
 from specjax.models import DecodingModel
-from specjax.sharding import Partitioner
+from specjax.runtime.sharding import Partitioner
 
 
 def speculative_decode(target: DecodingModel, target_params: Any, drafter: Drafter,

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from specjax.decode.inputs import check_count
 from specjax.decode.loop import finish
 from specjax.decode.state import DecodeResult, LoopState
-from specjax.sharding import Partitioner, constrain, unpad
+from specjax.runtime.sharding import Partitioner, constrain, unpad
 
 
 MIN_BUCKET = 16

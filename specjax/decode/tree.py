@@ -47,7 +47,7 @@ from specjax.draft.tree import TreeProposal, check_shape, move_path
 from specjax.models import DecodingModel
 from specjax.models.tree import tree_call
 from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, position_key
-from specjax.sharding import Partitioner
+from specjax.runtime.sharding import Partitioner
 from specjax.verify.tree import path_tokens, tree_verify
 
 
@@ -249,7 +249,7 @@ def tree_decode(target: DecodingModel, target_params: Any, drafter: Any, draft_p
     on_progress: streaming: called as on_progress(done, B) after every `slots` finished inputs.
     costs: 'auto' only: the `auto.CostTable` to decide with (as `speculative_decode`'s); None:
       calibrated on these inputs (streaming: on the first `slots`) and kept for reuse.
-    partitioner: a `specjax.sharding.Partitioner` (params and rows on its mesh), as for chains.
+    partitioner: a `specjax.runtime.sharding.Partitioner` (params and rows on its mesh), as for chains.
   Returns:
     A `DecodeResult`: tokens [B, max_new_tokens]; accepted_hist [B, D + 1] counts rounds by
     accepted nodes; draft_calls counts one call per tree level; alpha the depth-equivalent α;

@@ -1,6 +1,6 @@
 """Data-parallel training over the processes of a job, with collective T5X checkpoints.
 
-Every process runs `fit` with the same arguments (after `specjax.distributed.initialize`).
+Every process runs `fit` with the same arguments (after `specjax.runtime.distributed.initialize`).
 The train state is replicated over the partitioner's mesh (`num_partitions=1`: a
 'data' axis over every device of every process); each step's global batch (the same
 in every process) is split over 'data', each process transferring only its own rows,
@@ -23,9 +23,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from specjax import checkpoints, distributed
+from specjax import checkpoints
+from specjax.runtime import distributed
 from specjax.checkpoints.collective import save_t5x_collective
-from specjax.sharding import Partitioner
+from specjax.runtime.sharding import Partitioner
 from specjax.train.checkpoints import (OPT_STATE_FILE, TRAIN_STATE_FILE, list_checkpoints,
                                        opt_state_bytes, restore)
 

@@ -685,7 +685,7 @@ def test_legacy_missing_chunk_with_a_fill_value_is_an_error(one_ckpt):
 
 
 def test_sharded_load_checks_chunks_too(one_ckpt, params):
-  from specjax import sharding
+  from specjax.runtime import sharding
   from specjax.checkpoints import sharded
   folder = os.path.join(one_ckpt, "target." + KERNEL.replace("/", "."))
   zarray = json.loads(open(os.path.join(folder, ".zarray")).read())

@@ -82,7 +82,7 @@ def test_nan_and_inf_weights_are_named_when_loaded(tmp_path, model, flat, caplog
 
 
 def test_the_sharded_load_of_the_main_job_names_them_too(tmp_path, model, flat, caplog):
-  from specjax.sharding import Partitioner
+  from specjax.runtime.sharding import Partitioner
   path = _saved(tmp_path, flat, lambda p: p[EMB].__setitem__((1, 2), -np.inf))
   with caplog.at_level(logging.WARNING):
     checkpoints.load_sharded(path, model, Partitioner(num_partitions=1), dtype="float32")

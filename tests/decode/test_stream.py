@@ -13,7 +13,7 @@
   autoregressive ones, each example's tokens its batch-1 decode's, γ = 0 and γ > 0 rounds
   both taken, and the round count matches the slot schedule.
 - One compile per static config; progress chunks change nothing; slot utilization.
-(Streaming on a device mesh: tests/test_sharding.py.)
+(Streaming on a device mesh: tests/runtime/test_sharding.py.)
 """
 import collections
 

@@ -16,7 +16,7 @@ from typing import Callable, Hashable, Optional, Tuple
 import jax
 import numpy as np
 
-from specjax import distributed
+from specjax.runtime import distributed
 from specjax.decode import auto
 
 

@@ -1,5 +1,5 @@
-"""One process of a data-parallel training job (tests/test_distributed.py runs it under
-`python -m specjax.launch`): a tiny decoder-only LM on fixed random batches, checkpointed
+"""One process of a data-parallel training job (tests/runtime/test_distributed.py runs it under
+`python -m specjax.runtime.launch`): a tiny decoder-only LM on fixed random batches, checkpointed
 collectively; `--stop_after` cuts the run short, a later run resumes it."""
 import argparse
 import sys
@@ -27,10 +27,10 @@ def main(argv=None):
                       "processes (each process writes its own half) into this folder")
   args = parser.parse_args(argv)
   # pylint: disable=import-outside-toplevel
-  from specjax import distributed
+  from specjax.runtime import distributed
   distributed.initialize()
   from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
-  from specjax.sharding import Partitioner
+  from specjax.runtime.sharding import Partitioner
   from specjax.train import OptimizerConfig, Trainer
   from specjax.train.collective import fit
   model = DecoderOnlyModel(DecoderOnlyConfig(vocab_size=VOCAB, emb_dim=16, num_heads=2,

@@ -1,4 +1,4 @@
-"""Tests for specjax.sharding: the decode loops on 8 forced host devices.
+"""Tests for specjax.runtime.sharding: the decode loops on 8 forced host devices.
 
 XLA's device count is fixed when JAX starts, so the multi-device work runs once
 in a subprocess (this file run as a script with
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec
 
-from specjax import sharding
-from specjax.sharding import STANDARD_RULES, logical_to_spec, param_logical_axes
+from specjax.runtime import sharding
+from specjax.runtime.sharding import STANDARD_RULES, logical_to_spec, param_logical_axes
 
 MESHES = {"8x1": 1, "1x8": 8, "4x2": 2}  # name -> num_partitions on 8 devices
 # Sharded runs (mesh, loop) per family, compared with the family's single-device
@@ -163,7 +163,7 @@ def _child() -> dict:
 
 @pytest.fixture(scope="module")
 def child():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   # The suite's XLA flags (tests/conftest.py) stay; 8 host devices are added.
   flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
   env = dict(os.environ, XLA_FLAGS=flags,

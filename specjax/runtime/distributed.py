@@ -2,13 +2,13 @@
 
 Every process runs the same script. Call `initialize` first (before any other JAX
 call); then `jax.devices()` lists every process's devices, a
-`specjax.sharding.Partitioner` built there has one global mesh over them all, and the
+`specjax.runtime.sharding.Partitioner` built there has one global mesh over them all, and the
 decode functions, `specjax.checkpoints.load_sharded` and the trainer work on it
 unchanged: each process reads only its devices' checkpoint shards, places only its own
 rows of the (same, full) batch, and receives the results replicated. Only process 0
 writes files (`is_writer`).
 
-    from specjax import distributed
+    from specjax.runtime import distributed
     distributed.initialize()                  # explicit values, environment, or a cluster
     partitioner = Partitioner(num_partitions=2)
     params = load_sharded(path, model, partitioner)
@@ -18,7 +18,7 @@ writes files (`is_writer`).
 
 Where the values come from, first found wins: the arguments; the environment
 (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`,
-`SPECJAX_LOCAL_DEVICES`, as `python -m specjax.launch` sets them); else JAX's own
+`SPECJAX_LOCAL_DEVICES`, as `python -m specjax.runtime.launch` sets them); else JAX's own
 cluster detection (SLURM, Open MPI, Cloud TPU, Kubernetes) when such a cluster is
 detected; else one process and nothing to do.
 

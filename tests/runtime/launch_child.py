@@ -1,4 +1,4 @@
-"""A child for the launcher's tests (no JAX): `python -m tests.launch_child ACTION FOLDER`.
+"""A child for the launcher's tests (no JAX): `python -m tests.runtime.launch_child ACTION FOLDER`.
 
 Every child starts a sleeping grandchild in its own process group, writes both pids to
 FOLDER/<process id>.pids and prints `ready`; then ACTION: `sleep` (two minutes), `die1`

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from specjax import distributed, launch
+from specjax.runtime import distributed, launch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = "--gin_file=runs/random_tiny.gin"  # a random-init tiny T5 pair (no checkpoint)
 
 

@@ -23,7 +23,7 @@ last row) and drop the padding from the result, place the batch with its
 and every round) so XLA's SPMD partitioner keeps caches split by batch and heads.
 
 Many processes (TPU pods, multi-node GPU, N local CPU processes): call
-`specjax.distributed.initialize()` first in every process (before any other JAX
+`specjax.runtime.distributed.initialize()` first in every process (before any other JAX
 call), run the same program in every process and build the `Partitioner` there:
 `jax.devices()` then lists every process's devices and the mesh spans them all
 (`spans_processes`); `specjax.checkpoints.load_sharded` reads in each process only

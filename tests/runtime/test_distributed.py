@@ -1,4 +1,4 @@
-"""Tests for specjax.distributed and specjax.launch: one job over 2 CPU processes.
+"""Tests for specjax.runtime.distributed and specjax.runtime.launch: one job over 2 CPU processes.
 
 The launcher starts 2 processes x 2 host devices (4 global devices, mesh data 2 x model 2)
 joined by `jax.distributed` (gloo collectives). The decode check loads a T5X target
@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from specjax import distributed, launch
+from specjax.runtime import distributed, launch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Fewer decodes than distributed_check runs by default (each compiles in both processes);
 # prompt lookup and beam search are checked the same way by `python -m specjax.app.distributed_check`.
 DECODES = "ar_greedy,spec_greedy,spec_sampled"
@@ -68,7 +68,7 @@ def model_dirs(tmp_path_factory):
 def two_process_run(model_dirs, tmp_path_factory):
   out_dir = tmp_path_factory.mktemp("out")
   out = out_dir / "tokens.json"
-  command = [sys.executable, "-m", "specjax.launch", "--num_processes", "2", "--local_devices",
+  command = [sys.executable, "-m", "specjax.runtime.launch", "--num_processes", "2", "--local_devices",
              "2", "--timeout", "400", "--", "specjax.app.distributed_check", "--target",
              model_dirs["target"], "--draft", model_dirs["draft"], "--num_partitions", "2",
              "--out", str(out)] + CHECK_ARGS
@@ -176,8 +176,8 @@ def test_process_rows_tile_the_batch():
 
 
 def _launch_training(model_dir, *extra):
-  command = [sys.executable, "-m", "specjax.launch", "--num_processes", "2", "--local_devices",
-             "1", "--timeout", "300", "--", "tests.distributed_train_worker", "--model_dir",
+  command = [sys.executable, "-m", "specjax.runtime.launch", "--num_processes", "2", "--local_devices",
+             "1", "--timeout", "300", "--", "tests.runtime.distributed_train_worker", "--model_dir",
              str(model_dir), "--num_steps", "4", "--checkpoint_every", "2", *extra]
   proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=360,
                         check=False)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from specjax import compile_cache
+from specjax.runtime import compile_cache
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_folder_follows_flag_then_environment_then_xdg(tmp_path):
@@ -28,7 +28,7 @@ def test_the_folder_follows_flag_then_environment_then_xdg(tmp_path):
   assert choose("/flag", off=True, environ=env) is None
 
 
-_JIT = ("import sys, jax, jax.numpy as jnp; from specjax import compile_cache; "
+_JIT = ("import sys, jax, jax.numpy as jnp; from specjax.runtime import compile_cache; "
         "{enable}; print(jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(7)).sum())")
 
 

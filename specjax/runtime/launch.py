@@ -1,6 +1,6 @@
-"""Starts N local CPU processes of one program, joined by `specjax.distributed`.
+"""Starts N local CPU processes of one program, joined by `specjax.runtime.distributed`.
 
-    python -m specjax.launch --num_processes 2 --local_devices 2 -- \\
+    python -m specjax.runtime.launch --num_processes 2 --local_devices 2 -- \\
         specjax.app.distributed_check --checkpoint bundled:lm/tiny --out /tmp/out.json
 
 runs `python -m specjax.app.distributed_check ...` twice, as processes 0 and 1 of one job
@@ -22,7 +22,7 @@ import threading
 import time
 from typing import List, Optional, Sequence
 
-from specjax import distributed
+from specjax.runtime import distributed
 
 _POLL_S = 0.1
 _STOP_GRACE_S = 10.0
@@ -37,7 +37,7 @@ def free_port() -> int:
 
 def process_env(process_id: int, num_processes: int, port: int, local_devices: int,
                 base: Optional[dict] = None) -> dict:
-  """The environment of process `process_id`: the job's `specjax.distributed` variables,
+  """The environment of process `process_id`: the job's `specjax.runtime.distributed` variables,
   CPU only, `local_devices` host devices."""
   env = dict(os.environ if base is None else base)
   flags = [f for f in env.get("XLA_FLAGS", "").split()
@@ -133,7 +133,7 @@ class _Supervisor:
   forwarded to every group; stopped (TERM, then KILL after a grace) when one fails, on the
   timeout, on a signal, and always before the launcher returns."""
 
-  def __init__(self, out: _Output, name: str = "specjax.launch"):
+  def __init__(self, out: _Output, name: str = "specjax.runtime.launch"):
     self.out, self.name = out, name
     self.procs: List[subprocess.Popen] = []
     self.relays: List[threading.Thread] = []
@@ -269,7 +269,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cut = argv.index("--")
     argv, command = argv[:cut], argv[cut + 1:]
   parser = argparse.ArgumentParser(
-      prog="python -m specjax.launch",
+      prog="python -m specjax.runtime.launch",
       description="Run `python -m MODULE ARGS` as N local CPU processes of one JAX job.",
       usage="%(prog)s --num_processes N [--local_devices D] -- MODULE [ARGS...]")
   parser.add_argument("--num_processes", type=int, required=True)
@@ -291,5 +291,5 @@ if __name__ == "__main__":
   try:
     sys.exit(main())
   except KeyboardInterrupt:  # before the children start (afterwards a handler passes it on)
-    print("specjax.launch: interrupted", file=sys.stderr)
+    print("specjax.runtime.launch: interrupted", file=sys.stderr)
     sys.exit(130)

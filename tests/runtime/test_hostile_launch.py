@@ -1,7 +1,7 @@
-"""`python -m specjax.launch` against hostile children and signals: every child polled,
+"""`python -m specjax.runtime.launch` against hostile children and signals: every child polled,
 signals passed on to every process group, output relayed as bytes, the failed child named,
 the port checked, and no process left behind. The children are plain Python
-(tests/launch_child.py), so each run takes a second or two."""
+(tests/runtime/launch_child.py), so each run takes a second or two."""
 import os
 import signal
 import subprocess
@@ -10,15 +10,15 @@ import time
 
 import pytest
 
-from specjax import launch
+from specjax.runtime import launch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _launcher(folder, action, *flags):
   return subprocess.Popen(
-      [sys.executable, "-m", "specjax.launch", "--num_processes", "2", *flags, "--",
-       "tests.launch_child", action, str(folder)],
+      [sys.executable, "-m", "specjax.runtime.launch", "--num_processes", "2", *flags, "--",
+       "tests.runtime.launch_child", action, str(folder)],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
