@@ -281,8 +281,9 @@ def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
     streamed chain loop                      8 inputs streamed through `batch` slots
                                              (`stream_piece`)
 
-  include: 'steps', 'loops' or both. unroll: the chain drafters' `unroll` (their γ guesses in
-  straight-line code: a round's one nested loop is then the draft's catch-up).
+  include: 'steps', 'loops' or both. unroll: the drafters' `unroll` (the chains' γ guesses and
+  the tree's spine tail in straight-line code: a round's one nested loop is then the draft's
+  catch-up).
   """
   from specjax.decode import DecodeConfig  # pylint: disable=import-outside-toplevel
   from specjax.decode.round import AutoregressiveLoop, SpeculativeLoop  # pylint: disable=import-outside-toplevel
@@ -321,7 +322,7 @@ def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
                                                                  unroll=unroll), config),
          dparams, (tparams, dparams)),
         ("tree loop", TreeLoop(target_model, TreeModelDrafter(
-            draft_model, StaticTree.from_spines((gamma, 1))), config), dparams,
+            draft_model, StaticTree.from_spines((gamma, 1)), unroll=unroll), config), dparams,
          (tparams, dparams)),
         ("feature chain loop", SpeculativeLoop(target_model, feature, config), fparams,
          (tparams, hparams)))

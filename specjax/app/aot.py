@@ -47,7 +47,7 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--gamma", type=int, default=4)
   parser.add_argument("--pieces", nargs="+", default=list(PIECES), choices=PIECES)
   parser.add_argument("--unroll", action="store_true",
-                      help="the chain drafters draft their γ guesses unrolled (no loop per guess)")
+                      help="the drafters draft unrolled (no loop per guess or tree level)")
   parser.add_argument("--output_dir", default=None, help="writes aot.json and aot.md there")
   parser.add_argument("--verbose", action="store_true", help="tracebacks for errors")
   args = parser.parse_args(list(argv))

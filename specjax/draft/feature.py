@@ -201,7 +201,7 @@ class FeatureDrafter(FeatureHeadDrafter):
 
   def as_tree(self, tree: Any) -> "FeatureTreeDrafter":
     """The same head drafting `tree` (a StaticTree or DynamicTree), over the same ids."""
-    return FeatureTreeDrafter(self.target, self.head, tree, self.vocab_limit)
+    return FeatureTreeDrafter(self.target, self.head, tree, self.vocab_limit, unroll=self.unroll)
 
 
 
@@ -300,11 +300,15 @@ class FeatureTreeDrafter(FeatureHeadDrafter):
   vocab_limit: Optional[int] = None
   """As `FeatureDrafter.vocab_limit`: nodes are drawn from that many token ids only (the
   first of the token ranking given to `params`, else ids below it)."""
+  unroll: bool = False
+  """The spine tail's levels as straight-line code, no loop per level (`grow_tree`): for GPUs
+  and TPUs; the tree's depth is static, so nothing is drafted that a loop would not."""
 
   deterministic: ClassVar[bool] = False
 
   def __post_init__(self):
     check_shape(self.tree)
+    check_flags(self, "unroll")
     check_head(self)
 
   @property
@@ -354,5 +358,6 @@ class FeatureTreeDrafter(FeatureHeadDrafter):
       return self.draft_logits(params, out)[:, 0], (cache, predicted)
 
     proposal, _, (cache, _) = grow_tree(tree, self.draft_logits(params, root), level, spine,
-                                        (cache, predicted), row_keys, length, sampling)
+                                        (cache, predicted), row_keys, length, sampling,
+                                        self.unroll)
     return proposal, state.replace(cache=cache, fed=length, start=length)

@@ -108,8 +108,9 @@ class ModelDrafter(DrafterDefaults):
 
   def as_tree(self, tree: Any) -> "TreeModelDrafter":
     """The same model drafting `tree` (a StaticTree or DynamicTree), with this drafter's
-    catch-up settings."""
-    return TreeModelDrafter(self.model, tree, window=self.window, catch_up=self.catch_up)
+    catch-up and unroll settings."""
+    return TreeModelDrafter(self.model, tree, window=self.window, catch_up=self.catch_up,
+                            unroll=self.unroll)
 
   def truncate(self, state, valid):
     """Only positions 0..valid-1 still hold committed tokens (valid int32 [B])."""
@@ -160,11 +161,15 @@ class TreeModelDrafter(DrafterDefaults):
   tree: Any  # StaticTree or DynamicTree
   window: int = 2
   catch_up: int = 8
+  unroll: bool = False
+  """The spine tail's levels as straight-line code, no loop per level (`grow_tree`): for GPUs
+  and TPUs; the tree's depth is static, so nothing is drafted that a loop would not."""
 
   deterministic: ClassVar[bool] = False
 
   def __post_init__(self):
     check_sizes(self, window=2, catch_up=1)
+    check_flags(self, "unroll")
     check_shape(self.tree)
 
   @property
@@ -218,7 +223,7 @@ class TreeModelDrafter(DrafterDefaults):
       return logits[:, 0], cache
 
     proposal, source, cache = grow_tree(tree, logits, level, spine, cache, row_keys, length,
-                                        sampling)
+                                        sampling, self.unroll)
     # fed: positions < length hold the committed tokens; the tree's are junk.
     return proposal, state.replace(cache=cache, fed=length,
                                    source=state.source if source is None else source)

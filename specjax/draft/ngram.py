@@ -182,7 +182,7 @@ class NGramTreeDrafter(DrafterDefaults):
       return logits(jax.lax.dynamic_index_in_dim(tokens, above, axis=1, keepdims=False)), carry
 
     proposal, _, _ = grow_tree(self.tree, logits(last), level, spine, None, row_keys, length,
-                               sampling)
+                               sampling, self.table.unroll)
     return proposal.replace(calls=jnp.zeros_like(proposal.calls)), state  # no model call
 
   def update(self, state, accepted: Accepted):

@@ -262,7 +262,7 @@ def _children_keys(row_keys, length, depth: int, nodes: jax.Array):
 
 
 def grow_tree(tree, root_logits, level_call: Callable, spine_call: Callable, carry: Any,
-              row_keys, length, sampling: Sampling):
+              row_keys, length, sampling: Sampling, unroll: bool = False):
   """What every tree drafter does with its draft calls: the tree of `tree` (a StaticTree or
   DynamicTree) drawn level by level, one draft call per level.
 
@@ -270,10 +270,11 @@ def grow_tree(tree, root_logits, level_call: Callable, spine_call: Callable, car
   children. level_call(carry, tokens, parent, depth, plo, phi) -> (logits [B, phi - plo, V],
   carry): one call over the nodes plo .. phi - 1 (a level of several nodes), each at slot
   length + j under tree attention (`level_attention`). spine_call(carry, tokens, parent,
-  depth, anc, above) -> (logits [B, V], carry): one call over the single node `above` (traced)
-  of the tree's spine tail, whose levels run as one loop (`spine_tail`). The draws are
-  `draw_level` and `spine_child`'s, so every tree drafter draws the same tree from the same
-  logits. -> (TreeProposal, `keep_most_probable`'s source map when the tree keeps fewer nodes
+  depth, anc, above) -> (logits [B, V], carry): one call over the single node `above` (traced,
+  or an int when unrolled) of the tree's spine tail, whose levels run as one loop
+  (`spine_tail`), or as straight-line code with `unroll` (no loop: on a GPU each trip costs a
+  host round trip). The draws are `draw_level` and `spine_child`'s, so every tree drafter
+  draws the same tree from the same logits. -> (TreeProposal, `keep_most_probable`'s source map when the tree keeps fewer nodes
   than it grows (else None), the last carry).
   """
   batch = root_logits.shape[0]
@@ -304,9 +305,13 @@ def grow_tree(tree, root_logits, level_call: Callable, spine_call: Callable, car
       logits, carry = spine_call(carry, nodes[0], nodes[1], depth, anc, node - 1)
       return (carry,) + spine_child(tree, row_keys, length, node, d, logits, sampling, nodes)
 
-    carry, tokens, parent, valid, path_logq, probs = jax.lax.fori_loop(
-        tail, tree.max_depth + 1, spine_level,
-        (carry, tokens, parent, valid, path_logq, probs))
+    arrays = (carry, tokens, parent, valid, path_logq, probs)
+    if unroll:
+      for d in range(tail, tree.max_depth + 1):
+        arrays = spine_level(d, arrays)
+    else:
+      arrays = jax.lax.fori_loop(tail, tree.max_depth + 1, spine_level, arrays)
+    carry, tokens, parent, valid, path_logq, probs = arrays
   proposal = TreeProposal(tokens=tokens, parent=parent, depth=depth, valid=valid, probs=probs,
                           calls=jnp.full((batch,), tree.max_depth, jnp.int32))
   source = None

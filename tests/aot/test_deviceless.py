@@ -4,9 +4,9 @@ Needs the compilers of the `aot` extra (JAX's CUDA plugin and libtpu: `pip insta
 '.[aot]'`); where they are not installed this module is skipped as a whole, and the suite's
 second environment (Python 3.12, the newest JAX, `.ci/run`) runs it. The process's own JAX
 backend must be the CPU (JAX_PLATFORMS=cpu, or `targets.cpu_host()` before any JAX work).
+The decode loops' compiles: tests/aot/test_deviceless_loops.py.
 """
 import dataclasses
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -14,22 +14,10 @@ import pytest
 from jax import lax
 
 from specjax.aot import hlo, report, targets
+from tests.aot.pieces import GPU, NEEDS_COMPILERS, TPU
 
+pytestmark = NEEDS_COMPILERS
 
-def _installed(module: str) -> bool:
-  try:
-    return importlib.util.find_spec(module) is not None
-  except ImportError:
-    return False
-
-
-pytestmark = pytest.mark.skipif(
-    not (_installed("jax_plugins.xla_cuda13") or _installed("jax_plugins.xla_cuda12"))
-    or not _installed("libtpu"),
-    reason="the deviceless compilers are not installed (pip install '.[aot]'); the suite's "
-           "second environment runs this module")
-
-GPU, TPU = "h200", "tpu-v5e"
 KERNELS_PER_LAYER = 12
 """The budget of a decoder-only layer's kernels in a batch-1 bfloat16 step on the H200 (XLA's
 own fusions: the norms' reductions and scalings 4, the joined q/k/v and wi GEMMs 2, the cache
@@ -37,30 +25,6 @@ writes 2, attention 1, the out and wo GEMMs 2, the activation 1; 23 when one-row
 as multiply-and-reduce and attention read two parts)."""
 TINY_KERNELS_PER_LAYER = 14
 """The same for the tiny model's layers, too narrow for some of XLA's fusions."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cpu_host():
-  targets.cpu_host()
-
-
-def _tiny_pieces(**options):
-  """The pieces of a tiny decoder-only model (2 layers) verifying with bfloat16 weights and the
-  same sizes drafting in float32: shapes only."""
-  from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
-  from specjax.models import build_model  # pylint: disable=import-outside-toplevel
-  # Widths no activation of a round shares with a weight matrix, so the shape test is sharp.
-  config = dataclasses.replace(model_config_from_file("models/decoder_only_tiny.gin"),
-                               emb_dim=24, num_heads=2, head_dim=16, mlp_dim=40)
-  target = build_model(dataclasses.replace(config, dtype="bfloat16"))
-  draft = build_model(config)
-  return {p.name: p for p in report.model_pieces(target, draft, input_len=4, max_new_tokens=8,
-                                                  gamma=2, **options)}
-
-
-@pytest.fixture(scope="module")
-def lm_pieces():
-  return _tiny_pieces()
 
 
 def test_the_plugin_carries_the_gpus_named():
@@ -111,22 +75,3 @@ def test_the_target_step_compiles_for_a_tpu_too(lm_pieces, name):
   assert rep.f32_temps == 0
   if name == TPU:
     assert "xla_bytes_accessed" in rep.row() and "TPU" in text.upper()
-
-
-@pytest.mark.parametrize("piece", ["autoregressive loop", "chain loop", "tree loop",
-                                   "feature chain loop", "streamed chain loop"])
-@pytest.mark.parametrize("name", [GPU, TPU])
-def test_every_decode_loop_compiles_without_a_device(lm_pieces, piece, name):
-  rep, text = report.compile_piece(lm_pieces[piece], name)
-  assert rep.kernels > 0 and "while" in text
-  assert rep.f32_temps == 0
-  if piece in ("chain loop", "feature chain loop"):  # the draft's catch-up and its guesses
-    assert rep.whiles == 2
-
-
-@pytest.mark.parametrize("piece", ["chain loop", "feature chain loop"])
-def test_unrolled_guesses_leave_one_nested_loop_in_a_round(piece):
-  """Drafters with `unroll=True`: the γ guesses in straight-line code; the catch-up (a loop
-  that makes no trip unless rows lag, as after the 'auto' policy's γ = 0 rounds) remains."""
-  rep, _ = report.compile_piece(_tiny_pieces(include=("loops",), unroll=True)[piece], GPU)
-  assert rep.whiles == 1 and rep.f32_temps == 0

@@ -58,9 +58,10 @@ def test_joint_of_first_three_tokens_matches_target(tables, sampling):
                                               STEPS)) > 0.05
 
 
-# Power as above (N = 400,000, 0.01 bound). γ = 2 under max_gamma = 3: the unrolled drafters
-# draw a third guess each round that no row may use; a loop that verified it, or fed the model
-# drafter's cache past what was drafted, moves the law or the tokens.
+# Power as above (N = 400,000, 0.01 bound; the model drafter's run, while the bigram table's
+# rows are checked against the loop's tokens only). γ = 2 under max_gamma = 3: the unrolled
+# drafters draw a third guess each round that no row may use; a loop that verified it, or fed
+# the model drafter's cache past what was drafted, moves the law or the tokens.
 @pytest.mark.parametrize("name", ["model", "bigram"])
 def test_unrolled_guesses_draw_the_loops_tokens_and_stay_exact(tables, name):
   target_table, draft_table = tables
@@ -71,11 +72,12 @@ def test_unrolled_guesses_draw_the_loops_tokens_and_stay_exact(tables, name):
   decode = lambda drafter, rows: speculative_decode(
       TableModel(V), target_table, drafter, params, prompt[:rows], max_new_tokens=STEPS,
       gamma=2, rng=jax.random.PRNGKey(0), config=config)
-  result = decode(unrolled, N)
-  assert _joint_tv(result.tokens, exact_joint(np.asarray(target_table), Sampling(), [2, 3],
-                                              STEPS)) < 0.01
-  table_law = exact_joint(np.asarray(draft_table), Sampling(), [2, 3], STEPS)
-  assert name != "model" or _joint_tv(result.tokens, table_law) > 0.05  # the draft's is far
+  result = decode(unrolled, N if name == "model" else 2000)  # the law once: one guess loop
+  if name == "model":
+    assert _joint_tv(result.tokens, exact_joint(np.asarray(target_table), Sampling(), [2, 3],
+                                                STEPS)) < 0.01
+    assert _joint_tv(result.tokens, exact_joint(np.asarray(draft_table), Sampling(), [2, 3],
+                                                STEPS)) > 0.05  # the draft's law is far
   # Keys are per row and position: the first rows are the looped drafter's tokens.
   reference = decode(looped, 2000)
   np.testing.assert_array_equal(result.tokens[:2000], reference.tokens)

@@ -1,6 +1,7 @@
 """`specjax.decode.tree_decode`: greedy equals autoregressive token for token (table models
 and both bundled pairs); sampled tree decoding follows the target's exact joint law."""
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -153,6 +154,29 @@ def test_greedy_ngram_tree_equals_autoregressive(tables, bigram, name):
                     tree=NGRAM_TREES[name])
   np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
   assert float(np.mean(got.tokens_per_call)) > 1.2 and int(np.sum(got.draft_calls)) == 0
+
+
+@pytest.mark.parametrize("drafter", ["model", "bigram"])
+def test_unrolled_spine_tail_draws_the_loops_trees(tables, bigram, drafter):
+  # The spines tree's depths 3-4 drafted as straight-line code (`unroll=True`) instead of a
+  # loop: sampled, keys per row and position, so the same trees are drawn and the same nodes
+  # accepted, row for row; rounds accept into the tail (asserted), so a tail level fed the
+  # wrong node, position or parent would show.
+  target_table, draft_table = tables
+  tree = TREES["spines"]
+  if drafter == "model":
+    looped, params = TreeModelDrafter(TableModel(V), tree), draft_table
+    unrolled = dataclasses.replace(looped, unroll=True)
+  else:
+    looped, params = bigram[0].as_tree(tree), bigram[1]
+    unrolled = dataclasses.replace(bigram[0], unroll=True).as_tree(tree)
+  config = DecodeConfig(sampling=Sampling(), eos_id=NO_EOS, cache_len=24)
+  results = [tree_decode(TableModel(V), target_table, d, params, np.array([[2, 3]] * 2000),
+                         max_new_tokens=8, rng=jax.random.PRNGKey(3), config=config)
+             for d in (looped, unrolled)]
+  for field in ("tokens", "target_calls", "accepted_hist"):
+    np.testing.assert_array_equal(getattr(results[1], field), getattr(results[0], field))
+  assert np.asarray(results[0].accepted_hist)[:, 3:].sum() > 100
 
 
 def test_sampled_ngram_tree_joint_of_first_three_tokens_matches_target(tables, bigram):

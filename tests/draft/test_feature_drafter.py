@@ -1,6 +1,7 @@
 """FeatureDrafter: exactness of speculative decoding with a feature head, its state between
 rounds, and the refusals of inputs and loops it cannot work with."""
 import collections
+import dataclasses
 import itertools
 
 import jax
@@ -312,7 +313,8 @@ def test_tree_spine_drafted_in_a_loop_is_the_chain(family):
   one head call each, `specjax.draft.tree.spine_tail`), is the γ = 4 chain's proposal at
   temperature 0: the same token at every depth. A tail step that fed a node another node's
   predicted feature or token, sat at the wrong position or saw a non-ancestor would change
-  them (a random head: every input moves its argmax)."""
+  them (a random head: every input moves its argmax). Unrolled, the tail draws the same
+  tree and the chain the same guesses."""
   pair = tiny_pair(family)
   head, head_params = _head(pair.target)
   tree = StaticTree.from_spines((4, 1))
@@ -325,7 +327,8 @@ def test_tree_spine_drafted_in_a_loop_is_the_chain(family):
   seq = jnp.asarray(initial_seq(pair.target, checked.inputs, checked.cache_len))
   keys = jax.random.split(jax.random.PRNGKey(0), 2)
   out = []
-  for drafter in (chain, spines):
+  for drafter in (chain, spines, dataclasses.replace(spines, unroll=True),
+                  dataclasses.replace(chain, unroll=True)):
     params = drafter.params(head_params, pair.target_params)
     state, _ = start_drafting(pair.target, drafter, LoopParams(
         target=pair.target_params, drafter=params), jnp.asarray(checked.inputs), seq,
@@ -336,6 +339,10 @@ def test_tree_spine_drafted_in_a_loop_is_the_chain(family):
   np.testing.assert_array_equal(np.asarray(out[1].tokens)[:, spine], out[0].tokens)
   np.testing.assert_array_equal(np.asarray(out[1].parent)[:, spine], [[-1, 0, 2, 3]] * 2)
   assert len(set(np.asarray(out[0].tokens).ravel().tolist())) >= 4  # not one token throughout
+  for field in ("tokens", "parent", "probs"):  # the tail as straight-line code: the same tree
+    np.testing.assert_array_equal(getattr(out[2], field), getattr(out[1], field))
+  for field in ("tokens", "probs"):  # the chain's guesses unrolled: the same guesses
+    np.testing.assert_array_equal(getattr(out[3], field), getattr(out[0], field))
 
 
 def test_bundled_lm_target_with_a_random_head_decodes_as_autoregressive():
