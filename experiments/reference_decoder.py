@@ -6,7 +6,7 @@ by hand with no framework. It reads the same T5X-named parameter tree as
 `specjax.models.DecoderOnlyModel` (float32, or with kernels cast by
 `specjax.params.cast_kernels`) and decodes prompts of one common length, so its tokens can be
 compared with `specjax.decode.autoregressive_decode`'s and its time put beside it
-(`experiments.bench_scale`). Causal models only (no prefix LM).
+(`experiments.bench.scale`). Causal models only (no prefix LM).
 """
 from __future__ import annotations
 

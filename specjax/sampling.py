@@ -133,7 +133,7 @@ def categorical(key: jax.Array, probs: jax.Array) -> jax.Array:
   draw is exact, and it needs V / 128 + 128 Exp(1) variates (one Threefry call) instead of
   V: over 8192 ids 5.5 against 53 µs at batch 1 and 35 against 215 µs at batch 8 on the
   2-core CPU; a batch-1 T = 1 decode of the bundled LM pair is 8-11% faster autoregressive
-  and 3.5-11.5% speculative (`experiments.bench_sampler`).
+  and 3.5-11.5% speculative (`experiments.bench.sampler`).
   A tiled pass that sums the same blocks with `block_masses` (`specjax.verify.fused_kernel`)
   gets the same masses, bit for bit on XLA:CPU (tested).
   Zero weights are never drawn (when all are zero it returns 0).

@@ -139,7 +139,7 @@ def test_experiments_keep_the_one_line_contract(tmp_path):
   shutil.copytree(EAGLE, head)
   (head / RANKING_FILE).write_bytes(_npy_claiming(10**11))
   root = os.path.join(os.path.dirname(__file__), "..")
-  proc = subprocess.run([sys.executable, "-m", "experiments.bench_eagle", "--fast", "--head",
+  proc = subprocess.run([sys.executable, "-m", "experiments.bench.eagle", "--fast", "--head",
                          str(head), "--output_dir", str(tmp_path / "out")], cwd=root,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]

@@ -263,8 +263,8 @@ def _experiment_imports(path: pathlib.Path):
       # `from . import x` / `from .x import y` inside experiments/ name experiments.x
       module = ("experiments" + (f".{node.module}" if node.module else "") if node.level == 1
                 else node.module or "")
-      if module == "experiments":
-        out |= {f"experiments.{a.name}" for a in node.names}
+      if module in ("experiments", "experiments.bench", "experiments.paper"):  # packages
+        out |= {f"{module}.{a.name}" for a in node.names}
       elif module.startswith("experiments."):
         out.add(module)
   return out
@@ -275,8 +275,10 @@ def test_experiment_scripts_import_no_other_script():
   (no scripts themselves); no script imports another script."""
   helpers = {"experiments.reference_decoder"}
   offenders = {}
-  for path in sorted((ROOT / "experiments").glob("*.py")):
-    own = f"experiments.{path.stem}"
+  for path in sorted((ROOT / "experiments").rglob("*.py")):
+    if "common" in path.parts or path.name == "__init__.py":
+      continue
+    own = ".".join(path.relative_to(ROOT).with_suffix("").parts)
     others = {m for m in _experiment_imports(path) - {own} - helpers
               if m != "experiments.common" and not m.startswith("experiments.common.")}
     if others:

@@ -25,7 +25,7 @@ def test_dynamic_tree_keep_scores_fewer_nodes_than_it_grows():
 
 
 def test_trees_given_in_gin_build_the_same_shapes():
-  from experiments import bench_trees  # pylint: disable=import-outside-toplevel
+  from experiments.bench import trees as bench_trees  # pylint: disable=import-outside-toplevel
   gin.clear_config()
   try:
     gin_config.parse([str(gin_config.GIN_DIR / "experiments" / "trees.gin")], [

@@ -1,10 +1,10 @@
-"""experiments.bench_auto in fast mode: it runs, writes its files and reports every decoder.
+"""experiments.bench.auto in fast mode: it runs, writes its files and reports every decoder.
 
 Only the plumbing is checked: timings (and so `meets_bar`) are never a pass/fail test.
 """
 import json
 
-from experiments import bench_auto
+from experiments.bench import auto as bench_auto
 
 
 def test_bench_auto_fast_writes_its_table(tmp_path):

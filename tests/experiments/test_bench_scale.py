@@ -1,4 +1,4 @@
-"""experiments.bench_scale at tiny sizes (a smoke run in a fresh process, with the HLO counts),
+"""experiments.bench.scale at tiny sizes (a smoke run in a fresh process, with the HLO counts),
 and the HLO counter on loops whose counts are known."""
 import json
 import os
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import bench_scale
+from experiments.bench import scale as bench_scale
 from specjax.aot import hlo as hlo_stats
 from specjax.analysis import expected_tokens
 
@@ -23,7 +23,7 @@ def smoke(tmp_path_factory):
   """One tiny run: both families, both attention paths of specjax, float32, XLA dumps on."""
   out = tmp_path_factory.mktemp("bench_scale")
   env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-  cmd = [sys.executable, "-m", "experiments.bench_scale", "--sizes", "tiny", "--families",
+  cmd = [sys.executable, "-m", "experiments.bench.scale", "--sizes", "tiny", "--families",
          "decoder_only", "t5", "--batches", "1", "--new_tokens", "4", "--repeats", "1",
          "--dtype", "float32", "--attention", "specjax", "--copy_mb", "4", "--hlo",
          "--output_dir", str(out)]

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from experiments import bench, figure1, table1, table2_speedup, table3_alpha, table5_lenience
+from experiments.bench import speedup as bench
+from experiments.paper import figure1, table1, table2_speedup, table3_alpha, table5_lenience
 from experiments.common.pairs import RANDOM_NOTE, load_pair
 from specjax.analysis import expected_tokens
 from tests.test_analysis import TABLE1

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from experiments import bench_eagle, bench_trees
+from experiments.bench import eagle as bench_eagle, trees as bench_trees
 from tests.experiments.test_experiments import _files
 
 
@@ -27,7 +27,7 @@ def _markdown_tables(text):
 
 @pytest.mark.parametrize("pair", ["lm", "translate"])  # decoder-only; encoder-decoder
 def test_profile_round_accounts_for_a_round(capsys, pair):
-  from experiments import profile_round  # pylint: disable=import-outside-toplevel
+  from experiments.bench import profile_round  # pylint: disable=import-outside-toplevel
   profile_round.main(["--pair", pair, "--cache_lens", "256", "--gammas", "2", "--batches", "2",
                       "--new_tokens", "12", "--repeats", "1"])
   out = capsys.readouterr().out
@@ -60,7 +60,7 @@ def test_profile_round_accounts_for_a_round(capsys, pair):
 
 
 def test_stream_round_sets_the_stream_beside_its_parts(tmp_path, capsys):
-  from experiments import stream_round  # pylint: disable=import-outside-toplevel
+  from experiments.bench import stream_round  # pylint: disable=import-outside-toplevel
   stream_round.main(["--slots", "2", "--inputs", "3", "--gammas", "1", "--new_tokens", "8",
                      "--repeats", "1", "--output_dir", str(tmp_path)])
   (row,), = _markdown_tables(capsys.readouterr().out)
@@ -81,7 +81,7 @@ def test_stream_round_sets_the_stream_beside_its_parts(tmp_path, capsys):
 
 
 def test_bench_sampler_sets_the_two_samplers_side_by_side(tmp_path, capsys):
-  from experiments import bench_sampler  # pylint: disable=import-outside-toplevel
+  from experiments.bench import sampler as bench_sampler  # pylint: disable=import-outside-toplevel
   from specjax import sampling  # pylint: disable=import-outside-toplevel
   from specjax.verify import step  # pylint: disable=import-outside-toplevel
   with bench_sampler.drawing_with(sampling.race):
@@ -102,7 +102,7 @@ def test_bench_sampler_sets_the_two_samplers_side_by_side(tmp_path, capsys):
 
 
 def test_bench_dots_times_each_dtype_on_each_shape(tmp_path, capsys):
-  from experiments import bench_dots  # pylint: disable=import-outside-toplevel
+  from experiments.bench import dots as bench_dots  # pylint: disable=import-outside-toplevel
   from specjax import machine  # pylint: disable=import-outside-toplevel
   rows = bench_dots.main(["--rows", "1", "6", "--dots", "2", "--passes", "1",
                           "--output_dir", str(tmp_path)])

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import bench_verify, sigmoid_quality
+from experiments.bench import verify as bench_verify, sigmoid_quality
 from specjax import analysis, compat
 from specjax.verify import fused_kernel as fused_verify
 from specjax.verify.fused_kernel import draw_correction
@@ -336,7 +336,7 @@ def test_sigmoid_measured_deviation_from_the_target():
   assert tv > 0.2, f"sigmoid TV from the target {tv:.3f}"
   assert abs(tv - draft_tv) < 0.01, (tv, draft_tv)  # it emits the draft's distribution
   assert np.mean(n) / G > 0.999  # acceptance ≈ 1
-  # experiments/sigmoid_quality.py's analytic first-token law agrees with the measurement.
+  # experiments/bench/sigmoid_quality.py's analytic first-token law agrees with the measurement.
   law = sigmoid_quality.first_token_law(np.asarray(z_p[0]), np.asarray(z_q[0]),
                                         SigmoidApproxVerifierNotExact())
   assert abs(law["tv"] - tv) < 0.01 and abs(law["accept"] - np.mean(n > 0)) < 0.005

@@ -1,7 +1,7 @@
 """Time per verification step: reference vs fused vs block (exact) vs sigmoid (NOT exact).
 
-  python -m experiments.bench_verify                 # V ∈ {8k, 32k, 128k}, γ ∈ {3, 5, 10}, B ∈ {1, 8}
-  python -m experiments.bench_verify --vocab 8192 --gamma 5 --batch 8 --output out/bench.json
+  python -m experiments.bench.verify                 # V ∈ {8k, 32k, 128k}, γ ∈ {3, 5, 10}, B ∈ {1, 8}
+  python -m experiments.bench.verify --vocab 8192 --gamma 5 --batch 8 --output out/bench.json
 
 What is timed: one jitted, vmapped verification step over a batch, compile
 excluded (median of repeated calls, the verifiers interleaved: `specjax.timing`), in two
@@ -20,7 +20,7 @@ End to end (`--pair lm --pair translate`): `time_decode` times whole speculative
 decodes of bundled examples per verifier (batch 1 and 8, γ = 4, greedy and
 temperature 1), compile apart, median of `--repeats`.
 
-    python -m experiments.bench_verify --pair lm --pair translate --output_dir out/bv
+    python -m experiments.bench.verify --pair lm --pair translate --output_dir out/bv
 
 Block vs reference verification (`--compare block`): on the bundled pairs at
 temperature 1, batch 1 and 8, γ ∈ {2, 4, 6}, `compare_block` reports tokens per target
@@ -29,7 +29,7 @@ the two verifiers interleaved repeat by repeat (median and min–max over repeat
 repeat decodes the same examples with a different seed, and tokens per call pool all
 repeats. Eq. 1's prediction from the measured α sits beside the reference's figure.
 
-    python -m experiments.bench_verify --compare block --pair lm --pair translate \
+    python -m experiments.bench.verify --compare block --pair lm --pair translate \
         --examples 8 --repeats 3 --output_dir docs/results/bench_verify_block
 """
 from __future__ import annotations

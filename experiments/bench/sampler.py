@@ -1,6 +1,6 @@
 """The sampler's cost: `categorical`'s two-stage draw beside one race over the vocabulary.
 
-    python -m experiments.bench_sampler [--batches 1 8] [--examples 6] [--new_tokens 128]
+    python -m experiments.bench.sampler [--batches 1 8] [--examples 6] [--new_tokens 128]
         [--gamma 3] [--repeats 5] [--weights_dtype bfloat16] [--pair lm] [--output_dir DIR]
 
 `specjax.sampling.categorical` draws an id in two exponential races, over the masses of

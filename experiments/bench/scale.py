@@ -1,9 +1,9 @@
 """Speculative decoding at the gin model sizes: step costs beside the memory roofline.
 
-    python -m experiments.bench_scale --sizes xxl --families decoder_only \\
+    python -m experiments.bench.scale --sizes xxl --families decoder_only \\
         [--batches 1 8] [--gamma 4] [--new_tokens 128] [--repeats 5] [--dtype bfloat16] \\
         [--attention specjax xla] [--xla_preset default] [--hlo] --output_dir DIR
-    python -m experiments.bench_scale --sizes tiny --dtype float32 --hlo   # CPU smoke run
+    python -m experiments.bench.scale --sizes tiny --dtype float32 --hlo   # CPU smoke run
 
 Random-init targets at the sizes of gin/models (`decoder_only_{large,xl,xxl}.gin`,
 `t5_1_1_{large,xl,xxl}.gin`; `tiny` for a smoke run), with two drafts at `*_small` that bound
@@ -86,7 +86,7 @@ def set_xla_flags(flags: str) -> None:
     return
   if xla_bridge.backends_are_initialized():
     raise ValueError("XLA flags must be set before JAX starts its backend: run bench_scale in a "
-                     "fresh process (python -m experiments.bench_scale ...)")
+                     "fresh process (python -m experiments.bench.scale ...)")
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
 
 

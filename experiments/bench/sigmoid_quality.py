@@ -1,7 +1,7 @@
 """Acceptance rate and output quality of the sigmoid verifier (NOT exact) vs the exact one.
 
-  python -m experiments.sigmoid_quality                  # all three parts
-  python -m experiments.sigmoid_quality --samples 50000  # quicker
+  python -m experiments.bench.sigmoid_quality                  # all three parts
+  python -m experiments.bench.sigmoid_quality --samples 50000  # quicker
 
 1. Analytic: with α = −β = −10⁴ the sigmoid input is (z − α)/(β − α) = 0.5 + z/(2·10⁴),
    so any realistic logit maps to σ(0.5) ≈ 0.6225 and p̂/q̂ ≈ 1 (bounds printed).
@@ -19,7 +19,7 @@
    against the references for translation; perplexity of the generated tokens
    under the target for the LM).
 
-    python -m experiments.sigmoid_quality --pair lm --pair translate --examples 64
+    python -m experiments.bench.sigmoid_quality --pair lm --pair translate --examples 64
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Paper Table 5 / A.5: lenience l trades exactness for α and speed; what it costs in quality.
 
-  python -m experiments.table5_lenience [--pair translate] [--fast]
+  python -m experiments.paper.table5_lenience [--pair translate] [--fast]
       [--gin_file=experiments/table5_lenience.gin]
 
 Temperature 1: lenient acceptance min(1, p/(l·q)) for l in `leniences`; temperature 0:

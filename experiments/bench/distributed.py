@@ -1,7 +1,7 @@
 """Peak host memory of loading the bundled LM target sharded, per process, over 1 vs 2 processes.
 
-  python -m experiments.bench_distributed                 # the layouts below, on this host's CPU
-  python -m experiments.bench_distributed --pair_role lm/tiny
+  python -m experiments.bench.distributed                 # the layouts below, on this host's CPU
+  python -m experiments.bench.distributed --pair_role lm/tiny
 
 Each layout (processes x CPU devices per process, 'model' axis) runs under
 `specjax.runtime.launch`; every process initializes JAX (`specjax.runtime.distributed.initialize`),
@@ -81,7 +81,7 @@ def measure(pair_role: str, layouts: Sequence[Sequence[int]], folder: Path) -> L
   rows = []
   for processes, devices, partitions in layouts:
     out = folder / f"layout_{processes}x{devices}_m{partitions}.json"
-    status = launch.launch(["experiments.bench_distributed", _CHILD, "--pair_role", pair_role,
+    status = launch.launch(["experiments.bench.distributed", _CHILD, "--pair_role", pair_role,
                             "--num_partitions", str(partitions), "--out", str(out)],
                            num_processes=processes, local_devices=devices, timeout=900)
     if status:
@@ -110,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   out = Output(args.output_dir, "bench_distributed")
   rows = measure(args.pair_role, LAYOUTS, out.folder)
   md = (f"# Peak host memory of a sharded load: bundled:{args.pair_role}\n\n"
-        "`python -m experiments.bench_distributed`: per process, `ru_maxrss` after minus "
+        "`python -m experiments.bench.distributed`: per process, `ru_maxrss` after minus "
         "before `load_sharded` (float32 arrays from the bfloat16 zarr checkpoint) under "
         "`specjax.runtime.launch` (CPU devices, gloo).\n\n" + markdown_table(rows))
   out.markdown(md)

@@ -1,6 +1,6 @@
 """Adaptive γ and hierarchical drafting, measured against fixed-γ two-model speculation.
 
-  python -m experiments.bench_variants [--pair lm --pair translate] [--fast]
+  python -m experiments.bench.variants [--pair lm --pair translate] [--fast]
       [--gin.bench_variants.run.temperatures=(0.0,)]
 
 Part 1, adaptive γ (each pair): batch 1, each example decoded alone by

@@ -1,6 +1,6 @@
 """The streaming decode's round at batch B, beside its parts: is it the loop or the arithmetic?
 
-    python -m experiments.stream_round [--slots 8] [--inputs 64] [--gammas 1 2]
+    python -m experiments.bench.stream_round [--slots 8] [--inputs 64] [--gammas 1 2]
         [--new_tokens 128] [--repeats 5] [--weights_dtype bfloat16] [--output_dir DIR]
 
 Bundled LM pair, greedy, EOS ignored (every input runs `new_tokens`): `inputs` bundled
@@ -8,7 +8,7 @@ prompts streamed through `slots` slots (`specjax.decode.stream`), autoregressive
 speculative at each γ. A round (a step) is a slope, (a stream of `new_tokens` − one of
 `new_tokens // 8`) / the rounds between them, so the refills (prefill, drafter start)
 and the call's fixed part cancel out. Beside it, in the same process and interleaved
-(the jitted loops of `experiments.common`, as in `experiments.profile_round`, same cache
+(the jitted loops of `experiments.common`, as in `experiments.bench.profile_round`, same cache
 length): the target's 1-token
 and (γ+1)-token calls at B rows, one drafter proposal of γ guesses, one verification.
 

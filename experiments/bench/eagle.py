@@ -1,7 +1,7 @@
 """Feature-level (EAGLE-style) drafts beside the independent draft model, in one run.
 
-  python -m experiments.bench_eagle --pair lm --weights_dtype bfloat16 [--head DIR] [--fast]
-  python -m experiments.bench_eagle --pair translate --weights_dtype bfloat16 --head DIR
+  python -m experiments.bench.eagle --pair lm --weights_dtype bfloat16 [--head DIR] [--fast]
+  python -m experiments.bench.eagle --pair translate --weights_dtype bfloat16 --head DIR
 
 The pair's target (the bundled LM or EN->DE one) decodes each of `num_examples` bundled inputs
 alone (batch 1) for `max_new_tokens` tokens (EOS ignored, so every decoder emits the same

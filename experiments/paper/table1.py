@@ -1,6 +1,6 @@
 """The paper's theory: Table 1 and Figures 2-4 (Leviathan et al. 2023, §3).
 
-  python -m experiments.table1 [--gin_file=experiments/table1.gin] [--output_dir=DIR]
+  python -m experiments.paper.table1 [--gin_file=experiments/table1.gin] [--output_dir=DIR]
 
 Table 1: for each (α, γ), the expected factor of arithmetic operations (Thm 3.11, ĉ)
 and of walltime speed (Thm 3.8, c); the paper prints c = ĉ = 0. Figures:

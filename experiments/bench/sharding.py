@@ -1,7 +1,7 @@
 """Throughput of the decode loops on 1 vs N devices.
 
-  python -m experiments.bench_sharding                  # 1 vs 8 forced host (CPU) devices
-  python -m experiments.bench_sharding --devices 8 --num_partitions 2
+  python -m experiments.bench.sharding                  # 1 vs 8 forced host (CPU) devices
+  python -m experiments.bench.sharding --devices 8 --num_partitions 2
 
 Each device count runs in its own subprocess (XLA's host device count is fixed
 when JAX starts; on CPU it is forced with
@@ -91,7 +91,7 @@ def main(argv=None):
     if devices > 1:
       env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                           f" --xla_force_host_platform_device_count={devices}").strip()
-    cmd = ([sys.executable, "-m", "experiments.bench_sharding", "--child",
+    cmd = ([sys.executable, "-m", "experiments.bench.sharding", "--child",
            "--num_partitions", str(args.num_partitions if sharded else 1), "--batch",
            str(args.batch), "--new_tokens", str(args.new_tokens), "--layers", str(args.layers),
            "--emb", str(args.emb), "--repeats", str(args.repeats)]

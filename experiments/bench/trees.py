@@ -1,6 +1,6 @@
 """Benchmark: chains vs static token trees vs dynamic token trees at equal target-call width.
 
-  python -m experiments.bench_trees [--pair lm] [--batch 1 --batch 8] [--temperature 0
+  python -m experiments.bench.trees [--pair lm] [--batch 1 --batch 8] [--temperature 0
       --temperature 1] [--width 8 --width 16 --width 32] [--trees K] [--auto] [--lookup]
       [--ngram] [--no_timing] [--fast]
 

@@ -1,6 +1,6 @@
 """Which weight dtype runs a dense dot fastest on this machine: float32, bfloat16, int8.
 
-    python -m experiments.bench_dots [--rows 1 2 6 48] [--dots 200] [--passes 7]
+    python -m experiments.bench.dots [--rows 1 2 6 48] [--dots 200] [--passes 7]
         [--output_dir DIR]
 
 WEIGHTS_DTYPE and DRAFT_WEIGHTS_DTYPE choose the dtype the dense kernels run in. Which is

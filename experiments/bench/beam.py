@@ -1,7 +1,7 @@
 """Target calls and walltime: beam search vs speculative beam search (paper A.4).
 
-  python -m experiments.bench_beam                       # random-init tiny T5 pairs
-  python -m experiments.bench_beam --target /ckpt/t5_large/checkpoint_N \\
+  python -m experiments.bench.beam                       # random-init tiny T5 pairs
+  python -m experiments.bench.beam --target /ckpt/t5_large/checkpoint_N \\
       --target_model models/t5_1_1_large.gin --draft /ckpt/t5_small/checkpoint_M \\
       --draft_model models/t5_1_1_small.gin --task translate_en_de \\
       [--gin.draft/T5Config.num_decoder_layers=4 ...]

@@ -1,6 +1,6 @@
 """Where a speculative round's time goes, and how close it is to its cost floor.
 
-    python -m experiments.profile_round [--cache_lens 256 512] [--gammas 2 4 6]
+    python -m experiments.bench.profile_round [--cache_lens 256 512] [--gammas 2 4 6]
         [--batches 1 8] [--new_tokens 128] [--repeats 5] [--weights_dtype bfloat16]
 
 A bundled pair (`--pair lm`, the default, or `--pair translate`: an encoder-decoder's calls

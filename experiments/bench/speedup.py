@@ -1,8 +1,8 @@
 """Benchmark: autoregressive vs speculative walltime on the bundled pairs, with an HF peer.
 
-  python -m experiments.bench [--pair lm --pair translate] [--fast]
+  python -m experiments.bench.speedup [--pair lm --pair translate] [--fast]
       [--gin_file=experiments/bench.gin]
-  python -m experiments.bench --bounds [--gin.bench.run.batches="(1,)"]
+  python -m experiments.bench.speedup --bounds [--gin.bench.run.batches="(1,)"]
       [--gin.bench.run.max_new_tokens=64] [--gin.bench.run.gamma=4]
       [--gin.bench.run.repeats=5] [--gin.bench.run.bounds_vocab=8192]
 

@@ -1,6 +1,6 @@
 """Paper Table 3's analog: α of unigram, bigram and model drafts at temperature 0 and 1.
 
-  python -m experiments.table3_alpha [--pair lm --pair translate] [--fast]
+  python -m experiments.paper.table3_alpha [--pair lm --pair translate] [--fast]
       [--gin_file=experiments/table3_alpha.gin] [--gin.table3_alpha.run.num_examples=64]
 
 α is measured inside speculative decoding as the mean over verified positions of

@@ -1,6 +1,6 @@
 """Paper Tables 2 and 4: measured walltime speedup of speculative vs autoregressive decoding.
 
-  python -m experiments.table2_speedup [--pair lm --pair translate] [--fast]
+  python -m experiments.paper.table2_speedup [--pair lm --pair translate] [--fast]
       [--gin_file=experiments/table2_speedup.gin]
 
 For each pair, temperature and γ (batch 1, each example decoded alone, both loops

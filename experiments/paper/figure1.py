@@ -1,6 +1,6 @@
 """Paper Figure 1: the trace of one speculative generation (terminal and HTML).
 
-  python -m experiments.figure1 [--pair translate] [--fast] [--gin.figure1.run.example=3]
+  python -m experiments.paper.figure1 [--pair translate] [--fast] [--gin.figure1.run.example=3]
 
 One line per target call: accepted guesses green, the rejected guess red (struck
 through), the target's correction blue. Writes figure1.txt (plain: [-rejected-],

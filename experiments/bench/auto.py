@@ -1,6 +1,6 @@
 """Benchmark: the cost-aware 'auto' γ policy against autoregressive and every fixed γ.
 
-  python -m experiments.bench_auto [--pair lm --pair translate] [--fast]
+  python -m experiments.bench.auto [--pair lm --pair translate] [--fast]
       [--gin_file=experiments/bench_auto.gin] [--gin.bench_auto.run.batches=(1,)]
 
 For each pair, batch size B and temperature T, one cell times, on the same inputs (a run

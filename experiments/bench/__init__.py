@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m experiments.bench.NAME` prints a table (docs/experiments.md)."""
