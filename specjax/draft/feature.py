@@ -47,8 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, catch_up_loop, check_flags,
-                                check_sizes,
-                                draft_calls, guess_chain)
+                                check_sizes, draft_calls, guess_chain)
 from specjax.draft.tree import (TreeProposal, cache_positions, check_shape, grow_tree,
                                 level_attention)
 from specjax.models import FeatureModel

@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, catch_up_loop, check_flags,
-                                check_sizes,
-                                draft_calls, guess_chain)
+                                check_sizes, draft_calls, guess_chain)
 from specjax.draft.tree import (TreeProposal, cache_positions, check_shape, grow_tree,
                                 level_attention, move_path)
 from specjax.models import DecodingModel, start_model

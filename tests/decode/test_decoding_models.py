@@ -83,14 +83,15 @@ def test_greedy_speculative_equals_autoregressive(family, drafter_name):
       np.testing.assert_array_equal(calls, -(-NEW // (gamma + 1)))
 
 
-@pytest.mark.parametrize("drafter_name", ["model", "self"])
-def test_unrolled_model_drafter_accepts_what_the_loop_accepts(family, drafter_name):
+def test_unrolled_model_drafter_accepts_what_the_loop_accepts(family):
   # The unrolled drafter drafts all 7 guesses each round and feeds its cache 6 of them: a
   # round that left a wrong guess in the cache, or fed it too few or too many positions,
-  # drafts other guesses than the loop and accepts a different number of them ('self' accepts
-  # all 7 at γ = 7, the one case where the cache must then be fed the last guess).
+  # drafts other guesses than the loop and accepts a different number of them. The target as
+  # its own draft accepts every guess it offers, so at γ = 7 it accepts all 7 drafted (the one
+  # case where the cache must then be fed the last guess); the rounds that reject:
+  # tests/decode/test_decoding.py.
   target, target_params, prompts, lengths, reference, drafters = family
-  looped, params = drafters[drafter_name]
+  looped, params = drafters["self"]
   unrolled = dataclasses.replace(looped, unroll=True)
   for gamma in (1, 3, 7):
     kw = dict(max_new_tokens=NEW, gamma=gamma, rng=jax.random.PRNGKey(0), config=GREEDY,

@@ -10,7 +10,7 @@ import pytest
 
 from specjax.decode import DecodeConfig, autoregressive_decode, tree_decode
 from specjax.decode.auto import CostTable
-from specjax.draft import StaticTree
+from specjax.draft import StaticTree, TreeModelDrafter
 from specjax.sampling import Sampling
 from specjax.testing import TableModel, exact_joint, random_table
 
@@ -29,8 +29,7 @@ def tables():
 
 def _table(batch: int, seconds, cache_len: int = 128) -> CostTable:
   """A cost table for TREE on the table models: narrow and tree round costs, prior α 0.6."""
-  drafter = (f"TreeModelDrafter(model=TableModel(vocab={V}, encoder_decoder=False), "
-             f"tree={TREE!r}, window=2, catch_up=8)")
+  drafter = repr(TreeModelDrafter(TableModel(V), TREE))  # as the loop names its drafter
   return CostTable(batch=batch, cache_len=cache_len, max_gamma=DEPTH, buckets=(DEPTH,),
                    seconds=seconds, alpha=0.6,
                    models=f"target TableModel(vocab={V}, encoder_decoder=False); "

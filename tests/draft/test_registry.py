@@ -40,4 +40,4 @@ def test_bad_names_and_fields_are_one_line_errors():
     get_drafter("model", model=_model(), max_gamma=2, gamma=2)
   with pytest.raises(ValueError, match="drafter 'prompt_lookup' .* needs 'max_gamma'"):
     get_drafter("prompt_lookup", vocab=32)
-  assert drafter_fields("tree_model") == ("model", "tree", "window", "catch_up")
+  assert drafter_fields("tree_model") == ("model", "tree", "window", "catch_up", "unroll")
