@@ -85,8 +85,8 @@ class JobSettings:
   draft_weights_why: Optional[str] = None
   """Why 'auto' chose the draft's dtype (None: DRAFT_WEIGHTS_DTYPE named it)."""
   partitioner: Optional[Partitioner]
-  """A `specjax.runtime.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a device mesh; None:
-  one device."""
+  """A `specjax.runtime.sharding.Partitioner` (gin: NUM_PARTITIONS) to decode on a device
+  mesh; None: one device."""
   vocabulary: Any
   """VOCABULARY: a SentencePiece model path, 'bundled:specjax_8k', a `Vocab` or a
   seqio.Vocabulary. None: the task's vocabulary, or the bundled one when both checkpoints are

@@ -274,8 +274,8 @@ def grow_tree(tree, root_logits, level_call: Callable, spine_call: Callable, car
   or an int when unrolled) of the tree's spine tail, whose levels run as one loop
   (`spine_tail`), or as straight-line code with `unroll` (no loop: on a GPU each trip costs a
   host round trip). The draws are `draw_level` and `spine_child`'s, so every tree drafter
-  draws the same tree from the same logits. -> (TreeProposal, `keep_most_probable`'s source map when the tree keeps fewer nodes
-  than it grows (else None), the last carry).
+  draws the same tree from the same logits. -> (TreeProposal, `keep_most_probable`'s source
+  map when the tree keeps fewer nodes than it grows (else None), the last carry).
   """
   batch = root_logits.shape[0]
   starts = level_starts(tree.levels)
