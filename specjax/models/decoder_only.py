@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -28,11 +28,13 @@ from jax import lax
 
 from specjax.models.checks import (check_logits_at, check_positions, check_prefix_lengths,
                                    check_tokens, check_tree, validate_config)
+from specjax.models import fused
 from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, Dense,
                                    EncodedInputs, Embed, KVCache, MlpBlock, MultiHeadAttention,
-                                   RelativePositionBias, RMSNorm, after, attention_parts,
-                                   cache_attention, key_layout, mask_to_bias, mlp_kernel_init,
-                                   value_layout, write_rows)
+                                   RelativePositionBias, RMSNorm, activation_fn, after,
+                                   attention_parts, cache_attention, dense_params, dense_product,
+                                   gate, key_layout, mask_to_bias, mlp_input_names,
+                                   mlp_kernel_init, value_layout, write_rows)
 from specjax.models.network import NetworkModel
 from specjax.models.tree import TreeAttention
 
@@ -43,6 +45,11 @@ from specjax.models.tree import TreeAttention
 def _attention(cfg: Any) -> MultiHeadAttention:
   return MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, DTYPES[cfg.dtype],
                             cfg.attention_impl)
+
+
+def _params(module: nn.Module) -> Any:
+  """A bound module's parameter dict."""
+  return module.variables["params"]
 
 
 class DecoderLayer(nn.Module):
@@ -80,21 +87,55 @@ class DecoderLayer(nn.Module):
     Returns:
       ([B, q, E], updated cache or None).
     """
+    if cache is not None:
+      return self._cached(x, bias, cache, starts, cross)
     h = self.pre_self_attention_layer_norm(x)
     att = self.self_attention
-    query = att.project_q(h)
-    key, value = att.project_kv(h)  # [B, q, H, D]
-    if cache is None:
-      x = x + att.attend(query, key, value, bias)
-    else:
-      heads, cache = cached_self_attention(att.implementation, att.dtype, query, key, value,
-                                           cache, bias, starts)
-      x = x + att.output(heads)
+    x = x + att.attend(att.project_q(h), *att.project_kv(h), bias)
     if self.cross_attention:
       h = self.pre_cross_attention_layer_norm(x)
       att = self.encoder_decoder_attention
       x = x + att.attend_parts(att.project_q(h), [cross])
-    return x + self.mlp(self.pre_mlp_layer_norm(x)), cache
+    return x + self.mlp(self.pre_mlp_layer_norm(x)), None
+
+  def _entry(self, norm: RMSNorm, x: Array, delta: Optional[Array], denses: Sequence[Any],
+             activations: Optional[Sequence[str]] = None) -> Tuple[Array, Tuple[Array, ...]]:
+    """A sublayer's entry in a cached call: (x + delta, the products of its norm by `denses`
+    (the `Dense` modules' parameter dicts)
+    or with `activations` their gated product), by `fused.norm_project`: one kernel where
+    lowered for an NVIDIA GPU, the layers' own ops elsewhere."""
+    dtype = DTYPES[self.config.dtype]
+    params = [dense_params(d) for d in denses]  # (kernel, int8 scales or None) each
+
+    def plain(normed):
+      parts = [dense_product(normed, k, s, dtype) for k, s in params]
+      return parts if activations is None else [gate(parts, activations)]
+
+    return fused.norm_project(
+        x, delta, norm, plain, norm.variables["params"]["scale"], [k for k, _ in params],
+        dtype=dtype, epsilon=norm.epsilon,
+        activations=None if activations is None else [activation_fn(a) for a in activations])
+
+  def _cached(self, x, bias, cache, starts, cross):
+    """`__call__` with a cache: the same values, each sublayer's residual add, norm and input
+    projections handed to `_entry` together."""
+    att = self.self_attention
+    x, (query, key, value) = self._entry(self.pre_self_attention_layer_norm, x, None,
+                                         [_params(d) for d in (att.query, att.key, att.value)])
+    heads, cache = cached_self_attention(att.implementation, att.dtype, att.split_heads(query),
+                                         att.split_heads(key), att.split_heads(value), cache, bias,
+                                         starts)
+    delta = att.output(heads)
+    if self.cross_attention:
+      att = self.encoder_decoder_attention
+      x, (query,) = self._entry(self.pre_cross_attention_layer_norm, x, delta, [_params(att.query)])
+      delta = att.attend_parts(att.split_heads(query), [cross])
+    mlp = self.mlp
+    names = mlp_input_names(mlp.activations)
+    x, (hidden,) = self._entry(self.pre_mlp_layer_norm, x, delta,
+                               [_params(mlp)[n] for n in names], mlp.activations)
+    kernel, scales = dense_params(_params(mlp)["wo"])
+    return x + dense_product(hidden, kernel, scales, DTYPES[self.config.dtype]), cache
 
 
 def cached_self_attention(implementation: str, dtype: Any, query: Array, key: Array,

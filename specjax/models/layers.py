@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import flax.struct
@@ -160,12 +160,26 @@ class Dense(nn.Module):
     """x: [..., in] -> [..., features] in `dtype`."""
     kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features),
                         jnp.float32)
-    if kernel.dtype == jnp.bfloat16:  # weights cast once by `specjax.params.cast_kernels`
-      return bfloat16_dot(x, kernel).astype(self.dtype)
-    if kernel.dtype == jnp.int8:  # a draft's, by `specjax.params.quantize_kernels`
-      return int8_dot(x, kernel, self.get_variable("params", "kernel" + SCALE_SUFFIX)
-                      ).astype(self.dtype)
-    return plain_dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    scales = (self.get_variable("params", "kernel" + SCALE_SUFFIX)
+              if kernel.dtype == jnp.int8 else None)
+    return dense_product(x, kernel, scales, self.dtype)
+
+
+def dense_product(x: Array, kernel: Array, scales: Optional[Array], dtype: Any) -> Array:
+  """What a `Dense` computes: x [..., in] @ kernel [in, out] -> [..., out] in `dtype`, by the
+  kernel's dtype: bfloat16 (`specjax.params.cast_kernels`) through `bfloat16_dot`, int8 (a
+  draft's, `specjax.params.quantize_kernels`, with its `scales`) through `int8_dot`, else in
+  `dtype`."""
+  if kernel.dtype == jnp.bfloat16:
+    return bfloat16_dot(x, kernel).astype(dtype)
+  if kernel.dtype == jnp.int8:
+    return int8_dot(x, kernel, scales).astype(dtype)
+  return plain_dot(x.astype(dtype), kernel.astype(dtype))
+
+
+def dense_params(params: Any) -> Tuple[Array, Optional[Array]]:
+  """A `Dense`'s (kernel, int8 scales or None), from its parameter dict."""
+  return params["kernel"], params.get("kernel" + SCALE_SUFFIX)
 
 
 def plain_dot(x: Array, kernel: Array, *, transposed: bool = False) -> Array:
@@ -332,13 +346,21 @@ class MlpBlock(nn.Module):
     anew: on XLA:CPU ~12 ms of a batch-1 decode call for the bundled LM target (29.5 MB
     written into fresh pages), against no measurable gain per step.
     """
-    names = (["wi"] if len(self.activations) == 1
-             else [f"wi_{i}" for i in range(len(self.activations))])
     parts = [Dense(self.intermediate_dim, mlp_kernel_init, self.dtype, name=n)(x)
-             for n in names]
-    hidden = [activation_fn(act)(h) for act, h in zip(self.activations, parts)]
-    h = functools.reduce(operator.mul, hidden)
-    return Dense(x.shape[-1], mlp_kernel_init, self.dtype, name="wo")(h)
+             for n in mlp_input_names(self.activations)]
+    return Dense(x.shape[-1], mlp_kernel_init, self.dtype, name="wo")(
+        gate(parts, self.activations))
+
+
+def mlp_input_names(activations: Sequence[str]) -> List[str]:
+  """T5X's names of an MLP's input kernels: 'wi' for one activation, else wi_0, wi_1, ..."""
+  return ["wi"] if len(activations) == 1 else [f"wi_{i}" for i in range(len(activations))]
+
+
+def gate(parts: Sequence[Array], activations: Sequence[str]) -> Array:
+  """The gated MLP's hidden state: act_0(parts[0]) * act_1(parts[1]) * ..."""
+  return functools.reduce(operator.mul, [activation_fn(act)(h)
+                                         for act, h in zip(activations, parts)])
 
 
 class RelativePositionBias(nn.Module):
@@ -520,16 +542,17 @@ class MultiHeadAttention(nn.Module):
     self.value = Dense(inner, attention_kernel_init, self.dtype)
     self.out = Dense(self.emb_dim, attention_kernel_init, self.dtype)
 
-  def _heads(self, x: Array) -> Array:
+  def split_heads(self, x: Array) -> Array:
+    """[..., H*D] -> [..., H, D]."""
     return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
 
   def project_q(self, x: Array) -> Array:
     """x: [B, L, E] -> queries [B, L, H, D]."""
-    return self._heads(self.query(x))
+    return self.split_heads(self.query(x))
 
   def project_kv(self, x: Array) -> Tuple[Array, Array]:
     """x: [B, L, E] -> (keys, values), each [B, L, H, D]."""
-    return self._heads(self.key(x)), self._heads(self.value(x))
+    return self.split_heads(self.key(x)), self.split_heads(self.value(x))
 
   def project_kv_heads(self, x: Array) -> Tuple[Array, Array]:
     """x: [B, L, E] -> keys [B, H, D, L] and values [B, H, L, D] (the cache's layout)."""

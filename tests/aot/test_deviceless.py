@@ -17,14 +17,18 @@ from specjax.aot import hlo, report, targets
 from tests.aot.pieces import GPU, NEEDS_COMPILERS, TPU
 
 pytestmark = NEEDS_COMPILERS
+TRITON_CALL = "__gpu$xla.gpu.triton"  # a Pallas kernel lowered through Triton
 
-KERNELS_PER_LAYER = 12
-"""The budget of a decoder-only layer's kernels in a batch-1 bfloat16 step on the H200 (XLA's
-own fusions: the norms' reductions and scalings 4, the joined q/k/v and wi GEMMs 2, the cache
-writes 2, attention 1, the out and wo GEMMs 2, the activation 1; 23 when one-row products ran
-as multiply-and-reduce and attention read two parts)."""
-TINY_KERNELS_PER_LAYER = 14
-"""The same for the tiny model's layers, too narrow for some of XLA's fusions."""
+KERNELS_PER_LAYER = {"decoder_only": 8, "t5_1_1": 11}
+"""The budget of a large model's decoder layer's kernels in a batch-1 bfloat16 step on the
+H200. Decoder-only: each sublayer's residual add, norm and input products in one kernel
+(`specjax.models.fused`) 2, the cache writes 2, attention 1, the out and wo GEMMs 2, and one of
+XLA's own; T5 1.1 adds the cross-attention's entry kernel, attention and out GEMM (23 per
+decoder-only layer when one-row products ran as multiply-and-reduce and attention read two
+parts, 12 with XLA's fusions alone, 17 for T5's)."""
+TINY_KERNELS_PER_LAYER = 10
+"""The same for the tiny model's layers, too narrow for some of XLA's fusions (14 with XLA's
+fusions alone)."""
 
 
 def test_the_plugin_carries_the_gpus_named():
@@ -38,21 +42,26 @@ def test_steps_compile_for_a_gpu_without_weight_shaped_float32_temporaries(lm_pi
   assert "sm_90" in text or "__triton" in text  # XLA:GPU's program, not the host's
   assert rep.f32_temps == 0, [k for k in hlo.body_kernels(text) if k.opcode == "fusion"][:8]
   assert 0 < rep.per_layer <= TINY_KERNELS_PER_LAYER
+  assert rep.custom_calls.get(TRITON_CALL, 0) >= 2  # the sublayer entries' kernel
   assert rep.whiles == 0 and rep.floor_bytes > 0
 
 
-def test_the_large_step_is_twelve_kernels_per_layer_on_an_h200():
-  """decoder_only large (341M, gin/models/decoder_only_large.gin), bfloat16, batch 1: shapes
-  only, compiled for the H200 as it would run there."""
+@pytest.mark.parametrize("family", sorted(KERNELS_PER_LAYER))
+def test_a_large_step_fits_its_kernel_budget_on_an_h200(family):
+  """The large sizes (gin/models/<family>_large.gin: 341M decoder-only, T5 1.1 large),
+  bfloat16, batch 1: shapes only, compiled for the H200 as it would run there. Each sublayer
+  entry is one Pallas kernel (a Triton custom call), and no weight-shaped temporary."""
   from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
   from specjax.models import build_model  # pylint: disable=import-outside-toplevel
   model = build_model(dataclasses.replace(
-      model_config_from_file("models/decoder_only_large.gin"), dtype="bfloat16"))
+      model_config_from_file(f"models/{family}_large.gin"), dtype="bfloat16"))
   piece = report.step_piece("target step", model, report.abstract_params(model, "bfloat16"),
                             batch=1, cache_len=128)
   rep, _ = report.compile_piece(piece, GPU)
   assert rep.f32_temps == 0
-  assert rep.per_layer <= KERNELS_PER_LAYER, rep.row()
+  assert rep.per_layer <= KERNELS_PER_LAYER[family], rep.row()
+  entries = 2 if family == "decoder_only" else 3
+  assert rep.custom_calls.get(TRITON_CALL, 0) == entries * piece.layers, rep.row()
 
 
 def test_the_temporary_check_sees_a_one_row_product_that_is_not_padded():
@@ -73,5 +82,6 @@ def test_the_temporary_check_sees_a_one_row_product_that_is_not_padded():
 def test_the_target_step_compiles_for_a_tpu_too(lm_pieces, name):
   rep, text = report.compile_piece(lm_pieces["target step"], name)
   assert rep.f32_temps == 0
+  assert (TRITON_CALL in rep.custom_calls) == (name == GPU)  # a TPU runs XLA's own fusions
   if name == TPU:
     assert "xla_bytes_accessed" in rep.row() and "TPU" in text.upper()

@@ -18,7 +18,9 @@ from specjax.models.tree import tree_call
 pytestmark = pytest.mark.usefixtures("float32_matmuls")
 
 
-def _accelerators_branch(*args, cpu, default, **kwargs):  # pylint: disable=unused-argument
+def _accelerators_branch(*args, default, **kwargs):  # pylint: disable=unused-argument
+  """`lax.platform_dependent` as lowered for a GPU or TPU other than an NVIDIA GPU (the
+  `cuda` branches, `specjax.models.fused`'s kernel, are tested in tests/models/test_fused.py)."""
   return default(*args)
 
 
