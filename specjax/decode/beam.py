@@ -45,7 +45,7 @@ from specjax.decode.beam_core import (BeamResult, Beams, beam_step, beams_done, 
                                       init_beams, last_tokens, prepare, repeat_rows,
                                       select_rows, start_copies, gather_rows)
 from specjax.decode.inputs import check_cache_size, check_count, check_eos, check_nan
-from specjax.models import DecodingModel
+from specjax.models import DecodingModel, fused
 from specjax.runtime.sharding import Partitioner, constrain, place, unpad
 
 
@@ -62,8 +62,13 @@ class _Loop:
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "partitioner"))
-def _beam_search(model, beam_size, partitioner, params, inputs, seq, prefix_len, max_new_tokens,
-                 alpha, eos_id):
+def _beam_search(model, beam_size, partitioner, *args):
+  with fused.placed_by(partitioner):
+    return _beam_loop(model, beam_size, partitioner, *args)
+
+
+def _beam_loop(model, beam_size, partitioner, params, inputs, seq, prefix_len, max_new_tokens,
+               alpha, eos_id):
   batch, width = seq.shape
   cache, encoded = start_copies(model, params, inputs, prefix_len, width, beam_size)
   encoded = repeat_rows(encoded, beam_size)

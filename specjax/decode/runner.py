@@ -32,7 +32,7 @@ from specjax.decode.inputs import Checked, check_decode, check_nan, initial_seq
 from specjax.decode.loop import finish
 from specjax.decode.state import DecodeResult, LoopParams, LoopState
 from specjax.decode.stream import Streaming, as_streaming, stream_decode
-from specjax.models import DecodingModel
+from specjax.models import DecodingModel, fused
 from specjax.sampling import row_keys
 from specjax.runtime.sharding import Partitioner, constrain, place, unpad
 
@@ -101,11 +101,12 @@ def run_loop(loop: Loop, partitioner, params: LoopParams, inputs, seq, length, k
              max_new_tokens, gamma):
   """The whole decode of one padded batch: (DecodeResult with tokens [B, T], nan bool [B])."""
   prefix_len = length
-  state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length, gamma))
-  place_state = functools.partial(constrain, partitioner)
-  body = lambda s: loop.rounds(params, s, keys, encoded, prefix_len, max_new_tokens,
-                               place=place_state)
-  state = jax.lax.while_loop(functools.partial(loop.going, params), body, state)
+  with fused.placed_by(partitioner):
+    state, encoded = constrain(partitioner, loop.start(params, inputs, seq, length, gamma))
+    place_state = functools.partial(constrain, partitioner)
+    body = lambda s: loop.rounds(params, s, keys, encoded, prefix_len, max_new_tokens,
+                                 place=place_state)
+    state = jax.lax.while_loop(functools.partial(loop.going, params), body, state)
   return finish(state, prefix_len)
 
 

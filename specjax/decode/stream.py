@@ -44,6 +44,7 @@ import jax.numpy as jnp
 from specjax.decode.inputs import check_count
 from specjax.decode.loop import finish
 from specjax.decode.state import DecodeResult, LoopState
+from specjax.models import fused
 from specjax.runtime.sharding import Partitioner, constrain, unpad
 
 
@@ -199,7 +200,8 @@ def _run(loop, rows, partitioner, params, inputs, length, keys, total, stream: S
                      finished=s.finished + newly, rounds=s.rounds + ran,
                      slot_rounds=s.slot_rounds + batch * ran)
 
-  stream = jax.lax.while_loop(more, body, stream)
+  with fused.placed_by(partitioner):
+    stream = jax.lax.while_loop(more, body, stream)
   ended = stream.slots.loop.done & (stream.slots.example >= 0)
   # Out as in (`_placed`): the next chunk's call hits the same compiled loop.
   return constrain(partitioner, _flush(stream, jnp.where(ended, jnp.arange(batch), batch)))

@@ -13,9 +13,10 @@ what a decode step's weight traffic wants.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -29,10 +30,28 @@ _CHUNK = 128  # columns of the input read per loop trip (a power of two dividing
 _TARGET_PROGRAMS = 256  # enough column blocks to keep every SM of a large GPU reading
 
 
+_SPREAD = [0]  # traces under way whose arrays are spread over several devices
+
+
 def enabled() -> bool:
-  """Whether `norm_project` may use its kernel: yes unless the environment variable
-  SPECJAX_NORM_KERNEL is 'xla' (XLA's own fusions everywhere), read when a call is traced."""
-  return os.environ.get(ENV, "fused") != "xla"
+  """Whether `norm_project` may use its kernel, read when a call is traced: yes unless the
+  environment variable SPECJAX_NORM_KERNEL is 'xla' (XLA's own fusions everywhere) or the
+  trace runs under `placed_by` a partitioner of several devices."""
+  return os.environ.get(ENV, "fused") != "xla" and not _SPREAD[0]
+
+
+@contextlib.contextmanager
+def placed_by(partitioner: Any) -> Iterator[None]:
+  """Traces inside run without the kernel when `partitioner` (a
+  `specjax.runtime.sharding.Partitioner`, or None) spreads the arrays over more than one
+  device: XLA's partitioner has no rule for a Pallas call and would gather its operands, the
+  weights included, onto every device."""
+  spread = int(partitioner is not None and partitioner.mesh.size > 1)
+  _SPREAD[0] += spread
+  try:
+    yield
+  finally:
+    _SPREAD[0] -= spread
 
 
 def _fits(x: Array, kernels: Sequence[Array]) -> bool:

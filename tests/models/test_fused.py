@@ -144,3 +144,33 @@ def test_models_compute_the_same_with_the_kernel(family, weights, tiny_lm_pair, 
   for a, b in zip(jax.tree.leaves(cpu), jax.tree.leaves(gpu)):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                rtol=2e-4, atol=2e-4)
+
+
+class _Spread:
+  """A partitioner's face as `placed_by` reads it: a mesh of `size` devices."""
+
+  def __init__(self, size):
+    self.mesh = type("Mesh", (), {"size": size})()
+
+
+def test_a_trace_spread_over_devices_takes_the_layers_ops(monkeypatch):
+  """Under a partitioner of several devices the kernel is off (XLA would gather its operands,
+  weights included, onto every device); one device or none leaves it on, and leaving the
+  block turns it back on."""
+  monkeypatch.delenv(fused.ENV, raising=False)
+  with fused.placed_by(_Spread(2)):
+    assert not fused.enabled()
+    with fused.placed_by(None):
+      assert not fused.enabled()
+  assert fused.enabled()
+  for one in (None, _Spread(1)):
+    with fused.placed_by(one):
+      assert fused.enabled()
+
+
+def test_the_decode_loops_trace_under_their_partitioner(monkeypatch):
+  """run_loop, the streamed loop and beam search trace their calls inside `placed_by`."""
+  import inspect  # pylint: disable=import-outside-toplevel
+  from specjax.decode import beam, runner, stream  # pylint: disable=import-outside-toplevel
+  for fn in (runner.run_loop, stream._run, beam._beam_search):  # pylint: disable=protected-access
+    assert "fused.placed_by(partitioner)" in inspect.getsource(fn.__wrapped__)
