@@ -22,10 +22,11 @@ TRITON_CALL = "__gpu$xla.gpu.triton"  # a Pallas kernel lowered through Triton
 KERNELS_PER_LAYER = {"decoder_only": 8, "t5_1_1": 11}
 """The budget of a large model's decoder layer's kernels in a batch-1 bfloat16 step on the
 H200. Decoder-only: each sublayer's residual add, norm and input products in one kernel
-(`specjax.models.fused`) 2, the cache writes 2, attention 1, the out and wo GEMMs 2, and one of
-XLA's own; T5 1.1 adds the cross-attention's entry kernel, attention and out GEMM (23 per
-decoder-only layer when one-row products ran as multiply-and-reduce and attention read two
-parts, 12 with XLA's fusions alone, 17 for T5's)."""
+(`specjax.models.fused`) 2, the cache writes 2, attention 1, the out GEMM 1, the wo GEMM split
+along its inputs 1 and its partial sums added with the residual 1; T5 1.1 adds the
+cross-attention's entry kernel, attention and out GEMM (23 per decoder-only layer when
+one-row products ran as multiply-and-reduce and attention read two parts, 12 with XLA's
+fusions alone, 17 for T5's)."""
 TINY_KERNELS_PER_LAYER = 10
 """The same for the tiny model's layers, too narrow for some of XLA's fusions (14 with XLA's
 fusions alone)."""

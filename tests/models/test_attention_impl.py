@@ -155,7 +155,9 @@ def test_compiled_step_loop_has_no_host_transfer(impl):
   assert compiled["body_host_transfers"] == 0 and compiled["entry_host_transfers"] == 0
   assert compiled["body_custom_calls"] == {}  # XLA:CPU: plain ops, no library calls
   cuda = stats["cuda_stablehlo"]  # lowered for CUDA on this machine (no GPU needed)
-  assert cuda["whiles"] == 1 and cuda["host_transfers"] == 0
+  assert cuda["whiles"] == 1 and cuda["host_transfers"] == 0, cuda
+  # The sublayer entries' Pallas kernel, lowered for the GPU that `kernels_for` names.
+  assert "__gpu$xla.gpu.triton" in cuda["custom_calls"], cuda
 
 
 def test_cudnn_needs_half_precision_and_is_refused_clearly_without_cudnn():
