@@ -101,9 +101,9 @@ class DecoderLayer(nn.Module):
   def _entry(self, norm: RMSNorm, x: Array, delta: Optional[Array], denses: Sequence[Any],
              activations: Optional[Sequence[str]] = None) -> Tuple[Array, Tuple[Array, ...]]:
     """A sublayer's entry in a cached call: (x + delta, the products of its norm by `denses`
-    (the `Dense` modules' parameter dicts)
-    or with `activations` their gated product), by `fused.norm_project`: one kernel where
-    lowered for an NVIDIA GPU, the layers' own ops elsewhere."""
+    (the `Dense` modules' parameter dicts), or with `activations` their gated product), by
+    `fused.norm_project`: one kernel where lowered for an NVIDIA GPU, the layers' own ops
+    elsewhere."""
     dtype = DTYPES[self.config.dtype]
     params = [dense_params(d) for d in denses]  # (kernel, int8 scales or None) each
 
