@@ -205,8 +205,7 @@ def stream_rows(pair: Pair, *, inputs: int, slots: int, max_new_tokens: int,
           "vs_stream_ar": ratio, "vs_stream_ar_range": f"{low:.2f}–{high:.2f}",
           "slot_utilization": out.slot_utilization, "tokens": tokens,
           "tokens_per_call": tokens / max(int(np.sum(out.target_calls)), 1),
-          "alpha": (float(np.sum(out.alpha_sum) / max(np.sum(out.alpha_count), 1))
-                    if "speculative" in name else None),
+          "alpha": out.pooled_alpha if "speculative" in name else None,
           "same_tokens": bool(np.array_equal(out.tokens,
                                              t.outputs["padded autoregressive"].tokens))})
   return rows

@@ -38,7 +38,7 @@ def measure_alpha(pair: Pair, drafter, drafter_params, ex: Examples,
   result = speculative_decode(pair.target, pair.target_params, drafter, drafter_params,
                               ex.inputs, max_new_tokens=max_new_tokens, gamma=gamma,
                               rng=jax.random.PRNGKey(seed), config=config)
-  alpha = float(np.sum(result.alpha_sum) / max(int(np.sum(result.alpha_count)), 1))
+  alpha = result.pooled_alpha
   per_call = float(np.sum(result.lengths) / max(int(np.sum(result.target_calls)), 1))
   return {"alpha": alpha, "tokens_per_call": per_call,
           "positions": int(np.sum(result.alpha_count))}

@@ -84,7 +84,7 @@ def run(cli: Cli, *, num_examples: int = 32, max_new_tokens: int = 32, gamma: in
         out = t.outputs[f"l={l}"]
         calls = int(out.target_calls.sum())
         rows.append({"pair": pair.name, "temperature": temp, "lenience": l,
-                     "alpha": float(out.alpha_sum.sum() / max(int(out.alpha_count.sum()), 1)),
+                     "alpha": out.pooled_alpha,
                      "tokens_per_call": float(out.lengths.sum()) / max(calls, 1),
                      "speedup": t.median("AR") / t.median(f"l={l}"), **_quality(pair, ex, out)})
         print({k: fmt(v) for k, v in rows[-1].items()})

@@ -6,6 +6,7 @@ from typing import Any, Optional
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.decode.auto import AutoControl
 
@@ -43,6 +44,13 @@ class DecodeResult:
   def alpha(self) -> jax.Array:
     """float32 [B]: the acceptance-rate estimate, mean of Σ min(p, q)."""
     return self.alpha_sum / jnp.maximum(self.alpha_count, 1)
+
+  @property
+  def pooled_alpha(self) -> float:
+    """The acceptance-rate estimate over every row's verified positions together: Σ alpha_sum
+    over Σ alpha_count (0 when no position was verified)."""
+    return float(np.sum(np.asarray(self.alpha_sum))
+                 / max(int(np.sum(np.asarray(self.alpha_count))), 1))
 
   @property
   def tokens_per_call(self) -> jax.Array:

@@ -6,12 +6,13 @@ import collections
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specjax.decode import runner
 from specjax.verify import ReferenceVerifier
-from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.decode import DecodeConfig, DecodeResult, autoregressive_decode, speculative_decode
 from specjax.draft import BigramDrafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
 from specjax.sampling import Sampling
 from specjax.testing import TableModel, exact_joint, random_table
@@ -318,3 +319,14 @@ def test_fused_verifier_in_the_loop_draws_the_reference_tokens(tables):
   # The sigmoid approximation (NOT exact) accepts almost every guess.
   sigmoid = run(SigmoidApproxVerifierNotExact())
   assert np.mean(sigmoid.tokens_per_call) > np.mean(reference.tokens_per_call)
+
+
+def test_pooled_alpha_weighs_rows_by_their_verified_positions():
+  """Σ alpha_sum / Σ alpha_count over the rows (not the mean of the rows' α), 0 with none."""
+  zeros = jnp.zeros((2,), jnp.int32)
+  result = DecodeResult(tokens=jnp.zeros((2, 1), jnp.int32), lengths=zeros, target_calls=zeros,
+                        draft_calls=zeros, accepted_hist=jnp.zeros((2, 2), jnp.int32),
+                        alpha_sum=jnp.array([3.0, 0.5]), alpha_count=jnp.array([4, 1]))
+  assert result.pooled_alpha == pytest.approx(3.5 / 5)  # the rows' mean α would be 0.625
+  none = result.replace(alpha_sum=jnp.zeros((2,)), alpha_count=zeros)
+  assert none.pooled_alpha == 0.0
