@@ -120,21 +120,14 @@ def _compiler_figures(compiled) -> Dict[str, float]:
   return out
 
 
-def _kernel_target(device):
-  """A context naming `device` as the one Pallas's Triton kernels are lowered for (they ask
-  for the GPU's kind; without a device JAX would answer with the CPU's)."""
-  use = getattr(jax.sharding, "use_abstract_mesh", None)
-  if use is None:
-    return contextlib.nullcontext()
-  return use(jax.sharding.Mesh(np.array([device]), ("x",)).abstract_mesh)
-
-
 def compile_piece(piece: Piece, target: str) -> Tuple[Report, str]:
   """(its `Report`, the optimized HLO text) of `piece` compiled for `target` without the device.
   Raises `targets.TargetUnavailable` when the target's compiler is missing."""
   device = targets.devices(target)[0]
   start = time.perf_counter()
-  with _kernel_target(device):
+  gpu = targets.target(target).platform == "gpu"
+  # Pallas's Triton lowering asks for the GPU's kind (`specjax.models.fused`).
+  with targets.kernels_for(device) if gpu else contextlib.nullcontext():
     lowered = piece.fn.lower(*place(piece.args, device))
   compiled = lowered.compile()
   seconds = time.perf_counter() - start

@@ -211,17 +211,22 @@ def hbm_gbps(name: str) -> Optional[float]:
   return target(name).hbm_gbps or None
 
 
-def kernels_for(device_kind: str = "NVIDIA H200", platform: str = "gpu"):
-  """A context in which Pallas kernels are lowered for a `device_kind` GPU this host does not
-  have (its Triton lowering asks for the GPU's kind, and without a GPU JAX has none to give):
-  around `jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))` on a CPU host, or a
-  `lower` on compile-only devices. No plugin needed; a no-op on a JAX without abstract
-  meshes."""
+def kernels_for(device=None):
+  """A context in which Pallas kernels are lowered for a GPU this host does not have (their
+  Triton lowering asks for the GPU's kind, and without a GPU JAX has none to give).
+
+  `device`: a compile-only GPU from `devices`, the one a `lower` places its arguments on
+  (`specjax.aot.report.place`: the context's mesh must be theirs); None: an H200 named
+  abstractly, around `jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))` on a CPU
+  host (no plugin needed). A no-op on a JAX without abstract meshes."""
   import contextlib  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
   use = getattr(jax.sharding, "use_abstract_mesh", None)
   device_type = getattr(jax.sharding, "AbstractDevice", None)
   if use is None or device_type is None:
     return contextlib.nullcontext()
-  device = device_type(device_kind=device_kind, num_cores=None, platform=platform)
-  return use(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device))
+  if device is not None:
+    return use(jax.sharding.Mesh(np.array([device]), ("x",)).abstract_mesh)
+  named = device_type(device_kind="NVIDIA H200", num_cores=None, platform="gpu")
+  return use(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=named))

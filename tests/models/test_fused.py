@@ -18,8 +18,8 @@ import pytest
 
 from specjax.models import fused
 from specjax.models.layers import activation_fn, bfloat16_dot
-from specjax.models.tree import tree_call
 from specjax.params import cast_kernels
+from tests.models.calls import chain_and_tree_calls, encoded_inputs
 
 pytestmark = pytest.mark.usefixtures("float32_matmuls")
 
@@ -95,25 +95,6 @@ def _gpu_branch(*args, default, **branches):
   return branches.get("cuda", default)(*args)
 
 
-def _calls(model, params, encoded):
-  """Logits and caches of three chain calls (batch 2, rows at different positions: a
-  prefill of 5, 3 guesses, 1 token) and a tree call of 4 tokens, op by op."""
-  with jax.disable_jit():
-    cache = model.init_cache(2, 16)
-    out = []
-    for tokens, positions in [(jnp.array([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]]), jnp.array([0, 0])),
-                              (jnp.array([[3, 4, 5], [7, 2, 3]]), jnp.array([5, 3])),
-                              (jnp.array([[11], [12]]), jnp.array([8, 6]))]:
-      logits, cache = model.decode(params, cache, tokens, positions, encoded)
-      out += [logits, cache]
-    length = jnp.array([9, 7])
-    tree = tree_call(jnp.array([[-1, -1, 0], [-1, 0, 1]]), jnp.array([[1, 1, 2], [1, 2, 3]]),
-                     length)
-    logits, cache = model.decode(params, cache, jnp.array([[11, 4, 5, 6], [12, 3, 3, 2]]),
-                                 length - 1, encoded, tree=tree)
-    return out + [logits, cache]
-
-
 @pytest.mark.parametrize("family, weights", [("lm", "float32"), ("t5", "bfloat16")])
 def test_models_compute_the_same_with_the_kernel(family, weights, tiny_lm_pair, tiny_t5_pair,
                                                  monkeypatch):
@@ -123,10 +104,8 @@ def test_models_compute_the_same_with_the_kernel(family, weights, tiny_lm_pair, 
   model, params = pair.target, pair.target_params
   if weights == "bfloat16":
     params = cast_kernels(params, jnp.bfloat16)
-  encoded = None
-  if model.is_encoder_decoder:
-    encoded = model.encode(params, jnp.array([[4, 5, 6, 1, 0], [7, 8, 1, 0, 0]]))
-  cpu = _calls(model, params, encoded)
+  encoded = encoded_inputs(model, params)
+  cpu = chain_and_tree_calls(model, params, encoded)
   entered = []
   interpreted = functools.partial(fused._pallas, interpret=True)  # pylint: disable=protected-access
 
@@ -137,7 +116,7 @@ def test_models_compute_the_same_with_the_kernel(family, weights, tiny_lm_pair, 
 
   monkeypatch.setattr(fused, "_pallas", counted)
   monkeypatch.setattr(jax.lax, "platform_dependent", _gpu_branch)
-  gpu = _calls(model, params, encoded)
+  gpu = chain_and_tree_calls(model, params, encoded)
   layers = model.config.num_layers if family == "lm" else model.config.num_decoder_layers
   # Per call and layer: self-attention and MLP entries, and T5's cross-attention's.
   assert len(entered) == 4 * layers * (2 if family == "lm" else 3)
