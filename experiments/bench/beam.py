@@ -21,17 +21,16 @@ random model (no agreement: the worst case).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import sys
 from typing import Any, Dict, List, Sequence
 
 import jax
 import numpy as np
 
+from experiments.common.checks import check_counts
+from experiments.common.cli import parse_cli
 from experiments.common.inputs import load_examples
-from experiments.common.output import markdown_table
+from experiments.common.output import write
 from experiments.common.pairs import Pair, RANDOM_CONFIGS, RANDOM_NOTE, pair_from_gin
 from specjax import timing
 from specjax.app import gin_config
@@ -60,7 +59,7 @@ def random_pairs(seed: int, noise: float) -> List[Pair]:
                       small.init(seed + 2), RANDOM_NOTE)]
 
 
-def checkpoint_pair(args, gin_files: Sequence[str], bindings: Sequence[str],
+def checkpoint_pair(args, seed: int, gin_files: Sequence[str], bindings: Sequence[str],
                     paths: Sequence[str]) -> Pair:
   """The pair given by --target/--draft checkpoints and their model gin files.
 
@@ -75,7 +74,7 @@ def checkpoint_pair(args, gin_files: Sequence[str], bindings: Sequence[str],
       ("TARGET_CHECKPOINT", args.target), ("DRAFT_CHECKPOINT", args.draft),
       ("PAIR_TASK", args.task)) if value]
   gin_config.parse(gin_files, [*macros, *bindings], paths)
-  pair = pair_from_gin(args.seed)
+  pair = pair_from_gin(seed)
   return dataclasses.replace(pair, name=f"{args.target} / {args.draft}")
 
 
@@ -119,52 +118,42 @@ COLUMNS = {  # header -> the cell of a row
 }
 
 
-def markdown(rows: List[Dict[str, Any]]) -> str:
-  """The results as a markdown table."""
-  return markdown_table([{h: cell(r) for h, cell in COLUMNS.items()} for r in rows],
-                               cell=str)
+FLAGS = {"--target": dict(help="target T5X checkpoint (default: random-init pairs)"),
+         "--draft": dict(help="draft T5X checkpoint"),
+         "--target_model": dict(help="target model gin file, e.g. models/t5_1_1_large.gin"),
+         "--draft_model": dict(help="draft model gin file"),
+         "--task": dict(default=TASK, help="bundled task for the inputs"),
+         "--num_examples": dict(type=int, default=8),
+         "--max_input_len": dict(type=int, default=48),
+         "--beam_sizes": dict(type=int, nargs="+", default=[2, 3, 5]),
+         "--draft_factor": dict(type=int, default=2, help="u = draft_factor * w"),
+         "--gamma": dict(type=int, default=3), "--max_new_tokens": dict(type=int, default=16),
+         "--alpha": dict(type=float, default=0.6),
+         "--repeats": dict(type=int, default=1,
+                           help="timed runs of each search (median), interleaved"),
+         "--noise": dict(type=float, default=0.02,
+                         help="random pairs: the close draft's relative weight noise")}
+FAST = dict(num_examples=1, beam_sizes=[2], max_new_tokens=4, gamma=2)
 
 
 def main(argv=None) -> List[Dict[str, Any]]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--target", help="target T5X checkpoint (default: random-init pairs)")
-  parser.add_argument("--draft", help="draft T5X checkpoint")
-  parser.add_argument("--target_model", help="target model gin file, e.g. models/t5_1_1_large.gin")
-  parser.add_argument("--draft_model", help="draft model gin file")
-  parser.add_argument("--task", default="translate_en_de", help="bundled task for the inputs")
-  parser.add_argument("--num_examples", type=int, default=8)
-  parser.add_argument("--max_input_len", type=int, default=48)
-  parser.add_argument("--beam_sizes", default="2,3,5")
-  parser.add_argument("--draft_factor", type=int, default=2, help="u = draft_factor * w")
-  parser.add_argument("--gamma", type=int, default=3)
-  parser.add_argument("--max_new_tokens", type=int, default=16)
-  parser.add_argument("--alpha", type=float, default=0.6)
-  parser.add_argument("--repeats", type=int, default=1,
-                      help="timed runs of each search (median), interleaved")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--noise", type=float, default=0.02,
-                      help="random pairs: the close draft's relative weight noise")
-  parser.add_argument("--output", help="also write the rows as JSON lines here")
-  gin_files, bindings, paths, rest = gin_config.split_gin_args(
-      sys.argv[1:] if argv is None else argv)
-  args = parser.parse_args(rest)
-  args.beam_sizes = [int(w) for w in args.beam_sizes.split(",") if w]
-  pairs = ([checkpoint_pair(args, gin_files, bindings, paths)] if args.target
-           else random_pairs(args.seed, args.noise))
+  cli = parse_cli(argv, __doc__, "bench_beam", needs_pairs=False, flags=FLAGS, fast=FAST)
+  args = cli.args
+  check_counts(num_examples=args.num_examples, max_input_len=args.max_input_len,
+               beam_sizes=args.beam_sizes, draft_factor=args.draft_factor, gamma=args.gamma,
+               max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+  pairs = ([checkpoint_pair(args, cli.seed, *cli.gin)] if args.target
+           else random_pairs(cli.seed, args.noise))
   rows = []
   for pair in pairs:
     ex = load_examples(dataclasses.replace(pair, task=args.task), args.num_examples,
-                         args.max_input_len, prompt_words=PROMPT_WORDS)
+                       args.max_input_len, prompt_words=PROMPT_WORDS)
     rows += bench_pair(pair, ex.inputs, args)
-  print(f"{jax.devices()[0].platform}, {args.num_examples} examples of {args.task}, "
-        f"max_new_tokens={args.max_new_tokens}, alpha={args.alpha}; calls are per example")
-  print(markdown(rows))
-  if args.output:
-    with open(args.output, "w", encoding="utf-8") as f:
-      for r in rows:
-        f.write(json.dumps(r) + "\n")
-  return rows
+  return write(cli, "bench_beam", [{h: cell(r) for h, cell in COLUMNS.items()} for r in rows],
+               "Beam search vs speculative beam search", [
+                   f"{args.num_examples} examples of {args.task}, max_new_tokens="
+                   f"{args.max_new_tokens}, alpha={args.alpha}; calls are per example"],
+               pairs=pairs, measured=rows)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from experiments.common.output import Output, markdown_table
+from experiments.common.cli import parse_cli
+from experiments.common.output import write
 from specjax.command import run_cli
 
 LAYOUTS = ((1, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2))
@@ -78,6 +79,7 @@ def child(argv: Sequence[str]) -> None:
 def measure(pair_role: str, layouts: Sequence[Sequence[int]], folder: Path) -> List[Dict]:
   """One row per (layout, process)."""
   from specjax.runtime import launch  # pylint: disable=import-outside-toplevel
+  folder.mkdir(parents=True, exist_ok=True)
   rows = []
   for processes, devices, partitions in layouts:
     out = folder / f"layout_{processes}x{devices}_m{partitions}.json"
@@ -97,26 +99,21 @@ def measure(pair_role: str, layouts: Sequence[Sequence[int]], folder: Path) -> L
   return rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict]]:
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv[:1] == [_CHILD]:
     child(argv[1:])
-    return
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--pair_role", default="lm/target", help="bundled PAIR/ROLE to load")
-  parser.add_argument("--output_dir", default="out/experiments/bench_distributed")
-  args = parser.parse_args(argv)
-  out = Output(args.output_dir, "bench_distributed")
-  rows = measure(args.pair_role, LAYOUTS, out.folder)
-  md = (f"# Peak host memory of a sharded load: bundled:{args.pair_role}\n\n"
-        "`python -m experiments.bench.distributed`: per process, `ru_maxrss` after minus "
-        "before `load_sharded` (float32 arrays from the bfloat16 zarr checkpoint) under "
-        "`specjax.runtime.launch` (CPU devices, gloo).\n\n" + markdown_table(rows))
-  out.markdown(md)
-  out.csv(rows)
-  out.json({"pair_role": args.pair_role, "layouts": LAYOUTS, "rows": rows})
-  print(md)
+    return None
+  cli = parse_cli(argv, __doc__, "bench_distributed", needs_pairs=False, weights_dtype=None,
+                  flags={"--pair_role": dict(default="lm/target",
+                                             help="bundled PAIR/ROLE to load")})
+  pair_role = cli.flags["pair_role"]
+  rows = measure(pair_role, LAYOUTS, cli.output_dir)
+  return write(cli, "bench_distributed", rows,
+               f"Peak host memory of a sharded load: bundled:{pair_role}", [
+                   "per process, `ru_maxrss` after minus before `load_sharded` (float32 arrays "
+                   "from the bfloat16 zarr checkpoint) under `specjax.runtime.launch` (CPU "
+                   "devices, gloo)"], pairs=[], pair_role=pair_role, layouts=LAYOUTS)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ the table gives µs per dot and each dtype's time over float32's.
 """
 from __future__ import annotations
 
-import argparse
 from typing import Dict, List, Optional, Sequence
 
 import jax
@@ -87,7 +86,7 @@ FLAGS = {"--rows": dict(type=int, nargs="+", default=[1, 2, 6, 48]),
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
   cli = parse_cli(argv, __doc__, "bench_dots", needs_pairs=False, flags=FLAGS)
-  args = argparse.Namespace(**cli.flags)
+  args = cli.args
   check_counts(rows=tuple(args.rows), dots=args.dots, passes=args.passes)
   rows = measure(args.rows, args.dots, args.passes)
   md = header("Dense dots by weight dtype", [], [

@@ -38,7 +38,6 @@ with the α the run measured, beside the measured AR / speculative time.
 """
 from __future__ import annotations
 
-import argparse
 from typing import Optional, Sequence
 
 import jax
@@ -89,7 +88,7 @@ FLAGS = {"--cache_lens": dict(type=int, nargs="+", default=[256, 512]),
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
   cli = parse_cli(argv, __doc__, "profile_round", default_pairs=("lm",), flags=FLAGS)
-  args = argparse.Namespace(**cli.flags)
+  args = cli.args
   for length in args.cache_lens:
     if length < PROMPT_LEN + args.new_tokens + max(args.gammas) + 1:
       raise ValueError(f"cache length {length} cannot hold a {PROMPT_LEN}-token prompt, "

@@ -3,7 +3,7 @@
     python -m experiments.bench.scale --sizes xxl --families decoder_only \\
         [--batches 1 8] [--gamma 4] [--new_tokens 128] [--repeats 5] [--dtype bfloat16] \\
         [--attention specjax xla] [--xla_preset default] [--hlo] --output_dir DIR
-    python -m experiments.bench.scale --sizes tiny --dtype float32 --hlo   # CPU smoke run
+    python -m experiments.bench.scale --fast --hlo   # CPU smoke run (tiny sizes, float32)
 
 Random-init targets at the sizes of gin/models (`decoder_only_{large,xl,xxl}.gin`,
 `t5_1_1_{large,xl,xxl}.gin`; `tiny` for a smoke run), with two drafts at `*_small` that bound
@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import os
 import shutil
 import tempfile
@@ -49,7 +48,9 @@ import numpy as np
 from jax._src import xla_bridge
 
 from specjax.aot import hlo as hlo_stats
-from experiments.common.output import markdown_table
+from experiments.common.checks import check_counts
+from experiments.common.cli import parse_cli
+from experiments.common.output import Output, markdown_table
 from experiments.reference_decoder import reference_decode
 from specjax import timing
 from specjax.analysis import expected_tokens
@@ -251,37 +252,33 @@ COLUMNS = ["family", "size", "batch", "attention", "target_ms_per_token", "draft
            "greedy_equal_feature", "greedy_equal_reference"]
 
 
+FLAGS = {"--sizes": dict(nargs="+", default=["xxl"], choices=sorted(SIZES)),
+         "--families": dict(nargs="+", default=["decoder_only"], choices=sorted(FAMILIES)),
+         "--batches": dict(type=int, nargs="+", default=[1, 8]),
+         "--gamma": dict(type=int, default=4), "--prompt_len": dict(type=int, default=16),
+         "--new_tokens": dict(type=int, default=128), "--repeats": dict(type=int, default=5),
+         "--dtype": dict(default="bfloat16", choices=["float32", "bfloat16"],
+                         help="weights and activations (float32 for exact greedy comparisons)"),
+         "--attention": dict(nargs="+", default=["specjax"],
+                             choices=sorted(ATTENTION_IMPLEMENTATIONS),
+                             help="attention implementations to compare"),
+         "--xla_preset": dict(default="default", choices=sorted(XLA_PRESETS)),
+         "--xla_flags": dict(default="", help="more XLA_FLAGS for this run"),
+         "--copy_mb": dict(type=int, default=1024,
+                           help="size of the bandwidth probe's copy (MB)"),
+         "--hlo": dict(action="store_true",
+                       help="count ops of the compiled loops (specjax.aot.hlo)")}
+FAST = dict(sizes=["tiny"], batches=[1], new_tokens=4, repeats=1, dtype="float32", copy_mb=4)
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-  """The command line (see the module docstring)."""
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--sizes", nargs="+", default=["xxl"], choices=sorted(SIZES))
-  parser.add_argument("--families", nargs="+", default=["decoder_only"], choices=sorted(FAMILIES))
-  parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-  parser.add_argument("--gamma", type=int, default=4)
-  parser.add_argument("--prompt_len", type=int, default=16)
-  parser.add_argument("--new_tokens", type=int, default=128)
-  parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                      help="weights and activations (float32 for exact greedy comparisons)")
-  parser.add_argument("--attention", nargs="+", default=["specjax"],
-                      help="attention implementations to compare (ATTENTION_IMPLEMENTATIONS)")
-  parser.add_argument("--xla_preset", default="default", choices=sorted(XLA_PRESETS))
-  parser.add_argument("--xla_flags", default="", help="more XLA_FLAGS for this run")
-  parser.add_argument("--copy_mb", type=int, default=1024,
-                      help="size of the bandwidth probe's copy (MB)")
-  parser.add_argument("--hlo", action="store_true",
-                      help="count ops of the compiled loops (specjax.aot.hlo)")
-  parser.add_argument("--output_dir", default="bench_scale_out")
-  args = parser.parse_args(argv)
-  for att in args.attention:
-    if att not in ATTENTION_IMPLEMENTATIONS:
-      parser.error(f"--attention {att!r}: use one of {sorted(ATTENTION_IMPLEMENTATIONS)}")
-  for name in ("gamma", "prompt_len", "new_tokens", "repeats", "copy_mb"):
-    if getattr(args, name) < 1:
-      parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-  if min(args.batches) < 1:
-    parser.error(f"--batches must be >= 1, got {args.batches}")
+  """The command line (see the module docstring), its own flags and --output_dir."""
+  cli = parse_cli(argv, __doc__, "bench_scale", needs_pairs=False, flags=FLAGS, fast=FAST,
+                  weights_dtype=None)
+  args = cli.args
+  check_counts(gamma=args.gamma, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+               repeats=args.repeats, copy_mb=args.copy_mb, batches=args.batches)
+  args.output_dir = str(cli.output_dir)
   return args
 
 
@@ -314,23 +311,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "copy_gbps": gbps, "settings": vars(args), "rows": rows, "hlo": hlo}
   out = Path(args.output_dir)
-  out.mkdir(parents=True, exist_ok=True)
   md = (f"# bench_scale\n\n- device: {result['device']} ({result['platform']}), jax "
         f"{result['jax']}, copy bandwidth {gbps:.1f} GB/s (read + written)\n"
         f"- greedy, {args.new_tokens} new tokens after {args.prompt_len}-token random prompts, "
         f"γ = {args.gamma}, {args.dtype}, median of {args.repeats} interleaved runs, compile "
         f"apart; XLA preset {args.xla_preset}\n\n" + markdown_table(rows, COLUMNS) + "\n")
-  _write(out / "bench_scale.json", json.dumps(result, indent=1, default=float))
-  _write(out / "bench_scale.md", md)
+  written = Output(out, "bench_scale")
+  written.json(result)
+  written.markdown(md)
   print(md)
   return result
-
-
-def _write(path: Path, text: str) -> None:
-  """Writes text to a temporary name beside `path`, then renames it into place."""
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text)
-  tmp.replace(path)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,10 @@ import os
 import subprocess
 import sys
 
+from experiments.common.checks import check_counts
+from experiments.common.cli import parse_cli
 from experiments.common.decoding import decode_config
-from experiments.common.output import markdown_table
+from experiments.common.output import write
 from specjax.command import run_cli
 
 
@@ -69,19 +71,23 @@ def _measure(args) -> list:
           for name in loops]
 
 
+FLAGS = {"--devices": dict(type=int, default=8, help="forced host devices (CPU)"),
+         "--num_partitions": dict(type=int, default=1, help="'model' mesh axis"),
+         "--batch": dict(type=int, default=32), "--new_tokens": dict(type=int, default=32),
+         "--layers": dict(type=int, default=2), "--emb": dict(type=int, default=128),
+         "--repeats": dict(type=int, default=1, help="timed runs of each loop (median)"),
+         "--child": dict(action="store_true", help=argparse.SUPPRESS),
+         "--sharded": dict(action="store_true", help=argparse.SUPPRESS)}
+FAST = dict(devices=2, batch=2, new_tokens=4, layers=1, emb=32)
+
+
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--devices", type=int, default=8, help="forced host devices (CPU)")
-  parser.add_argument("--num_partitions", type=int, default=1, help="'model' mesh axis")
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--new_tokens", type=int, default=32)
-  parser.add_argument("--layers", type=int, default=2)
-  parser.add_argument("--emb", type=int, default=128)
-  parser.add_argument("--repeats", type=int, default=1, help="timed runs of each loop (median)")
-  parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-  parser.add_argument("--sharded", action="store_true", help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
+  cli = parse_cli(argv, __doc__, "bench_sharding", needs_pairs=False, flags=FLAGS, fast=FAST,
+                  weights_dtype=None)
+  args = cli.args
+  check_counts(devices=args.devices, num_partitions=args.num_partitions, batch=args.batch,
+               new_tokens=args.new_tokens, layers=args.layers, emb=args.emb,
+               repeats=args.repeats)
   if args.child:
     print(json.dumps(_measure(args)))
     return None
@@ -100,11 +106,12 @@ def main(argv=None):
     if proc.returncode:
       raise SystemExit(proc.stderr[-3000:])
     rows += json.loads(proc.stdout.strip().splitlines()[-1])
-  print(markdown_table(rows))
-  if rows[0]["platform"] == "cpu":
-    print("CPU host devices share the same cores: a smoke test of the sharded path, "
-          "not a scaling measurement.")
-  return rows
+  return write(cli, "bench_sharding", rows, "Decode throughput on 1 vs N devices", [
+      f"a random-init decoder-only pair ({args.layers} layers, width {args.emb}), batch "
+      f"{args.batch}, {args.new_tokens} new tokens; tokens_per_s over the median of "
+      f"{args.repeats} runs",
+      *(["CPU host devices share the same cores: a smoke test of the sharded path, not a "
+         "scaling measurement"] if rows[0]["platform"] == "cpu" else [])], pairs=[])
 
 
 if __name__ == "__main__":

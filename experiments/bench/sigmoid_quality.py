@@ -23,7 +23,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import functools
 from typing import Dict, List
 
@@ -31,13 +30,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common.checks import check_counts
+from experiments.common.cli import parse_cli
 from experiments.common.decoding import model_drafter
 from experiments.common.inputs import bleu, load_examples, output_ids, pad_rows, perplexity
-from experiments.common.output import Output, fmt, header, markdown_table
-from experiments.common.pairs import Pair, load_pair
+from experiments.common.output import fmt, write
+from experiments.common.pairs import Pair
 from specjax.command import run_cli
 from specjax.data import load_vocab
-from specjax.app import bundled
 from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
 from specjax.sampling import Sampling
 from specjax.testing import exact_joint, random_table
@@ -202,21 +202,23 @@ def _label(verifier: Verifier) -> str:
   return f"sigmoid α=−β={-verifier.alpha:g} (NOT EXACT)"
 
 
+FLAGS = {"--samples": dict(type=int, default=200_000, help="sequences in part 3"),
+         "--vocab": dict(type=int, default=32768, help="vocabulary of part 2"),
+         "--steps": dict(type=int, default=3, help="tokens per sequence in part 3"),
+         "--examples": dict(type=int, default=64, help="bundled examples in part 4"),
+         "--max_new_tokens": dict(type=int, default=48, help="budget in part 4")}
+FAST = dict(samples=2000, vocab=300, examples=2, max_new_tokens=6)
+
+
 def main(argv=None) -> Dict[str, list]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--samples", type=int, default=200_000, help="sequences in part 3")
-  parser.add_argument("--vocab", type=int, default=32768, help="vocabulary of part 2")
-  parser.add_argument("--steps", type=int, default=3, help="tokens per sequence in part 3")
-  parser.add_argument("--pair", action="append", choices=sorted(bundled.PAIRS),
-                      help="part 4 only, on this bundled pair (repeatable)")
-  parser.add_argument("--examples", type=int, default=64, help="bundled examples in part 4")
-  parser.add_argument("--max_new_tokens", type=int, default=48, help="budget in part 4")
-  parser.add_argument("--output_dir", default="out/experiments/sigmoid_quality",
-                      help="part 4 writes sigmoid_quality.{md,csv,json} here")
-  args = parser.parse_args(argv)
-  if args.pair:
-    return {"pairs": pairs_part(args)}
+  """Parts 1-3, or part 4 alone on the pairs named by --pair."""
+  cli = parse_cli(argv, __doc__, "sigmoid_quality", flags=FLAGS, fast=FAST,
+                  needs_pairs=lambda f: bool(f["pair"]))
+  args = cli.args
+  check_counts(samples=args.samples, vocab=args.vocab, steps=args.steps,
+               examples=args.examples, max_new_tokens=args.max_new_tokens)
+  if cli.pairs:
+    return {"pairs": pairs_part(cli)}
   out: Dict[str, list] = {"analytic": [], "first_token": [], "tables": []}
 
   print("1. Analytic: σ((z − α)/(β − α)) for |z| ≤ 50 with α = −β")
@@ -252,24 +254,19 @@ def main(argv=None) -> Dict[str, list]:
   return out
 
 
-def pairs_part(args) -> List[Dict]:
-  """Part 4 on the bundled pairs named by --pair; writes the table files."""
-  pairs = [load_pair(name) for name in args.pair]
+def pairs_part(cli) -> List[Dict]:
+  """Part 4 on the pairs of the command line; writes the table files."""
+  args = cli.args
   verifiers = [get_verifier("reference"), get_verifier("fused"), get_verifier("sigmoid")]
   rows = []
-  for pair in pairs:
+  for pair in cli.pairs:
     for temperature in (1.0, 0.0):
       rows += pair_quality(pair, verifiers, temperature, num_examples=args.examples,
                            max_new_tokens=args.max_new_tokens)
-  out = Output(args.output_dir, "sigmoid_quality")
-  md = header("Sigmoid verifier (NOT exact) vs exact verifiers on the bundled pairs",
-                     pairs, [f"{args.examples} bundled examples, γ = 4, "
-                             f"≤ {args.max_new_tokens} new tokens; sigmoid α = −β = 10⁴"])
-  columns = list(dict.fromkeys(k for r in rows for k in r))
-  md += "\n" + markdown_table(rows, columns)
-  out.tables(md, rows, pairs)
-  print(md)
-  return rows
+  return write(cli, "sigmoid_quality", rows,
+               "Sigmoid verifier (NOT exact) vs exact verifiers on the bundled pairs",
+               [f"{args.examples} bundled examples, γ = 4, ≤ {args.max_new_tokens} new tokens; "
+                "sigmoid α = −β = 10⁴"], columns=list(dict.fromkeys(k for r in rows for k in r)))
 
 
 if __name__ == "__main__":

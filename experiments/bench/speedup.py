@@ -43,6 +43,7 @@ import numpy as np
 
 from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
+from experiments.common.compare import batched
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import Examples, load_examples
 from experiments.common.output import Output, header, markdown_table
@@ -132,7 +133,7 @@ def peer_rows(pair: Pair, ex: Examples, t: timing.Timings, *, gamma: int,
     rows.append({"pair": pair.name, "batch": batch, "decoder": f"HF {label}",
                  "compile_s": hf[name]["compile_s"], "steady_s": hf[name]["steady_s"],
                  "ms_per_token": 1e3 * hf[name]["steady_s"] / max_new_tokens,
-                 "vs_ar": t.median(AR) / hf[name]["steady_s"],
+                 "speedup": t.median(AR) / hf[name]["steady_s"],
                  "same_as_specjax": hf[name]["same_as_specjax"]})
   return rows
 
@@ -238,7 +239,8 @@ def batch_rows(pair_name: str, target, target_params, drafts: Dict[str, Tuple[An
                config) -> Tuple[List[Dict], timing.Timings]:
   """One row per decoder: autoregressive, then speculative with each of `drafts` (label ->
   (draft model, its params); label '' for the pair's own draft), on one batch of `inputs`
-  [B, W], all interleaved (`specjax.timing`). Returns the rows and the timings."""
+  [B, W], all interleaved (`experiments.common.compare.batched`). Returns the rows and the
+  timings."""
   key = jax.random.PRNGKey(0)
   runs = {AR: lambda: autoregressive_decode(target, target_params, inputs,
                                             max_new_tokens=max_new_tokens, rng=key,
@@ -248,16 +250,7 @@ def batch_rows(pair_name: str, target, target_params, drafts: Dict[str, Tuple[An
     runs[f"specjax speculative γ={gamma}" + (f", {label}" if label else "")] = functools.partial(
         speculative_decode, target, target_params, drafter, dparams, inputs,
         max_new_tokens=max_new_tokens, gamma=gamma, rng=key, config=config)
-  t = timing.interleaved(runs, repeats)
-  rows = []
-  for name, out in t.outputs.items():
-    rows.append({"pair": pair_name, "batch": len(inputs), "decoder": name,
-                 "compile_s": t.compile_s[name], "steady_s": t.median(name),
-                 "ms_per_token": 1e3 * t.median(name) / (len(inputs) * max_new_tokens),
-                 "vs_ar": t.median(AR) / t.median(name),
-                 "alpha": float(np.mean(out.alpha)) if name != AR else None,
-                 "tokens_per_call": float(np.mean(out.tokens_per_call))})
-  return rows, t
+  return batched(runs, repeats, reference=AR, pair=pair_name, batch=len(inputs))
 
 
 BOUNDS_PROMPT_LEN = 16
@@ -359,7 +352,7 @@ def run(cli: Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
       "compile_s = the warm-up run less the median run", *notes])
   if rows:
     md += "\n" + markdown_table(rows, ["pair", "batch", "decoder", "compile_s", "steady_s",
-                                              "ms_per_token", "vs_ar", "alpha",
+                                              "ms_per_token", "speedup", "alpha",
                                               "tokens_per_call", "same_as_specjax"])
   if streamed:
     md += (f"\n\n## Streaming: {stream_inputs} inputs through {slots} slots vs padded batches of "

@@ -26,7 +26,6 @@ Printed per γ:
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 from typing import Dict, List, Optional, Sequence
 
@@ -113,7 +112,7 @@ FLAGS = {"--slots": dict(type=int, default=8), "--inputs": dict(type=int, defaul
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
   cli = parse_cli(argv, __doc__, "stream_round", default_pairs=("lm",), flags=FLAGS)
-  args = argparse.Namespace(**cli.flags)
+  args = cli.args
   check_counts(gammas=args.gammas, slots=args.slots, inputs=args.inputs,
                       repeats=args.repeats)
   check_int("new_tokens (the slope's short run is new_tokens // 8)", args.new_tokens,

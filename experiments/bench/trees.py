@@ -34,7 +34,6 @@ Tokens per call is not a timing; timings on a loaded machine are not claims.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -234,7 +233,7 @@ FLAGS = {"--batch": dict(type=int, action="append"),
 
 def main(argv=None) -> List[dict]:
   cli = parse_cli(argv, __doc__, "bench_trees", flags=FLAGS)
-  own = argparse.Namespace(**cli.flags)
+  own = cli.args
   settings = FAST if cli.fast else FULL
   widths = tuple(own.width or settings["widths"])
   batches = tuple(own.batch or ((1,) if cli.fast else (1, 8)))

@@ -34,7 +34,6 @@ repeats. Eq. 1's prediction from the measured α sits beside the reference's fig
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import itertools
@@ -46,10 +45,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common.checks import check_counts
+from experiments.common.cli import parse_cli
+from experiments.common.compare import batched
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import load_examples, pad_rows
-from experiments.common.output import Output, fmt, header, markdown_table
-from experiments.common.pairs import load_pair
+from experiments.common.output import fmt, write
+from experiments.common.pairs import Pair
 from experiments.common.timed import passes_for
 from specjax import timing
 from specjax.command import run_cli
@@ -155,52 +157,30 @@ def format_row(row: Dict[str, Any], names: Sequence[str]) -> str:
   return "| " + " | ".join(cells) + " |"
 
 
-def time_decode(run: Callable[[Verifier], Any],
-                verifiers: Sequence[str] = ("reference", "fused", "sigmoid"),
-                repeats: int = 3) -> List[Dict[str, Any]]:
-  """End-to-end decode walltime per verifier (for the lead's end-to-end row).
-
-  Args:
-    run: called with a verifier, runs one whole decode with it and returns its
-      output (e.g. ``lambda v: speculative_decode(..., config=DecodeConfig(..., verifier=v))``).
-    verifiers: registry names.
-    repeats: timed runs after the compiling one (the median is reported), the verifiers
-      interleaved.
-  Returns:
-    One dict per verifier: name, label (says NOT EXACT where it applies), compile_s (the
-    warm-up run less the median run), decode_s.
-  """
-  t = timing.interleaved({name: functools.partial(run, get_verifier(name)) for name in verifiers},
-                         repeats)
-  return [dict(name=name, label=describe(get_verifier(name)), compile_s=t.compile_s[name],
-               decode_s=t.median(name)) for name in verifiers]
-
-
-def end_to_end(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
+def end_to_end(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8),
                temperatures: Sequence[float] = (0.0, 1.0), gamma: int = 4,
-               max_new_tokens: int = 48, repeats: int = 5) -> List[Dict[str, Any]]:
-  """Whole-decode walltime per verifier on the bundled pairs (bundled examples)."""
+               max_new_tokens: int = 48, repeats: int = 5,
+               verifiers: Sequence[str] = ("reference", "fused", "sigmoid")
+               ) -> List[Dict[str, Any]]:
+  """Whole-decode walltime per verifier on the pairs (bundled examples; the decoder column
+  says NOT EXACT where it applies), beside the reference verifier's."""
   from specjax.decode import speculative_decode  # pylint: disable=import-outside-toplevel
   rows = []
-  for name in pair_names:
-    pair = load_pair(name)
+  for pair in pairs:
     drafter, dparams = model_drafter(pair, gamma)
     for batch in batches:
       ex = load_examples(pair, batch, 48)
       for temp in temperatures:
         config = decode_config(temp, 48 + max_new_tokens + gamma + 1)
-        run = lambda v: speculative_decode(
-            pair.target, pair.target_params, drafter, dparams, ex.inputs,
+        runs = {describe(get_verifier(name)): functools.partial(
+            speculative_decode, pair.target, pair.target_params, drafter, dparams, ex.inputs,
             max_new_tokens=max_new_tokens, gamma=gamma, rng=jax.random.PRNGKey(0),
-            config=dataclasses.replace(config, verifier=v))
-        timed = time_decode(run, repeats=repeats)
-        base = timed[0]["decode_s"]
-        for r in timed:
-          rows.append(dict(pair=name, batch=batch, temperature=temp, verifier=r["label"],
-                           compile_s=r["compile_s"], decode_s=r["decode_s"],
-                           ms_per_token=1e3 * r["decode_s"] / (batch * max_new_tokens),
-                           vs_reference=base / r["decode_s"]))
-          print({k: fmt(v) for k, v in rows[-1].items()}, flush=True)
+            config=dataclasses.replace(config, verifier=get_verifier(name)))
+                for name in verifiers}
+        rows += batched(runs, repeats, reference=next(iter(runs)), pair=pair.name,
+                        batch=batch, temperature=temp)[0]
+        print(*({k: fmt(v) for k, v in r.items()} for r in rows[-len(runs):]), sep="\n",
+              flush=True)
   return rows
 
 
@@ -218,7 +198,7 @@ def _pooled(runs: Sequence[Sequence[Any]], real: Sequence[int]) -> Dict[str, Any
   return st
 
 
-def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
+def compare_block(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8),
                   gammas: Sequence[int] = (2, 4, 6), num_examples: int = 8,
                   max_new_tokens: int = 48, repeats: int = 3,
                   verifiers: Sequence[str] = ("reference", "block")) -> List[Dict[str, Any]]:
@@ -237,8 +217,8 @@ def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
   from specjax import analysis  # pylint: disable=import-outside-toplevel
   from specjax.decode import speculative_decode  # pylint: disable=import-outside-toplevel
   rows = []
-  for pair_name in pair_names:
-    pair = load_pair(pair_name)
+  for pair in pairs:
+    pair_name = pair.name
     ex = load_examples(pair, num_examples, 48)
     for gamma in gammas:
       drafter, dparams = model_drafter(pair, gamma)
@@ -293,63 +273,54 @@ def compare_block(pair_names: Sequence[str], batches: Sequence[int] = (1, 8),
   return rows
 
 
+FLAGS = {"--vocab": dict(type=int, nargs="+", default=[8192, 32768, 131072]),
+         "--gamma": dict(type=int, nargs="+", default=None,
+                         help="default: 3 5 10 (per step); 2 4 6 (--compare block)"),
+         "--batch": dict(type=int, nargs="+", default=[1, 8]),
+         "--repeats": dict(type=int, default=None,
+                           help="minimum timed calls per cell (default 5; 3 with --compare "
+                           "block)"),
+         "--compare": dict(choices=("block",), default=None,
+                           help="block vs reference verification end to end on the pairs"),
+         "--examples": dict(type=int, default=8, help="--compare block: examples per cell"),
+         "--max_new_tokens": dict(type=int, default=48,
+                                  help="--compare block: tokens generated per row"),
+         "--output": dict(default=None, help="write the per-step rows as JSON here")}
+FAST = dict(vocab=[300], gamma=[2], batch=[1], repeats=1, examples=2, max_new_tokens=6)
+
+
 def main(argv=None) -> List[Dict[str, Any]]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--vocab", type=int, nargs="+", default=[8192, 32768, 131072])
-  parser.add_argument("--gamma", type=int, nargs="+", default=None,
-                      help="default: 3 5 10 (per step); 2 4 6 (--compare block)")
-  parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-  parser.add_argument("--repeats", type=int, default=None,
-                      help="minimum timed calls per cell (default 5; 3 with --compare block)")
-  parser.add_argument("--compare", choices=("block",), default=None,
-                      help="block vs reference verification end to end on the bundled pairs")
-  parser.add_argument("--examples", type=int, default=8,
-                      help="--compare block: bundled examples per cell")
-  parser.add_argument("--max_new_tokens", type=int, default=48,
-                      help="--compare block: tokens generated per row")
-  parser.add_argument("--output", default=None, help="write the rows as JSON here")
-  parser.add_argument("--pair", action="append", choices=("lm", "translate"),
-                      help="end to end on this bundled pair instead (repeatable)")
-  parser.add_argument("--output_dir", default="out/experiments/bench_verify",
-                      help="--pair writes bench_verify_e2e.{md,csv,json} here")
-  args = parser.parse_args(argv)
+  cli = parse_cli(argv, __doc__, "bench_verify", flags=FLAGS, fast=FAST,
+                  needs_pairs=lambda f: bool(f["pair"]) or f["compare"] == "block")
+  args = cli.args
+  check_counts(vocab=args.vocab, batch=args.batch, examples=args.examples,
+               max_new_tokens=args.max_new_tokens, gamma=args.gamma or [1],
+               repeats=args.repeats or 1)
   print(device_note())
   if args.compare == "block":
-    repeats = args.repeats or 3
-    gammas = args.gamma or [2, 4, 6]
-    pair_names = args.pair or ["lm", "translate"]
-    rows = compare_block(pair_names, batches=args.batch, gammas=gammas,
+    repeats, gammas = args.repeats or 3, args.gamma or [2, 4, 6]
+    rows = compare_block(cli.pairs, batches=args.batch, gammas=gammas,
                          num_examples=args.examples, max_new_tokens=args.max_new_tokens,
                          repeats=repeats)
-    pairs = [load_pair(name) for name in pair_names]
-    md = header("Block vs reference verification on the bundled pairs", pairs, [
+    return write(cli, "bench_verify_block", rows,
+                 "Block vs reference verification on the bundled pairs", [
         device_note(),
         f"temperature 1, {args.examples} examples per cell, {args.max_new_tokens} new tokens "
         f"per row (no EOS); γ ∈ {gammas}, batch ∈ {list(args.batch)}; {repeats} repeats, "
         "verifiers interleaved, a new seed per repeat",
-        "tokens_per_call pools every repeat (± tokens_per_call_se); eq1_tokens_per_call is Eq. 1 at the measured α "
-        "(token verification's theory); decode_s is the median over repeats (min and max "
-        "beside it), speedup_vs_first the ratio of medians to the reference's"])
-    md += "\n" + markdown_table(rows)
-    out = Output(args.output_dir, "bench_verify_block")
-    out.tables(md, rows, pairs)
-    print(md)
-    return rows
-  if args.pair:
-    rows = end_to_end(args.pair, repeats=args.repeats or 5)
-    pairs = [load_pair(name) for name in args.pair]
-    md = header("End-to-end decode walltime per verifier", pairs, [
-        device_note(), "greedy and temperature 1, γ = 4, 48 new tokens per row (no EOS), "
+        "tokens_per_call pools every repeat (± tokens_per_call_se); eq1_tokens_per_call is "
+        "Eq. 1 at the measured α (token verification's theory); decode_s is the median over "
+        "repeats (min and max beside it), speedup_vs_first the ratio of medians to the "
+        "reference's"])
+  if cli.pairs:
+    rows = end_to_end(cli.pairs, batches=args.batch, max_new_tokens=args.max_new_tokens,
+                      repeats=args.repeats or 5)
+    return write(cli, "bench_verify_e2e", rows, "End-to-end decode walltime per verifier", [
+        device_note(), f"greedy and temperature 1, γ = 4, {args.max_new_tokens} new tokens per "
+        "row (no EOS), "
         f"median of {args.repeats or 5}; sigmoid is NOT exact"])
-    md += "\n" + markdown_table(rows)
-    out = Output(args.output_dir, "bench_verify_e2e")
-    out.tables(md, rows, pairs)
-    print(md)
-    return rows
   print("sigmoid = " + describe(get_verifier("sigmoid")))
-  names = list(candidates())
-  print(format_header(names), flush=True)
+  print(format_header(list(candidates())), flush=True)
   rows = bench(args.vocab, args.gamma or [3, 5, 10], args.batch, min_repeats=args.repeats or 5)
   if args.output:
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)

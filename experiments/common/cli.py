@@ -1,5 +1,5 @@
-"""The experiment scripts' command line: T5X-style gin flags plus --pair, --fast, --seed,
---output_dir and the weight dtypes; `cli_main` makes a script's `main`."""
+"""The experiment scripts' one command line: T5X-style gin flags plus --pair, --fast, --seed,
+--output_dir, the weight dtypes and a script's own flags; `cli_main` makes a script's `main`."""
 from __future__ import annotations
 
 import argparse
@@ -21,37 +21,57 @@ class Cli:
   fast: bool
   flags: Dict[str, Any] = dataclasses.field(default_factory=dict)
   """The module's own flags (`parse_cli`'s `flags`), by destination name."""
+  pair_names: List[str] = dataclasses.field(default_factory=list)
+  """The --pair values given (empty: none)."""
+  seed: int = 0
+  gin: Tuple[List[str], List[str], List[str]] = ([], [], [])
+  """The gin files, bindings and search paths given (`gin_config.parse`'s arguments)."""
+
+  @property
+  def args(self) -> argparse.Namespace:
+    """The module's own flags as attributes."""
+    return argparse.Namespace(**self.flags)
 
 
 def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
               default_pairs: Sequence[str] = ("lm", "translate"),
               needs_pairs: Union[bool, Callable[[Dict[str, Any]], bool]] = True,
               flags: Optional[Dict[str, Dict[str, Any]]] = None,
-              weights_dtype: str = "float32") -> Cli:
+              weights_dtype: str = "float32", fast: Optional[Dict[str, Any]] = None,
+              output_dir: Optional[str] = None) -> Cli:
   """gin flags (T5X style) plus --pair (repeatable), --fast and --output_dir.
 
   `--fast` asks for the module's FAST settings (tests, smoke runs); they win over
   gin. Pairs are loaded before the experiment's own gin settings are parsed
   again, since a preset pair parses its own model gin files.
   flags: the module's own flags, '--name' -> `argparse.add_argument` keywords (in Cli.flags);
-  needs_pairs: whether pairs are loaded, or a function of those flags that says so;
-  weights_dtype: --weights_dtype's default.
+  needs_pairs: whether pairs are loaded, or a function of those flags (and 'pair', the
+    --pair values) that says so (False: no --pair flag);
+  weights_dtype: --weights_dtype's default (None: no weight dtype flags);
+  fast: own flags' values under --fast (by destination name), where the flag was not given;
+  output_dir: --output_dir's default (out/experiments/NAME).
   """
   argv = sys.argv[1:] if argv is None else list(argv)
   files, bindings, paths, rest = gin_config.split_gin_args(argv)
   parser = argparse.ArgumentParser(description=description,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--pair", action="append", choices=sorted(bundled.PAIRS),
-                      help="a preset pair (repeatable; default: both)")
+  if needs_pairs is not False:
+    parser.add_argument("--pair", action="append", choices=sorted(bundled.PAIRS),
+                        help="a preset pair (repeatable; default: both)")
   parser.add_argument("--fast", action="store_true", help="tiny settings (tests, smoke runs)")
-  parser.add_argument("--output_dir", default=f"out/experiments/{name}")
+  parser.add_argument("--output_dir", default=output_dir or f"out/experiments/{name}")
   parser.add_argument("--seed", type=int, default=0)
-  add_weights_flags(parser, weights_dtype)
+  if weights_dtype is not None:
+    add_weights_flags(parser, weights_dtype)
   actions = [parser.add_argument(flag, **kwargs) for flag, kwargs in (flags or {}).items()]
   args = parser.parse_args(rest)
   own = {action.dest: getattr(args, action.dest) for action in actions}
+  for dest, value in (fast or {}).items() if args.fast else ():
+    if own[dest] == parser.get_default(dest):
+      own[dest] = value
   if callable(needs_pairs):
-    needs_pairs = needs_pairs(own)
+    needs_pairs = needs_pairs({**own, "pair": args.pair})
+  pair_names = list(getattr(args, "pair", None) or [])
 
   def reparse():
     gin.clear_config()
@@ -61,15 +81,18 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
   pairs = []
   if needs_pairs:
     if isinstance(gin_config.query_macro("TARGET_MODEL"), str):
-      if args.pair:
+      if pair_names:
         raise ValueError("give either --pair or TARGET_MODEL/DRAFT_MODEL in gin, not both")
       pairs = [pair_from_gin(args.seed)]
     else:
-      for pair_name in args.pair or default_pairs:
+      for pair_name in pair_names or default_pairs:
         pairs.append(load_pair(pair_name, args.seed))
       reparse()
-  pairs = [with_weights(pair, args.weights_dtype, args.draft_weights_dtype) for pair in pairs]
-  return Cli(pairs=pairs, output_dir=Path(args.output_dir), fast=args.fast, flags=own)
+  if weights_dtype is not None:
+    pairs = [with_weights(pair, args.weights_dtype, args.draft_weights_dtype) for pair in pairs]
+  return Cli(pairs=pairs, output_dir=Path(args.output_dir), fast=args.fast, flags=own,
+             pair_names=pair_names, seed=args.seed,
+             gin=(list(files), list(bindings), list(paths)))
 
 
 def add_weights_flags(parser: argparse.ArgumentParser, default: str = "float32") -> None:

@@ -11,13 +11,16 @@ compiles, reported apart). Speed: a decoder's time is the sum of its per-example
 speedup is the reference's over the decoder's per emitted token, its range the lowest and
 highest per-example ratio. α pools the decodes' own estimates (`DecodeResult.alpha_sum` /
 `alpha_count`), tokens per call their lengths over their target calls.
+
+Whole batches (a decode of several rows at once, a streamed run) are `batched`'s: each
+decoder's one call timed side by side, with the same columns.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -134,3 +137,32 @@ def _differs(name: str, i: int, row, reference, out, check) -> Optional[str]:
   if check is not None:
     return check(name, i, row, reference, out)
   return f"example {i} differs"
+
+
+def batched(runs: Mapping[str, Callable[[], Any]], repeats: int, *,
+            reference: Optional[str] = None, **columns: Any
+            ) -> Tuple[List[Dict[str, Any]], timing.Timings]:
+  """Whole-batch decodes side by side (`specjax.timing.interleaved`): one row per run with
+  `columns` first, then decoder, compile_s, steady_s (the median pass), ms_per_token (over the
+  tokens the batch emitted), tokens, tokens_per_call, alpha (pooled over the rows, as
+  `DecodeResult.pooled_alpha`; None without a speculative round) and beside a `reference` run: speedup (its time per emitted
+  token over this run's) with speedup_range (per pass). Returns the rows and the timings.
+
+  runs: name -> a zero-argument call returning a DecodeResult.
+  """
+  t = timing.interleaved(runs, repeats)
+  rows = []
+  for name, out in t.outputs.items():
+    tokens, counted = int(np.asarray(out.lengths).sum()), int(np.asarray(out.alpha_count).sum())
+    row = {**columns, "decoder": name, "compile_s": t.compile_s[name],
+           "steady_s": t.median(name), "ms_per_token": 1e3 * t.median(name) / max(tokens, 1),
+           "tokens": tokens,
+           "tokens_per_call": tokens / max(int(np.asarray(out.target_calls).sum()), 1),
+           "alpha": float(np.asarray(out.alpha_sum).sum()) / counted if counted else None}
+    if reference is not None:
+      per_token = tokens / max(int(np.asarray(t.outputs[reference].lengths).sum()), 1)
+      _, low, high = t.ratio(reference, name)
+      row.update(speedup=t.median(reference) / t.median(name) * per_token,
+                 speedup_range=f"{low * per_token:.2f}-{high * per_token:.2f}")
+    rows.append(row)
+  return rows, t

@@ -50,8 +50,16 @@ class Output:
     self.written.append(path)
     return path
 
+  def _text(self, filename: str, text: str) -> None:
+    """Writes `text` to a temporary name beside the file, then renames it into place (a file
+    is never left half-written)."""
+    path = self.path(filename)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
   def markdown(self, text: str, filename: Optional[str] = None) -> None:
-    self.path(filename or f"{self.name}.md").write_text(text.rstrip() + "\n", encoding="utf-8")
+    self._text(filename or f"{self.name}.md", text.rstrip() + "\n")
 
   def csv(self, rows: Sequence[Dict[str, Any]], filename: Optional[str] = None) -> None:
     if not rows:
@@ -61,11 +69,11 @@ class Output:
     writer = csv.DictWriter(buf, fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)
-    self.path(filename or f"{self.name}.csv").write_text(buf.getvalue(), encoding="utf-8")
+    self._text(filename or f"{self.name}.csv", buf.getvalue())
 
   def json(self, obj: Any, filename: Optional[str] = None) -> None:
-    self.path(filename or f"{self.name}.json").write_text(
-        json.dumps(obj, indent=1, ensure_ascii=False, default=_json_default), encoding="utf-8")
+    self._text(filename or f"{self.name}.json",
+               json.dumps(obj, indent=1, ensure_ascii=False, default=_json_default))
 
   def tables(self, md: str, rows: Sequence[Dict[str, Any]], pairs, **extra: Any) -> None:
     """Writes NAME.md, NAME.csv and NAME.json (rows, the pairs' sources and `extra`)."""
@@ -129,3 +137,17 @@ def header(title: str, pairs: Sequence[Pair], notes: Sequence[str] = ()) -> str:
   lines += [""] * bool(pairs) + [f"- device: {device.platform} ({where}), jax {jax.__version__}"]
   lines += [f"- {n}" for n in notes]
   return "\n".join(lines) + "\n"
+
+
+def write(cli, name: str, rows: Sequence[Dict[str, Any]], title: str,
+          notes: Sequence[str] = (), columns: Optional[Sequence[str]] = None,
+          more: str = "", pairs: Optional[Sequence[Pair]] = None,
+          **extra: Any) -> Sequence[Dict[str, Any]]:
+  """An experiment's usual ending: NAME.md (`header` of `title`, the pairs and `notes`, the
+  rows' table with `columns`, then `more`), NAME.csv and NAME.json (with `extra`) in
+  `cli.output_dir`, the markdown printed; returns the rows. pairs: default `cli.pairs`."""
+  pairs = cli.pairs if pairs is None else pairs
+  md = header(title, pairs, notes) + "\n" + markdown_table(rows, columns) + more
+  Output(cli.output_dir, name).tables(md, rows, pairs, **extra)
+  print(md)
+  return rows

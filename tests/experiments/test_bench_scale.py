@@ -110,5 +110,7 @@ def test_xla_flags_after_the_backend_started_are_refused():
 def test_bad_arguments_are_named():
   with pytest.raises(SystemExit):
     bench_scale.parse_args(["--attention", "flash"])
-  with pytest.raises(SystemExit):
+  with pytest.raises(ValueError, match="new_tokens"):
     bench_scale.parse_args(["--new_tokens", "0"])
+  fast = bench_scale.parse_args(["--fast", "--batches", "2"])
+  assert (fast.sizes, fast.batches, fast.dtype) == (["tiny"], [2], "float32")  # given wins

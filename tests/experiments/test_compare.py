@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.common.compare import compare
+from experiments.common.compare import batched, compare
 
 
 def _decoder(tokens_per_call, alpha, seconds, tokens=8, differ_on=()):
@@ -49,6 +49,32 @@ def test_columns_against_the_reference():
   assert list(result.first) == list(rows)
   np.testing.assert_array_equal(result.first["wrong"].tokens, np.arange(8)[None])
   np.testing.assert_array_equal(result.first["first differs"].tokens, 100 + np.arange(8)[None])
+
+
+def test_batched_rows_price_each_run_per_emitted_token():
+  # Two-row batches: "half" emits half the tokens in the same time, so per emitted token it
+  # is half as fast; "spec" emits as many in half the time (twice as fast) with α 0.25 pooled
+  # over its rows' positions (1 of 4 and 0 of 0: a rows' mean would give 0.125).
+  def run(tokens, seconds, alpha_sum=(0.0, 0.0), alpha_count=(0, 0)):
+    def call():
+      time.sleep(seconds)
+      return types.SimpleNamespace(lengths=np.array(tokens), target_calls=np.array([4, 4]),
+                                   alpha_sum=np.array(alpha_sum),
+                                   alpha_count=np.array(alpha_count))
+    return call
+  rows, t = batched({"ar": run([8, 8], 0.02), "half": run([4, 4], 0.02),
+                     "spec": run([8, 8], 0.01, (1.0, 0.0), (4, 0))}, 3, reference="ar",
+                    pair="p", batch=2)
+  by = {r["decoder"]: r for r in rows}
+  assert list(by) == ["ar", "half", "spec"] and set(t.samples) == set(by)
+  assert rows[0]["pair"] == "p" and list(rows[0])[:3] == ["pair", "batch", "decoder"]
+  assert by["ar"]["alpha"] is None and by["ar"]["speedup"] == pytest.approx(1.0)
+  assert by["half"]["speedup"] == pytest.approx(0.5, rel=0.3)
+  assert by["spec"]["speedup"] == pytest.approx(2.0, rel=0.3)
+  assert by["spec"]["alpha"] == pytest.approx(0.25)
+  assert by["spec"]["tokens"] == 16 and by["spec"]["tokens_per_call"] == pytest.approx(2.0)
+  low, high = map(float, by["spec"]["speedup_range"].split("-"))
+  assert 1.2 < low <= high < 3.0  # per pass: 20 ms against 10 ms
 
 
 def test_a_check_may_fail_the_run():

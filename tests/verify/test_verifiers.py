@@ -451,5 +451,3 @@ def test_bench_smoke():
   rows = bench_verify.bench([300], [2], [2], settings=("verify",), min_repeats=1,
                             min_total_s=0.0)
   assert len(rows) == 1 and all(rows[0][name] > 0 for name in bench_verify.candidates())
-  decode = bench_verify.time_decode(lambda v: jnp.zeros(3), verifiers=("sigmoid",), repeats=1)
-  assert "NOT EXACT" in decode[0]["label"] and decode[0]["decode_s"] >= 0
