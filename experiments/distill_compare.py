@@ -3,22 +3,7 @@
     python -m experiments.distill_compare --pair translate --data_dir data/ \\
         --teacher_data /work/kd/tr_greedy --steps 300 --out /work/kd/cmp_translate
 
-Each recipe continues the shipped draft (`TrainConfig.init_from`) for `--steps` steps of
-its run file (runs/train_{lm,translate}_draft.gin + runs/distill.gin, the bundled target as
-teacher), on one of two training sets:
-
-  data     the prepared train split (`--data_dir`);
-  teacher  the target's own outputs on the train inputs (`--teacher_data`, written by
-           `python -m specjax.train.teacher_data`), as DistillSpec recommends;
-
-with one of the divergences of `specjax.train.distill` (forward KL, total variation, JSD).
-Every row, and the shipped draft itself (step 0), is evaluated on the same validation
-batches (`--eval_data`'s validation split; give it the target's own outputs on the
-validation inputs, the text a speculative decode verifies): the draft's perplexity, the
-mean KL(target ‖ draft), and the two acceptance rates on teacher-forced text,
-α(T=1) = 1 − TV and α(T=0) = argmax agreement. `experiments.eval_pairs` then measures the
-α of real speculative decodes for the winner.
-Prints a markdown table (also written to OUT/compare.md and OUT/compare.json).
+What it runs, its columns and settings: docs/experiments.md, section "distill_compare".
 """
 from __future__ import annotations
 

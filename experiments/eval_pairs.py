@@ -3,15 +3,7 @@
   python -m experiments.eval_pairs [--pair lm --pair translate] [--fast]
       [--gin.eval_pairs.run.alpha_tokens=10000]
 
-For each pair and each of its models (target, draft):
-- params, training steps / tokens / wall time (the shipped train_summary.json);
-- held-out perplexity, teacher forced, on the prepared `test` split when data/
-  is there (else the bundled validation sample, which training never saw either);
-- translation: corpus BLEU (sacrebleu 13a) of greedy outputs on the first
-  `bleu_examples` bundled examples, target alone and draft alone;
-- α = Σ_x min(p(x), q(x)) averaged over the positions the target verified while
-  speculative decoding (γ = `gamma`), at temperature 0 and 1, until at least
-  `alpha_tokens` target-generated tokens were emitted.
+What it runs, its columns and settings: docs/experiments.md, section "eval_pairs".
 """
 from __future__ import annotations
 
@@ -26,7 +18,7 @@ import numpy as np
 from experiments.common.cli import Cli, cli_main
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import Examples, bleu, load_examples, output_ids, pad_rows
-from experiments.common.output import Output, fmt, header, markdown_table
+from experiments.common.output import fmt, header, markdown_table, write
 from experiments.common.pairs import Pair
 from specjax.app import bundled
 from specjax import data as data_lib  # load_bundled, read_split, TASK_FILES
@@ -172,15 +164,12 @@ def run(cli: Cli, *, alpha_tokens: int = 10000, alpha_batch: int = 64,
         row[f"alpha_T{t:g}"] = a["alpha"] if role == "draft" else ""
       rows.append(row)
       print({k: fmt(v) for k, v in row.items()})
-  out = Output(cli.output_dir, "eval_pairs")
   columns = list(dict.fromkeys(k for r in rows for k in r))
   md = header("The bundled pairs: size, training, quality, α", cli.pairs, notes)
   md += ("\n(α is a property of the pair; it sits on the draft's row. BLEU: greedy, "
          f"{bleu_examples} bundled examples.)\n\n")
-  md += markdown_table(rows, columns)
-  out.tables(md, rows, cli.pairs, alpha=details)
-  out.announce()
-  return rows
+  return write(cli, "eval_pairs", rows, "", md=md + markdown_table(rows, columns),
+               alpha=details)
 
 
 main = cli_main(run, "eval_pairs", __doc__, FAST)

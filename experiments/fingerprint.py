@@ -4,21 +4,7 @@ hold a change that should alter neither (a refactor) against the code before it.
     python -m experiments.fingerprint --output_dir /tmp/before
     python -m experiments.fingerprint --output_dir /tmp/after --compare /tmp/before
 
-For each pair (the bundled LM and EN->DE pairs), at T = 0 and T = 1, decodes the first
-`examples` bundled inputs with each loop: autoregressive, the chain (γ 3, draft model), the
-chain streamed through 2 slots, a static tree (spines (3, 1)), a dynamic tree (branch 2, expand 2, depth 3),
-prompt lookup as a tree (2 continuations of 3), the chain and the static tree under 'auto'
-(greedy only: its choices follow timings, its greedy tokens do not), a dynamic tree cut to
-its 4 most probable nodes (greedy only: the cut is exact at T = 0), and on the LM pair the
-bundled feature head as a chain, a static tree and (greedy) the cut dynamic tree. Each row of fingerprint.{md,json} holds the tokens' hash, the
-target calls, and the optimized HLO of the whole-loop programs that decode compiled (XLA's
-dump of `run_loop` and the streamed chunk: instructions in all, kernels of one loop iteration, as
-`specjax.aot.hlo.loop_stats`). `--compare DIR` reads DIR/fingerprint.json and adds, per row,
-whether the tokens are the same and the instruction counts before -> after; the run exits 1
-when any tokens differ or a program grew.
-
-The dump folder is set before JAX's backend starts and the persistent compilation cache is
-off for the run (a program read from the cache is not compiled, so not dumped).
+What it runs, its columns and settings: docs/experiments.md, section "fingerprint".
 """
 from __future__ import annotations
 
@@ -34,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional
 from experiments.common.cli import parse_cli
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import load_examples
-from experiments.common.output import Output, header, markdown_table
+from experiments.common.output import write
 from specjax.aot import hlo
 from specjax.command import run_cli
 
@@ -151,15 +137,13 @@ def run(cli, examples: int, max_new_tokens: int) -> List[Dict[str, Any]]:
             worse.append(f"{pair.name} T={temperature:g} {name}")
         rows.append(row)
         print(json.dumps(row), flush=True)
-  out = Output(cli.output_dir, "fingerprint")
   columns = ["pair", "T", "decode", "tokens", "target_calls", "programs", "instructions",
              "body_kernels"]
   if before is not None:
     columns += ["same_tokens", "instructions_before", "body_kernels_before"]
-  md = header("The decode loops' fingerprint", cli.pairs, [
+  write(cli, "fingerprint", rows, "The decode loops' fingerprint", [
       f"{examples} bundled inputs, {max_new_tokens} new tokens, γ {GAMMA}; instructions: the "
-      "optimized HLO of the loops each decode compiled"]) + markdown_table(rows, columns)
-  out.report(md, rows, cli.pairs)
+      "optimized HLO of the loops each decode compiled"], columns)
   if worse:
     print("tokens changed or a program grew: " + "; ".join(worse))
     return 1

@@ -5,37 +5,7 @@
     python -m experiments.train_bundled --data_dir data/ --measure 5   # tokens/s only
     python -m experiments.train_bundled --ship /tmp/pairs   # copy into specjax/assets/pairs
 
-The models, each from gin run files under gin/runs/ (the hyperparameters live there):
-
-  lm_target         runs/train_lm_target.gin         decoder-only, ~14M parameters
-  lm_draft          runs/train_lm_draft.gin          decoder-only, ~1.4M
-  translate_target  runs/train_translate_target.gin  T5 1.1 EN->DE, ~10M
-  translate_draft   runs/train_translate_draft.gin   T5 1.1 EN->DE, ~1.8M
-  lm_tiny           runs/train_lm_tiny.gin           decoder-only, ~0.6M (the small model
-                                                     of the hierarchical benchmark)
-  lm_draft_distilled         runs/train_lm_draft.gin + runs/distill.gin: the lm_draft
-                             model trained toward OUT/lm_target's distributions
-  translate_draft_distilled  the same for translate_draft from OUT/translate_target
-  lm_eagle          runs/train_lm_eagle.gin          a feature head (EAGLE-style) for the
-                                                     bundled LM target, ~2.1M; --data_dir: the
-                                                     target's own continuations (the gin file)
-  translate_eagle   runs/train_translate_eagle.gin   the same for the bundled EN->DE target,
-                                                     its layer also attending to the source
-
-Each trains into OUT/NAME (resumable: rerun the same command after an
-interruption), with its model.gin beside the checkpoints; the shipped checkpoint
-is bfloat16. `--measure N` instead runs N steps of each in a temporary folder
-and prints the steady-state training throughput (non-padding target tokens per
-second, compilation excluded) and what the configured run would take at that
-rate. Extra `--gin.NAME=VALUE` flags are applied to every model. OUT/summary.json
-collects one summary per model (merged across invocations).
-
-`--ship FROM` copies each trained model's final checkpoint (in bfloat16: a float32 one is
-converted) and model.gin from FROM/NAME into specjax/assets/pairs/PAIR/ROLE (see SHIP), with a
-train_summary.json (parameters counted in the checkpoint, steps, training
-tokens and train-step seconds summed from metrics.jsonl, wall seconds from
-FROM/summary.json when it has the run); optimizer states and
-intermediate checkpoints stay behind.
+What it runs, its columns and settings: docs/experiments.md, section "train_bundled".
 """
 from __future__ import annotations
 

@@ -3,20 +3,7 @@
   python -m experiments.bench.auto [--pair lm --pair translate] [--fast]
       [--gin_file=experiments/bench_auto.gin] [--gin.bench_auto.run.batches=(1,)]
 
-For each pair, batch size B and temperature T, one cell times, on the same inputs (a run
-decodes ceil(min_rows / B) batches of B bundled examples in turn, each with its own seed:
-at T > 0 one sampled row's acceptances are luck) and with EOS ignored (every decoder emits
-the same number of tokens): autoregressive decoding; speculative decoding with each fixed γ in `gammas`,
-each with its own drafter of max_gamma = γ (a target call exactly γ+1 wide, as a user
-would run a fixed γ); and the 'auto' policy (max_gamma = max(gammas), its default
-buckets), whose cost table is calibrated first on the cell's inputs
-(`specjax.decode.calibrate_costs`; reported, not counted in its walltime, like every
-decoder's compile). Runs are interleaved (every decoder once per repeat), the median of
-`repeats` (more in cheap cells: at least `min_seconds` of runs); then a duel of AR, the
-best fixed decoder and auto, alternating order, for another `min_seconds`. Per cell: auto /
-AR and auto / best of {AR, fixed γ} as speed ratios (≥ 1 is faster; the median of the
-ratios of runs in the same repeat), the bar (both ≥ 0.95), the rounds auto ran at
-each γ (0 = plain target steps) and its measured round costs relative to a γ = 0 round.
+What it runs, its columns and settings: docs/experiments.md, section "bench.auto".
 """
 from __future__ import annotations
 

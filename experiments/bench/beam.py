@@ -6,18 +6,7 @@
       --draft_model models/t5_1_1_small.gin --task translate_en_de \\
       [--gin.draft/T5Config.num_decoder_layers=4 ...]
 
-For each pair and each beam size w (default 2, 3, 5) it runs `beam_search` on
-the target alone and `speculative_beam_search` with u = draft_factor * w, checks
-that both return the same beams, and prints a markdown table: target calls per
-example, the share saved, steps per round, walltimes (the median of `--repeats` runs, the two
-searches interleaved; compilation apart: the warm-up call less the median run) and the
-speedup. A speculative round scores w + γ * u rows of γ + 1 tokens where a plain step
-scores w tokens: on a CPU, where a call costs
-its arithmetic, the walltime shows that cost; the saving in calls is what pays
-off where a call costs its memory traffic (large models on accelerators).
-Random-init pairs: "close" perturbs the target's weights by --noise (2%: a
-draft that mostly agrees with the target), "1-layer" is an independent smaller
-random model (no agreement: the worst case).
+What it runs, its columns and settings: docs/experiments.md, section "bench.beam".
 """
 from __future__ import annotations
 
@@ -137,7 +126,8 @@ FAST = dict(num_examples=1, beam_sizes=[2], max_new_tokens=4, gamma=2)
 
 
 def main(argv=None) -> List[Dict[str, Any]]:
-  cli = parse_cli(argv, __doc__, "bench_beam", needs_pairs=False, flags=FLAGS, fast=FAST)
+  cli = parse_cli(argv, __doc__, "bench_beam", needs_pairs=False, flags=FLAGS, fast=FAST,
+                  weights_dtype=None)
   args = cli.args
   check_counts(num_examples=args.num_examples, max_input_len=args.max_input_len,
                beam_sizes=args.beam_sizes, draft_factor=args.draft_factor, gamma=args.gamma,

@@ -3,14 +3,7 @@
   python -m experiments.bench.distributed                 # the layouts below, on this host's CPU
   python -m experiments.bench.distributed --pair_role lm/tiny
 
-Each layout (processes x CPU devices per process, 'model' axis) runs under
-`specjax.runtime.launch`; every process initializes JAX (`specjax.runtime.distributed.initialize`),
-records `ru_maxrss` (baseline: after imports, the backend and the model are set up),
-loads the checkpoint with `specjax.checkpoints.load_sharded` into float32 global arrays
-(the bundled checkpoint is bfloat16 zarr) and records `ru_maxrss` again. The figures are
-gathered to process 0, which alone writes the tables. A process's growth should be its own
-shard bytes (what its devices hold) plus a bounded buffer (the chunks one slice touches:
-the bundled arrays are one chunk each), not the whole model.
+What it runs, its columns and settings: docs/experiments.md, section "bench.distributed".
 """
 from __future__ import annotations
 

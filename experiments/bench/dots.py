@@ -3,16 +3,7 @@
     python -m experiments.bench.dots [--rows 1 2 6 48] [--dots 200] [--passes 7]
         [--output_dir DIR]
 
-WEIGHTS_DTYPE and DRAFT_WEIGHTS_DTYPE choose the dtype the dense kernels run in. Which is
-fastest depends on the CPU's dot instructions (`specjax.machine.describe`): bfloat16 reads half
-of float32's bytes and int8 a quarter, but XLA:CPU runs them fast only with avx512_bf16 or
-vnni; elsewhere they convert. This times the models' own dots (`specjax.models.layers`: a
-float32 product, `bfloat16_dot`, `int8_dot`) on the bundled LM's weight shapes: x [M, in] @
-w [in, out] for the attention (384 × 384), the MLP (384 × 1024, 1024 × 384) and the output
-projection (an embedding [8192, 384] used transposed), at M rows (1: a decode step, 2 and 6:
-a verification call at γ = 1 and 5, 48: a prefill). Each timing is a jitted loop of `dots`
-dots (no dispatch cost), the three dtypes interleaved (`specjax.timing`), median of `passes`;
-the table gives µs per dot and each dtype's time over float32's.
+What it runs, its columns and settings: docs/experiments.md, section "bench.dots".
 """
 from __future__ import annotations
 
@@ -24,7 +15,7 @@ import numpy as np
 
 from experiments.common.checks import check_counts
 from experiments.common.cli import parse_cli
-from experiments.common.output import Output, header, markdown_table
+from experiments.common.output import write
 from specjax import machine, timing
 from specjax.command import run_cli
 from specjax.models.layers import project
@@ -85,19 +76,14 @@ FLAGS = {"--rows": dict(type=int, nargs="+", default=[1, 2, 6, 48]),
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-  cli = parse_cli(argv, __doc__, "bench_dots", needs_pairs=False, flags=FLAGS)
+  cli = parse_cli(argv, __doc__, "bench_dots", needs_pairs=False, flags=FLAGS, weights_dtype=None)
   args = cli.args
   check_counts(rows=tuple(args.rows), dots=args.dots, passes=args.passes)
-  rows = measure(args.rows, args.dots, args.passes)
-  md = header("Dense dots by weight dtype", [], [
-      f"µs per dot, median of {args.passes} interleaved passes of a jitted loop of "
-      f"{args.dots} dots; *_vs_float32: that dtype's time over float32's (< 1: faster)"])
-  md += "\n" + markdown_table(rows)
-  out = Output(cli.output_dir, "bench_dots")
-  print(md)
-  out.tables(md, rows, [], machine=machine.describe())
-  out.announce()
-  return rows
+  return write(cli, "bench_dots", measure(args.rows, args.dots, args.passes),
+               "Dense dots by weight dtype", [
+                   f"µs per dot, median of {args.passes} interleaved passes of a jitted loop of "
+                   f"{args.dots} dots; *_vs_float32: that dtype's time over float32's (< 1: "
+                   "faster)"], machine=machine.describe())
 
 
 if __name__ == "__main__":

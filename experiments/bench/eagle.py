@@ -3,30 +3,7 @@
   python -m experiments.bench.eagle --pair lm --weights_dtype bfloat16 [--head DIR] [--fast]
   python -m experiments.bench.eagle --pair translate --weights_dtype bfloat16 --head DIR
 
-The pair's target (the bundled LM or EN->DE one) decodes each of `num_examples` bundled inputs
-alone (batch 1) for `max_new_tokens` tokens (EOS ignored, so every decoder emits the same
-count) at temperature 0, by:
-- the target alone (autoregressive);
-- the pair's independent draft model, chains of γ (`draft_gammas`);
-- the feature head (`--head`: a folder written by `runs/train_lm_eagle.gin` or
-  `runs/train_translate_eagle.gin`, default the pair's bundled one), chains (`feature_chains`: (γ, vocab_limit, ranked, kernels), the limit None
-  or K: the head drafts over K token ids only, the first K of its token ranking
-  (`token_ranking.npy`, the most frequent in its training data) when `ranked`, else ids
-  0..K-1; kernels: the dtype its kernels run in, 'int8' as the bundled run's,
-  `specjax.params.quantize_kernels`), static trees of spines (`tree_spines`) and EAGLE-2
-  dynamic trees (`dynamic_trees`: (branch, expand, depth, keep), keep 0 for none), both over
-  `tree_vocab_limit` ids (of the ranking when the head has one) with `tree_kernels`.
-Every decoder runs on every example, interleaved (`specjax.timing.interleaved`, the order
-alternating), `repeats` timed passes per example after a warm-up; compile time is reported
-apart. Columns:
-- alpha: chains, the acceptance estimate of Eq. 1 (the verifier's min(1, p/q) overlap);
-  trees, the depth-equivalent α (`specjax.decode.tree`);
-- tokens_per_call: emitted tokens per target call; E_tokens: Eq. 1 at that α and γ (chains);
-- ms_per_token and speedup: the autoregressive ms per token over the decoder's (ratio of the
-  summed per-example medians); speedup_range: the lowest and highest per-example ratio;
-- greedy: how many examples' outputs equal the autoregressive one; a difference must sit at a
-  near-tie of the target's logits (`specjax.app.greedy_check`: a bfloat16 target's calls of
-  different widths round differently), else the run fails.
+What it runs, its columns and settings: docs/experiments.md, section "bench.eagle".
 """
 from __future__ import annotations
 
@@ -43,7 +20,7 @@ from experiments.common.cli import Cli, cli_main
 from experiments.common.compare import compare
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import load_examples
-from experiments.common.output import Output, header, markdown_table
+from experiments.common.output import write
 from specjax.app import bundled
 from specjax.app.greedy_check import greedy_difference
 from specjax.command import run_cli
@@ -177,9 +154,8 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
     print(f"{row['decoder']}: α={alpha} tokens/call={row['tokens_per_call']:.2f} "
           f"ms/token={row['ms_per_token']:.3f} speedup={row['speedup']:.2f} "
           f"({row['speedup_range']})")
-  out = Output(cli.output_dir, "bench_eagle")
-  md = header("Feature-level drafts (EAGLE-style) beside the independent draft, batch 1",
-              cli.pairs, [
+  return write(cli, "bench_eagle", rows,
+               "Feature-level drafts (EAGLE-style) beside the independent draft, batch 1", [
                   f"feature head: {head_name}, its kernels as each row names"
                   + ("; most frequent ids: its token_ranking.npy" if ranking is not None
                      else ""),
@@ -190,11 +166,9 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
                   "(`specjax.app.greedy_check`; a clear margin fails the run)",
                   "alpha: chains Eq. 1's estimate, trees the depth-equivalent α; E_tokens: "
                   "Eq. 1 at alpha and γ; speedup: autoregressive ms per token / the decoder's; "
-                  "range: per example"])
-  md += "\n" + markdown_table(rows, ["decoder", "alpha", "tokens_per_call", "E_tokens",
-                                     "ms_per_token", "speedup", "speedup_range", "compile_s",
-                                     "greedy"])
-  return out.report(md, rows, cli.pairs)
+                  "range: per example"],
+               columns=["decoder", "alpha", "tokens_per_call", "E_tokens", "ms_per_token",
+                        "speedup", "speedup_range", "compile_s", "greedy"])
 
 
 main = cli_main(run, "bench_eagle", __doc__, FAST, default_pairs=("lm",),

@@ -3,38 +3,7 @@
     python -m experiments.bench.profile_round [--cache_lens 256 512] [--gammas 2 4 6]
         [--batches 1 8] [--new_tokens 128] [--repeats 5] [--weights_dtype bfloat16]
 
-A bundled pair (`--pair lm`, the default, or `--pair translate`: an encoder-decoder's calls
-read its encoder output, computed once), greedy, prompts from the bundled evaluation split.
-For every cache length L and batch B it builds, each inside its own jitted `fori_loop` so
-that per-call dispatch is not counted (results are folded into the loop carry so XLA
-cannot drop them): the target's 1-token call and the
-draft's 1-token call, and per γ the target's (γ+1)-token call, one drafter
-proposal of γ guesses and one verification step; plus whole autoregressive and
-speculative generations. All of one (L, B) are compiled first and then timed in
-turn, `repeats` times (medians), so a busy spell of a shared machine hits them
-alike.
-
-Per γ also the round's model calls in one loop ("calls together": a (γ+1)-token target call
-then γ one-token draft calls, `experiments.common.timed.paired_loop`) beside the same calls
-timed apart (each model alone in its loop): on a CPU the difference is what the two models
-cost each other by sharing the caches (each evicts the other's weights), which the isolated
-r and c do not hold; "c in a round" charges it to the draft: (calls together − the target's
-call) / γ / the target's 1-token call.
-
-Rounds and steps are slopes: (a generation of `new_tokens` − one of half as many) / the
-rounds (tokens) between them, so the per-call fixed part (prefill, the drafter's start,
-dispatch, the NaN check's host sync, the result's copy) is printed apart ("call fixed ms")
-and not spread over the rounds; "call / rounds ms" is the old whole-call measure.
-
-Printed per (L, B): the autoregressive step beside its floor, the target's weight
-bytes (as run: float32, or bfloat16 with --weights_dtype) over the memory
-bandwidth measured here (a large jitted in-place pass: bytes read + written per second),
-and beside its read floor (the same bytes over the read bandwidth of a jitted sum).
-Printed per (L, B, γ): the parts, the measured round (the slope above), the
-unaccounted share (what the loop adds around the parts), the in-loop
-r = (γ+1)-token call / 1-token call and c = draft step / target step, and the
-theory's speedup E[tokens] / (γ·c + r), E[tokens] = (1 - α^(γ+1)) / (1 - α)
-with the α the run measured, beside the measured AR / speculative time.
+What it runs, its columns and settings: docs/experiments.md, section "bench.profile_round".
 """
 from __future__ import annotations
 

@@ -3,19 +3,7 @@
     python -m experiments.bench.sampler [--batches 1 8] [--examples 6] [--new_tokens 128]
         [--gamma 3] [--repeats 5] [--weights_dtype bfloat16] [--pair lm] [--output_dir DIR]
 
-`specjax.sampling.categorical` draws an id in two exponential races, over the masses of
-blocks of 128 ids and then inside the winning block: V / 128 + 128 Exp(1) draws. The one
-race over all V ids (`specjax.sampling.race` on the whole row, what `categorical` did
-before) needs V. Both are exact; this measures what the draws cost, side by side in one
-process:
-
-1. one draw from [B, V] weights in a jitted loop of 200 draws (B = 1, 8; V = 8192, 32768),
-   the two samplers interleaved (`specjax.timing`), median of 7;
-2. the bundled LM pair at batch 1, T = 1, `examples` prompts × `new_tokens` (EOS ignored):
-   autoregressive and speculative (γ, the model drafter) with each sampler, all four
-   decoders interleaved per prompt (`experiments.common.compare.compare`, median of
-   `repeats`). The one-race variant is traced with `race` in place of `categorical` in every
-   module that draws (the loops, the drafters, the verifiers); compile time is reported apart.
+What it runs, its columns and settings: docs/experiments.md, section "bench.sampler".
 """
 from __future__ import annotations
 

@@ -5,31 +5,7 @@
         [--attention specjax xla] [--xla_preset default] [--hlo] --output_dir DIR
     python -m experiments.bench.scale --fast --hlo   # CPU smoke run (tiny sizes, float32)
 
-Random-init targets at the sizes of gin/models (`decoder_only_{large,xl,xxl}.gin`,
-`t5_1_1_{large,xl,xxl}.gin`; `tiny` for a smoke run), with two drafts at `*_small` that bound
-the speedup: one whose logits are tied to its embedding like the target's (at random init
-both repeat recent tokens, so they agree: α ≈ 1) and one with an untied logits kernel
-(α ≈ 0). The T5 target runs with tied logits too (T5 1.1 unties them), so its α = 1 bound
-exists. Prompts: random, `--prompt_len` tokens (a T5's encoder inputs); greedy; EOS ignored.
-
-Per family, size, batch and attention implementation, all runs interleaved
-(`specjax.timing`), compile time reported apart: the target's and the tied draft's
-autoregressive decoding, speculative decoding with each draft (γ fixed), and for decoder-only
-the plain `fori_loop` peer (`experiments.reference_decoder`). Reported: ms per token (median
-and spread), c, tokens per call, α, greedy equality with the target's autoregressive tokens,
-the round cost (the α = 0 run: time per round), speculative decoding drafted by a random
-feature head at the target's width (`specjax.draft.FeatureDrafter`, EAGLE-style: its ms per
-token, its round cost and greedy equality; its α is a random head's), the speedup predicted
-at α = 0.6 / 0.75 / 0.9 from that round cost (Eq. 1's tokens per round / round cost × step
-cost), and the roofline: the bytes an autoregressive step reads (the decoder's weights as run,
-the KV cache and for T5 the encoded inputs) over the bandwidth of a device-to-device copy
-measured in the same run.
-
-`--xla_preset` / `--xla_flags` set XLA_FLAGS for the run (XLA:GPU command buffers and loop
-unrolling: `XLA_PRESETS`); flags are per process, so compare presets across runs.
-`--hlo` counts ops of the compiled loops (`specjax.aot.hlo`): per round or step, the
-kernels, nested loops, custom calls and host transfers, and the StableHLO of the decode step
-lowered for CUDA. Writes bench_scale.json and bench_scale.md to --output_dir.
+What it runs, its columns and settings: docs/experiments.md, section "bench.scale".
 """
 from __future__ import annotations
 

@@ -3,15 +3,7 @@
   python -m experiments.bench.sharding                  # 1 vs 8 forced host (CPU) devices
   python -m experiments.bench.sharding --devices 8 --num_partitions 2
 
-Each device count runs in its own subprocess (XLA's host device count is fixed
-when JAX starts; on CPU it is forced with
-`XLA_FLAGS=--xla_force_host_platform_device_count=N`). CPU host "devices" share
-the same cores, so CPU numbers are only a smoke test of the sharded path, not a
-measure of scaling; run on a TPU/GPU slice for real numbers (there the device
-count is the hardware's and `--devices` only picks the mesh).
-
-Prints one row per (devices, mesh, loop): tokens/s over the median of `--repeats` runs after
-a compile-and-warm-up call, the two loops interleaved (`specjax.timing`).
+What it runs, its columns and settings: docs/experiments.md, section "bench.sharding".
 """
 from __future__ import annotations
 

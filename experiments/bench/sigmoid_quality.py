@@ -3,23 +3,7 @@
   python -m experiments.bench.sigmoid_quality                  # all three parts
   python -m experiments.bench.sigmoid_quality --samples 50000  # quicker
 
-1. Analytic: with α = −β = −10⁴ the sigmoid input is (z − α)/(β − α) = 0.5 + z/(2·10⁴),
-   so any realistic logit maps to σ(0.5) ≈ 0.6225 and p̂/q̂ ≈ 1 (bounds printed).
-2. First token, exact law (no sampling) on synthetic logits with a large vocabulary:
-   the step emits x with probability q(x)·a(x) + (1 − Σ q·a)·r(x)/Σ r, where
-   a = min(1, p̂/(l q̂)) and r = max(0, p̂ − l q̂). Reported: acceptance rate, total
-   variation (TV) from the target p, mean target NLL of the emitted token.
-3. Table models (`specjax.testing`): N sequences of `steps` tokens from a small
-   speculative loop over trigram tables; TV of the empirical joint from the exact
-   joint, acceptance rate, mean target NLL per token. The exact verifier's TV is
-   the sampling-noise floor.
-4. The bundled pairs (`--pair lm --pair translate`): speculative decoding of bundled
-   examples with each verifier at temperature 1 and 0, beside the target decoding
-   alone: acceptance rate of the guesses, and the quality of the outputs (BLEU
-   against the references for translation; perplexity of the generated tokens
-   under the target for the LM).
-
-    python -m experiments.bench.sigmoid_quality --pair lm --pair translate --examples 64
+What it runs, its columns and settings: docs/experiments.md, section "bench.sigmoid_quality".
 """
 from __future__ import annotations
 
@@ -266,7 +250,8 @@ def pairs_part(cli) -> List[Dict]:
   return write(cli, "sigmoid_quality", rows,
                "Sigmoid verifier (NOT exact) vs exact verifiers on the bundled pairs",
                [f"{args.examples} bundled examples, γ = 4, ≤ {args.max_new_tokens} new tokens; "
-                "sigmoid α = −β = 10⁴"], columns=list(dict.fromkeys(k for r in rows for k in r)))
+                "sigmoid α = −β = 10⁴"],
+               columns=list(dict.fromkeys(k for r in rows for k in r)))
 
 
 if __name__ == "__main__":

@@ -6,30 +6,7 @@
       [--gin.bench.run.max_new_tokens=64] [--gin.bench.run.gamma=4]
       [--gin.bench.run.repeats=5] [--gin.bench.run.bounds_vocab=8192]
 
-Streaming (in-flight batching, `slots=`): `stream_inputs` bundled inputs through `slots`
-slots, with real EOS and with EOS ignored (every row runs the full budget), against today's
-padded batches of the same size (each runs until its slowest row is done): walltime, the
-ratio to streaming autoregressive (median and range of the per-repeat ratios, interleaved),
-and slot utilization = useful rounds / rounds run.
-
-For each pair and batch size: compile time (the warm-up run less the median run) apart from
-steady-state time, the median of `repeats` interleaved runs (`specjax.timing`), greedy.
-
-Bounds (`--bounds`, or `bench.run.bounds = True` beside the pairs): a random-init
-decoder-only pair (13.8M target, 1.4M drafts, vocabulary `bounds_vocab`, random 16-token
-prompts) with three drafts:
-- the target itself: every guess is accepted, but c = 1;
-- a small random draft with tied embeddings: at random init both models mostly predict
-  "repeat the last token", so they agree (α ≈ 1) at c ≈ 0.1: the upper bound of the
-  speedup for this pair;
-- a small random draft with untied logits: α ≈ 0, the lower bound (the pure overhead of
-  speculation).
-`--bounds` alone runs only this table (no bundled pairs, no streaming, no peer). Peer, in the same run and
-on the SAME translation weights: HuggingFace transformers assisted generation
-(PyTorch CPU, `generate(assistant_model=...)`, greedy, constant γ), on the target
-and draft exported by `specjax.app.export_hf` (the export is checked by matching
-logits first). HF assisted generation takes batch 1 only, so its batch-8 cells are
-"n/a". Without torch/transformers installed the peer is skipped with a loud message.
+What it runs, its columns and settings: docs/experiments.md, section "bench.speedup".
 """
 from __future__ import annotations
 
@@ -46,7 +23,7 @@ from experiments.common.cli import Cli, cli_main
 from experiments.common.compare import batched
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import Examples, load_examples
-from experiments.common.output import Output, header, markdown_table
+from experiments.common.output import header, markdown_table, write
 from experiments.common.pairs import Pair
 from specjax.checks import check_bool
 from specjax import timing
@@ -346,7 +323,6 @@ def run(cli: Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
     rows += bounded
     pairs.append(bounds_pair)
     notes.append(note)
-  out = Output(cli.output_dir, "bench")
   md = header("Benchmark: autoregressive vs speculative (greedy)", pairs, [
       f"{max_new_tokens} new tokens per row, median of {repeats} interleaved runs; "
       "compile_s = the warm-up run less the median run", *notes])
@@ -363,9 +339,7 @@ def run(cli: Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
            "tokens generated (with EOS: up to each row's EOS); same_tokens: equal to padded "
            "autoregressive.\n\n"
            + markdown_table(streamed, STREAM_COLUMNS))
-  out.tables(md, rows + streamed, pairs, notes=notes)
-  print(md)
-  return rows + streamed
+  return write(cli, "bench", rows + streamed, "", md=md, pairs=pairs, notes=notes)
 
 
 main = cli_main(

@@ -3,26 +3,7 @@
     python -m experiments.bench.stream_round [--slots 8] [--inputs 64] [--gammas 1 2]
         [--new_tokens 128] [--repeats 5] [--weights_dtype bfloat16] [--output_dir DIR]
 
-Bundled LM pair, greedy, EOS ignored (every input runs `new_tokens`): `inputs` bundled
-prompts streamed through `slots` slots (`specjax.decode.stream`), autoregressive and
-speculative at each γ. A round (a step) is a slope, (a stream of `new_tokens` − one of
-`new_tokens // 8`) / the rounds between them, so the refills (prefill, drafter start)
-and the call's fixed part cancel out. Beside it, in the same process and interleaved
-(the jitted loops of `experiments.common`, as in `experiments.bench.profile_round`, same cache
-length): the target's 1-token
-and (γ+1)-token calls at B rows, one drafter proposal of γ guesses, one verification.
-
-Printed per γ:
-- the stream's round, the sum of its parts and the gap between them (what the stream adds:
-  refill checks, bookkeeping, one model evicting the other from the cache);
-- r = (γ+1)-token call / 1-token call and c = draft proposal / (γ · 1-token call);
-- tokens per row and round, the measured speedup (stream AR step · tokens / round), the
-  speedup the parts allow, and the bound with a free draft and free verification
-  (tokens / r);
-- the extra tokens' arithmetic rate: the target's FLOPs for the γ extra tokens per row
-  (2 · weights · B · γ, plus nothing for attention) over (t_{γ+1} − t_1). When this is
-  near what a dot of B·(γ+1) rows reaches on this machine, the (γ+1)-token call is
-  compute-bound and r cannot fall much: speculation then pays only with a higher α.
+What it runs, its columns and settings: docs/experiments.md, section "bench.stream_round".
 """
 from __future__ import annotations
 

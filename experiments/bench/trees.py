@@ -4,33 +4,7 @@
       --temperature 1] [--width 8 --width 16 --width 32] [--trees K] [--auto] [--lookup]
       [--ngram] [--no_timing] [--fast]
 
-For each pair, batch, temperature and width w (the target call scores w positions), runs
-- the chain: `speculative_decode` with γ = w - 1;
-- static trees of w - 1 nodes: a deep top-1 spine plus short alternatives for the first
-  token (`StaticTree.from_spines`);
-- a dynamic tree (`DynamicTree`: the most probable nodes of each level expanded; at T = 0
-  grown past the width and cut to its w - 1 most probable nodes);
-- trees given in gin by name (`--gin_file=gin/experiments/trees.gin`, `extra_trees`);
-(`--trees K`: the first K of each kind only);
-with `--lookup`, also prompt lookup as a chain (`PromptLookupDrafter`, γ = w - 1) and as
-trees of 2 and 4 continuations (`PromptLookupTreeDrafter`, no draft model);
-with `--ngram`, also a bigram table (`BigramDrafter`, fitted on `ngram_corpus`) as a
-chain (γ = w - 1) and as the first static tree (`NGramTreeDrafter`, no draft model);
-with `--auto`, also the chain and the first static tree under the 'auto' policy (each round
-the narrow round, a plain target step, or the chain's buckets / the tree, priced by the cost
-table the decode calibrates in its own compiled loop; the calibration falls in compile_s),
-and reports tokens per target call, draft calls per round, the call cost r(w) (the
-target's w-token call time over its 1-token call, chain calls at the row's batch), ms/token,
-compile time apart, and the speedup per emitted token over autoregressive (all decodes of
-one setting interleaved, median and range of the per-pass ratios), with the theory's
-prediction beside the measurement: speedup = tokens per round / (r(w) + c ·
-draft calls per round), c the draft's 1-token call over the target's (Leviathan et al.
-Thm 3.8 with the measured tokens per round in place of (1 - α^(γ+1)) / (1 - α)).
-An 'auto' row's prediction prices its rounds with its own cost table instead: tokens /
-Σ over rounds of s[γ] / s[0]; narrow_rounds is the share of its rounds at γ = 0 and
-table_ms_per_token the table's cheapest choice at its calibrated α
-(`CostTable.seconds_per_token`), which compares a chain's table with a tree's.
-Tokens per call is not a timing; timings on a loaded machine are not claims.
+What it runs, its columns and settings: docs/experiments.md, section "bench.trees".
 """
 from __future__ import annotations
 
@@ -44,7 +18,7 @@ import numpy as np
 from experiments.common.cli import parse_cli
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import load_examples, ngram_corpus
-from experiments.common.output import Output, header, markdown_table
+from experiments.common.output import markdown_table, write
 from experiments.common.timed import decode_loop, ms_per_call
 from specjax.command import run_cli
 from specjax.timing import interleaved
@@ -256,8 +230,7 @@ def main(argv=None) -> List[dict]:
           # XLA:CPU code mappings (vm.max_map_count): the whole grid in one process ran out.
           jax.clear_caches()
   best = _best(rows)
-  out = Output(cli.output_dir, "bench_trees")
-  md = header("Chains vs token trees at equal target-call width", cli.pairs, [
+  return write(cli, "bench_trees", rows, "Chains vs token trees at equal target-call width", [
       "tokens per call: generated tokens / target calls; r: w-token call / 1-token call "
       "(chain calls at the row's batch); c: the draft's 1-token call / the target's; "
       "predicted = tokens per call / (r + c x draft calls per round); 'auto' rows: tokens / "
@@ -266,12 +239,8 @@ def main(argv=None) -> List[dict]:
       "none_accepted / all_accepted: share of rounds that accept no node / the whole depth",
       "speedup: per emitted token over autoregressive, median of interleaved passes (range); "
       "compile_s: the warm-up less a timed pass",
-      "batch 1: each example decoded alone; batch B: the first B examples in one call"])
-  md += "\n" + markdown_table(rows) + "\n\n## Best tree vs best chain\n\n"
-  md += markdown_table(best) + "\n"
-  out.tables(md, rows, cli.pairs, best=best)
-  print(md)
-  return rows
+      "batch 1: each example decoded alone; batch B: the first B examples in one call"],
+      more="\n\n## Best tree vs best chain\n\n" + markdown_table(best) + "\n", best=best)
 
 
 def _best(rows: List[dict]) -> List[dict]:

@@ -3,19 +3,7 @@
   python -m experiments.bench.variants [--pair lm --pair translate] [--fast]
       [--gin.bench_variants.run.temperatures=(0.0,)]
 
-Part 1, adaptive γ (each pair): batch 1, each example decoded alone by
-autoregressive decoding, by speculative decoding with every fixed γ in `gammas`,
-and with the `heuristic` (+2 / −1) and `optimal` (Thm 3.8 per row, with the
-measured c) γ policies, all with the same draft (max_gamma = max(gammas)); runs
-interleaved, median of `repeats`, compile excluded. `compiles` counts the jit
-compilations of the speculative loop each decoder caused over all its runs
-(constant: all γ values together), which should be 1.
-
-Part 2, hierarchical (the LM pair, when the tiny model is shipped in
-specjax/assets/pairs/lm/tiny): target ← draft ← tiny (the draft, itself sped up
-by the tiny model, drafts for the target) vs target ← draft and target ← tiny,
-at γ = `hier_gamma` (inner γ = `inner_gamma`), plus a check that greedy outputs
-are identical to the target's autoregressive ones.
+What it runs, its columns and settings: docs/experiments.md, section "bench.variants".
 """
 from __future__ import annotations
 
@@ -30,7 +18,7 @@ from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import Examples, load_examples
-from experiments.common.output import Output, fmt, header, markdown_table
+from experiments.common.output import fmt, header, markdown_table, write
 from experiments.common.pairs import Pair, tiny_model
 from experiments.common.compare import compare
 from experiments.common.timed import cost_ratios
@@ -167,7 +155,6 @@ def run(cli: Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
         hier_rows += rows
         for r in rows:
           print({k: fmt(v) for k, v in r.items()})
-  out = Output(cli.output_dir, "bench_variants")
   md = header("Adaptive γ and hierarchical drafting (batch 1)", cli.pairs, [
       f"{num_examples} examples × {max_new_tokens} tokens, median of {repeats} interleaved runs, "
       "compile excluded", *notes])
@@ -178,9 +165,7 @@ def run(cli: Cli, *, num_examples: int = 8, max_new_tokens: int = 64,
     md += "\n\n## Hierarchical\n\n" + markdown_table(hier_rows, [
         "pair", "temperature", "decoder", "gamma", "alpha", "tokens_per_call", "ms_per_token",
         "speedup", "greedy_identical"])
-  out.tables(md, adaptive_rows + hier_rows, cli.pairs)
-  out.announce()
-  return adaptive_rows + hier_rows
+  return write(cli, "bench_variants", adaptive_rows + hier_rows, "", md=md)
 
 
 main = cli_main(run, "bench_variants", __doc__, FAST)

@@ -3,34 +3,7 @@
   python -m experiments.bench.verify                 # V ∈ {8k, 32k, 128k}, γ ∈ {3, 5, 10}, B ∈ {1, 8}
   python -m experiments.bench.verify --vocab 8192 --gamma 5 --batch 8 --output out/bench.json
 
-What is timed: one jitted, vmapped verification step over a batch, compile
-excluded (median of repeated calls, the verifiers interleaved: `specjax.timing`), in two
-settings:
-- ``verify``: from the probabilities the loop already has (p [B, γ+1, V],
-  q [B, γ, V]); the sigmoid verifier reads the raw logits instead.
-- ``from logits``: softmax of the target's γ+1 and the draft's γ logit rows
-  plus the step, which is what Wagner et al.'s sigmoid replaces (it needs no
-  softmax). In specjax's loop the softmax is computed anyway (for the α
-  statistics), so ``verify`` is the saving the loop would see.
-
-On CPU the fused verifier runs its XLA path; the Pallas kernel is timed only
-when a GPU/TPU is present (on CPU it runs in interpret mode, a correctness tool).
-
-End to end (`--pair lm --pair translate`): `time_decode` times whole speculative
-decodes of bundled examples per verifier (batch 1 and 8, γ = 4, greedy and
-temperature 1), compile apart, median of `--repeats`.
-
-    python -m experiments.bench.verify --pair lm --pair translate --output_dir out/bv
-
-Block vs reference verification (`--compare block`): on the bundled pairs at
-temperature 1, batch 1 and 8, γ ∈ {2, 4, 6}, `compare_block` reports tokens per target
-call (the robust figure: it does not depend on the machine) and whole-decode walltime,
-the two verifiers interleaved repeat by repeat (median and min–max over repeats); each
-repeat decodes the same examples with a different seed, and tokens per call pool all
-repeats. Eq. 1's prediction from the measured α sits beside the reference's figure.
-
-    python -m experiments.bench.verify --compare block --pair lm --pair translate \
-        --examples 8 --repeats 3 --output_dir docs/results/bench_verify_block
+What it runs, its columns and settings: docs/experiments.md, section "bench.verify".
 """
 from __future__ import annotations
 

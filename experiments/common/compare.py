@@ -145,8 +145,9 @@ def batched(runs: Mapping[str, Callable[[], Any]], repeats: int, *,
   """Whole-batch decodes side by side (`specjax.timing.interleaved`): one row per run with
   `columns` first, then decoder, compile_s, steady_s (the median pass), ms_per_token (over the
   tokens the batch emitted), tokens, tokens_per_call, alpha (pooled over the rows, as
-  `DecodeResult.pooled_alpha`; None without a speculative round) and beside a `reference` run: speedup (its time per emitted
-  token over this run's) with speedup_range (per pass). Returns the rows and the timings.
+  `DecodeResult.pooled_alpha`; None without a speculative round) and beside a `reference`
+  run: speedup (its time per emitted token over this run's) with speedup_range (per pass).
+  Returns the rows and the timings.
 
   runs: name -> a zero-argument call returning a DecodeResult.
   """

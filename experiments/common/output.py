@@ -81,15 +81,6 @@ class Output:
     self.csv(rows)
     self.json({"pairs": {p.name: p.source for p in pairs}, **extra, "rows": rows})
 
-  def report(self, md: str, rows: Sequence[Dict[str, Any]], pairs,
-             plot: Optional[Callable[[], None]] = None) -> Sequence[Dict[str, Any]]:
-    """The tables (`tables`), the plot when given, the announcement; returns the rows."""
-    self.tables(md, rows, pairs)
-    if plot is not None:
-      plot()
-    self.announce()
-    return rows
-
   def png(self, figure, filename: str) -> None:
     figure.savefig(self.path(filename), dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -142,12 +133,19 @@ def header(title: str, pairs: Sequence[Pair], notes: Sequence[str] = ()) -> str:
 def write(cli, name: str, rows: Sequence[Dict[str, Any]], title: str,
           notes: Sequence[str] = (), columns: Optional[Sequence[str]] = None,
           more: str = "", pairs: Optional[Sequence[Pair]] = None,
+          plot: Optional[Callable[[Output], None]] = None, md: Optional[str] = None,
           **extra: Any) -> Sequence[Dict[str, Any]]:
   """An experiment's usual ending: NAME.md (`header` of `title`, the pairs and `notes`, the
-  rows' table with `columns`, then `more`), NAME.csv and NAME.json (with `extra`) in
-  `cli.output_dir`, the markdown printed; returns the rows. pairs: default `cli.pairs`."""
+  rows' table with `columns`, then `more`; or `md` as given), NAME.csv and NAME.json (with
+  `extra`) in `cli.output_dir`, the plot (`plot(output)`) when given; prints the markdown and
+  the files written, returns the rows. pairs: default `cli.pairs`."""
   pairs = cli.pairs if pairs is None else pairs
-  md = header(title, pairs, notes) + "\n" + markdown_table(rows, columns) + more
-  Output(cli.output_dir, name).tables(md, rows, pairs, **extra)
+  if md is None:
+    md = header(title, pairs, notes) + "\n" + markdown_table(rows, columns) + more
+  out = Output(cli.output_dir, name)
+  out.tables(md, rows, pairs, **extra)
+  if plot is not None:
+    plot(out)
   print(md)
+  out.announce()
   return rows

@@ -89,7 +89,7 @@ def _figures(out: Output, fig2_gammas, fig3_costs, fig4_gammas, c, c_hat) -> Non
     right.legend()
 
 
-main = cli_main(run, "table1", __doc__, FAST, needs_pairs=False)
+main = cli_main(run, "table1", __doc__, FAST, needs_pairs=False, weights_dtype=None)
 
 
 if __name__ == "__main__":

@@ -3,22 +3,7 @@
   python -m experiments.paper.table2_speedup [--pair lm --pair translate] [--fast]
       [--gin_file=experiments/table2_speedup.gin]
 
-For each pair, temperature and γ (batch 1, each example decoded alone, both loops
-jitted and compiled before timing, runs interleaved, median of `repeats`):
-- α: measured acceptance rate; c: draft step / target step (`decode`, k=1);
-- r(γ): target `decode` with k=γ+1 tokens / with k=1 (1 on an idle accelerator,
-  more on a CPU, where verifying γ+1 tokens costs more than one);
-  both in-loop: calls inside a jitted loop, as the decode loops make them
-  (`cost_ratios`), not single dispatched calls;
-- EXP: the paper's Thm 3.8, (1 − α^{γ+1}) / ((1 − α)(γc + 1));
-- EXP-CPU: E[tokens](α, γ) / (γc + r(γ)), Thm 3.8 with the verify cost r(γ) for 1;
-- EXP-CPU-obs: measured tokens per round / (γc + r(γ)): EXP-CPU without Eq. 1's i.i.d.
-  acceptance (on the bundled LM at T = 0 guesses are accepted in bursts), so EMP below it
-  is the round's own cost beyond γ draft steps and one (γ+1)-token target call;
-- c_round, EXP-CPU-round: c measured with both models in one loop (`cost_ratios`: on a CPU
-  each evicts the other's weights from the caches, so a draft step costs more in a round
-  than alone) and E[tokens](α, γ) / (γ c_round + r(γ));
-- EMP: measured (AR time per token) / (speculative time per token).
+What it runs, its columns and settings: docs/experiments.md, section "paper.table2_speedup".
 """
 from __future__ import annotations
 
@@ -32,7 +17,7 @@ from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import Examples, load_examples
-from experiments.common.output import Output, header, markdown_table
+from experiments.common.output import Output, write
 from experiments.common.pairs import Pair
 from experiments.common.compare import compare
 from experiments.common.timed import cost_ratios
@@ -107,20 +92,16 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 48,
         print(f"{pair.name} T={temp} γ={g}: α={alpha:.2f} c={c:.3f} r={r:.2f} "
               f"EXP={rows[-1]['EXP']:.2f} EXP-CPU={rows[-1]['EXP_CPU']:.2f} "
               f"EMP={rows[-1]['EMP']:.2f}")
-  out = Output(cli.output_dir, "table2_speedup")
-  md = header("Tables 2/4 analog: walltime speedup, batch 1", cli.pairs, [
+  return write(cli, "table2_speedup", rows, "Tables 2/4 analog: walltime speedup, batch 1", [
       f"{num_examples} examples × {max_new_tokens} tokens, median of {repeats} interleaved "
       "runs (`specjax.timing`), compile excluded",
       "c = draft step / target step (k=1); r = target step with k=γ+1 / k=1; both in-loop",
       "EXP = Thm 3.8; EXP-CPU = E[tokens]/(γc + r); EXP-CPU-obs = measured tokens per round / "
       "(γc + r); c_round = c with both models in one loop; EXP-CPU-round = "
-      "E[tokens]/(γ c_round + r); EMP = measured"])
-  md += "\n" + markdown_table(rows, ["pair", "temperature", "gamma", "alpha", "c", "r",
-                                             "tokens_per_call", "EXP", "EXP_CPU", "EXP_CPU_obs",
-                                             "c_round", "EXP_CPU_round", "EMP",
-                                             "ar_ms_per_token",
-                                             "spec_ms_per_token"])
-  return out.report(md, rows, cli.pairs, plot=lambda: _plot(out, rows))
+      "E[tokens]/(γ c_round + r); EMP = measured"],
+      ["pair", "temperature", "gamma", "alpha", "c", "r", "tokens_per_call", "EXP", "EXP_CPU",
+       "EXP_CPU_obs", "c_round", "EXP_CPU_round", "EMP", "ar_ms_per_token",
+       "spec_ms_per_token"], plot=lambda out: _plot(out, rows))
 
 
 def _plot(out: Output, rows: List[Dict]) -> None:

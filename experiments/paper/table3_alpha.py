@@ -20,7 +20,7 @@ import numpy as np
 from experiments.common.cli import Cli, cli_main
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import Examples, load_examples, ngram_corpus
-from experiments.common.output import Output, header, markdown_table
+from experiments.common.output import Output, write
 from experiments.common.pairs import Pair
 from specjax.command import run_cli
 from specjax.decode import speculative_decode
@@ -80,12 +80,10 @@ def run(cli: Cli, *, num_examples: int = 64, max_new_tokens: int = 32, gamma: in
         stats = measure_alpha(pair, drafter, params, ex, temp, gamma, max_new_tokens)
         rows.append({"pair": pair.name, "draft": name, "temperature": temp, **stats})
         print(f"{pair.name:10s} {name:8s} T={temp}: α={stats['alpha']:.3f}")
-  out = Output(cli.output_dir, "table3_alpha")
-  md = header("Table 3 analog: α by draft and temperature", cli.pairs,
-                     [f"{num_examples} examples × {max_new_tokens} new tokens, γ={gamma}", *notes])
-  md += "\n" + markdown_table(rows, ["pair", "draft", "temperature", "alpha",
-                                             "tokens_per_call"])
-  return out.report(md, rows, cli.pairs, plot=lambda: _plot(out, rows))
+  return write(cli, "table3_alpha", rows, "Table 3 analog: α by draft and temperature",
+               [f"{num_examples} examples × {max_new_tokens} new tokens, γ={gamma}", *notes],
+               ["pair", "draft", "temperature", "alpha", "tokens_per_call"],
+               plot=lambda out: _plot(out, rows))
 
 
 def _plot(out: Output, rows: List[Dict]) -> None:

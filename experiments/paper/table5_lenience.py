@@ -3,13 +3,7 @@
   python -m experiments.paper.table5_lenience [--pair translate] [--fast]
       [--gin_file=experiments/table5_lenience.gin]
 
-Temperature 1: lenient acceptance min(1, p/(l·q)) for l in `leniences`; temperature 0:
-the argmax lenience of A.5 (a guess is accepted when p(guess) ≥ l · max p). l = 1 is
-exact. Lenience changes the output distribution, so each row also reports quality:
-perplexity of the generated text under the target (teacher forced) and, for the
-translation pair, corpus BLEU against the bundled references. Speedup: autoregressive
-over speculative time per token (all examples in one batch, median of `repeats`, the decoders
-of one temperature interleaved).
+What it runs, its columns and settings: docs/experiments.md, section "paper.table5_lenience".
 """
 from __future__ import annotations
 
@@ -23,7 +17,7 @@ from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
 from experiments.common.decoding import decode_config, model_drafter
 from experiments.common.inputs import bleu, load_examples, output_ids, perplexity
-from experiments.common.output import Output, fmt, header, markdown_table
+from experiments.common.output import Output, fmt, write
 from specjax import timing
 from specjax.command import run_cli
 from specjax.decode import autoregressive_decode, speculative_decode
@@ -88,15 +82,16 @@ def run(cli: Cli, *, num_examples: int = 32, max_new_tokens: int = 32, gamma: in
                      "tokens_per_call": float(out.lengths.sum()) / max(calls, 1),
                      "speedup": t.median("AR") / t.median(f"l={l}"), **_quality(pair, ex, out)})
         print({k: fmt(v) for k, v in rows[-1].items()})
-  out = Output(cli.output_dir, "table5_lenience")
-  md = header("Table 5 analog: lenience", cli.pairs, [
+  return write(cli, "table5_lenience", rows, "Table 5 analog: lenience", [
       f"{num_examples} examples × {max_new_tokens} tokens in one batch, γ={gamma}; "
       "l = 1 is exact, l < 1 is NOT (quality columns show the cost)",
       "temperature 0 rows use the argmax lenience of A.5",
-      f"speedup: AR / speculative median time of {repeats} interleaved runs"])
-  md += "\n" + markdown_table(rows, ["pair", "temperature", "lenience", "alpha",
-                                            "tokens_per_call", "speedup", "perplexity", "bleu"])
-  out.tables(md, rows, cli.pairs)
+      f"speedup: AR / speculative median time of {repeats} interleaved runs"],
+      ["pair", "temperature", "lenience", "alpha", "tokens_per_call", "speedup", "perplexity",
+       "bleu"], plot=lambda out: _plot(out, rows))
+
+
+def _plot(out: Output, rows: List[Dict]) -> None:
   with out.figure("table5_lenience.png", (5, 3.5)) as ax:
     for key in sorted({(r["pair"], r["temperature"]) for r in rows}):
       sel = [r for r in rows if (r["pair"], r["temperature"]) == key and r["lenience"] != "AR"]
@@ -104,8 +99,6 @@ def run(cli: Cli, *, num_examples: int = 32, max_new_tokens: int = 32, gamma: in
               label=f"{key[0]} T={key[1]:g}")
     ax.set(xlabel="lenience l", ylabel="α", xscale="log", title="α vs lenience")
     ax.legend(fontsize=7)
-  out.announce()
-  return rows
 
 
 main = cli_main(run, "table5_lenience", __doc__, FAST,
