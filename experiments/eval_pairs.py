@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common.cli import Cli, cli_main
-from experiments.common.decoding import decode_config, model_drafter
-from experiments.common.inputs import Examples, bleu, load_examples, output_ids, pad_rows
+from experiments.common.decoding import decode_config, in_batches, model_drafter
+from experiments.common.inputs import Examples, bleu, load_examples, output_ids
 from experiments.common.output import fmt, header, markdown_table, write
 from experiments.common.pairs import Pair
 from specjax.app import bundled
@@ -70,15 +70,11 @@ def greedy_bleu(pair: Pair, which: str, ex: Examples, batch: int,
                    else (pair.draft, pair.draft_params))
   vocab = load_vocab()
   config = decode_config(0.0, max_new_tokens + 2, eos_id=1)
-  hyps = []
-  for start in range(0, len(ex.texts), batch):
-    rows = pad_rows(ex.inputs[start:start + batch], batch)
-    out = autoregressive_decode(model, params, rows, max_new_tokens=max_new_tokens,
-                                rng=jax.random.PRNGKey(0), config=config)
-    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-    for i in range(min(batch, len(ex.texts) - start)):
-      hyps.append(vocab.decode(output_ids(tokens[i], int(lengths[i]))))
-  return bleu(ex.references, hyps)
+  out = in_batches(lambda rows, _: autoregressive_decode(
+      model, params, rows, max_new_tokens=max_new_tokens, rng=jax.random.PRNGKey(0),
+      config=config), ex.inputs, batch)
+  return bleu(ex.references, [vocab.decode(output_ids(t, int(n)))
+                              for t, n in zip(np.asarray(out.tokens), np.asarray(out.lengths))])
 
 
 def measure_alpha(pair: Pair, temperature: float, *, gamma: int, batch: int,
@@ -94,18 +90,16 @@ def measure_alpha(pair: Pair, temperature: float, *, gamma: int, batch: int,
       raise ValueError(f"{pair.task}: the bundled split ran out at {tokens} tokens "
                        f"(asked for {min_tokens}); raise max_new_tokens")
     ex = load_examples(pair, min(batch, available - skip), max_input_len, skip=skip)
-    rows = pad_rows(ex.inputs, batch)
     config = decode_config(temperature, max_input_len + max_new_tokens + gamma + 1,
-                                  eos_id=eos)
-    out = speculative_decode(pair.target, pair.target_params, drafter, dparams, rows,
-                             max_new_tokens=max_new_tokens, gamma=gamma,
-                             rng=jax.random.PRNGKey(skip), config=config)
-    n = len(ex.texts)
-    alpha_sum += float(np.sum(np.asarray(out.alpha_sum)[:n]))
-    positions += int(np.sum(np.asarray(out.alpha_count)[:n]))
-    tokens += int(np.sum(np.asarray(out.lengths)[:n]))
-    calls += int(np.sum(np.asarray(out.target_calls)[:n]))
-    skip += n
+                           eos_id=eos)
+    out = in_batches(lambda rows, _: speculative_decode(
+        pair.target, pair.target_params, drafter, dparams, rows, max_new_tokens=max_new_tokens,
+        gamma=gamma, rng=jax.random.PRNGKey(skip), config=config), ex.inputs, batch)
+    alpha_sum += float(np.sum(out.alpha_sum))
+    positions += int(np.sum(out.alpha_count))
+    tokens += int(np.sum(out.lengths))
+    calls += int(np.sum(out.target_calls))
+    skip += len(ex.texts)
   return {"alpha": alpha_sum / max(positions, 1), "tokens": tokens, "positions": positions,
           "examples": skip, "tokens_per_call": tokens / max(calls, 1)}
 

@@ -8,7 +8,6 @@ What it runs, its columns and settings: docs/experiments.md, section "fingerprin
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from experiments.common.cli import parse_cli
-from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.decoding import Decoders, decode_config
 from experiments.common.inputs import load_examples
 from experiments.common.output import write
 from specjax.aot import hlo
@@ -34,55 +33,34 @@ LOOP_MODULES = r".*(run_loop|jit__run).*"
 def _decoders(pair, temperature: float, cache_len: int, max_new_tokens: int
               ) -> Dict[str, Callable[[Any], Any]]:
   """name -> fn(inputs int32 [N, W]) -> DecodeResult, for one pair and temperature."""
-  import jax  # pylint: disable=import-outside-toplevel
   from specjax.app import bundled  # pylint: disable=import-outside-toplevel
-  from specjax.decode import (autoregressive_decode, speculative_decode,  # pylint: disable=import-outside-toplevel
-                              tree_decode)
   from specjax.draft import (DynamicTree, FeatureDrafter,  # pylint: disable=import-outside-toplevel
                              PromptLookupTreeDrafter, StaticTree)
   from specjax.train import load_head  # pylint: disable=import-outside-toplevel
 
-  config = decode_config(temperature, cache_len)
-  common = dict(max_new_tokens=max_new_tokens, rng=jax.random.PRNGKey(0), config=config)
-  target, params = pair.target, pair.target_params
-  drafter, dparams = model_drafter(pair, GAMMA)
+  d = Decoders(pair, max_new_tokens, decode_config(temperature, cache_len))
   spines = StaticTree.from_spines((GAMMA, 1))
   cut = DynamicTree(branch=2, expand=2, max_depth=GAMMA, keep=4)  # exact at T = 0 only
-  out = {
-      "autoregressive": lambda x: autoregressive_decode(target, params, x, **common),
-      "chain": lambda x: speculative_decode(target, params, drafter, dparams, x, gamma=GAMMA,
-                                            **common),
-      "chain, streamed (2 slots)": lambda x: speculative_decode(
-          target, params, drafter, dparams, x, gamma=GAMMA, slots=2, **common),
-      "static tree": lambda x: tree_decode(target, params, pair.draft, dparams, x,
-                                           tree=spines, **common),
-      "dynamic tree": lambda x: tree_decode(
-          target, params, pair.draft, dparams, x,
-          tree=DynamicTree(branch=2, expand=2, max_depth=GAMMA), **common),
-      "prompt-lookup tree": lambda x: tree_decode(
-          target, params, PromptLookupTreeDrafter(target.vocab_size, branches=2, depth=GAMMA),
-          None, x, **common),
-  }
+  draft, dparams = pair.draft, pair.draft_params
+  out = {"autoregressive": d.autoregressive(), "chain": d.model_chain(GAMMA),
+         "chain, streamed (2 slots)": d.model_chain(GAMMA, slots=2),
+         "static tree": d.tree(draft, dparams, tree=spines),
+         "dynamic tree": d.tree(draft, dparams,
+                                tree=DynamicTree(branch=2, expand=2, max_depth=GAMMA)),
+         "prompt-lookup tree": d.tree(PromptLookupTreeDrafter(pair.target.vocab_size,
+                                                              branches=2, depth=GAMMA), None)}
   if temperature == 0.0:
-    auto = dataclasses.replace(config, gamma_policy="auto")
-    out["chain, 'auto'"] = lambda x: speculative_decode(
-        target, params, drafter, dparams, x, gamma=GAMMA,
-        **{**common, "config": auto})
-    out["static tree, 'auto'"] = lambda x: tree_decode(
-        target, params, pair.draft, dparams, x, tree=spines, **{**common, "config": auto})
-    out["dynamic tree, keep 4"] = lambda x: tree_decode(
-        target, params, pair.draft, dparams, x, tree=cut, **common)
+    out["chain, 'auto'"] = d.auto().model_chain(GAMMA)
+    out["static tree, 'auto'"] = d.auto().tree(draft, dparams, tree=spines)
+    out["dynamic tree, keep 4"] = d.tree(draft, dparams, tree=cut)
   if pair.name == "lm" and not pair.random_init:
     head, head_params = load_head(bundled.resolve("bundled:lm/eagle", "checkpoint"))
-    feature = FeatureDrafter(target, head, max_gamma=GAMMA)
-    fparams = feature.params(head_params, params)
-    out["feature chain"] = lambda x: speculative_decode(target, params, feature, fparams, x,
-                                                        gamma=GAMMA, **common)
-    out["feature tree"] = lambda x: tree_decode(target, params, feature, fparams, x,
-                                                tree=spines, **common)
+    feature = FeatureDrafter(pair.target, head, max_gamma=GAMMA)
+    fparams = feature.params(head_params, pair.target_params)
+    out["feature chain"] = d.chain(feature, fparams, GAMMA)
+    out["feature tree"] = d.tree(feature, fparams, tree=spines)
     if temperature == 0.0:
-      out["feature dynamic tree, keep 4"] = lambda x: tree_decode(
-          target, params, feature, fparams, x, tree=cut, **common)
+      out["feature dynamic tree, keep 4"] = d.tree(feature, fparams, tree=cut)
   return out
 
 

@@ -7,7 +7,6 @@ What it runs, its columns and settings: docs/experiments.md, section "bench.auto
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 from typing import Dict, List, Sequence
 
@@ -17,14 +16,14 @@ import numpy as np
 
 from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
-from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.decoding import Decoders, decode_config, model_drafter
 from experiments.common.inputs import load_examples
 from experiments.common.output import Output, header, markdown_table
 from experiments.common.pairs import Pair
 from experiments.common.timed import passes_for
 from specjax import timing
 from specjax.command import run_cli
-from specjax.decode import autoregressive_decode, calibrate_costs, speculative_decode
+from specjax.decode import calibrate_costs
 
 FAST = dict(batches=(1,), temperatures=(0.0,), gammas=(1,), max_new_tokens=8, repeats=1,
             max_input_len=16, min_seconds=0.01, min_rows=2)
@@ -44,28 +43,22 @@ def _cell(pair: Pair, batch: int, temperature: float, gammas: Sequence[int],
   seeds = [jax.random.fold_in(jax.random.PRNGKey(0), i) for i in range(draws)]
   inputs, key = parts[0], seeds[0]
   max_gamma = max(gammas)
-  base = decode_config(temperature, max_input_len + max_new_tokens + max_gamma + 1)
-  auto_config = dataclasses.replace(base, gamma_policy="auto")
+  d = Decoders(pair, max_new_tokens,
+               decode_config(temperature, max_input_len + max_new_tokens + max_gamma + 1))
+  auto_config = d.auto().config
   drafter, dparams = model_drafter(pair, max_gamma)
 
-  def over_draws(decode):  # decode(inputs [B, W], rng) -> DecodeResult; a run: every draw
-    return lambda: [decode(x, k) for x, k in zip(parts, seeds)]
+  def over_draws(decode):  # decode(inputs [B, W], rng=) -> DecodeResult; a run: every draw
+    return lambda: [decode(x, rng=k) for x, k in zip(parts, seeds)]
 
-  runs = {"autoregressive": over_draws(lambda x, k: autoregressive_decode(
-      pair.target, pair.target_params, x, max_new_tokens=max_new_tokens, rng=k, config=base))}
+  runs = {"autoregressive": over_draws(d.autoregressive())}
   for g in gammas:
-    fixed, fparams = model_drafter(pair, g)
-    runs[f"γ={g}"] = over_draws(lambda x, k, fixed=fixed, fparams=fparams, g=g:
-                                speculative_decode(pair.target, pair.target_params, fixed,
-                                                   fparams, x, max_new_tokens=max_new_tokens,
-                                                   gamma=g, rng=k, config=base))
+    runs[f"γ={g}"] = over_draws(d.model_chain(g))
   # Calibration compiles the auto loop (the decode reuses that executable), then times it.
   (costs, calibrate_s) = timing.timed(lambda: calibrate_costs(
       pair.target, pair.target_params, drafter, dparams, inputs,
       max_new_tokens=max_new_tokens, config=auto_config, rng=key))
-  runs["auto"] = over_draws(lambda x, k: speculative_decode(
-      pair.target, pair.target_params, drafter, dparams, x, max_new_tokens=max_new_tokens,
-      rng=k, config=auto_config, costs=costs))
+  runs["auto"] = over_draws(d.auto().chain(drafter, dparams, None, costs=costs))
   # A warm-up (compile) and one pass, which sizes the rest.
   probe = timing.interleaved(runs, 1)
   # Cheap cells get more repeats: at least min_seconds of timed runs in all (a batch-1 round

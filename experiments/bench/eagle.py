@@ -7,7 +7,6 @@ What it runs, its columns and settings: docs/experiments.md, section "bench.eagl
 """
 from __future__ import annotations
 
-import functools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
@@ -18,13 +17,12 @@ import numpy as np
 from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
 from experiments.common.compare import compare
-from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.decoding import Decoders, decode_config
 from experiments.common.inputs import load_examples
 from experiments.common.output import write
 from specjax.app import bundled
 from specjax.app.greedy_check import greedy_difference
 from specjax.command import run_cli
-from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
 from specjax.draft import DynamicTree, FeatureDrafter, StaticTree
 from specjax.params import DRAFT_WEIGHTS_DTYPES, cast_kernels
 from specjax.train import load_head, load_token_ranking
@@ -44,21 +42,17 @@ def decoders(pair, head, head_params, ranking, *, draft_gammas: Sequence[int],
              ) -> Dict[str, Tuple[str, object]]:
   """name -> (kind, fn(row int32 [1, W]) -> DecodeResult), the autoregressive one first;
   `head_params`: the head's params by kernels dtype."""
-  config = decode_config(0.0, cache_len)
-  key = jax.random.PRNGKey(0)
+  d = Decoders(pair, max_new_tokens, decode_config(0.0, cache_len))
   target, params = pair.target, pair.target_params
-  common = dict(max_new_tokens=max_new_tokens, rng=key, config=config)
-  chain = lambda d, p, g: functools.partial(_chain, target, params, d, p, g, common)
-  runs = {"autoregressive": ("ar", lambda row: autoregressive_decode(target, params, row,
-                                                                      **common))}
+  runs = {"autoregressive": ("ar", d.autoregressive())}
   for g in draft_gammas:
-    runs[f"draft model, chain γ={g}"] = ("chain", chain(*model_drafter(pair, g), g))
+    runs[f"draft model, chain γ={g}"] = ("chain", d.model_chain(g))
   for g, limit, ranked, kernels in feature_chains:
     drafter = FeatureDrafter(target, head, max_gamma=g, vocab_limit=limit)
     fparams = drafter.params(head_params[kernels], params,
                              token_ranking=ranking if ranked else None)
     runs[f"feature head{_limited(limit, ranked)}, {kernels}, chain γ={g}"] = (
-        "chain", chain(drafter, fparams, g))
+        "chain", d.chain(drafter, fparams, g))
   trees = [(f"feature head, spines {tuple(s)}", StaticTree.from_spines(tuple(s)))
            for s in tree_spines]
   trees += [(f"feature head, dynamic b{b} e{e} d{d} keep {k}",
@@ -69,17 +63,8 @@ def decoders(pair, head, head_params, ranking, *, draft_gammas: Sequence[int],
   for name, tree in trees:
     label = name.replace("feature head", f"feature head"
                          f"{_limited(tree_vocab_limit, ranking is not None)}, {tree_kernels}")
-    runs[label] = ("tree", functools.partial(_tree, target, params, drafter, fparams, tree,
-                                             common))
+    runs[label] = ("tree", d.tree(drafter, fparams, tree=tree))
   return runs
-
-
-def _chain(target, params, drafter, draft_params, gamma, common, row):
-  return speculative_decode(target, params, drafter, draft_params, row, gamma=gamma, **common)
-
-
-def _tree(target, params, drafter, draft_params, tree, common, row):
-  return tree_decode(target, params, drafter, draft_params, row, tree=tree, **common)
 
 
 def _limited(limit: Optional[int], ranked: bool) -> str:

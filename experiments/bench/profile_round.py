@@ -7,6 +7,7 @@ What it runs, its columns and settings: docs/experiments.md, section "bench.prof
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import jax
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common.cli import parse_cli
-from experiments.common.decoding import decode_config
+from experiments.common.decoding import Decoders, decode_config
 from experiments.common.inputs import load_examples
 from experiments.common.output import markdown_table
 from experiments.common.timed import (c_in_round, decode_loop, ms_per_call, paired_loop,
@@ -22,7 +23,6 @@ from experiments.common.timed import (c_in_round, decode_loop, ms_per_call, pair
 from specjax import timing
 from specjax.analysis import expected_tokens
 from specjax.command import run_cli
-from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.draft import ModelDrafter
 
 PROMPT_LEN = 16
@@ -82,11 +82,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     config = decode_config(0.0, cache_len)
     for batch in args.batches:
       prompts, plen = prompts_all[:batch], lengths_all[:batch]
-      key = jax.random.PRNGKey(0)
       half = args.new_tokens // 2
-      ar = lambda budget: (lambda: autoregressive_decode(
-          target, tparams, prompts, max_new_tokens=budget, rng=key, config=config,
-          prompt_lengths=plen), 1)
+      d = Decoders(pair, args.new_tokens, config)
+      ar = lambda budget: (functools.partial(d.autoregressive(), prompts, max_new_tokens=budget,
+                                             prompt_lengths=plen), 1)
       # Whole calls (1 "call" each): the budget is data, so both budgets share one compile.
       # An encoder-decoder's decoder calls read their model's encoder output (once per loop).
       t_enc = target.encode(tparams, jnp.asarray(prompts)) if target.is_encoder_decoder else None
@@ -96,9 +95,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               "ar": ar(args.new_tokens), "ar_half": ar(half)}
       for gamma in args.gammas:
         drafter = ModelDrafter(draft, gamma)  # max_gamma sizes the target call: γ + 1 tokens
-        spec = lambda budget, d=drafter, g=gamma: (lambda: speculative_decode(
-            target, tparams, d, dparams, prompts, max_new_tokens=budget, gamma=g,
-            rng=key, config=config, prompt_lengths=plen), 1)
+        spec = lambda budget, g=gamma: (functools.partial(
+            d.model_chain(g), prompts, max_new_tokens=budget, prompt_lengths=plen), 1)
         runs[f"tk{gamma}"] = decode_loop(target, tparams, batch, cache_len, gamma + 1,
                                          encoded=t_enc)
         runs[f"pair{gamma}"] = paired_loop(target, tparams, draft, dparams, batch, cache_len,

@@ -7,6 +7,7 @@ What it runs, its columns and settings: docs/experiments.md, section "bench.samp
 """
 from __future__ import annotations
 
+import functools
 import contextlib
 from typing import Dict, List, Optional, Sequence
 from unittest import mock
@@ -17,13 +18,12 @@ import numpy as np
 
 from experiments.common.cli import parse_cli
 from experiments.common.compare import compare
-from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.decoding import Decoders, decode_config
 from experiments.common.inputs import load_examples
 from experiments.common.output import Output, markdown_table
 from experiments.common.pairs import Pair
 from specjax import sampling, timing
 from specjax.command import run_cli
-from specjax.decode import autoregressive_decode, speculative_decode
 
 # Every module that calls `categorical` by the name it imported.
 _DRAWING_MODULES = ("specjax.sampling", "specjax.verify.step", "specjax.verify.block",
@@ -73,26 +73,21 @@ def micro(batches: Sequence[int], vocabs: Sequence[int], repeats: int = 7,
   return rows
 
 
+def _drawing(sampler, decode, row):
+  with drawing_with(sampler):
+    return decode(row)
+
+
 def end_to_end(pair: Pair, *, examples: int, new_tokens: int, gamma: int,
                repeats: int) -> List[Dict]:
   ex = load_examples(pair, examples, max_input_len=48)
-  key = jax.random.PRNGKey(0)
-  drafter, dparams = model_drafter(pair, gamma)
   runs = {}
   for i, (name, sampler) in enumerate(SAMPLERS.items()):
     # A cache one slot longer per sampler: a different static config, so its own trace.
-    config = decode_config(1.0, ex.inputs.shape[1] + new_tokens + gamma + 1 + i)
-
-    def ar(row, config=config, sampler=sampler):
-      with drawing_with(sampler):
-        return autoregressive_decode(pair.target, pair.target_params, row,
-                                     max_new_tokens=new_tokens, rng=key, config=config)
-
-    def spec(row, config=config, sampler=sampler):
-      with drawing_with(sampler):
-        return speculative_decode(pair.target, pair.target_params, drafter, dparams, row,
-                                  max_new_tokens=new_tokens, gamma=gamma, rng=key, config=config)
-    runs[f"ar {name}"], runs[f"spec {name}"] = ar, spec
+    d = Decoders(pair, new_tokens,
+                 decode_config(1.0, ex.inputs.shape[1] + new_tokens + gamma + 1 + i))
+    for kind, decode in (("ar", d.autoregressive()), ("spec", d.model_chain(gamma))):
+      runs[f"{kind} {name}"] = functools.partial(_drawing, sampler, decode)
   compared = compare(runs, ex.inputs, repeats)
   result = {r["decoder"]: r for r in compared.rows()}
   # Both samplers are exact but draw different tokens from the same key: equal tokens would

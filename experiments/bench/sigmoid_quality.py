@@ -16,13 +16,13 @@ import numpy as np
 
 from experiments.common.checks import check_counts
 from experiments.common.cli import parse_cli
-from experiments.common.decoding import model_drafter
-from experiments.common.inputs import bleu, load_examples, output_ids, pad_rows, perplexity
+from experiments.common.decoding import Decoders, in_batches, model_drafter
+from experiments.common.inputs import bleu, load_examples, output_ids, perplexity
 from experiments.common.output import fmt, write
 from experiments.common.pairs import Pair
 from specjax.command import run_cli
 from specjax.data import load_vocab
-from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
+from specjax.decode import DecodeConfig
 from specjax.sampling import Sampling
 from specjax.testing import exact_joint, random_table
 from specjax.verify import SigmoidApproxVerifierNotExact, Verifier, describe, get_verifier
@@ -145,23 +145,14 @@ def pair_quality(pair: Pair, verifiers: List[Verifier], temperature: float, *,
     config = DecodeConfig(sampling=Sampling(temperature=temperature), eos_id=eos,
                           cache_len=max_input_len + max_new_tokens + gamma + 1,
                           **({"verifier": verifier} if verifier is not None else {}))
-    outputs, accepted, proposed = [], 0, 0
-    for start in range(0, len(ex.texts), batch):
-      inputs = pad_rows(ex.inputs[start:start + batch], batch)
-      key = jax.random.PRNGKey(start)
-      if verifier is None:
-        out = autoregressive_decode(pair.target, pair.target_params, inputs,
-                                    max_new_tokens=max_new_tokens, rng=key, config=config)
-      else:
-        out = speculative_decode(pair.target, pair.target_params, drafter, dparams, inputs,
-                                 max_new_tokens=max_new_tokens, gamma=gamma, rng=key,
-                                 config=config)
-      n = min(batch, len(ex.texts) - start)
-      tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-      outputs += [output_ids(tokens[i], int(lengths[i])) for i in range(n)]
-      hist = np.asarray(out.accepted_hist)[:n]  # [n, γ+1]: rounds that accepted k guesses
-      accepted += int((hist * np.arange(hist.shape[1])).sum())
-      proposed += gamma * int(hist.sum())
+    d = Decoders(pair, max_new_tokens, config)
+    decode = d.autoregressive() if verifier is None else d.chain(drafter, dparams, gamma)
+    out = in_batches(lambda rows, start: decode(rows, rng=jax.random.PRNGKey(start)),
+                     ex.inputs, batch)
+    outputs = [output_ids(t, int(n)) for t, n in zip(np.asarray(out.tokens),
+                                                     np.asarray(out.lengths))]
+    hist = np.asarray(out.accepted_hist)  # [N, γ+1]: rounds that accepted k guesses
+    accepted, proposed = int((hist * np.arange(hist.shape[1])).sum()), gamma * int(hist.sum())
     row = {"pair": pair.name, "temperature": temperature,
            "decoder": "target alone (autoregressive)" if verifier is None else _label(verifier),
            "exact": True if verifier is None else verifier.exact,

@@ -10,7 +10,6 @@ What it runs, its columns and settings: docs/experiments.md, section "bench.spee
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -21,14 +20,14 @@ import numpy as np
 from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
 from experiments.common.compare import batched
-from experiments.common.decoding import decode_config, model_drafter
-from experiments.common.inputs import Examples, load_examples
+from experiments.common.decoding import Decoders, decode_config, in_batches, model_drafter
+from experiments.common.inputs import Examples, load_examples, pad_rows
 from experiments.common.output import header, markdown_table, write
 from experiments.common.pairs import Pair
 from specjax.checks import check_bool
 from specjax import timing
 from specjax.command import run_cli
-from specjax.decode import DecodeResult, Streaming, autoregressive_decode, speculative_decode
+from specjax.decode import DecodeResult, Streaming
 from specjax.data import load_vocab
 from specjax.draft import ModelDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
@@ -116,22 +115,10 @@ def peer_rows(pair: Pair, ex: Examples, t: timing.Timings, *, gamma: int,
 
 
 def _padded_batches(decode, inputs: np.ndarray, keys, batch: int) -> DecodeResult:
-  """`decode(rows, keys)` over consecutive batches of `batch` rows (the last padded by
-  repeating its last row: one compiled shape), joined; `rounds` = Σ the batches' slowest row
-  (each batch runs until its slowest row is done), over `batch` rows each."""
-  outs, rounds = [], 0
-  for start in range(0, len(inputs), batch):
-    rows, row_keys = inputs[start:start + batch], keys[start:start + batch]
-    pad = batch - len(rows)
-    if pad:
-      rows = np.concatenate([rows, np.repeat(rows[-1:], pad, 0)])
-      row_keys = jax.numpy.concatenate([row_keys, jax.numpy.repeat(row_keys[-1:], pad, 0)])
-    out = decode(rows, row_keys)
-    rounds += int(np.max(out.target_calls))
-    outs.append(jax.tree.map(lambda x: x[:batch - pad], out))
-  joined = jax.tree.map(lambda *x: jax.numpy.concatenate(x), *outs)
-  return joined.replace(rounds=jax.numpy.int32(rounds),
-                        slot_rounds=jax.numpy.int32(rounds * batch))
+  """`decode(rows, keys)` over consecutive batches of `batch` rows (`in_batches`: each runs
+  until its slowest row is done)."""
+  pad = lambda start: pad_rows(np.asarray(keys[start:start + batch]), batch)
+  return in_batches(lambda rows, start: decode(rows, pad(start)), inputs, batch)
 
 
 def stream_rows(pair: Pair, *, inputs: int, slots: int, max_new_tokens: int,
@@ -156,12 +143,11 @@ def stream_rows(pair: Pair, *, inputs: int, slots: int, max_new_tokens: int,
       raise ValueError(f"stream modes are 'eos' and 'forced', got {mode!r}")
     eos_id = load_vocab().eos_id if mode == "eos" else -1
     # One cache length for every decoder: the same attention work per call.
-    config = decode_config(0.0, max_input_len + max_new_tokens + widest + 1, eos_id=eos_id)
-    ar = lambda x, k, **kw: autoregressive_decode(pair.target, pair.target_params, x,
-                                                  max_new_tokens=max_new_tokens, rng=k,
-                                                  config=config, **kw)
+    d = Decoders(pair, max_new_tokens,
+                 decode_config(0.0, max_input_len + max_new_tokens + widest + 1, eos_id=eos_id))
+    ar = lambda x, k, **kw: d.autoregressive()(x, rng=k, **kw)
     runs = {"padded autoregressive": lambda: _padded_batches(ar, ex.inputs, keys, slots)}
-    specs = {g: _speculative(pair, g, config, max_new_tokens) for g in gammas}
+    specs = {g: _speculative(d, g) for g in gammas}
     for g, spec in specs.items():
       runs[f"padded speculative γ={g}"] = functools.partial(_padded_batches, spec, ex.inputs,
                                                             keys, slots)
@@ -193,17 +179,11 @@ AUTO_MAX_GAMMA = 4
 """The largest γ the streaming bench's 'auto' rows may pick."""
 
 
-def _speculative(pair: Pair, gamma: Union[int, str], config, max_new_tokens: int):
+def _speculative(d: Decoders, gamma: Union[int, str]):
   """decode(inputs, keys, **kw): speculative decoding at a fixed γ or under 'auto'."""
-  if gamma == "auto":
-    drafter, dparams = model_drafter(pair, AUTO_MAX_GAMMA)
-    config = dataclasses.replace(config, gamma_policy="auto")
-    gamma = None
-  else:
-    drafter, dparams = model_drafter(pair, int(gamma))
-  return lambda x, k, **kw: speculative_decode(pair.target, pair.target_params, drafter, dparams,
-                                               x, max_new_tokens=max_new_tokens, gamma=gamma,
-                                               rng=k, config=config, **kw)
+  decode = (d.auto().chain(*model_drafter(d.pair, AUTO_MAX_GAMMA), None) if gamma == "auto"
+            else d.model_chain(int(gamma)))
+  return lambda x, k, **kw: decode(x, rng=k, **kw)
 
 
 STREAM_COLUMNS = ["pair", "mode", "inputs", "slots", "decoder", "compile_s", "steady_s",
@@ -211,23 +191,19 @@ STREAM_COLUMNS = ["pair", "mode", "inputs", "slots", "decoder", "compile_s", "st
                   "tokens", "tokens_per_call", "alpha", "same_tokens"]
 
 
-def batch_rows(pair_name: str, target, target_params, drafts: Dict[str, Tuple[Any, Any]],
-               inputs: np.ndarray, *, gamma: int, max_new_tokens: int, repeats: int,
+def batch_rows(pair: Pair, drafts: Dict[str, Tuple[Any, Any]], inputs: np.ndarray, *,
+               gamma: int, max_new_tokens: int, repeats: int,
                config) -> Tuple[List[Dict], timing.Timings]:
   """One row per decoder: autoregressive, then speculative with each of `drafts` (label ->
   (draft model, its params); label '' for the pair's own draft), on one batch of `inputs`
   [B, W], all interleaved (`experiments.common.compare.batched`). Returns the rows and the
   timings."""
-  key = jax.random.PRNGKey(0)
-  runs = {AR: lambda: autoregressive_decode(target, target_params, inputs,
-                                            max_new_tokens=max_new_tokens, rng=key,
-                                            config=config)}
+  d = Decoders(pair, max_new_tokens, config)
+  runs = {AR: functools.partial(d.autoregressive(), inputs)}
   for label, (draft, dparams) in drafts.items():
-    drafter = ModelDrafter(draft, max_gamma=gamma)
     runs[f"specjax speculative γ={gamma}" + (f", {label}" if label else "")] = functools.partial(
-        speculative_decode, target, target_params, drafter, dparams, inputs,
-        max_new_tokens=max_new_tokens, gamma=gamma, rng=key, config=config)
-  return batched(runs, repeats, reference=AR, pair=pair_name, batch=len(inputs))
+        d.chain(ModelDrafter(draft, max_gamma=gamma), dparams, gamma), inputs)
+  return batched(runs, repeats, reference=AR, pair=pair.name, batch=len(inputs))
 
 
 BOUNDS_PROMPT_LEN = 16
@@ -261,11 +237,11 @@ def bounds_rows(*, vocab: int, batches: Sequence[int], gamma: int, max_new_token
   rows = []
   for batch in batches:
     prompts = np.random.default_rng(0).integers(2, vocab, size=(batch, BOUNDS_PROMPT_LEN))
-    rows += batch_rows(pair.name, pair.target, pair.target_params, drafts,
-                       prompts.astype(np.int32), gamma=gamma, max_new_tokens=max_new_tokens,
-                       repeats=repeats, config=config)[0]
+    rows += batch_rows(pair, drafts, prompts.astype(np.int32), gamma=gamma,
+                       max_new_tokens=max_new_tokens, repeats=repeats, config=config)[0]
   note = (f"bounds pair: random-init decoder-only target "
-          f"{count_params(pair.target_params) / 1e6:.1f}M params, drafts {count_params(pair.draft_params) / 1e6:.1f}M, vocabulary {vocab}, "
+          f"{count_params(pair.target_params) / 1e6:.1f}M params, drafts "
+          f"{count_params(pair.draft_params) / 1e6:.1f}M, vocabulary {vocab}, "
           f"random {BOUNDS_PROMPT_LEN}-token prompts")
   return rows, pair, note
 
@@ -303,9 +279,9 @@ def run(cli: Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
     config = decode_config(0.0, max_input_len + max_new_tokens + gamma + 1)
     for batch in batches:
       ex = load_examples(pair, batch, max_input_len)
-      batch_table, t = batch_rows(pair.name, pair.target, pair.target_params,
-                                  {"": (pair.draft, pair.draft_params)}, ex.inputs, gamma=gamma,
-                                  max_new_tokens=max_new_tokens, repeats=repeats, config=config)
+      batch_table, t = batch_rows(pair, {"": (pair.draft, pair.draft_params)}, ex.inputs,
+                                  gamma=gamma, max_new_tokens=max_new_tokens, repeats=repeats,
+                                  config=config)
       rows += batch_table
       if pair.target.is_encoder_decoder and peer:
         rows += peer_rows(pair, ex, t, gamma=gamma, max_new_tokens=max_new_tokens,

@@ -7,6 +7,7 @@ What it runs, its columns and settings: docs/experiments.md, section "bench.stre
 """
 from __future__ import annotations
 
+import functools
 import statistics
 from typing import Dict, List, Optional, Sequence
 
@@ -15,13 +16,12 @@ import numpy as np
 
 from experiments.common.checks import check_counts
 from experiments.common.cli import parse_cli
-from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.decoding import Decoders, decode_config
 from experiments.common.inputs import load_examples
 from experiments.common.output import Output, markdown_table
 from experiments.common.timed import decode_loop, ms_per_call, propose_loop, verify_loop
 from specjax.checks import check_int
 from specjax.command import run_cli
-from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.decode.stream import Streaming
 from specjax.draft import ModelDrafter
 
@@ -39,17 +39,13 @@ def measure(pair, *, slots: int, inputs: int, gammas: Sequence[int], new_tokens:
   streaming = Streaming(slots)
   target, tparams = pair.target, pair.target_params
 
+  d = Decoders(pair, new_tokens, config, keys)
   runs = {}
   for budget in (new_tokens, short):
-    runs[f"ar@{budget}"] = (lambda b=budget: autoregressive_decode(
-        target, tparams, ex.inputs, max_new_tokens=b, rng=keys, config=config,
-        slots=streaming), 1)
-    for gamma in gammas:
-      drafter, dparams = model_drafter(pair, gamma)  # max_gamma = γ: (γ+1)-token calls
-      runs[f"{gamma}@{budget}"] = (lambda b=budget, g=gamma, d=drafter, dp=dparams:
-                                   speculative_decode(target, tparams, d, dp, ex.inputs,
-                                                      max_new_tokens=b, gamma=g, rng=keys,
-                                                      config=config, slots=streaming), 1)
+    same = dict(max_new_tokens=budget, slots=streaming)
+    runs[f"ar@{budget}"] = (functools.partial(d.autoregressive(), ex.inputs, **same), 1)
+    for gamma in gammas:  # max_gamma = γ: (γ+1)-token calls
+      runs[f"{gamma}@{budget}"] = (functools.partial(d.model_chain(gamma), ex.inputs, **same), 1)
   prompts = np.asarray(ex.inputs)[:slots]
   runs["t1"] = decode_loop(target, tparams, slots, cache_len, 1)
   for gamma in gammas:

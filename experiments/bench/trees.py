@@ -16,13 +16,12 @@ import jax
 import numpy as np
 
 from experiments.common.cli import parse_cli
-from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.decoding import Decoders, decode_config
 from experiments.common.inputs import load_examples, ngram_corpus
 from experiments.common.output import markdown_table, write
 from experiments.common.timed import decode_loop, ms_per_call
 from specjax.command import run_cli
 from specjax.timing import interleaved
-from specjax.decode import autoregressive_decode, speculative_decode, tree_decode
 from specjax.draft import (BigramDrafter, DynamicTree, NGramTreeDrafter, PromptLookupDrafter,
                            PromptLookupTreeDrafter, StaticTree, TreeModelDrafter)
 
@@ -84,50 +83,34 @@ def _setting(pair, batches: List[np.ndarray], width: int, temperature: float, ne
              ngram: Any = None) -> List[dict]:
   """Every decoder of one setting over `batches` (each one call of the decoder)."""
   cache_len = batches[0].shape[1] + new + 2 * width + 1  # a cut dynamic tree grows more
-  config = decode_config(temperature, cache_len)
-  key = jax.random.PRNGKey(0)
-  decoders = {"chain": ("chain", lambda x: speculative_decode(
-      pair.target, pair.target_params, *model_drafter(pair, width - 1), x,
-      max_new_tokens=new, gamma=width - 1, rng=key, config=config))}
+  d = Decoders(pair, new, decode_config(temperature, cache_len))
+  gamma = width - 1
+  decoders = {"chain": ("chain", d.model_chain(gamma))}
   configured = {name: tree for name, tree in extra_trees().items()
                 if tree.nodes < width and (temperature == 0 or not tree.greedy_only)}
   for kind, trees in (("static", static_trees(width)),
                       ("dynamic", dynamic_trees(width, temperature == 0)), ("gin", configured)):
     for name, tree in list(trees.items())[:trees_per_kind]:
-      decoders[name] = (kind, lambda x, t=tree: tree_decode(
-          pair.target, pair.target_params, TreeModelDrafter(pair.draft, t), pair.draft_params,
-          x, max_new_tokens=new, rng=key, config=config))
+      decoders[name] = (kind, d.tree(TreeModelDrafter(pair.draft, tree), pair.draft_params))
   if lookup:  # prompt lookup: one continuation (chain) or several (tree)
     vocab = pair.target.vocab_size
-    decoders["lookup chain"] = ("lookup chain", lambda x: speculative_decode(
-        pair.target, pair.target_params, PromptLookupDrafter(vocab, width - 1), None, x,
-        max_new_tokens=new, gamma=width - 1, rng=key, config=config))
-    for branches in (2, 4):
-      decoders[f"lookup tree {branches}x{(width - 1) // branches}"] = ("lookup tree", (
-          lambda x, b=branches: tree_decode(
-              pair.target, pair.target_params,
-              PromptLookupTreeDrafter(vocab, b, (width - 1) // b), None, x,
-              max_new_tokens=new, rng=key, config=config)))
+    decoders["lookup chain"] = ("lookup chain",
+                                d.chain(PromptLookupDrafter(vocab, gamma), None, gamma))
+    for b in (2, 4):
+      decoders[f"lookup tree {b}x{gamma // b}"] = (
+          "lookup tree", d.tree(PromptLookupTreeDrafter(vocab, b, gamma // b), None))
   if ngram is not None:  # a bigram table: one chain, or the first static tree from it
     table, counts = ngram
     name, tree = next(iter(static_trees(width).items()))
-    decoders["bigram chain"] = ("bigram chain", lambda x: speculative_decode(
-        pair.target, pair.target_params, dataclasses.replace(table, max_gamma=width - 1),
-        counts, x, max_new_tokens=new, gamma=width - 1, rng=key, config=config))
-    decoders[f"bigram {name}"] = ("bigram tree", lambda x: tree_decode(
-        pair.target, pair.target_params, NGramTreeDrafter(table, tree), counts, x,
-        max_new_tokens=new, rng=key, config=config))
+    decoders["bigram chain"] = ("bigram chain", d.chain(
+        dataclasses.replace(table, max_gamma=gamma), counts, gamma))
+    decoders[f"bigram {name}"] = ("bigram tree", d.tree(NGramTreeDrafter(table, tree), counts))
   if auto:  # the chain and the first static tree under the 'auto' policy
-    auto_config = dataclasses.replace(config, gamma_policy="auto")
     name, tree = next(iter(static_trees(width).items()))
-    decoders["chain auto"] = ("chain auto", lambda x: speculative_decode(
-        pair.target, pair.target_params, *model_drafter(pair, width - 1), x,
-        max_new_tokens=new, gamma=width - 1, rng=key, config=auto_config))
-    decoders[f"{name} auto"] = ("tree auto", lambda x: tree_decode(
-        pair.target, pair.target_params, TreeModelDrafter(pair.draft, tree), pair.draft_params,
-        x, max_new_tokens=new, rng=key, config=auto_config))
-  ar = lambda x: autoregressive_decode(pair.target, pair.target_params, x, max_new_tokens=new,
-                                       rng=key, config=config)
+    decoders["chain auto"] = ("chain auto", d.auto().model_chain(gamma))
+    decoders[f"{name} auto"] = ("tree auto", d.auto().tree(TreeModelDrafter(pair.draft, tree),
+                                                           pair.draft_params))
+  ar = d.autoregressive()
   every = lambda fn: [fn(x) for x in batches]
   runs = {name: (lambda fn=fn: every(fn)) for name, (_, fn) in decoders.items()}
   if timing:  # warm-up (compiles, reported apart), then interleaved passes, AR among them

@@ -7,7 +7,6 @@ What it runs, its columns and settings: docs/experiments.md, section "paper.tabl
 """
 from __future__ import annotations
 
-import functools
 from typing import Dict, List, Sequence
 
 import gin
@@ -15,7 +14,7 @@ import jax
 
 from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
-from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.decoding import Decoders, decode_config
 from experiments.common.inputs import Examples, load_examples
 from experiments.common.output import Output, write
 from experiments.common.pairs import Pair
@@ -23,7 +22,6 @@ from experiments.common.compare import compare
 from experiments.common.timed import cost_ratios
 from specjax import analysis
 from specjax.command import run_cli
-from specjax.decode import autoregressive_decode, speculative_decode
 
 FAST = dict(num_examples=1, max_new_tokens=8, gammas=(1, 3), temperatures=(0.0,), repeats=1,
             step_repeats=2)
@@ -34,19 +32,15 @@ def time_decoders(pair: Pair, ex: Examples, temperature: float,
   """Per-example batch-1 timings (`compare`, autoregressive the reference) -> the standard
   rows by decoder name ('ar', 'γ=G')."""
   width = ex.inputs.shape[1]
-  config = decode_config(temperature, width + max_new_tokens + max(gammas) + 1)
-  key = jax.random.PRNGKey(seed)
-  runs = {"ar": lambda row: autoregressive_decode(
-      pair.target, pair.target_params, row, max_new_tokens=max_new_tokens, rng=key,
-      config=config)}
+  d = Decoders(pair, max_new_tokens,
+               decode_config(temperature, width + max_new_tokens + max(gammas) + 1),
+               jax.random.PRNGKey(seed))
+  runs = {"ar": d.autoregressive()}
   for g in gammas:
     # Each γ with its own drafter of max_gamma = γ: the loop's target call is max_gamma + 1
     # wide whatever the round's γ (γ is data), so one drafter of max_gamma = max(gammas)
     # made every γ pay the widest call (γ = 1 rounds: 2.76 vs 2.36 ms on the bundled LM).
-    drafter, dparams = model_drafter(pair, g)
-    runs[f"γ={g}"] = functools.partial(
-        speculative_decode, pair.target, pair.target_params, drafter, dparams,
-        max_new_tokens=max_new_tokens, gamma=g, rng=key, config=config)
+    runs[f"γ={g}"] = d.model_chain(g)
   result = compare(runs, ex.inputs, repeats, reference="ar")
   return {row["decoder"]: row for row in result.rows()}
 

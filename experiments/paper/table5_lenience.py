@@ -15,12 +15,11 @@ import jax
 
 from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
-from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.decoding import Decoders, decode_config, model_drafter
 from experiments.common.inputs import bleu, load_examples, output_ids, perplexity
 from experiments.common.output import Output, fmt, write
 from specjax import timing
 from specjax.command import run_cli
-from specjax.decode import autoregressive_decode, speculative_decode
 from specjax.data import load_vocab
 
 FAST = dict(num_examples=2, max_new_tokens=6, leniences=(1.0, 0.3), argmax_leniences=(0.5,),
@@ -61,15 +60,11 @@ def run(cli: Cli, *, num_examples: int = 32, max_new_tokens: int = 32, gamma: in
     for temp, ls in ((1.0, leniences), (0.0, argmax_leniences)):
       if not ls:
         continue
-      ar_config = decode_config(temp, cache_len)
-      runs = {"AR": lambda: autoregressive_decode(pair.target, pair.target_params, ex.inputs,
-                                                  max_new_tokens=max_new_tokens, rng=key,
-                                                  config=ar_config)}
+      d = Decoders(pair, max_new_tokens, decode_config(temp, cache_len), key)
+      runs = {"AR": functools.partial(d.autoregressive(), ex.inputs)}
       for l in ls:
-        runs[f"l={l}"] = functools.partial(
-            speculative_decode, pair.target, pair.target_params, drafter, dparams, ex.inputs,
-            max_new_tokens=max_new_tokens, gamma=gamma, rng=key,
-            config=decode_config(temp, cache_len, lenience=l))
+        runs[f"l={l}"] = functools.partial(d.chain(drafter, dparams, gamma), ex.inputs,
+                                           config=decode_config(temp, cache_len, lenience=l))
       t = timing.interleaved(runs, repeats)
       rows.append({"pair": pair.name, "temperature": temp, "lenience": "AR", "alpha": None,
                    "tokens_per_call": 1.0, "speedup": 1.0,
