@@ -18,7 +18,7 @@ from experiments.common.checks import check_counts
 from experiments.common.cli import parse_cli
 from experiments.common.decoding import Decoders, in_batches, model_drafter
 from experiments.common.inputs import bleu, load_examples, output_ids, perplexity
-from experiments.common.output import fmt, write
+from experiments.common.output import fmt, header, markdown_table, write
 from experiments.common.pairs import Pair
 from specjax.command import run_cli
 from specjax.data import load_vocab
@@ -194,39 +194,29 @@ def main(argv=None) -> Dict[str, list]:
                examples=args.examples, max_new_tokens=args.max_new_tokens)
   if cli.pairs:
     return {"pairs": pairs_part(cli)}
-  out: Dict[str, list] = {"analytic": [], "first_token": [], "tables": []}
-
-  print("1. Analytic: σ((z − α)/(β − α)) for |z| ≤ 50 with α = −β")
-  print("| β | σ(0) | σ range | worst p̂/q̂ (accept prob.) |\n|---|---|---|---|")
-  for beta in SCALES:
-    a = analytic(beta)
-    out["analytic"].append(a)
-    print(f"| {beta:g} | {a['sigma_mid']:.4f} | [{a['sigma_lo']:.4f}, {a['sigma_hi']:.4f}] | "
-          f"{a['worst_accept']:.4f} |")
-
-  print(f"\n2. First token, exact law: synthetic logits, V = {args.vocab} (target N(0, 3²), "
-        "draft = target + N(0, 1.5²))")
   rng = np.random.default_rng(0)
   z_p = rng.normal(size=args.vocab) * 3
   z_q = z_p + rng.normal(size=args.vocab) * 1.5
-  print("| verifier | accept rate | TV from target | target NLL (exact = entropy) |\n"
-        "|---|---|---|---|")
-  for verifier in _verifiers():
-    r = first_token_law(z_p, z_q, verifier)
-    out["first_token"].append(dict(verifier=_label(verifier), **r))
-    print(f"| {_label(verifier)} | {r['accept']:.4f} | {r['tv']:.4f} | {r['nll']:.3f} "
-          f"({r['entropy']:.3f}) |")
-
-  print(f"\n3. Table models (specjax.testing, V = 8, γ = 4): {args.samples} sequences of "
-        f"{args.steps} tokens; the exact row's TV is the sampling-noise floor")
-  print("| verifier | accept rate | TV of the joint | target NLL/token (exact) |\n"
-        "|---|---|---|---|")
-  for verifier in _verifiers():
-    r = table_quality(verifier, steps=args.steps, samples=args.samples)
-    out["tables"].append(dict(verifier=_label(verifier), **r))
-    print(f"| {_label(verifier)} | {r['accept']:.4f} | {r['tv']:.4f} | {r['nll']:.3f} "
-          f"({r['exact_nll']:.3f}) |", flush=True)
-  return out
+  parts = {
+      "analytic": [analytic(beta) for beta in SCALES],
+      "first_token": [dict(verifier=_label(v), **first_token_law(z_p, z_q, v))
+                      for v in _verifiers()],
+      "tables": [dict(verifier=_label(v), **table_quality(v, steps=args.steps,
+                                                          samples=args.samples))
+                 for v in _verifiers()]}
+  md = header("Sigmoid verifier (NOT exact): acceptance and quality", [], [
+      "the tables' nll beside its exact value (entropy; exact_nll): the NLL of what an exact "
+      "verifier emits"])
+  md += "\n".join(f"\n## {title}\n\n{markdown_table(parts[name])}" for name, title in (
+      ("analytic", "1. Analytic: σ((z − α)/(β − α)) for |z| ≤ 50 with α = −β (worst_accept: "
+       "the worst p̂/q̂)"),
+      ("first_token", f"2. First token, exact law: synthetic logits, V = {args.vocab} (target "
+       "N(0, 3²), draft = target + N(0, 1.5²))"),
+      ("tables", f"3. Table models (specjax.testing, V = 8, γ = 4): {args.samples} sequences "
+       f"of {args.steps} tokens; the exact row's TV is the sampling-noise floor")))
+  write(cli, "sigmoid_quality_laws", [dict(part=name, **row) for name, rows in parts.items()
+                                 for row in rows], "", md=md, pairs=[])
+  return parts
 
 
 def pairs_part(cli) -> List[Dict]:

@@ -1,7 +1,7 @@
 """Time per verification step: reference vs fused vs block (exact) vs sigmoid (NOT exact).
 
   python -m experiments.bench.verify                 # V ∈ {8k, 32k, 128k}, γ ∈ {3, 5, 10}, B ∈ {1, 8}
-  python -m experiments.bench.verify --vocab 8192 --gamma 5 --batch 8 --output out/bench.json
+  python -m experiments.bench.verify --vocab 8192 --gamma 5 --batch 8 --output_dir out/bv
 
 What it runs, its columns and settings: docs/experiments.md, section "bench.verify".
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
 import os
 from typing import Any, Callable, Dict, List, Sequence
 
@@ -110,24 +109,13 @@ def bench(vocabs: Sequence[int], gammas: Sequence[int], batches: Sequence[int],
           passes = passes_for(min(t[0] for t in probe.samples.values()), min_total_s,
                                      low=min_repeats, high=MAX_REPEATS)
           t = timing.interleaved(fns, passes, warmup=False)
-          row.update({name: 1e3 * t.median(name) for name in fns})
+          row.update({f"{name} ms": 1e3 * t.median(name) for name in fns})
           rows.append(row)
-          print(format_row(row, list(verifiers)), flush=True)
+          row.update({f"{name} speedup": row["reference ms"] / row[f"{name} ms"]
+                      for name in verifiers if name != "reference"})
+          print({k: fmt(v) for k, v in row.items()}, flush=True)
         del inputs
   return rows
-
-
-def format_header(names: Sequence[str]) -> str:
-  cols = ["setting", "V", "γ", "B"] + [f"{n} ms" for n in names]
-  cols += [f"{n} speedup" for n in names if n != "reference"]
-  return "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
-
-
-def format_row(row: Dict[str, Any], names: Sequence[str]) -> str:
-  cells = [row["setting"], str(row["V"]), str(row["gamma"]), str(row["B"])]
-  cells += [f"{row[n]:.3f}" for n in names]
-  cells += [f"{row['reference'] / row[n]:.2f}x" for n in names if n != "reference"]
-  return "| " + " | ".join(cells) + " |"
 
 
 def end_to_end(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8),
@@ -257,8 +245,7 @@ FLAGS = {"--vocab": dict(type=int, nargs="+", default=[8192, 32768, 131072]),
                            help="block vs reference verification end to end on the pairs"),
          "--examples": dict(type=int, default=8, help="--compare block: examples per cell"),
          "--max_new_tokens": dict(type=int, default=48,
-                                  help="--compare block: tokens generated per row"),
-         "--output": dict(default=None, help="write the per-step rows as JSON here")}
+                                  help="--compare block: tokens generated per row")}
 FAST = dict(vocab=[300], gamma=[2], batch=[1], repeats=1, examples=2, max_new_tokens=6)
 
 
@@ -292,15 +279,11 @@ def main(argv=None) -> List[Dict[str, Any]]:
         device_note(), f"greedy and temperature 1, γ = 4, {args.max_new_tokens} new tokens per "
         "row (no EOS), "
         f"median of {args.repeats or 5}; sigmoid is NOT exact"])
-  print("sigmoid = " + describe(get_verifier("sigmoid")))
-  print(format_header(list(candidates())), flush=True)
   rows = bench(args.vocab, args.gamma or [3, 5, 10], args.batch, min_repeats=args.repeats or 5)
-  if args.output:
-    os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as f:
-      json.dump(dict(device=device_note(), rows=rows), f, indent=1)
-    print(f"wrote {args.output}")
-  return rows
+  return write(cli, "bench_verify", rows, "Time per verification step", [
+      device_note(), "sigmoid = " + describe(get_verifier("sigmoid")),
+      "ms: median per step, the verifiers interleaved, compile excluded; speedup: "
+      "reference's time over the verifier's"], pairs=[])
 
 
 if __name__ == "__main__":

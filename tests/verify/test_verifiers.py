@@ -450,4 +450,5 @@ def test_gin_files(file, cls, fields):
 def test_bench_smoke():
   rows = bench_verify.bench([300], [2], [2], settings=("verify",), min_repeats=1,
                             min_total_s=0.0)
-  assert len(rows) == 1 and all(rows[0][name] > 0 for name in bench_verify.candidates())
+  assert len(rows) == 1 and all(rows[0][f"{name} ms"] > 0 for name in bench_verify.candidates())
+  assert rows[0]["block speedup"] == pytest.approx(rows[0]["reference ms"] / rows[0]["block ms"])
