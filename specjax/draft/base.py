@@ -114,6 +114,24 @@ class DrafterDefaults:
                      f"table or FeatureDrafter with tree=..., got tree={tree!r}")
 
 
+class TableDrafter(DrafterDefaults):
+  """A drafter without a draft model (n-gram tables, prompt lookup): no model to cache, its
+  vocabulary its `vocab` field; a chain's round writes its guesses past the committed tokens.
+  A tree drafter overrides `tree` and `lookahead`."""
+
+  tree: ClassVar[Any] = None  # a chain drafter
+  models: ClassVar[Tuple] = ()  # no draft model: nothing to cache
+
+  @property
+  def vocab_size(self) -> int:
+    return self.vocab
+
+  @property
+  def lookahead(self) -> int:
+    """Cache positions a round writes past the committed tokens: the guesses."""
+    return self.max_gamma
+
+
 def check_sizes(drafter: Any, **minimums: int) -> None:
   """ValueError unless each named field of `drafter` is an integer >= its minimum (bools
   refused), e.g. `check_sizes(self, max_gamma=1)`."""

@@ -16,7 +16,7 @@ from typing import ClassVar, Tuple
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import Accepted, DrafterDefaults, check_sizes
+from specjax.draft.base import Accepted, TableDrafter, check_sizes
 from specjax.draft.ngram import NoState
 from specjax.draft.prompt_lookup import continuation, match_scores
 from specjax.draft.tree import StaticTree, TreeProposal
@@ -25,7 +25,7 @@ from specjax.sampling import Sampling
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookupTreeDrafter(DrafterDefaults):
+class PromptLookupTreeDrafter(TableDrafter):
   """`branches` prompt-lookup continuations of `depth` tokens each, as one tree (module
   docstring). A branch with no match of its own is invalid (never accepted); with no match
   at all the first branch repeats the last token, as `PromptLookupDrafter` does."""
@@ -36,7 +36,6 @@ class PromptLookupTreeDrafter(DrafterDefaults):
   max_ngram: int = 3
 
   deterministic: ClassVar[bool] = True  # each node's q is δ at its token (`specjax.verify.tree`)
-  models: ClassVar[Tuple] = ()  # no draft model: nothing to cache
 
   def __post_init__(self):
     check_sizes(self, vocab=1, branches=1, depth=1, max_ngram=1)
@@ -44,10 +43,6 @@ class PromptLookupTreeDrafter(DrafterDefaults):
   @property
   def tree(self) -> StaticTree:
     return StaticTree.from_spines((self.depth,) * self.branches)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.vocab
 
   @property
   def max_gamma(self) -> int:

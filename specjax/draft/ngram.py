@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, check_flags, check_sizes,
-                                guess_chain)
+from specjax.draft.base import (Accepted, DrafterDefaults, Proposal, TableDrafter, check_flags,
+                                check_sizes, guess_chain)
 from specjax.draft.tree import TreeProposal, check_shape, grow_tree
 from specjax.rows import take_rows
 from specjax.sampling import Sampling
@@ -44,7 +44,7 @@ class NoState:
 
 
 @dataclasses.dataclass(frozen=True)
-class NGramDrafter(DrafterDefaults):
+class NGramDrafter(TableDrafter):
   """Unigram (order 1) or bigram (order 2) drafter with add-k smoothing; c ≈ 0.
 
   `params` (from `from_corpus`) is a sparse count table: for each context token
@@ -59,24 +59,13 @@ class NGramDrafter(DrafterDefaults):
   unroll: bool = False
   """All max_gamma guesses in straight-line code, no loop per guess (`guess_chain`)."""
 
-  tree: ClassVar[None] = None  # a chain drafter
   deterministic: ClassVar[bool] = False
-  models: ClassVar[Tuple] = ()  # a table: no cache
 
   def __post_init__(self):
     if self.order not in (1, 2):
       raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {self.order!r}")
     check_sizes(self, vocab=1, max_gamma=1)
     check_flags(self, "unroll")
-
-  @property
-  def vocab_size(self) -> int:
-    return self.vocab
-
-  @property
-  def lookahead(self) -> int:
-    """Cache positions a round writes past the committed tokens: the guesses."""
-    return self.max_gamma
 
   @staticmethod
   def from_corpus(token_lists: Sequence[Sequence[int]], vocab_size: int, *, order: int,

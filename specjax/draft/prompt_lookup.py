@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Tuple
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from specjax.draft.base import Accepted, DrafterDefaults, Proposal, check_sizes
+from specjax.draft.base import Accepted, TableDrafter, Proposal, check_sizes
 from specjax.draft.ngram import NoState
 from specjax.rows import take_rows
 
@@ -41,7 +41,7 @@ def continuation(seq: jax.Array, length: jax.Array, end: jax.Array, found: jax.A
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookupDrafter(DrafterDefaults):
+class PromptLookupDrafter(TableDrafter):
   """Copies the continuation of the longest earlier match of the row's last n-gram.
 
   Looks for the longest suffix (up to `max_ngram` tokens) of the row's committed
@@ -57,21 +57,10 @@ class PromptLookupDrafter(DrafterDefaults):
   max_gamma: int
   max_ngram: int = 3
 
-  tree: ClassVar[None] = None  # a chain drafter
   deterministic: ClassVar[bool] = True  # q is one-hot at each guess
-  models: ClassVar[Tuple] = ()  # no draft model
 
   def __post_init__(self):
     check_sizes(self, vocab=1, max_gamma=1, max_ngram=1)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.vocab
-
-  @property
-  def lookahead(self) -> int:
-    """Cache positions a round writes past the committed tokens: the guesses."""
-    return self.max_gamma
 
   def init(self, params, inputs, seq, length, cache_len):
     return NoState()
