@@ -37,8 +37,7 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
               default_pairs: Sequence[str] = ("lm", "translate"),
               needs_pairs: Union[bool, Callable[[Dict[str, Any]], bool]] = True,
               flags: Optional[Dict[str, Dict[str, Any]]] = None,
-              weights_dtype: str = "float32", fast: Optional[Dict[str, Any]] = None,
-              output_dir: Optional[str] = None) -> Cli:
+              weights_dtype: str = "float32", fast: Optional[Dict[str, Any]] = None) -> Cli:
   """gin flags (T5X style) plus --pair (repeatable), --fast and --output_dir.
 
   `--fast` asks for the module's FAST settings (tests, smoke runs); they win over
@@ -48,8 +47,7 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
   needs_pairs: whether pairs are loaded, or a function of those flags (and 'pair', the
     --pair values) that says so (False: no --pair flag);
   weights_dtype: --weights_dtype's default (None: no weight dtype flags);
-  fast: own flags' values under --fast (by destination name), where the flag was not given;
-  output_dir: --output_dir's default (out/experiments/NAME).
+  fast: own flags' values under --fast (by destination name), where a flag keeps its default.
   """
   argv = sys.argv[1:] if argv is None else list(argv)
   files, bindings, paths, rest = gin_config.split_gin_args(argv)
@@ -59,7 +57,7 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
     parser.add_argument("--pair", action="append", choices=sorted(bundled.PAIRS),
                         help="a preset pair (repeatable; default: both)")
   parser.add_argument("--fast", action="store_true", help="tiny settings (tests, smoke runs)")
-  parser.add_argument("--output_dir", default=output_dir or f"out/experiments/{name}")
+  parser.add_argument("--output_dir", default=f"out/experiments/{name}")
   parser.add_argument("--seed", type=int, default=0)
   if weights_dtype is not None:
     add_weights_flags(parser, weights_dtype)
