@@ -145,7 +145,8 @@ def stream_rows(pair: Pair, *, inputs: int, slots: int, max_new_tokens: int,
     # One cache length for every decoder: the same attention work per call.
     d = Decoders(pair, max_new_tokens,
                  decode_config(0.0, max_input_len + max_new_tokens + widest + 1, eos_id=eos_id))
-    ar = lambda x, k, **kw: d.autoregressive()(x, rng=k, **kw)
+    ar_decode = d.autoregressive()
+    ar = lambda x, k, **kw: ar_decode(x, rng=k, **kw)
     runs = {"padded autoregressive": lambda: _padded_batches(ar, ex.inputs, keys, slots)}
     specs = {g: _speculative(d, g) for g in gammas}
     for g, spec in specs.items():

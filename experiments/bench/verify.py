@@ -20,7 +20,7 @@ import numpy as np
 from experiments.common.checks import check_counts
 from experiments.common.cli import parse_cli
 from experiments.common.compare import batched
-from experiments.common.decoding import decode_config, model_drafter
+from experiments.common.decoding import Decoders, decode_config, model_drafter
 from experiments.common.inputs import load_examples, pad_rows
 from experiments.common.output import fmt, write
 from experiments.common.pairs import Pair
@@ -125,19 +125,16 @@ def end_to_end(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8),
                ) -> List[Dict[str, Any]]:
   """Whole-decode walltime per verifier on the pairs (bundled examples; the decoder column
   says NOT EXACT where it applies), beside the reference verifier's."""
-  from specjax.decode import speculative_decode  # pylint: disable=import-outside-toplevel
   rows = []
   for pair in pairs:
-    drafter, dparams = model_drafter(pair, gamma)
     for batch in batches:
       ex = load_examples(pair, batch, 48)
       for temp in temperatures:
         config = decode_config(temp, 48 + max_new_tokens + gamma + 1)
-        runs = {describe(get_verifier(name)): functools.partial(
-            speculative_decode, pair.target, pair.target_params, drafter, dparams, ex.inputs,
-            max_new_tokens=max_new_tokens, gamma=gamma, rng=jax.random.PRNGKey(0),
-            config=dataclasses.replace(config, verifier=get_verifier(name)))
-                for name in verifiers}
+        chain = Decoders(pair, max_new_tokens, config).model_chain(gamma)
+        runs = {describe(v): functools.partial(chain, ex.inputs,
+                                               config=dataclasses.replace(config, verifier=v))
+                for v in map(get_verifier, verifiers)}
         rows += batched(runs, repeats, reference=next(iter(runs)), pair=pair.name,
                         batch=batch, temperature=temp)[0]
         print(*({k: fmt(v) for k, v in r.items()} for r in rows[-len(runs):]), sep="\n",

@@ -21,8 +21,6 @@ class Cli:
   fast: bool
   flags: Dict[str, Any] = dataclasses.field(default_factory=dict)
   """The module's own flags (`parse_cli`'s `flags`), by destination name."""
-  pair_names: List[str] = dataclasses.field(default_factory=list)
-  """The --pair values given (empty: none)."""
   seed: int = 0
   gin: Tuple[List[str], List[str], List[str]] = ([], [], [])
   """The gin files, bindings and search paths given (`gin_config.parse`'s arguments)."""
@@ -89,7 +87,7 @@ def parse_cli(argv: Optional[Sequence[str]], description: str, name: str,
   if weights_dtype is not None:
     pairs = [with_weights(pair, args.weights_dtype, args.draft_weights_dtype) for pair in pairs]
   return Cli(pairs=pairs, output_dir=Path(args.output_dir), fast=args.fast, flags=own,
-             pair_names=pair_names, seed=args.seed,
+             seed=args.seed,
              gin=(list(files), list(bindings), list(paths)))
 
 
