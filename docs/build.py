@@ -1,31 +1,42 @@
 """Writes the generated parts of the manual: docs/api.md, the gin macro table of main_job.md and
-the sentence on what `python -m specjax.main` runs with no flags (README.md, main_job.md).
+the sentence on what `python -m specjax.main` runs with no flags (README.md, main_job.md); and,
+asked, the README's first-run block from a real run of the main job.
 
   python docs/build.py           rewrite them from the docstrings and the gin files
   python docs/build.py --check   exit 1, naming the stale file, if one is out of date
+  python docs/build.py --first_run [--dry_run]   run the job, rewrite (print) the first-run block
 
 `tests/test_docs.py` runs the check, so a docstring or a macro that changes without the manual
-fails the tests until this script is rerun.
+fails the tests until this script is rerun. The first-run block holds `python -m specjax.main
+--plain`'s output (the README's first command's job): its first `--keep` output lines, a "..."
+line where the rest are cut, the trace and the summary unchanged, and a line naming the command,
+the machine and the date. Run it on a quiet machine: the summary's timings are what it gave.
 """
 import argparse
 import dataclasses
+import datetime
 import importlib
 import inspect
+import os
 import re
+import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's specjax, not another installed copy
 
-from experiments.readme_first_run import write_atomic  # pylint: disable=wrong-import-position
 API_PAGE = ROOT / "docs" / "api.md"
 MAIN_JOB_PAGE = ROOT / "docs" / "main_job.md"
 DECODE_GIN = ROOT / "gin" / "runs" / "decode.gin"
 README = ROOT / "README.md"
 MACROS_START, MACROS_END = "<!-- gin-macros:start -->", "<!-- gin-macros:end -->"
 DEFAULT_RUN_START, DEFAULT_RUN_END = "<!-- default-run:start -->", "<!-- default-run:end -->"
+FIRST_RUN_START, FIRST_RUN_END = "<!-- first-run:start -->", "<!-- first-run:end -->"
+FIRST_RUN_COMMAND = ["-m", "specjax.main", "--plain"]
+TRACE_HEAD = "Figure-1 trace"
 
 # The reference covers these subpackages' `__all__` (plus single names), in this order.
 API_SECTIONS = (
@@ -253,7 +264,9 @@ def api_page():
 
 def _between(text, start_marker, end_marker, block):
   """`text` with what lies between the two markers replaced by `block`."""
-  start, end = text.index(start_marker), text.index(end_marker)
+  start, end = text.find(start_marker), text.find(end_marker)
+  if start < 0 or end < start:
+    raise ValueError(f"the page needs the markers {start_marker} and {end_marker}, in that order")
   return text[:start + len(start_marker)] + "\n" + block + "\n" + text[end:]
 
 
@@ -275,10 +288,77 @@ def stale_pages():
   return {p: t for p, t in wanted.items() if not p.exists() or p.read_text() != t}
 
 
+def write_atomic(path, text):
+  """Writes beside `path` under a temporary name, then renames into place."""
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def cut_outputs(stdout, keep):
+  """The job's stdout with the outputs before the trace cut to `keep` lines and a '...' line."""
+  lines = stdout.rstrip("\n").splitlines()
+  at = next((i for i, line in enumerate(lines) if line.startswith(TRACE_HEAD)), None)
+  if at is None:
+    raise ValueError(f"the job's output has no line starting {TRACE_HEAD!r}; is it the main job?")
+  outputs, rest = lines[:at], lines[at:]
+  if len(outputs) > keep:
+    outputs = outputs[:keep] + ["..."]
+  return "\n".join(outputs + rest)
+
+
+def first_run_block(stdout, keep, date=None):
+  """The markdown between the first-run markers: the cut output in a text fence, then the
+  command and the date (UTC), and the machine (`specjax.machine.describe`)."""
+  from specjax import machine  # pylint: disable=import-outside-toplevel
+  date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+  return (f"```text\n{cut_outputs(stdout, keep)}\n```\n\n"
+          f"`python {' '.join(FIRST_RUN_COMMAND)}`, {date},\non {machine.describe()}.")
+
+
+def run_main_job(timeout_s):
+  """stdout of the main job, run from an empty folder with this checkout first on the path."""
+  env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+  with tempfile.TemporaryDirectory() as cwd:
+    result = subprocess.run([sys.executable] + FIRST_RUN_COMMAND, cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=timeout_s)
+  if result.returncode != 0:
+    raise RuntimeError(f"the main job failed ({result.returncode}):\n{result.stderr[-2000:]}")
+  return result.stdout
+
+
+def first_run(keep, timeout_s, dry_run):
+  """Runs the main job and rewrites README.md's first-run block (prints it under dry_run)."""
+  text = README.read_text()
+  _between(text, FIRST_RUN_START, FIRST_RUN_END, "")  # the markers exist before the job runs
+  block = first_run_block(run_main_job(timeout_s), keep)
+  if dry_run:
+    print(block)
+  else:
+    write_atomic(README, _between(text, FIRST_RUN_START, FIRST_RUN_END, block))
+    print(f"rewrote the first-run block of {README.relative_to(ROOT)}")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--check", action="store_true", help="only report stale pages")
+  parser.add_argument("--first_run", action="store_true",
+                      help="run the main job and rewrite the README's first-run block")
+  parser.add_argument("--dry_run", action="store_true", help="--first_run: print the block")
+  parser.add_argument("--keep", type=int, default=8, help="--first_run: output lines kept")
+  parser.add_argument("--timeout_s", type=int, default=1800, help="--first_run: job timeout")
   args = parser.parse_args(argv)
+  if args.keep < 0:
+    parser.error(f"--keep must be >= 0, got {args.keep}")
+  if args.first_run:
+    first_run(args.keep, args.timeout_s, args.dry_run)
+    return 0
   stale = stale_pages()
   for path, text in stale.items():
     if args.check:

@@ -371,21 +371,20 @@ def heading_anchors(text):
 
 
 def test_first_run_block_is_rewritten_between_the_markers():
-  """readme_first_run's block on a made-up job output: outputs cut, trace and summary kept."""
-  sys.path.insert(0, str(ROOT))
-  try:
-    first_run = importlib.import_module("experiments.readme_first_run")
-  finally:
-    sys.path.remove(str(ROOT))
+  """docs/build.py's first-run block on a made-up job output: outputs cut, trace and summary
+  kept, put between the README's markers."""
+  build = _build()
   stdout = "".join(f"> in {i}\n  out {i}\n" for i in range(6)) + \
       "Figure-1 trace of the first example\n[+a +]\nspecjax summary\n| speedup | 1.0 |\n"
-  block = first_run.block(stdout, keep=4, date="2026-01-02")
+  block = build.first_run_block(stdout, keep=4, date="2026-01-02")
   assert "> in 1\n  out 1\n...\nFigure-1 trace" in block and "> in 2" not in block
   assert "| speedup | 1.0 |\n```" in block and "2026-01-02" in block
-  text = f"top\n{first_run.START}\nold\n{first_run.END}\nbottom\n"
-  new = first_run.replace_block(text, block)
-  assert "old" not in new and new.startswith("top\n") and new.endswith(f"{first_run.END}\nbottom\n")
+  start, end = build.FIRST_RUN_START, build.FIRST_RUN_END
+  new = build._between(f"top\n{start}\nold\n{end}\nbottom\n", start, end, block)
+  assert "old" not in new and new.startswith("top\n") and new.endswith(f"{end}\nbottom\n")
+  readme = (ROOT / "README.md").read_text()
+  assert start in readme and end in readme
   with pytest.raises(ValueError, match="markers"):
-    first_run.replace_block("no markers here", block)
+    build._between("no markers here", start, end, block)
   with pytest.raises(ValueError, match="Figure-1 trace"):
-    first_run.cut_outputs("> a\n  b\n", keep=1)
+    build.cut_outputs("> a\n  b\n", keep=1)
