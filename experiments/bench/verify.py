@@ -20,8 +20,8 @@ import numpy as np
 from experiments.common.checks import check_counts
 from experiments.common.cli import parse_cli
 from experiments.common.compare import batched
-from experiments.common.decoding import Decoders, decode_config, model_drafter
-from experiments.common.inputs import load_examples, pad_rows
+from experiments.common.decoding import Decoders, decode_config, in_batches, join
+from experiments.common.inputs import load_examples
 from experiments.common.output import fmt, write
 from experiments.common.pairs import Pair
 from experiments.common.timed import passes_for
@@ -142,20 +142,6 @@ def end_to_end(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8),
   return rows
 
 
-def _pooled(runs: Sequence[Sequence[Any]], real: Sequence[int]) -> Dict[str, Any]:
-  """Totals over runs (each a list of per-batch DecodeResults) of the first `real[i]` rows of
-  batch i: tokens, target calls, α sum and count, the accepted-count histogram."""
-  st: Dict[str, Any] = dict(tokens=0, calls=0, alpha_sum=0.0, alpha_count=0, hist=0)
-  for outs in runs:
-    for out, k in zip(outs, real):
-      st["tokens"] += int(np.asarray(out.lengths)[:k].sum())
-      st["calls"] += int(np.asarray(out.target_calls)[:k].sum())
-      st["alpha_sum"] += float(np.asarray(out.alpha_sum)[:k].sum())
-      st["alpha_count"] += int(np.asarray(out.alpha_count)[:k].sum())
-      st["hist"] = st["hist"] + np.asarray(out.accepted_hist)[:k].sum(0)
-  return st
-
-
 def compare_block(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8),
                   gammas: Sequence[int] = (2, 4, 6), num_examples: int = 8,
                   max_new_tokens: int = 48, repeats: int = 3,
@@ -173,56 +159,43 @@ def compare_block(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8),
   ms_per_token, and the ratios to the first verifier (tokens per call; walltime speedup).
   """
   from specjax import analysis  # pylint: disable=import-outside-toplevel
-  from specjax.decode import speculative_decode  # pylint: disable=import-outside-toplevel
   rows = []
   for pair in pairs:
-    pair_name = pair.name
     ex = load_examples(pair, num_examples, 48)
     for gamma in gammas:
-      drafter, dparams = model_drafter(pair, gamma)
       config = decode_config(1.0, 48 + max_new_tokens + gamma + 1)
+      chain = Decoders(pair, max_new_tokens, config).model_chain(gamma)
       for batch in batches:
-        starts = range(0, num_examples, batch)
-        chunks = [pad_rows(ex.inputs[i:i + batch], batch) for i in starts]
-        real = [min(batch, num_examples - i) for i in starts]
-
-        def run(name, seed):
-          cfg = dataclasses.replace(config, verifier=get_verifier(name))
-          return [speculative_decode(pair.target, pair.target_params, drafter, dparams, chunk,
-                                     max_new_tokens=max_new_tokens, gamma=gamma,
-                                     rng=jax.random.PRNGKey(1000 * seed + c), config=cfg)
-                  for c, chunk in enumerate(chunks)]
-
         # Each verifier's r-th timed run decodes with seed r (its warm-up with seed 10 000),
-        # so the verifiers of one pass decode alike; every timed run's outputs are kept.
+        # so the verifiers of one pass decode alike; every timed run's real rows are kept.
         kept = {n: [] for n in verifiers}
 
-        def seeded(name, seeds):
-          seed = next(seeds)
-          outs = run(name, 10_000 if seed < 0 else seed)
+        def seeded(name, seeds, batch=batch):
+          seed, cfg = next(seeds), dataclasses.replace(config, verifier=get_verifier(name))
+          out = in_batches(lambda rows, start: chain(rows, config=cfg, rng=jax.random.PRNGKey(
+              1000 * (10_000 if seed < 0 else seed) + start // batch)), ex.inputs, batch)
           if seed >= 0:
-            kept[name].append(outs)
-          return outs
+            kept[name].append(out)
+          return out
 
         t = timing.interleaved({n: functools.partial(seeded, n, itertools.count(-1))
                                 for n in verifiers}, repeats)
-        stats = {n: _pooled(kept[n], real) for n in verifiers}
-        base = stats[verifiers[0]]
-        for name in verifiers:
-          st = stats[name]
-          alpha = st["alpha_sum"] / max(st["alpha_count"], 1)
-          tpc = st["tokens"] / max(st["calls"], 1)
+        pooled = {n: join(kept[n]) for n in verifiers}
+        tpc = {n: int(np.sum(out.lengths)) / max(int(np.sum(out.target_calls)), 1)
+               for n, out in pooled.items()}
+        for name, out in pooled.items():
+          alpha = out.pooled_alpha
           # Standard error of the mean of n + 1 over rounds (rounds taken as independent).
-          counts = np.asarray(st["hist"], np.float64)
+          counts = np.asarray(out.accepted_hist, np.float64).sum(0)
           made = np.arange(1, len(counts) + 1)
           mean = (counts * made).sum() / counts.sum()
           se = np.sqrt((counts * (made - mean) ** 2).sum() / counts.sum() / counts.sum())
           median = t.median(name)
           rows.append(dict(
-              pair=pair_name, gamma=gamma, batch=batch, verifier=describe(get_verifier(name)),
-              tokens_per_call=tpc, tokens_per_call_se=float(se), alpha=alpha,
+              pair=pair.name, gamma=gamma, batch=batch, verifier=describe(get_verifier(name)),
+              tokens_per_call=tpc[name], tokens_per_call_se=float(se), alpha=alpha,
               eq1_tokens_per_call=float(analysis.expected_tokens(min(alpha, 1.0), gamma)),
-              tokens_per_call_vs_first=tpc / (base["tokens"] / max(base["calls"], 1)),
+              tokens_per_call_vs_first=tpc[name] / tpc[verifiers[0]],
               decode_s=median, decode_s_min=t.spread(name)[0], decode_s_max=t.spread(name)[1],
               ms_per_token=1e3 * median / (num_examples * max_new_tokens),
               speedup_vs_first=t.median(verifiers[0]) / median,

@@ -77,6 +77,14 @@ class Decoders:
                                                                 gamma_policy="auto"))
 
 
+def join(results: Any) -> Any:
+  """The rows of DecodeResults (a sequence) joined along the batch axis; a scalar field is the
+  first result's."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  return jax.tree.map(lambda *x: np.concatenate(x) if np.ndim(x[0]) else x[0], *results)
+
+
 def in_batches(decode: Callable[[Any, int], Any], inputs: Any, batch: int) -> Any:
   """`decode(rows [batch, W], start)` over consecutive batches of `batch` rows of `inputs`
   [N, W] (the last padded by repeating its first row: one compiled shape), the real rows'
@@ -92,5 +100,4 @@ def in_batches(decode: Callable[[Any, int], Any], inputs: Any, batch: int) -> An
     out = decode(pad_rows(inputs[start:start + batch], batch), start)
     rounds += int(np.max(np.asarray(out.target_calls)[:real]))
     outs.append(jax.tree.map(lambda x, real=real: x[:real] if np.ndim(x) else x, out))
-  joined = jax.tree.map(lambda *x: np.concatenate(x) if np.ndim(x[0]) else x[0], *outs)
-  return joined.replace(rounds=np.int32(rounds), slot_rounds=np.int32(rounds * batch))
+  return join(outs).replace(rounds=np.int32(rounds), slot_rounds=np.int32(rounds * batch))
