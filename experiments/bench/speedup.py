@@ -2,16 +2,13 @@
 
   python -m experiments.bench.speedup [--pair lm --pair translate] [--fast]
       [--gin_file=experiments/bench.gin]
-  python -m experiments.bench.speedup --bounds [--gin.bench.run.batches="(1,)"]
-      [--gin.bench.run.max_new_tokens=64] [--gin.bench.run.gamma=4]
-      [--gin.bench.run.repeats=5] [--gin.bench.run.bounds_vocab=8192]
 
 What it runs, its columns and settings: docs/experiments.md, section "bench.speedup".
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import gin
 import jax
@@ -24,14 +21,10 @@ from experiments.common.decoding import Decoders, decode_config, in_batches, mod
 from experiments.common.inputs import Examples, load_examples, pad_rows
 from experiments.common.output import header, markdown_table, write
 from experiments.common.pairs import Pair
-from specjax.checks import check_bool
 from specjax import timing
 from specjax.command import run_cli
 from specjax.decode import DecodeResult, Streaming
 from specjax.data import load_vocab
-from specjax.draft import ModelDrafter
-from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
-from specjax.params import count_params
 
 FAST = dict(batches=(1,), max_new_tokens=6, repeats=1, gamma=2, stream_inputs=3, slots=1,
             stream_modes=("forced",), min_slots=None)  # padded: the batch-1 loops above
@@ -192,59 +185,14 @@ STREAM_COLUMNS = ["pair", "mode", "inputs", "slots", "decoder", "compile_s", "st
                   "tokens", "tokens_per_call", "alpha", "same_tokens"]
 
 
-def batch_rows(pair: Pair, drafts: Dict[str, Tuple[Any, Any]], inputs: np.ndarray, *,
-               gamma: int, max_new_tokens: int, repeats: int,
-               config) -> Tuple[List[Dict], timing.Timings]:
-  """One row per decoder: autoregressive, then speculative with each of `drafts` (label ->
-  (draft model, its params); label '' for the pair's own draft), on one batch of `inputs`
-  [B, W], all interleaved (`experiments.common.compare.batched`). Returns the rows and the
-  timings."""
+def batch_rows(pair: Pair, inputs: np.ndarray, *, gamma: int, max_new_tokens: int,
+               repeats: int, config) -> Tuple[List[Dict], timing.Timings]:
+  """One row per decoder, autoregressive and speculative with the pair's draft, on one batch of
+  `inputs` [B, W], interleaved (`experiments.common.compare.batched`): the rows, the timings."""
   d = Decoders(pair, max_new_tokens, config)
-  runs = {AR: functools.partial(d.autoregressive(), inputs)}
-  for label, (draft, dparams) in drafts.items():
-    runs[f"specjax speculative γ={gamma}" + (f", {label}" if label else "")] = functools.partial(
-        d.chain(ModelDrafter(draft, max_gamma=gamma), dparams, gamma), inputs)
+  runs = {AR: functools.partial(d.autoregressive(), inputs),
+          f"specjax speculative γ={gamma}": functools.partial(d.model_chain(gamma), inputs)}
   return batched(runs, repeats, reference=AR, pair=pair.name, batch=len(inputs))
-
-
-BOUNDS_PROMPT_LEN = 16
-"""Random prompt tokens per row of the bounds table."""
-
-
-def bounds_models(vocab: int) -> Tuple[Pair, Dict[str, Tuple[Any, Any]]]:
-  """The bounds table's random-init decoder-only pair (13.8M target, 1.4M draft at vocab 8192)
-  and its drafts: label -> (model, params)."""
-  def lm(emb, layers, heads, mlp, seed, tied=True):
-    model = DecoderOnlyModel(DecoderOnlyConfig(vocab_size=vocab, emb_dim=emb, num_heads=heads,
-                                               num_layers=layers, head_dim=64, mlp_dim=mlp,
-                                               logits_via_embedding=tied))
-    return model, model.init(jax.random.PRNGKey(seed))
-
-  target, target_params = lm(384, 6, 6, 1024, 0)
-  draft, draft_params = lm(128, 2, 2, 256, 1)
-  untied = lm(128, 2, 2, 256, 2, tied=False)
-  pair = Pair("bounds", "random prompts", target, target_params, draft, draft_params,
-                     "random-init weights on purpose: the speedup's bounds")
-  return pair, {"draft = target (upper bound)": (target, target_params),
-                "small agreeing draft (upper bound)": (draft, draft_params),
-                "small disagreeing draft (lower bound)": untied}
-
-
-def bounds_rows(*, vocab: int, batches: Sequence[int], gamma: int, max_new_tokens: int,
-                repeats: int) -> Tuple[List[Dict], Pair, str]:
-  """The bounds table (see the module docstring): rows, its pair and a note on the sizes."""
-  pair, drafts = bounds_models(vocab)
-  config = decode_config(0.0, BOUNDS_PROMPT_LEN + max_new_tokens + gamma + 1)
-  rows = []
-  for batch in batches:
-    prompts = np.random.default_rng(0).integers(2, vocab, size=(batch, BOUNDS_PROMPT_LEN))
-    rows += batch_rows(pair, drafts, prompts.astype(np.int32), gamma=gamma,
-                       max_new_tokens=max_new_tokens, repeats=repeats, config=config)[0]
-  note = (f"bounds pair: random-init decoder-only target "
-          f"{count_params(pair.target_params) / 1e6:.1f}M params, drafts "
-          f"{count_params(pair.draft_params) / 1e6:.1f}M, vocabulary {vocab}, "
-          f"random {BOUNDS_PROMPT_LEN}-token prompts")
-  return rows, pair, note
 
 
 @gin.configurable(module="bench")
@@ -253,8 +201,7 @@ def run(cli: Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
         stream_inputs: int = 64, slots: int = 8,
         stream_modes: Sequence[str] = ("eos", "forced"),
         min_slots: Optional[int] = 1,
-        stream_gammas: Optional[Sequence[Union[int, str]]] = None,
-        bounds: bool = False, bounds_vocab: int = 8192) -> List[Dict]:
+        stream_gammas: Optional[Sequence[Union[int, str]]] = None) -> List[Dict]:
   """Writes bench.{md,csv,json}; returns the rows (one per pair, batch and decoder, then the
   streaming rows: one per pair, EOS mode and decoder).
 
@@ -269,20 +216,16 @@ def run(cli: Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
     min_slots: also stream with the tail shrink (B, B/2, ... ≥ min_slots slots); None: not.
     stream_gammas: the streaming comparison's speculative decoders: fixed γ values and/or
       'auto'; None: (gamma,).
-    bounds: also the bounds table (random-init pair, three drafts; `--bounds` runs only it);
-      bounds_vocab: its vocabulary size.
   """
   check_counts(gamma=gamma, repeats=repeats, max_new_tokens=max_new_tokens,
                       batches=tuple(batches))
-  bounds = check_bool("bounds", bounds) or cli.flags.get("bounds", False)
   rows, notes, streamed = [], [], []
   for pair in cli.pairs:
     config = decode_config(0.0, max_input_len + max_new_tokens + gamma + 1)
     for batch in batches:
       ex = load_examples(pair, batch, max_input_len)
-      batch_table, t = batch_rows(pair, {"": (pair.draft, pair.draft_params)}, ex.inputs,
-                                  gamma=gamma, max_new_tokens=max_new_tokens, repeats=repeats,
-                                  config=config)
+      batch_table, t = batch_rows(pair, ex.inputs, gamma=gamma, max_new_tokens=max_new_tokens,
+                                  repeats=repeats, config=config)
       rows += batch_table
       if pair.target.is_encoder_decoder and peer:
         rows += peer_rows(pair, ex, t, gamma=gamma, max_new_tokens=max_new_tokens,
@@ -293,14 +236,7 @@ def run(cli: Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
                               gammas=tuple(stream_gammas or (gamma,)), repeats=repeats,
                               max_input_len=max_input_len, modes=stream_modes,
                               min_slots=min_slots)
-  pairs = list(cli.pairs)
-  if bounds:
-    bounded, bounds_pair, note = bounds_rows(vocab=bounds_vocab, batches=batches, gamma=gamma,
-                                             max_new_tokens=max_new_tokens, repeats=repeats)
-    rows += bounded
-    pairs.append(bounds_pair)
-    notes.append(note)
-  md = header("Benchmark: autoregressive vs speculative (greedy)", pairs, [
+  md = header("Benchmark: autoregressive vs speculative (greedy)", cli.pairs, [
       f"{max_new_tokens} new tokens per row, median of {repeats} interleaved runs; "
       "compile_s = the warm-up run less the median run", *notes])
   if rows:
@@ -316,13 +252,10 @@ def run(cli: Cli, *, batches: Sequence[int] = (1, 8), max_new_tokens: int = 32,
            "tokens generated (with EOS: up to each row's EOS); same_tokens: equal to padded "
            "autoregressive.\n\n"
            + markdown_table(streamed, STREAM_COLUMNS))
-  return write(cli, "bench", rows + streamed, "", md=md, pairs=pairs, notes=notes)
+  return write(cli, "bench", rows + streamed, "", md=md, notes=notes)
 
 
-main = cli_main(
-    run, "bench", __doc__, FAST, needs_pairs=lambda flags: not flags["bounds"],
-    flags={"--bounds": dict(action="store_true",
-                            help="only the bounds table: a random-init pair with three drafts")})
+main = cli_main(run, "bench", __doc__, FAST)
 
 
 if __name__ == "__main__":
