@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common.cli import Cli, cli_main
-from experiments.common.decoding import decode_config, in_batches, model_drafter
+from experiments.common.decoding import Decoders, decode_config, in_batches, join
 from experiments.common.inputs import Examples, bleu, load_examples, output_ids
 from experiments.common.output import fmt, header, markdown_table, write
 from experiments.common.pairs import Pair
@@ -24,7 +24,7 @@ from specjax.app import bundled
 from specjax import data as data_lib  # load_bundled, read_split, TASK_FILES
 from specjax.command import run_cli
 from specjax.train import Batches, make_features
-from specjax.decode import autoregressive_decode, speculative_decode
+from specjax.decode import autoregressive_decode
 from specjax.params import count_params
 from specjax.train import OptimizerConfig, get_trainer
 from specjax.data import load_vocab
@@ -80,28 +80,23 @@ def greedy_bleu(pair: Pair, which: str, ex: Examples, batch: int,
 def measure_alpha(pair: Pair, temperature: float, *, gamma: int, batch: int,
                   max_new_tokens: int, min_tokens: int, max_input_len: int) -> Dict:
   """α over ≥ `min_tokens` generated tokens (batches of bundled examples in order)."""
-  drafter, dparams = model_drafter(pair, gamma)
   eos = 1 if pair.target.is_encoder_decoder else -1  # LM rows run their full budget
-  alpha_sum = positions = tokens = calls = 0
-  skip = 0
+  config = decode_config(temperature, max_input_len + max_new_tokens + gamma + 1, eos_id=eos)
+  chain = Decoders(pair, max_new_tokens, config).model_chain(gamma)
+  outs, tokens, skip = [], 0, 0
   available = len(data_lib.load_bundled(pair.task))
   while tokens < min_tokens:
     if skip >= available:
       raise ValueError(f"{pair.task}: the bundled split ran out at {tokens} tokens "
                        f"(asked for {min_tokens}); raise max_new_tokens")
     ex = load_examples(pair, min(batch, available - skip), max_input_len, skip=skip)
-    config = decode_config(temperature, max_input_len + max_new_tokens + gamma + 1,
-                           eos_id=eos)
-    out = in_batches(lambda rows, _: speculative_decode(
-        pair.target, pair.target_params, drafter, dparams, rows, max_new_tokens=max_new_tokens,
-        gamma=gamma, rng=jax.random.PRNGKey(skip), config=config), ex.inputs, batch)
-    alpha_sum += float(np.sum(out.alpha_sum))
-    positions += int(np.sum(out.alpha_count))
-    tokens += int(np.sum(out.lengths))
-    calls += int(np.sum(out.target_calls))
+    outs.append(in_batches(lambda rows, _: chain(rows, rng=jax.random.PRNGKey(skip)),
+                           ex.inputs, batch))
+    tokens += int(np.sum(outs[-1].lengths))
     skip += len(ex.texts)
-  return {"alpha": alpha_sum / max(positions, 1), "tokens": tokens, "positions": positions,
-          "examples": skip, "tokens_per_call": tokens / max(calls, 1)}
+  out = join(outs)
+  return {"alpha": out.pooled_alpha, "tokens": tokens, "positions": int(np.sum(out.alpha_count)),
+          "examples": skip, "tokens_per_call": tokens / max(int(np.sum(out.target_calls)), 1)}
 
 
 @gin.configurable(module="eval_pairs")
