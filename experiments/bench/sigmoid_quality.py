@@ -1,4 +1,5 @@
-"""Acceptance rate and output quality of the sigmoid verifier (NOT exact) vs the exact one.
+"""Acceptance rate and output quality of the sigmoid verifier (NOT exact) vs the exact one, on
+laws computed exactly and on table models; on the bundled pairs: bench.verify --pair.
 
   python -m experiments.bench.sigmoid_quality                  # all three parts
   python -m experiments.bench.sigmoid_quality --samples 50000  # quicker
@@ -16,16 +17,12 @@ import numpy as np
 
 from experiments.common.checks import check_counts
 from experiments.common.cli import parse_cli
-from experiments.common.decoding import Decoders, in_batches, model_drafter
-from experiments.common.inputs import bleu, load_examples, output_ids, perplexity
-from experiments.common.output import fmt, header, markdown_table, write
-from experiments.common.pairs import Pair
+from experiments.common.decoding import verifier_label
+from experiments.common.output import header, markdown_table, write
 from specjax.command import run_cli
-from specjax.data import load_vocab
-from specjax.decode import DecodeConfig
 from specjax.sampling import Sampling
 from specjax.testing import exact_joint, random_table
-from specjax.verify import SigmoidApproxVerifierNotExact, Verifier, describe, get_verifier
+from specjax.verify import SigmoidApproxVerifierNotExact, Verifier, get_verifier
 
 SCALES = (1e4, 1e3, 10.0, 1.0)  # β = −α: the paper's 10⁴, ASR's 10³, and two small ones
 
@@ -126,82 +123,31 @@ def table_quality(verifier: Verifier, vocab: int = 8, gamma: int = 4, steps: int
               exact_nll=float(exact_nll))
 
 
-def pair_quality(pair: Pair, verifiers: List[Verifier], temperature: float, *,
-                 num_examples: int, max_new_tokens: int = 48, gamma: int = 4, batch: int = 16,
-                 max_input_len: int = 48) -> List[Dict]:
-  """Acceptance rate and output quality per verifier on a bundled pair (part 4).
-
-  Rows: the target decoding alone (autoregressive: the exact reference quality),
-  then speculative decoding with each verifier. Translation stops at EOS and is
-  scored by corpus BLEU; LM rows generate `max_new_tokens` and are scored by the
-  perplexity of the generated tokens under the target.
-  """
-  ex = load_examples(pair, num_examples, max_input_len)
-  eos = 1 if pair.target.is_encoder_decoder else -1
-  drafter, dparams = model_drafter(pair, gamma)
-  vocab = load_vocab()
-  rows = []
-  for verifier in [None, *verifiers]:
-    config = DecodeConfig(sampling=Sampling(temperature=temperature), eos_id=eos,
-                          cache_len=max_input_len + max_new_tokens + gamma + 1,
-                          **({"verifier": verifier} if verifier is not None else {}))
-    d = Decoders(pair, max_new_tokens, config)
-    decode = d.autoregressive() if verifier is None else d.chain(drafter, dparams, gamma)
-    out = in_batches(lambda rows, start: decode(rows, rng=jax.random.PRNGKey(start)),
-                     ex.inputs, batch)
-    outputs = [output_ids(t, int(n)) for t, n in zip(np.asarray(out.tokens),
-                                                     np.asarray(out.lengths))]
-    hist = np.asarray(out.accepted_hist)  # [N, γ+1]: rounds that accepted k guesses
-    accepted, proposed = int((hist * np.arange(hist.shape[1])).sum()), gamma * int(hist.sum())
-    row = {"pair": pair.name, "temperature": temperature,
-           "decoder": "target alone (autoregressive)" if verifier is None else _label(verifier),
-           "exact": True if verifier is None else verifier.exact,
-           "accept_rate": accepted / proposed if proposed else ""}
-    if pair.target.is_encoder_decoder:
-      row["bleu"] = bleu(ex.references, [vocab.decode(o) for o in outputs])
-    else:
-      row["target_ppl"] = perplexity(pair, ex.inputs, outputs)
-    rows.append(row)
-    print({k: fmt(v) for k, v in row.items()}, flush=True)
-  return rows
-
-
 def _verifiers() -> List[Verifier]:
   return [get_verifier("fused")] + [SigmoidApproxVerifierNotExact(alpha=-b, beta=b)
                                     for b in SCALES]
 
 
-def _label(verifier: Verifier) -> str:
-  if verifier.exact:
-    return describe(verifier)
-  return f"sigmoid α=−β={-verifier.alpha:g} (NOT EXACT)"
-
-
 FLAGS = {"--samples": dict(type=int, default=200_000, help="sequences in part 3"),
          "--vocab": dict(type=int, default=32768, help="vocabulary of part 2"),
-         "--steps": dict(type=int, default=3, help="tokens per sequence in part 3"),
-         "--examples": dict(type=int, default=64, help="bundled examples in part 4"),
-         "--max_new_tokens": dict(type=int, default=48, help="budget in part 4")}
-FAST = dict(samples=2000, vocab=300, examples=2, max_new_tokens=6)
+         "--steps": dict(type=int, default=3, help="tokens per sequence in part 3")}
+FAST = dict(samples=2000, vocab=300)
 
 
 def main(argv=None) -> Dict[str, list]:
-  """Parts 1-3, or part 4 alone on the pairs named by --pair."""
-  cli = parse_cli(argv, __doc__, "sigmoid_quality", flags=FLAGS, fast=FAST,
-                  needs_pairs=lambda f: bool(f["pair"]))
+  """The three parts; the bundled pairs: `python -m experiments.bench.verify --pair ...`."""
+  cli = parse_cli(argv, __doc__, "sigmoid_quality", flags=FLAGS, fast=FAST, needs_pairs=False,
+                  weights_dtype=None)
   args = cli.args
-  check_counts(samples=args.samples, vocab=args.vocab, steps=args.steps,
-               examples=args.examples, max_new_tokens=args.max_new_tokens)
-  if cli.pairs:
-    return {"pairs": pairs_part(cli)}
+  check_counts(samples=args.samples, vocab=args.vocab, steps=args.steps)
   rng = np.random.default_rng(0)
   z_p = rng.normal(size=args.vocab) * 3
   z_q = z_p + rng.normal(size=args.vocab) * 1.5
   parts = {
       "analytic": [analytic(beta) for beta in SCALES],
-      "first_token": [dict(verifier=_label(v), **first_token_law(z_p, z_q, v))
+      "first_token": [dict(verifier=verifier_label(v), **first_token_law(z_p, z_q, v))
                       for v in _verifiers()],
-      "tables": [dict(verifier=_label(v), **table_quality(v, steps=args.steps,
+      "tables": [dict(verifier=verifier_label(v), **table_quality(v, steps=args.steps,
                                                           samples=args.samples))
                  for v in _verifiers()]}
   md = header("Sigmoid verifier (NOT exact): acceptance and quality", [], [
@@ -214,25 +160,9 @@ def main(argv=None) -> Dict[str, list]:
        "N(0, 3²), draft = target + N(0, 1.5²))"),
       ("tables", f"3. Table models (specjax.testing, V = 8, γ = 4): {args.samples} sequences "
        f"of {args.steps} tokens; the exact row's TV is the sampling-noise floor")))
-  write(cli, "sigmoid_quality_laws", [dict(part=name, **row) for name, rows in parts.items()
-                                 for row in rows], "", md=md, pairs=[])
+  write(cli, "sigmoid_quality", [dict(part=name, **row) for name, rows in parts.items()
+                            for row in rows], "", md=md, pairs=[])
   return parts
-
-
-def pairs_part(cli) -> List[Dict]:
-  """Part 4 on the pairs of the command line; writes the table files."""
-  args = cli.args
-  verifiers = [get_verifier("reference"), get_verifier("fused"), get_verifier("sigmoid")]
-  rows = []
-  for pair in cli.pairs:
-    for temperature in (1.0, 0.0):
-      rows += pair_quality(pair, verifiers, temperature, num_examples=args.examples,
-                           max_new_tokens=args.max_new_tokens)
-  return write(cli, "sigmoid_quality", rows,
-               "Sigmoid verifier (NOT exact) vs exact verifiers on the bundled pairs",
-               [f"{args.examples} bundled examples, γ = 4, ≤ {args.max_new_tokens} new tokens; "
-                "sigmoid α = −β = 10⁴"],
-               columns=list(dict.fromkeys(k for r in rows for k in r)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Time per verification step: reference vs fused vs block (exact) vs sigmoid (NOT exact).
+"""Time per verification step: reference vs fused vs block (exact) vs sigmoid (NOT exact); with
+--pair, each verifier's decodes on the pairs: time, acceptance and output quality.
 
   python -m experiments.bench.verify                 # V ∈ {8k, 32k, 128k}, γ ∈ {3, 5, 10}, B ∈ {1, 8}
   python -m experiments.bench.verify --vocab 8192 --gamma 5 --batch 8 --output_dir out/bv
@@ -20,13 +21,15 @@ import numpy as np
 from experiments.common.checks import check_counts
 from experiments.common.cli import parse_cli
 from experiments.common.compare import batched
-from experiments.common.decoding import Decoders, decode_config, in_batches, join
-from experiments.common.inputs import load_examples
+from experiments.common.decoding import (Decoders, decode_config, in_batches, join,
+                                         verifier_label)
+from experiments.common.inputs import bleu, load_examples, output_ids, perplexity
 from experiments.common.output import fmt, write
 from experiments.common.pairs import Pair
 from experiments.common.timed import passes_for
 from specjax import timing
 from specjax.command import run_cli
+from specjax.data import load_vocab
 from specjax.verify import FusedVerifier, Verifier, describe, get_verifier
 
 
@@ -118,27 +121,49 @@ def bench(vocabs: Sequence[int], gammas: Sequence[int], batches: Sequence[int],
   return rows
 
 
-def end_to_end(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8),
-               temperatures: Sequence[float] = (0.0, 1.0), gamma: int = 4,
-               max_new_tokens: int = 48, repeats: int = 5,
-               verifiers: Sequence[str] = ("reference", "fused", "sigmoid")
-               ) -> List[Dict[str, Any]]:
-  """Whole-decode walltime per verifier on the pairs (bundled examples; the decoder column
-  says NOT EXACT where it applies), beside the reference verifier's."""
-  rows = []
+AR = "target alone (autoregressive)"
+
+
+def on_pairs(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8), examples: int = 64,
+             temperatures: Sequence[float] = (1.0, 0.0), gamma: int = 4,
+             max_new_tokens: int = 48, repeats: int = 5,
+             verifiers: Sequence[str] = ("reference", "fused", "sigmoid")
+             ) -> List[Dict[str, Any]]:
+  """Per pair, batch B and temperature: the target alone and speculative decoding with each
+  verifier on the same `examples` bundled inputs in batches of B (EOS ignored: every decoder
+  makes the same tokens per row), interleaved (`experiments.common.compare.batched`: speedup
+  per emitted token over the target alone); beside the time, the share of guesses accepted and
+  the outputs' quality up to their first EOS: BLEU against the references (encoder-decoder),
+  the target's perplexity of the tokens (decoder-only)."""
+  vocab, rows = load_vocab(), []
   for pair in pairs:
+    ex = load_examples(pair, examples, 48)
     for batch in batches:
-      ex = load_examples(pair, batch, 48)
       for temp in temperatures:
         config = decode_config(temp, 48 + max_new_tokens + gamma + 1)
-        chain = Decoders(pair, max_new_tokens, config).model_chain(gamma)
-        runs = {describe(v): functools.partial(chain, ex.inputs,
-                                               config=dataclasses.replace(config, verifier=v))
-                for v in map(get_verifier, verifiers)}
-        rows += batched(runs, repeats, reference=next(iter(runs)), pair=pair.name,
-                        batch=batch, temperature=temp)[0]
-        print(*({k: fmt(v) for k, v in r.items()} for r in rows[-len(runs):]), sep="\n",
-              flush=True)
+        d = Decoders(pair, max_new_tokens, config)
+        decoders = {AR: d.autoregressive()}
+        for v in map(get_verifier, verifiers):
+          decoders[verifier_label(v)] = functools.partial(d.model_chain(gamma),
+                                                 config=dataclasses.replace(config, verifier=v))
+        runs = {name: functools.partial(in_batches, lambda x, start, fn=fn: fn(
+            x, rng=jax.random.PRNGKey(start)), ex.inputs, batch) for name, fn in decoders.items()}
+        table, t = batched(runs, repeats, reference=AR, pair=pair.name, batch=batch,
+                           temperature=temp)
+        for row in table:
+          out = t.outputs[row["decoder"]]
+          hist = np.asarray(out.accepted_hist).sum(0)  # rounds that accepted k guesses
+          outputs = [output_ids(x, int(n)) for x, n in zip(np.asarray(out.tokens),
+                                                           np.asarray(out.lengths))]
+          row.update(exact=row["decoder"] == AR or "NOT EXACT" not in row["decoder"],
+                     accept_rate=(hist * np.arange(len(hist))).sum() / (gamma * hist.sum())
+                     if row["decoder"] != AR else "")
+          if pair.target.is_encoder_decoder:
+            row["bleu"] = bleu(ex.references, [vocab.decode(o) for o in outputs])
+          else:
+            row["target_ppl"] = perplexity(pair, ex.inputs, outputs)
+          print({k: fmt(v) for k, v in row.items()}, flush=True)
+        rows += table
   return rows
 
 
@@ -213,29 +238,33 @@ FLAGS = {"--vocab": dict(type=int, nargs="+", default=[8192, 32768, 131072]),
                            "block)"),
          "--compare": dict(choices=("block",), default=None,
                            help="block vs reference verification end to end on the pairs"),
-         "--examples": dict(type=int, default=8, help="--compare block: examples per cell"),
+         "--examples": dict(type=int, default=None, help="bundled examples per cell (default "
+                            "64 with --pair; 8 with --compare block)"),
          "--max_new_tokens": dict(type=int, default=48,
                                   help="--compare block: tokens generated per row")}
 FAST = dict(vocab=[300], gamma=[2], batch=[1], repeats=1, examples=2, max_new_tokens=6)
+PAIR_COLUMNS = ["pair", "batch", "temperature", "decoder", "exact", "ms_per_token", "speedup",
+                "speedup_range", "compile_s", "tokens_per_call", "accept_rate", "bleu",
+                "target_ppl"]
 
 
 def main(argv=None) -> List[Dict[str, Any]]:
   cli = parse_cli(argv, __doc__, "bench_verify", flags=FLAGS, fast=FAST,
                   needs_pairs=lambda f: bool(f["pair"]) or f["compare"] == "block")
   args = cli.args
-  check_counts(vocab=args.vocab, batch=args.batch, examples=args.examples,
+  check_counts(vocab=args.vocab, batch=args.batch, examples=args.examples or 1,
                max_new_tokens=args.max_new_tokens, gamma=args.gamma or [1],
                repeats=args.repeats or 1)
   print(device_note())
   if args.compare == "block":
     repeats, gammas = args.repeats or 3, args.gamma or [2, 4, 6]
-    rows = compare_block(cli.pairs, batches=args.batch, gammas=gammas,
-                         num_examples=args.examples, max_new_tokens=args.max_new_tokens,
-                         repeats=repeats)
+    examples = args.examples or 8
+    rows = compare_block(cli.pairs, batches=args.batch, gammas=gammas, num_examples=examples,
+                         max_new_tokens=args.max_new_tokens, repeats=repeats)
     return write(cli, "bench_verify_block", rows,
                  "Block vs reference verification on the bundled pairs", [
         device_note(),
-        f"temperature 1, {args.examples} examples per cell, {args.max_new_tokens} new tokens "
+        f"temperature 1, {examples} examples per cell, {args.max_new_tokens} new tokens "
         f"per row (no EOS); γ ∈ {gammas}, batch ∈ {list(args.batch)}; {repeats} repeats, "
         "verifiers interleaved, a new seed per repeat",
         "tokens_per_call pools every repeat (± tokens_per_call_se); eq1_tokens_per_call is "
@@ -243,12 +272,15 @@ def main(argv=None) -> List[Dict[str, Any]]:
         "repeats (min and max beside it), speedup_vs_first the ratio of medians to the "
         "reference's"])
   if cli.pairs:
-    rows = end_to_end(cli.pairs, batches=args.batch, max_new_tokens=args.max_new_tokens,
-                      repeats=args.repeats or 5)
-    return write(cli, "bench_verify_e2e", rows, "End-to-end decode walltime per verifier", [
-        device_note(), f"greedy and temperature 1, γ = 4, {args.max_new_tokens} new tokens per "
-        "row (no EOS), "
-        f"median of {args.repeats or 5}; sigmoid is NOT exact"])
+    examples, repeats = args.examples or 64, args.repeats or 5
+    rows = on_pairs(cli.pairs, batches=args.batch, examples=examples,
+                    max_new_tokens=args.max_new_tokens, repeats=repeats)
+    return write(cli, "bench_verify_pairs", rows, "Each verifier on the bundled pairs", [
+        device_note(), f"{examples} bundled examples in batches of B, γ = 4, "
+        f"{args.max_new_tokens} new tokens per row (EOS ignored; quality up to the first EOS), "
+        f"median of {repeats} interleaved passes; speedup: per emitted token over the target "
+        "alone; accept_rate: guesses accepted / offered; sigmoid α = −β = 10⁴ is NOT exact"],
+                 columns=PAIR_COLUMNS)
   rows = bench(args.vocab, args.gamma or [3, 5, 10], args.batch, min_repeats=args.repeats or 5)
   return write(cli, "bench_verify", rows, "Time per verification step", [
       device_note(), "sigmoid = " + describe(get_verifier("sigmoid")),

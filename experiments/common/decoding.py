@@ -22,6 +22,14 @@ def model_drafter(pair: Pair, max_gamma: int):
   return ModelDrafter(pair.draft, max_gamma=max_gamma), pair.draft_params
 
 
+def verifier_label(verifier: Any) -> str:
+  """A verifier's name in a table row: its description, or the sigmoid's scales."""
+  from specjax.verify import describe  # pylint: disable=import-outside-toplevel
+  if verifier.exact:
+    return describe(verifier)
+  return f"sigmoid α=−β={-verifier.alpha:g} (NOT EXACT)"
+
+
 Decoder = Callable[..., Any]
 """fn(inputs int32 [B, W], **kw) -> DecodeResult; kw: more arguments of the decode call
 (they win over the entry's)."""

@@ -26,7 +26,8 @@ class SigmoidApproxVerifierNotExact:
   realistic logit maps to σ(0.5) ≈ 0.6225 within ~10⁻³ relative: p̂/q̂ ≈ 1, nearly
   every guess is accepted, the output follows the DRAFT, and the token drawn
   after an all-accepted round is nearly uniform over the vocabulary.
-  `experiments/bench/sigmoid_quality.py` measures the damage.
+  `experiments/bench/sigmoid_quality.py` measures the damage on exact laws and table models,
+  `experiments/bench/verify.py --pair` on the bundled pairs.
   """
 
   alpha: float = -1e4

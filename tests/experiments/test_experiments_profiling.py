@@ -139,3 +139,34 @@ def test_bench_eagle_sets_the_bundled_head_beside_the_draft(tmp_path):
   heads = [r["alpha"] for r in rows if r["decoder"].startswith("feature head")]
   drafts = [r["alpha"] for r in rows if r["decoder"].startswith("draft model")]
   assert min(heads) > 0.7 > max(drafts)
+
+
+def test_bench_verify_sets_each_verifier_beside_the_target_on_a_pair(tmp_path):
+  """bench.verify --pair: time, acceptance and quality per verifier on the same inputs; at
+  T = 0 the exact verifiers emit the target's own tokens, so their perplexity is its."""
+  from experiments.bench import verify as bench_verify  # pylint: disable=import-outside-toplevel
+  rows = bench_verify.main(["--fast", "--pair", "lm", "--output_dir", str(tmp_path)])
+  _files(tmp_path, "bench_verify_pairs", png=False)
+  for temperature in (1.0, 0.0):
+    cell = {r["decoder"]: r for r in rows if r["temperature"] == temperature}
+    assert list(cell) == [bench_verify.AR, "reference (exact)", "fused (exact)",
+                          "sigmoid α=−β=10000 (NOT EXACT)"]
+    assert [r["exact"] for r in cell.values()] == [True, True, True, False]
+    assert cell[bench_verify.AR]["accept_rate"] == "" and cell[bench_verify.AR]["speedup"] == 1
+    for row in cell.values():
+      assert row["ms_per_token"] > 0 and row["target_ppl"] > 1
+    # α = −β = 10⁴ maps every logit to σ(≈ 0.5): the guesses' ratio is about 1.
+    assert cell["sigmoid α=−β=10000 (NOT EXACT)"]["accept_rate"] > 0.9
+  greedy = [r["target_ppl"] for r in rows if r["temperature"] == 0.0 and r["exact"]]
+  assert max(greedy) == pytest.approx(min(greedy), rel=1e-5)
+
+
+def test_sigmoid_quality_writes_its_three_parts(tmp_path):
+  from experiments.bench import sigmoid_quality  # pylint: disable=import-outside-toplevel
+  parts = sigmoid_quality.main(["--fast", "--output_dir", str(tmp_path)])
+  _files(tmp_path, "sigmoid_quality", png=False)
+  assert [len(parts[p]) for p in ("analytic", "first_token", "tables")] == [4, 5, 5]
+  exact, paper = parts["first_token"][0], parts["first_token"][1]  # fused; sigmoid α = −β = 10⁴
+  assert exact["verifier"] == "fused (exact)" and paper["verifier"].startswith("sigmoid α=−β=10000")
+  # The exact law is the target's (TV 0 up to float error); the paper's sigmoid accepts ~all.
+  assert exact["tv"] < 1e-4 < paper["tv"] and paper["accept"] > 0.99
