@@ -142,10 +142,11 @@ def on_pairs(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8), examples: i
       for temp in temperatures:
         config = decode_config(temp, 48 + max_new_tokens + gamma + 1)
         d = Decoders(pair, max_new_tokens, config)
-        decoders = {AR: d.autoregressive()}
+        decoders, exact = {AR: d.autoregressive()}, {AR: True}
         for v in map(get_verifier, verifiers):
-          decoders[verifier_label(v)] = functools.partial(d.model_chain(gamma),
-                                                 config=dataclasses.replace(config, verifier=v))
+          exact[verifier_label(v)] = v.exact
+          decoders[verifier_label(v)] = functools.partial(
+              d.model_chain(gamma), config=dataclasses.replace(config, verifier=v))
         runs = {name: functools.partial(in_batches, lambda x, start, fn=fn: fn(
             x, rng=jax.random.PRNGKey(start)), ex.inputs, batch) for name, fn in decoders.items()}
         table, t = batched(runs, repeats, reference=AR, pair=pair.name, batch=batch,
@@ -155,7 +156,7 @@ def on_pairs(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8), examples: i
           hist = np.asarray(out.accepted_hist).sum(0)  # rounds that accepted k guesses
           outputs = [output_ids(x, int(n)) for x, n in zip(np.asarray(out.tokens),
                                                            np.asarray(out.lengths))]
-          row.update(exact=row["decoder"] == AR or "NOT EXACT" not in row["decoder"],
+          row.update(exact=exact[row["decoder"]],
                      accept_rate=(hist * np.arange(len(hist))).sum() / (gamma * hist.sum())
                      if row["decoder"] != AR else "")
           if pair.target.is_encoder_decoder:
