@@ -143,10 +143,11 @@ def on_pairs(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8), examples: i
         config = decode_config(temp, 48 + max_new_tokens + gamma + 1)
         d = Decoders(pair, max_new_tokens, config)
         decoders, exact = {AR: d.autoregressive()}, {AR: True}
+        chain = d.model_chain(gamma)
         for v in map(get_verifier, verifiers):
-          exact[verifier_label(v)] = v.exact
-          decoders[verifier_label(v)] = functools.partial(
-              d.model_chain(gamma), config=dataclasses.replace(config, verifier=v))
+          name = verifier_label(v)
+          exact[name] = v.exact
+          decoders[name] = functools.partial(chain, config=dataclasses.replace(config, verifier=v))
         runs = {name: functools.partial(in_batches, lambda x, start, fn=fn: fn(
             x, rng=jax.random.PRNGKey(start)), ex.inputs, batch) for name, fn in decoders.items()}
         table, t = batched(runs, repeats, reference=AR, pair=pair.name, batch=batch,
@@ -156,9 +157,9 @@ def on_pairs(pairs: Sequence[Pair], batches: Sequence[int] = (1, 8), examples: i
           hist = np.asarray(out.accepted_hist).sum(0)  # rounds that accepted k guesses
           outputs = [output_ids(x, int(n)) for x, n in zip(np.asarray(out.tokens),
                                                            np.asarray(out.lengths))]
-          row.update(exact=exact[row["decoder"]],
-                     accept_rate=(hist * np.arange(len(hist))).sum() / (gamma * hist.sum())
-                     if row["decoder"] != AR else "")
+          row["exact"] = exact[row["decoder"]]
+          row["accept_rate"] = ("" if row["decoder"] == AR
+                                else (hist * np.arange(len(hist))).sum() / (gamma * hist.sum()))
           if pair.target.is_encoder_decoder:
             row["bleu"] = bleu(ex.references, [vocab.decode(o) for o in outputs])
           else:
