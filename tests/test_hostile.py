@@ -97,7 +97,7 @@ def test_gamma_is_capped_at_the_budget(tmp_path, monkeypatch):
 
 
 def test_an_empty_prompt_of_a_decoder_only_model_is_named_before_loading(tmp_path, no_weights):
-  with pytest.raises(ValueError, match=r"empty prompt in rows \[1\]"):
+  with pytest.raises(ValueError, match=r"--prompt 2 is empty"):
     _run(tmp_path, gin_file="runs/bundled_lm.gin", prompt=("--prompt", "x", "--prompt", " "))
 
 

@@ -140,6 +140,31 @@ def embedded_gpus() -> List[str]:
   return sorted(_embedded_configs(_plugin_library()[1]))
 
 
+GPU_FIELDS = ("threads_per_block_limit", "threads_per_warp", "shared_memory_per_block",
+              "shared_memory_per_core", "threads_per_core_limit", "core_count", "fpus_per_core",
+              "block_dim_limit_x", "block_dim_limit_y", "block_dim_limit_z", "memory_bandwidth",
+              "l2_cache_size", "clock_rate_ghz", "device_memory_size")
+"""The `gpu_device_info` fields XLA's GPU compiler divides by or sizes with: a config that
+lacks one (or gives 0) crashed the process with SIGFPE instead of an error."""
+
+
+def check_gpu_config(text: str, where: str) -> None:
+  """TargetUnavailable naming the first of GPU_FIELDS (and the compute capability's `major`)
+  that the GpuTargetConfigProto `text` lacks or gives as zero or less; checked before XLA
+  reads it."""
+  for field in (*GPU_FIELDS, "major"):
+    found = re.search(rf"(?m)^\s*{field}\s*:\s*([-+0-9.eE]+)\s*$", text)
+    try:
+      ok = found is not None and float(found.group(1)) > 0
+    except ValueError:
+      ok = False
+    if not ok:
+      what = "cuda_compute_capability.major" if field == "major" else f"gpu_device_info.{field}"
+      raise TargetUnavailable(f"{where}: the GPU target config has no positive {what} (XLA needs "
+                              "it); use a config written by a GPU (`--xla_dump_to` writes "
+                              "*.gpu_target_config.pbtxt) or one of XLA's specs")
+
+
 def gpu_config_text(spec: str) -> str:
   """The GpuTargetConfigProto text of a GPU: `spec` is a `device_description_str` the CUDA
   plugin embeds, or (a 'gpu:FILE' target's) the path of a text proto file."""
@@ -151,6 +176,7 @@ def gpu_config_text(spec: str) -> str:
       raise TargetUnavailable(str(e)) from None
     if "gpu_device_info" not in text:
       raise TargetUnavailable(f"{spec} is not a GpuTargetConfigProto text (no gpu_device_info)")
+    check_gpu_config(text, spec)
     return text
   configs = _embedded_configs(_plugin_library()[1])
   if spec not in configs:

@@ -54,7 +54,29 @@ def parse_args(argv: Sequence[str]):
   for name in ("batch", "input_len", "max_new_tokens", "gamma"):
     if getattr(args, name) < 1:
       parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+  if args.gamma > args.max_new_tokens:
+    parser.error(f"--gamma {args.gamma} exceeds --max_new_tokens {args.max_new_tokens}: a round "
+                 "emits at most the budget, so more guesses are never played")
+  if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+    parser.error(f"--output_dir {args.output_dir} is a file, not a folder")
   return args
+
+
+def compile_row(report, piece, name: str) -> Dict[str, Any]:
+  """`report.compile_piece(piece, name)`'s row; a program that does not fit the accelerator's
+  memory (XLA's RESOURCE_EXHAUSTED) is one ValueError saying what does not fit."""
+  try:
+    return report.compile_piece(piece, name)[0].row()
+  except Exception as e:  # pylint: disable=broad-except  # XLA's errors carry no type
+    text = str(e)
+    if "RESOURCE_EXHAUSTED" not in text:
+      raise
+    detail = next((line.strip() for line in text.splitlines()
+                   if "memory" in line.lower() and any(ch.isdigit() for ch in line)),
+                  text.strip().splitlines()[0])
+    raise ValueError(f"{piece.name} does not fit one {name} device's memory ({detail[:300]}): "
+                     "use a smaller --batch, --input_len or --max_new_tokens, a smaller "
+                     "--dtype, or an accelerator with more memory") from None
 
 
 def markdown(rows: List[Dict[str, Any]]) -> str:
@@ -91,7 +113,7 @@ def run(argv: Sequence[str]) -> int:
   print(" | ".join(COLUMNS), flush=True)
   for name in names:
     for piece in pieces:
-      row = report.compile_piece(piece, name)[0].row()
+      row = compile_row(report, piece, name)
       rows.append(row)
       print(" | ".join(str(row[c]) for c in COLUMNS), flush=True)
   if args.output_dir:

@@ -44,11 +44,12 @@ def _run_file_macros(gin_dir: Path = GIN_DIR) -> List[str]:
 
 
 GIN_HELP = """gin, the T5X way (parsed before the flags above):
-  --gin_file=FILE            a gin file (repeatable), found on --gin_search_paths, then in
-                             specjax's gin/ folder, then in the working directory; a settings
+  --gin_file=FILE            a gin file (repeatable): a path, or relative to the working folder
+                             or specjax's gin/ folder (a name in both is refused); a settings
                              file alone (decoding/sampling.gin) applies on top of the default
   --gin.NAME=VALUE           a binding, e.g. --gin.GAMMA=5 --gin.TARGET_CHECKPOINT="'/ckpt'"
-  --gin_search_paths=A,B     more folders for gin files and their includes
+  --gin_search_paths=A,B     folders of model gin files (TARGET_MODEL, DRAFT_MODEL, their
+                             includes): read by a parser that runs nothing
 """ + textwrap.fill("macros of runs/decode.gin: " + ", ".join(_run_file_macros()) +
                     ' (see README, "Your own T5X checkpoints", and docs/main_job.md).', 92,
                     subsequent_indent="  ")

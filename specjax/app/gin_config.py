@@ -21,12 +21,12 @@ import logging
 import os
 import re
 import tokenize
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import gin
 
-from specjax.app import bundled
+from specjax.app import bundled, gin_files
+from specjax.app.gin_files import GIN_DIR, GinFiles
 from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
 from specjax.draft import DynamicTree, StaticTree
 from specjax.models import DecoderOnlyConfig, FeatureHeadConfig, T5Config
@@ -37,17 +37,6 @@ from specjax.runtime.sharding import Partitioner
 from specjax.verify import BlockVerifier, FusedVerifier, ReferenceVerifier, SigmoidApproxVerifierNotExact
 
 
-def _gin_dir() -> Path:
-  """specjax's gin files: inside the installed package (`specjax/gin`, a wheel) or, in a
-  checkout, the repository's top-level `gin/` (setup.py installs it as `specjax/gin`)."""
-  package = Path(__file__).resolve().parents[1]  # specjax/
-  for candidate in (package / "gin", package.parent / "gin"):
-    if (candidate / "runs").is_dir():
-      return candidate
-  return package / "gin"
-
-
-GIN_DIR = _gin_dir()
 
 
 def register(obj, module: str, name: Optional[str] = None):
@@ -107,22 +96,33 @@ def split_gin_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]
 
 
 def search_paths(extra: Sequence[str] = ()) -> List[str]:
-  """The user's search paths first, then specjax's gin/ and the working directory."""
+  """Where model gin files are found: the user's search paths, specjax's gin/ and the working
+  directory (run gin files are found by `gin_files.locate`, never on search paths)."""
   return [*extra, str(GIN_DIR), os.getcwd()]
 
 
 def resolve(path: str, paths: Sequence[str]) -> str:
-  """Finds a gin file on the search paths; FileNotFoundError names what was tried.
+  """Finds a model gin file on the search paths; FileNotFoundError names what was tried.
 
-  'bundled:PAIR/ROLE' names the model.gin of a shipped model (`specjax.app.bundled`).
+  'bundled:PAIR/ROLE' names the model.gin of a shipped model (`specjax.app.bundled`). A
+  relative name that is one of specjax's own gin files and is also found elsewhere on the
+  paths is refused, naming both: a file specjax ships is never shadowed.
   """
   path = bundled.resolve(path, "model")
-  if os.path.isabs(path) and os.path.exists(path):
-    return _a_file(path)
-  for base in paths:
-    candidate = os.path.join(base, path)
-    if os.path.exists(candidate):
-      return _a_file(candidate)
+  if os.path.isabs(path):
+    if os.path.exists(path):
+      return _a_file(path)
+    raise FileNotFoundError(f"gin file '{path}' not found")
+  found = [os.path.join(base, path) for base in paths
+           if os.path.exists(os.path.join(base, path))]
+  real = list(dict.fromkeys(os.path.realpath(f) for f in found))
+  if len(real) > 1 and any(gin_files.shipped(f) for f in real):
+    ours = next(f for f in real if gin_files.shipped(f))
+    other = next(f for f in real if not gin_files.shipped(f))
+    raise ValueError(f"model gin file '{path}' is both specjax's {ours} and {other}: refusing "
+                     "to guess which one to read; name yours by its path, or remove it")
+  if found:
+    return _a_file(found[0])
   raise FileNotFoundError(f"gin file '{path}' not found on search paths {list(paths)}")
 
 
@@ -185,55 +185,40 @@ RUN_FILE = "runs/decode.gin"
 """The run file every main-job run includes: it binds the job and declares what a run needs."""
 
 
-def run_files(gin_files: Sequence[str], default: str, paths: Sequence[str] = ()) -> List[str]:
-  """The gin files a main-job run parses: `gin_files` alone when one of them is a run file,
-  else `default` first and `gin_files` on top of it.
+def run_files(gin_files_: Sequence[str], default: str, paths: Sequence[str] = ()) -> List[str]:
+  """The gin files a main-job run parses: `gin_files_` alone when one of them is a run file,
+  else `default` first and `gin_files_` on top of it.
 
   A run file includes `runs/decode.gin` (directly or through its includes) or is it, as the
   bundled runs and a user's own checkpoint file do. Any other file (`decoding/sampling.gin`,
   `decoding/tree.gin`, a user's file of bindings) changes the default run, as a T5X user
-  expects of a settings file, instead of replacing it with a run that has no inputs.
+  expects of a settings file, instead of replacing it with a run that has no inputs. Files are
+  found by `gin_files.locate` (`paths`, the search paths, only name a file found there).
   """
-  all_paths = search_paths(paths)
-  run_file = os.path.realpath(resolve(RUN_FILE, all_paths))
-  if any(run_file in _included(resolve(f, all_paths), all_paths) for f in gin_files):
-    return list(gin_files)
-  return [default, *gin_files]
-
-
-def _included(path: str, paths: Sequence[str], seen: Tuple[str, ...] = ()) -> Set[str]:
-  """The real paths of `path` and of every gin file it includes, transitively. An include
-  that cannot be found is skipped here: parsing the file reports it."""
-  real = os.path.realpath(path)
-  if real in seen:
-    return set()
-  found = {real}
-  for match in map(_INCLUDE.match, Path(path).read_text(encoding="utf-8").splitlines()):
-    if match:
-      try:
-        found |= _included(resolve(match.group(1), paths), paths, (*seen, real))
-      except OSError:
-        continue
-  return found
+  run_file = os.path.realpath(GIN_DIR / RUN_FILE)
+  if any(run_file in GinFiles(paths).included(f) for f in gin_files_):
+    return list(gin_files_)
+  return [default, *gin_files_]
 
 
 MODEL_MACROS = {"target": "TARGET_MODEL", "draft": "DRAFT_MODEL"}
 _SCOPE_FILE: Dict[str, ModelFile] = {}
 
 
-def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str] = ()) -> None:
-  """Parses run files then bindings (T5X order), with includes found on `paths`.
+def parse(gin_files_: Sequence[str], bindings: Sequence[str], paths: Sequence[str] = ()) -> None:
+  """Parses run files then bindings (T5X order): the files and their includes found by
+  `gin_files.locate` (never on `paths`), model gin files on `paths` (`resolve`).
 
   Model gin files named by the macros TARGET_MODEL / DRAFT_MODEL are then read
   under the scopes `target/` and `draft/`, and the run files and bindings are
   parsed again on top, so `--gin.draft/T5Config.num_heads=...` still wins.
   """
   _SCOPE_FILE.clear()
+  paths = gin_files.check_search_paths(paths)
   all_paths = search_paths(paths)
-  for p in all_paths:
-    gin.add_config_file_search_path(p)
-  files = [resolve(f, all_paths) for f in gin_files]
-  _parse_files_and_bindings(files, bindings, all_paths)
+  files = [gin_files.locate(f, None, paths) for f in gin_files_]
+  _parse_files_and_bindings(files, bindings, paths)
+  check_code_macros()
   models = {scope: query_macro(macro) for scope, macro in MODEL_MACROS.items()}
   models = {s: m for s, m in models.items() if isinstance(m, str)}
   if models:
@@ -244,7 +229,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], paths: Sequence[str
         logging.info("%s model: %s", scope, found.note())
       for field, value in found.values.items():
         gin.bind_parameter(f"{scope}/{found.cls}.{field}", value)
-    _parse_files_and_bindings(files, bindings, all_paths)
+    _parse_files_and_bindings(files, bindings, paths)
   unread = unread_macros(bindings)
   if unread:
     raise ValueError("; ".join(_unread_message(name) for name in unread))
@@ -254,6 +239,30 @@ CODE_MACROS = frozenset({*MODEL_MACROS.values(), "DEFAULT_TASK", "TARGET_CHECKPO
                          "DRAFT_CHECKPOINT", "PAIR_TASK", "MIXTURE_OR_TASK_NAME",
                          "MIXTURE_OR_TASK_MODULE", "TASK_FEATURE_LENGTHS"})
 """Macros read by code (`query_macro`) rather than by other bindings."""
+
+STRING_MACROS = {**{m: "a model gin file name" for m in MODEL_MACROS.values()},
+                 "MIXTURE_OR_TASK_NAME": "a task name", "DEFAULT_TASK": "a task name",
+                 "PAIR_TASK": "a task name"}
+"""Macros read by code that must be strings (or unbound), and what each names."""
+
+
+def check_code_macros() -> None:
+  """ValueError naming the first macro read by code (CODE_MACROS) whose bound value has the
+  wrong type: `TARGET_MODEL = 5`, `MIXTURE_OR_TASK_NAME = ['x']`, `MIXTURE_OR_TASK_MODULE = 5`
+  (each gave a traceback or was silently ignored)."""
+  def bound(value) -> bool:
+    return value is not None and not isinstance(value, gin.config.ConfigurableReference)
+  for macro, what in STRING_MACROS.items():
+    value = query_macro(macro)
+    if bound(value) and not isinstance(value, str):
+      raise ValueError(f"{macro} must be {what} (a quoted string), got "
+                       f"{type(value).__name__} {value!r}")
+  modules = query_macro("MIXTURE_OR_TASK_MODULE")
+  if bound(modules) and not isinstance(modules, str) and not (
+      isinstance(modules, (list, tuple)) and all(isinstance(m, str) for m in modules)):
+    raise ValueError("MIXTURE_OR_TASK_MODULE must be a module name or a list of module names "
+                     f"(quoted strings), got {type(modules).__name__} {modules!r}")
+
 
 _MACRO_BINDING = re.compile(r"^\s*([A-Za-z_]\w*)\s*=")
 
@@ -299,11 +308,34 @@ def unread_macros(bindings: Sequence[str]) -> List[str]:
   return sorted({name for name in bound if name not in found})
 
 
+_BOUND_PARAMETER = re.compile(r"^\s*((?:[A-Za-z_][\w.]*/)*)([A-Za-z_][\w.]*)\.([A-Za-z_]\w*)\s*=")
+
+
+def uncalled_bindings(bindings: Sequence[str]) -> List[str]:
+  """The `--gin.` bindings of a parameter (`[scope/]Name.param=VALUE`) whose configurable the
+  run has not called (so far) under that scope: the binding changed nothing. Call after the
+  run; macro bindings are `unread_macros`' concern."""
+  called = list(gin.config._OPERATIVE_CONFIG)  # pylint: disable=protected-access
+  out = []
+  for binding in bindings:
+    match = _BOUND_PARAMETER.match(binding)
+    if match is None:
+      continue
+    scope = match.group(1).rstrip("/")
+    found = gin.config._REGISTRY.get_match(match.group(2))  # pylint: disable=protected-access
+    if found is None:
+      continue
+    if not any(selector == found.selector and (not scope or scope in called_scope.split("/"))
+               for called_scope, selector in called):
+      out.append(binding)
+  return out
+
+
 def _parse_files_and_bindings(files: Sequence[str], bindings: Sequence[str],
                               paths: Sequence[str]) -> None:
   """gin's parse; a syntax error becomes a ValueError naming the file (or binding) and line."""
   try:
-    with _quiet_path_probes():
+    with _quiet_path_probes(), GinFiles(paths).reading():
       gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
   except SyntaxError as e:
     where = f"'{e.filename}', line {e.lineno}" if e.filename else "a --gin binding"
@@ -362,23 +394,32 @@ def _unbalanced(text: str) -> Optional[str]:
 
 
 def _token_error_site(files: Sequence[str], bindings: Sequence[str], paths: Sequence[str],
-                      seen=()) -> str:
+                      reader: Optional[GinFiles] = None) -> str:
   """Where Python's tokenizer fails (gin drops the file name): 'FILE', line N or the binding."""
-  for path in files:
-    if path in seen:
+  reader = reader or GinFiles(paths)
+  for name in files:
+    try:
+      path = reader.locate(name)
+      if os.path.realpath(path) in reader.chain:
+        continue
+      text = reader.text(path)
+    except (OSError, ValueError):
       continue
-    text = Path(path).read_text(encoding="utf-8")
     problem = _unbalanced(text)
     if problem:
       return f"'{path}' ({problem})"
-    includes = [m.group(1) for m in map(_INCLUDE.match, text.splitlines()) if m]
-    inner = _token_error_site([resolve(i, paths) for i in includes], (), paths, (*seen, path))
+    includes = [m.group(1) for m in map(gin_files.INCLUDE.match, text.splitlines()) if m]
+    reader.chain.append(os.path.realpath(path))
+    try:
+      inner = _token_error_site(includes, (), paths, reader)
+    finally:
+      reader.chain.pop()
     if inner:
       return inner
   for binding in bindings:
     if _unbalanced(binding):
       return f"--gin.{binding}"
-  return "" if seen or not files else "the gin files " + ", ".join(files)
+  return "" if reader.chain or not files else "the gin files " + ", ".join(files)
 
 
 def model_config(scope: str):
@@ -404,14 +445,14 @@ def model_notes() -> List[str]:
   return [f"{scope} {f.note()}" for scope, f in _SCOPE_FILE.items() if f.note()]
 
 
-_INCLUDE = re.compile(r"""^\s*include\s+['"](.+)['"]\s*$""")
-
-
 def _resolver(paths: Sequence[str]):
-  """Finds a model gin file and its includes: an include beside the file that includes it
-  first, then on the gin search paths (T5X's `include 't5x/examples/t5/t5_1_1/base.gin'`
-  with --gin_search_paths=<a T5X checkout>)."""
+  """Finds a model gin file and its includes: an include of a file specjax ships among
+  specjax's own; another's beside the file that includes it first, then on the gin search
+  paths (T5X's `include 't5x/examples/t5/t5_1_1/base.gin'` with --gin_search_paths=<a T5X
+  checkout>)."""
   def find(name: str, including: Optional[str]) -> str:
+    if including is not None and gin_files.shipped(including):
+      return resolve(name, [str(GIN_DIR)])  # a file specjax ships includes its own files
     if including is not None and not os.path.isabs(name):
       beside = os.path.join(os.path.dirname(including), name)
       if os.path.isfile(beside):

@@ -150,6 +150,18 @@ def check_models(vocab: Any, models: Dict[str, Any]) -> None:
                      "the same DecoderOnlyConfig.prompt_convention")
 
 
+def check_attention_backend(models: Dict[str, Any], backend: str) -> None:
+  """ValueError when a model's `attention_impl` is 'cudnn' and the job runs on `backend`
+  ('cpu', 'tpu', ...) rather than an NVIDIA GPU, where cuDNN's kernel does not exist (a
+  compile for a GPU from this host is `python -m specjax.aot`'s, which takes it)."""
+  for role, model in models.items():
+    config = getattr(model, "config", None)
+    if getattr(config, "attention_impl", None) == "cudnn" and backend != "gpu":
+      raise ValueError(f"the {role} model's attention_impl 'cudnn' runs on an NVIDIA GPU only, "
+                       f"and this job runs on {backend}: use 'specjax' or 'xla' "
+                       f"(--gin.{role}/{type(config).__name__}.attention_impl=\"'xla'\")")
+
+
 def check_checkpoints(checkpoints: Dict[str, Any]) -> None:
   """Finds every checkpoint before any loads ({role: path, 'bundled:...' or None for random
   init}): a missing draft checkpoint is named before the target's weights are read."""

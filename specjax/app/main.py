@@ -51,6 +51,10 @@ def read_inputs(args, feature_lengths: Optional[Mapping[str, int]] = None
   language-modelling documents are cut to their first `--prompt_words` words.
   Returns (inputs, the task's vocabulary or None).
   """
+  for i, prompt in enumerate(args.prompt or []):
+    if not prompt.strip():
+      raise ValueError(f"--prompt {i + 1} is empty: give it text to decode (an --input_file's "
+                       "blank lines are skipped alike)")
   found = [inputs_lib.DecodeInput(check_utf8(p, f"--prompt {i + 1}"))
            for i, p in enumerate(args.prompt or [])]
   if args.input_file:
@@ -106,7 +110,8 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   cli_lib.check_counts(parser, args, ["num_examples", "prompt_words"])
   compile_cache.enable_from(args)  # before the first compile
   distributed.initialize_from(args)  # many processes: before any other JAX call
-  gin_config.parse(gin_config.run_files(gin_files, DEFAULT_GIN, paths), bindings, paths)
+  default = str(gin_config.GIN_DIR / DEFAULT_GIN)  # specjax's own, whatever the folder holds
+  gin_config.parse(gin_config.run_files(gin_files, default, paths), bindings, paths)
   refuse_beam_search()
   for note in gin_config.model_notes():  # what a T5X model gin file held that is not read
     print(f"specjax: {note}", file=sys.stderr)
@@ -124,14 +129,22 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   # Many processes decode one batch: each must hold the same inputs and settings.
   distributed.check_same(json.dumps([gin_files, bindings, paths]).encode(), "the gin settings")
   distributed.check_same(json.dumps([e.text for e in examples]).encode(), "the inputs")
+  unread_lengths = set(lengths) - {"inputs", "targets"} if isinstance(lengths, dict) else set()
+  for key in sorted(unread_lengths):
+    print(f"specjax: TASK_FEATURE_LENGTHS[{key!r}] sets no length here (the main job reads "
+          "'inputs' and 'targets'; seqio trims a task's other features by it)", file=sys.stderr)
   try:
-    return gin.get_configurable(decode_job)(examples, plain=args.plain,
-                                            task_vocabulary=task_vocabulary)
+    summary = gin.get_configurable(decode_job)(examples, plain=args.plain,
+                                               task_vocabulary=task_vocabulary)
   except TypeError as e:
     unbound = gin_config.unbound_macro(e)
     if unbound is None:
       raise
     raise unbound from e
+  for binding in gin_config.uncalled_bindings(bindings):
+    print(f"specjax: --gin.{binding} changed nothing: this run never called "
+          f"{binding.split('=')[0].strip().rsplit('.', 1)[0]}", file=sys.stderr)
+  return summary
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

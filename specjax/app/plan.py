@@ -6,14 +6,18 @@ import dataclasses
 import os
 from typing import Any, Dict, Optional, Sequence
 
+import jax
+
 from specjax.app import bundled, gin_config, prompts, records
-from specjax.app.loading import check_checkpoints, check_models, job_vocabulary
+from specjax.app.loading import (check_attention_backend, check_checkpoints, check_models,
+                                 job_vocabulary)
 from specjax.app.settings import JobSettings
 from specjax.data import inputs as inputs_lib
 from specjax.decode import CostTable, check_tree
 from specjax.decode.chain_checks import check_chain
 from specjax.decode.inputs import check_cache_size, check_inputs, check_memory, prefix_lengths
 from specjax.draft import drafter_fields, get_drafter
+from specjax.draft.tree import cap_depth
 from specjax.draft.ranking import load_token_ranking
 from specjax.models import FeatureHead, FeatureHeadConfig, build_model
 
@@ -77,9 +81,12 @@ def feature_head(name: str, config: Any) -> FeatureHead:
 
 
 def cap_gamma(settings: JobSettings) -> JobSettings:
-  """`settings` with a chain's gamma and max_gamma capped at max_new_tokens: a round emits at
-  most the budget, so more guesses only cost draft steps and a wider verification call."""
-  if settings.tree is not None or settings.max_gamma <= settings.max_new_tokens:
+  """`settings` with a chain's gamma and max_gamma, or a tree's depth, capped at
+  max_new_tokens: a round emits at most the budget, so more guesses only cost draft steps and
+  a wider verification call."""
+  if settings.tree is not None:
+    return dataclasses.replace(settings, tree=cap_depth(settings.tree, settings.max_new_tokens))
+  if settings.max_gamma <= settings.max_new_tokens:
     return settings
   budget = settings.max_new_tokens
   buckets = tuple(b for b in settings.decoding.auto_buckets if b <= budget)
@@ -114,6 +121,7 @@ def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
                          settings.task_vocabulary, list(checkpoints.values()),
                          gin_config.model_vocabulary("target"))
   check_models(vocab, models)
+  check_attention_backend(models, jax.default_backend())
   rows = [list(e.ids) if e.ids is not None else prompts.text_ids(vocab, e.text, target)
           for e in examples]
   inputs, prompt_lengths = prompts.frame(target, rows, max_len=settings.max_input_len,

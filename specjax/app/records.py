@@ -14,10 +14,12 @@ baseline), `speculative` (= prediction), `target_calls`, `tokens`, `alpha`.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from specjax import files
 
@@ -53,6 +55,36 @@ OUTPUT_FILES = ("results.jsonl", "summary.json")
 """What `write` puts in the output folder."""
 EARLIER = "earlier"
 """The folder of OUTPUT_DIR where `write` keeps the results of earlier runs."""
+LOCK_WAIT_S = 120.0
+"""How long a run waits for another run writing into the same OUTPUT_DIR (a write takes
+milliseconds) before it gives up with an error."""
+
+
+@contextlib.contextmanager
+def writing(output_dir: str, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+  """Holds `output_dir`'s write lock (an exclusive `flock` on the folder itself, so nothing
+  is left in it) within: two runs writing one folder take turns, so neither moves the
+  other's results while they are half-written.
+
+  Raises:
+    TimeoutError: another process held the lock for more than `wait_s` seconds.
+  """
+  fd = os.open(output_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+  try:
+    deadline = time.monotonic() + wait_s
+    while True:
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+      except BlockingIOError:
+        if time.monotonic() > deadline:
+          raise TimeoutError(f"another run has been writing its results to {output_dir} for "
+                             f"over {wait_s:.0f} s (the folder is locked): wait for it to "
+                             "finish, or give this run another OUTPUT_DIR") from None
+        time.sleep(0.02)
+    yield
+  finally:
+    os.close(fd)  # releases the lock
 
 
 def check_destinations(output_dir: str) -> None:
@@ -98,20 +130,22 @@ def write(output_dir: str, records: List[Dict[str, Any]], summary: Dict[str, Any
   """`output_dir/results.jsonl` (one record a line) and `summary.json`, together: an earlier
   run's pair is first moved to `earlier/` (`keep_earlier`), then both are written under
   temporary names and renamed into place; on a failure (a full disk, a file size limit) the
-  earlier pair is moved back, so nothing changes; the error names the file. Returns the folder the earlier pair went to,
-  or None."""
+  earlier pair is moved back, so nothing changes; the error names the file. Runs writing
+  one folder at once take turns (`writing`), so none loses another's results. Returns the
+  folder the earlier pair went to, or None."""
   os.makedirs(output_dir, exist_ok=True)
   check_destinations(output_dir)
   results = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
-  kept = keep_earlier(output_dir)
-  try:
-    files.write_atomic({os.path.join(output_dir, OUTPUT_FILES[0]): results.encode("utf-8"),
-                        os.path.join(output_dir, OUTPUT_FILES[1]):
-                            json.dumps(summary, indent=1).encode("utf-8")})
-  except BaseException:
-    if kept:  # the earlier pair goes back where it was: a failed run changes nothing
-      _put_back(kept, output_dir)
-    raise
+  with writing(output_dir):
+    kept = keep_earlier(output_dir)
+    try:
+      files.write_atomic({os.path.join(output_dir, OUTPUT_FILES[0]): results.encode("utf-8"),
+                          os.path.join(output_dir, OUTPUT_FILES[1]):
+                              json.dumps(summary, indent=1).encode("utf-8")})
+    except BaseException:
+      if kept:  # the earlier pair goes back where it was: a failed run changes nothing
+        _put_back(kept, output_dir)
+      raise
   return kept
 
 

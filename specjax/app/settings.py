@@ -9,12 +9,13 @@ the verifier and the γ policy live in `JobSettings.decoding` (a `DecodeConfig`)
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Dict, Mapping, Optional
 
 import jax
 
 from specjax import machine
-from specjax.checks import check_choice, check_count, check_int
+from specjax.checks import check_bool, check_choice, check_count, check_int
 from specjax.decode import DecodeConfig
 from specjax.decode import check_tree as decode_check_tree
 from specjax.draft import DRAFTERS, drafter_fields
@@ -132,8 +133,15 @@ class JobSettings:
     if gamma > max_gamma:
       raise ValueError(f"gamma must be in [1, max_gamma={max_gamma}], got {gamma}")
     check_count("max_new_tokens", self.max_new_tokens)
-    if not isinstance(self.ignore_eos, bool):
-      raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+    for name in ("ignore_eos", "write_scores", "plain"):
+      check_bool(name, getattr(self, name))
+    if self.cost_table is not None and not isinstance(self.cost_table, str):
+      raise ValueError(f"COST_TABLE must be a path (a quoted string) or None, got "
+                       f"{type(self.cost_table).__name__} {self.cost_table!r}")
+    for name in ("target_checkpoint", "draft_checkpoint", "cost_table", "output_dir"):
+      object.__setattr__(self, name, check_path(name, getattr(self, name)))
+    for name in ("vocabulary", "draft_vocabulary"):
+      check_vocabulary(name, getattr(self, name))
     check_count("batch_size", self.batch_size)
     check_count("timing_repeats", self.timing_repeats)
     if check_count("max_input_len", self.max_input_len) < 2:
@@ -167,6 +175,35 @@ class JobSettings:
     if self.tree is not None and self.drafter in TREE_DRAFTERS:
       return TREE_DRAFTERS[self.drafter]
     return self.drafter
+
+
+PATH_MACROS = {"target_checkpoint": "TARGET_CHECKPOINT", "draft_checkpoint": "DRAFT_CHECKPOINT",
+               "cost_table": "COST_TABLE", "output_dir": "OUTPUT_DIR"}
+"""The settings that name a file or folder, and the gin macro each is bound through."""
+
+
+def check_path(name: str, value: Any) -> Any:
+  """A path setting with `~` expanded as a shell would (a str; anything else is returned for
+  the setting's own check); ValueError naming the setting's macro for a NUL byte in it."""
+  if isinstance(value, os.PathLike):
+    value = os.fspath(value)
+  if not isinstance(value, str):
+    return value
+  if "\0" in value:
+    raise ValueError(f"{PATH_MACROS.get(name, name)} contains a NUL byte (at character "
+                     f"{value.index(chr(0))}): a path cannot hold one")
+  return value if value.startswith(("bundled:", "gs://")) else os.path.expanduser(value)
+
+
+def check_vocabulary(name: str, value: Any) -> None:
+  """ValueError naming VOCABULARY / DRAFT_VOCABULARY when it is a number, bool or container
+  (a vocabulary is a path, 'bundled:specjax_8k', a `Vocab` or a seqio.Vocabulary)."""
+  if isinstance(value, (bool, int, float, bytes, list, tuple, dict, set)):
+    raise ValueError(f"{name.upper()} must be a SentencePiece model path, 'bundled:specjax_8k', "
+                     f"@Vocab() or a seqio vocabulary (or None), got {type(value).__name__} "
+                     f"{value!r}")
+  if isinstance(value, str) and "\0" in value:
+    raise ValueError(f"{name.upper()} contains a NUL byte: a path cannot hold one")
 
 
 def drafts_a_tree(drafter: str, tree: Any) -> bool:

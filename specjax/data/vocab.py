@@ -24,6 +24,11 @@ MODEL_NAME = "specjax_8k"
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
 
+MAX_EXTRA_IDS = 65536
+"""Most sentinel pieces a vocabulary may add (T5's vocabularies add 100; each is a piece
+held in memory, so a count such as 10**9 would exhaust it)."""
+
+
 class Vocab:
   """A SentencePiece model with T5's special ids; no TensorFlow needed.
 
@@ -36,7 +41,7 @@ class Vocab:
     path = Path(model_path)
     if not path.is_file():
       raise FileNotFoundError(f"SentencePiece model not found: {path}")
-    check_int("extra_ids", extra_ids, low=0)
+    check_int("extra_ids", extra_ids, low=0, high=MAX_EXTRA_IDS)
     self.model_path = path
     self.extra_ids = extra_ids
     try:

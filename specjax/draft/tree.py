@@ -31,6 +31,20 @@ from specjax.models.tree import level_call, nodes_call
 from specjax.sampling import DRAFT_STREAM, Sampling, argmax, position_key
 
 
+MAX_TREE_NODES = 2048
+"""Most nodes a token tree may have: the target scores every node in one call, so a larger tree
+costs more than any accepted length could repay (EAGLE's and Medusa's trees have about 60)."""
+
+
+def _check_node_count(count: int, what: str, at_least: bool = False) -> None:
+  """ValueError when a tree described by `what` would have more than MAX_TREE_NODES nodes
+  (counted before the tree is built; `at_least`: the count stopped early)."""
+  if count > MAX_TREE_NODES:
+    count_text = f"at least {count}" if at_least else str(count)
+    raise ValueError(f"{what} makes a tree of {count_text} nodes, more than {MAX_TREE_NODES} (the "
+                     "target scores every node in one call): use a smaller tree")
+
+
 def level_starts(levels: Sequence[int]) -> Tuple[int, ...]:
   """Node count per depth -> the index each depth's nodes start at, the total last:
   (3, 2) -> (0, 3, 5)."""
@@ -57,8 +71,9 @@ class StaticTree:
 
   def __post_init__(self):
     if not self.parents or len(self.parents) != len(self.ranks):
-      raise ValueError(f"a tree needs one rank per node and at least one node, got parents "
-                       f"{self.parents!r} and ranks {self.ranks!r}")
+      raise ValueError(f"a tree needs one rank per node and at least one node, got "
+                       f"{len(self.parents)} parents and {len(self.ranks)} ranks")
+    _check_node_count(len(self.parents), "StaticTree")
     depth = []
     for j, (p, r) in enumerate(zip(self.parents, self.ranks)):
       if not -1 <= p < j:
@@ -80,6 +95,12 @@ class StaticTree:
     if not branching or any(not isinstance(b, (int, np.integer)) or isinstance(b, bool)
                             or b < 1 for b in branching):
       raise ValueError(f"branching must be positive integers, got {branching!r}")
+    count, width = 0, 1
+    for b in branching:  # stops at the first level past the limit
+      width *= int(b)
+      count += width
+      if count > MAX_TREE_NODES:
+        _check_node_count(count, f"branching {tuple(branching)!r}", at_least=True)
     parents, ranks, frontier = [], [], [-1]
     for b in branching:
       level = []
@@ -94,6 +115,7 @@ class StaticTree:
   @classmethod
   def from_paths(cls, paths: Sequence[Sequence[int]], iid: bool = False) -> "StaticTree":
     """One node per path of child ranks from the root; every prefix must be a path too."""
+    _check_node_count(len(paths), f"a list of {len(paths)} paths")
     paths = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
     if not paths or not paths[0]:
       raise ValueError(f"paths must be non-empty rank tuples, got {paths!r}")
@@ -113,6 +135,7 @@ class StaticTree:
                            for n in lengths) or list(lengths) != sorted(lengths, reverse=True)):
       raise ValueError(f"spine lengths must be positive, non-increasing integers, got "
                        f"{lengths!r}")
+    _check_node_count(sum(int(n) for n in lengths), f"spine lengths {tuple(lengths)!r}")
     return cls.from_paths([(r,) + (0,) * i for r, n in enumerate(lengths) for i in range(n)],
                           iid)
 
@@ -179,6 +202,9 @@ class DynamicTree:
 
   def __post_init__(self):
     check_sizes(self, branch=1, expand=1, max_depth=1)
+    _check_node_count(self.branch + self.branch * self.expand * (self.max_depth - 1),
+                      f"DynamicTree(branch={self.branch}, expand={self.expand}, "
+                      f"max_depth={self.max_depth})")
     if self.max_depth > 1 and self.expand > self.branch:
       raise ValueError(f"DynamicTree.expand={self.expand} exceeds the first level's "
                        f"{self.branch} nodes")
@@ -318,6 +344,21 @@ def grow_tree(tree, root_logits, level_call: Callable, spine_call: Callable, car
   if tree.nodes < tree.grown:
     proposal, source = keep_most_probable(proposal, path_logq, tree.nodes)
   return proposal, source, carry
+
+
+def cap_depth(tree: Any, max_depth: int) -> Any:
+  """`tree` cut to its first `max_depth` levels (a round emits at most the budget, so deeper
+  guesses only cost draft calls and target width): a StaticTree keeps its nodes of depth <=
+  max_depth (a prefix, in level order), a DynamicTree its levels (and `keep` at most what it
+  then grows)."""
+  if tree is None or tree.max_depth <= max_depth:
+    return tree
+  if isinstance(tree, StaticTree):
+    count = level_starts(tree.levels)[max_depth]
+    return dataclasses.replace(tree, parents=tree.parents[:count], ranks=tree.ranks[:count])
+  capped = dataclasses.replace(tree, max_depth=max_depth, keep=None)
+  keep = None if tree.keep is None else min(tree.keep, capped.grown)
+  return dataclasses.replace(capped, keep=keep)
 
 
 def check_shape(tree: Any) -> Any:

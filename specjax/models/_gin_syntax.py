@@ -94,22 +94,56 @@ class Reference:
     return "Reference()"
 
 
-def _chunks(text: str) -> List[Tuple[int, str]]:
-  """(first line number, text) of each statement: lines joined while brackets are open."""
-  out, lines, i = [], text.splitlines(), 0
-  while i < len(lines):
-    start, chunk = i, lines[i]
-    i += 1
-    while i < len(lines):
-      try:
-        list(tokenize.generate_tokens(io.StringIO(chunk.strip() + "\n").readline))
+_OPENERS, _CLOSERS = "([{", ")]}"
+
+
+def _chunks(text: str) -> List[Tuple[int, str, Optional[str]]]:
+  """(first line number, text, what is left open) of each statement: lines joined while a
+  bracket, a string or a backslash continuation is open. One pass over the text (a file
+  with an unclosed bracket is one statement, read once); what is left open is None, or says
+  what is never closed (the last statement's)."""
+  out: List[Tuple[int, str, Optional[str]]] = []
+  lines = text.splitlines()
+  depth, quote, opened_on = 0, "", 0  # open brackets; the open string's quote; its line
+  start, chunk = 0, []
+  for i, line in enumerate(lines):
+    if not chunk:
+      start = i
+    chunk.append(line)
+    j, n, continued = 0, len(line), False
+    while j < n:
+      ch = line[j]
+      if quote:
+        if ch == "\\":
+          j += 2
+          continue
+        if line.startswith(quote, j):
+          j += len(quote)
+          quote = ""
+          continue
+      elif ch == "#":
         break
-      except tokenize.TokenError:  # an open bracket or string: the value goes on
-        chunk += "\n" + lines[i]
-        i += 1
-      except (SyntaxError, ValueError):  # refused by the caller with the line named
-        break
-    out.append((start + 1, chunk))
+      elif ch in "'\"":
+        quote = ch * 3 if line.startswith(ch * 3, j) else ch
+        opened_on = i
+        j += len(quote)
+        continue
+      elif ch in _OPENERS:
+        depth, opened_on = depth + 1, (i if depth == 0 else opened_on)
+      elif ch in _CLOSERS:
+        depth = max(depth - 1, 0)
+      elif ch == "\\" and j == n - 1:
+        continued = True
+      j += 1
+    if quote and len(quote) == 1 and not line.endswith("\\"):
+      quote = ""  # a one-quote string ends with its line (the value is refused later)
+    if not (depth or quote or continued):
+      out.append((start + 1, "\n".join(chunk), None))
+      chunk = []
+  if chunk:
+    what = "a string" if quote else "a bracket" if depth else "a line continuation"
+    out.append((start + 1, "\n".join(chunk), f"{what} opened on line {opened_on + 1} "
+                "that is never closed"))
   return out
 
 
@@ -119,9 +153,12 @@ def statements(text: str) -> List[Statement]:
   out: List[Statement] = []
   block: Optional[Tuple[Optional[str], str, int]] = None  # (scope, selector, header line)
   block_bindings = 0
-  for lineno, chunk in _chunks(text):
+  for lineno, chunk, unclosed in _chunks(text):
     line = chunk.strip()
     if not line or line.startswith("#"):
+      continue
+    if unclosed:
+      out.append(Refused(lineno, f"starts a statement with {unclosed}"))
       continue
     indented = chunk[:1].isspace()
     if block is not None and indented:

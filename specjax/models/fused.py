@@ -24,6 +24,8 @@ from jax import lax
 
 Array = jax.Array
 ENV = "SPECJAX_NORM_KERNEL"
+ENV_VALUES = ("fused", "xla")
+"""The values SPECJAX_NORM_KERNEL takes (unset: 'fused')."""
 MAX_ROWS = 16
 """Calls with more rows (batch × tokens) than this take the plain layers' ops."""
 _CHUNK = 128  # columns of the input read per loop trip (a power of two dividing E)
@@ -37,7 +39,11 @@ def enabled() -> bool:
   """Whether `norm_project` may use its kernel, read when a call is traced: yes unless the
   environment variable SPECJAX_NORM_KERNEL is 'xla' (XLA's own fusions everywhere) or the
   trace runs under `placed_by` a partitioner of several devices."""
-  return os.environ.get(ENV, "fused") != "xla" and not _SPREAD[0]
+  value = os.environ.get(ENV, "fused")
+  if value not in ENV_VALUES:
+    raise ValueError(f"{ENV}={value!r} is not one of {', '.join(ENV_VALUES)} ('fused': the "
+                     "sublayer-entry kernel where it applies; 'xla': XLA's own fusions)")
+  return value != "xla" and not _SPREAD[0]
 
 
 @contextlib.contextmanager

@@ -83,18 +83,24 @@ relpos_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
 # ----------------------------------------------------------------------------
 # Configuration helpers shared by T5Config and DecoderOnlyConfig.
 # ----------------------------------------------------------------------------
+ACTIVATIONS = ("linear", "relu", "gelu", "silu", "swish", "sigmoid", "tanh", "elu", "celu",
+               "selu", "softplus", "soft_sign", "leaky_relu", "relu6", "hard_sigmoid",
+               "hard_silu", "hard_swish", "hard_tanh", "log_sigmoid")
+"""The MLP activation names accepted: T5X's 'linear' and flax.linen's element-wise activation
+functions (T5X looks a name up in flax.linen; specjax looks only these up, so a model gin file
+cannot reach another flax.linen function such as `jit`)."""
+
+
 def activation_fn(name: str) -> Callable[[Array], Array]:
-  """Maps a T5X activation name ('linear' or a flax.linen function) to a function.
+  """Maps a T5X activation name (one of ACTIVATIONS) to a function.
 
   'gelu' is flax's default gelu, the tanh approximation, as T5X computes it.
   """
+  if not isinstance(name, str) or name not in ACTIVATIONS:
+    raise ValueError(f"unknown MLP activation {name!r}: use one of {', '.join(ACTIVATIONS)}")
   if name == "linear":
     return lambda x: x
-  fn = getattr(nn, name, None) if isinstance(name, str) else None
-  if fn is None or not callable(fn) or isinstance(fn, type):
-    raise ValueError(f"unknown MLP activation {name!r}: use 'linear' or the name "
-                     "of a flax.linen activation such as 'gelu', 'relu', 'silu'")
-  return fn
+  return getattr(nn, name)
 
 
 # ----------------------------------------------------------------------------

@@ -34,6 +34,12 @@ MODEL_GIN_BYTES = files.MIB
 """Largest model gin file read (specjax writes a few hundred bytes)."""
 MAX_INCLUDE_DEPTH = 16
 """Deepest chain of includes followed from the file named by the user."""
+MAX_FILES_READ = 64
+"""Most files one read opens, an include counted each time it is read (T5X's trees read 2-4)."""
+MAX_BYTES_READ = 4 * files.MIB
+"""Most bytes one read parses over all the files it opens."""
+MAX_EXTRA_IDS = 65536
+"""Largest `SentencePieceVocabulary.extra_ids` accepted (T5's vocabularies add 100)."""
 
 WRITTEN_WHEN_SET = frozenset({"prompt_convention", "inputs_bidirectional_attention",
                               "attention_impl"})
@@ -145,10 +151,20 @@ class _Reader:
     self.macros: Dict[str, Tuple[Any, str]] = {}
     self.imports = 0
     self.skipped: Dict[str, None] = {}  # ordered set
+    self.files_read = 0
+    self.bytes_read = 0
 
   def read(self, name: str, chain: Tuple[str, ...]) -> str:
     full = _open_include(name, self.resolve, self.roots, chain)
-    text = files.read_text(full, MODEL_GIN_BYTES, "the model gin file")
+    self.files_read += 1
+    if self.files_read > MAX_FILES_READ:
+      raise ValueError(f"{chain[-1]}: more than {MAX_FILES_READ} model gin files read (an "
+                       f"include of {full} among them): an include tree that large is refused")
+    text = files.read_text(full, MODEL_GIN_BYTES, "the model gin file").removeprefix("\ufeff")
+    self.bytes_read += len(text)
+    if self.bytes_read > MAX_BYTES_READ:
+      raise ValueError(f"{full}: more than {MAX_BYTES_READ // files.MIB} MiB of model gin read "
+                       f"through includes from {chain[0] if chain else full}: refused")
     for st in _gin_syntax.statements(text):
       where = f"{full}:{st.line}"
       if isinstance(st, _gin_syntax.Refused):
@@ -244,9 +260,10 @@ class _Reader:
     if not isinstance(model_file, str):
       return None
     extra_ids = found.get("extra_ids") or 0
-    if not isinstance(extra_ids, int) or isinstance(extra_ids, bool) or extra_ids < 0:
+    if (not isinstance(extra_ids, int) or isinstance(extra_ids, bool) or extra_ids < 0
+        or extra_ids > MAX_EXTRA_IDS):
       raise ValueError(f"{self.vocabulary['extra_ids'][1]}: SentencePieceVocabulary.extra_ids "
-                       f"must be a count >= 0, got {extra_ids!r}")
+                       f"must be a count in [0, {MAX_EXTRA_IDS}], got {extra_ids!r}")
     return {"sentencepiece_model_file": model_file, "extra_ids": extra_ids}
 
 

@@ -45,6 +45,8 @@ ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 ENV_LOCAL_DEVICES = "SPECJAX_LOCAL_DEVICES"
+MAX_LOCAL_DEVICES = 1024
+"""Most CPU devices one process may simulate (100,000 crashed XLA after a minute)."""
 """CPU only: devices each process simulates (`jax_num_cpu_devices`)."""
 ENV_CONNECT_TIMEOUT = "SPECJAX_CONNECT_TIMEOUT"
 """Seconds a process waits for every process of the job to join (default
@@ -101,8 +103,9 @@ def resolve(coordinator_address: Optional[str] = None, num_processes: Any = None
                        else env.get(ENV_LOCAL_DEVICES), "local_device_count")
   if count is not None and count < 1:
     raise ValueError(f"num_processes must be at least 1, got {count}")
-  if local is not None and local < 1:
-    raise ValueError(f"local_device_count must be at least 1, got {local}")
+  if local is not None and not 1 <= local <= MAX_LOCAL_DEVICES:
+    raise ValueError(f"local_device_count ({ENV_LOCAL_DEVICES}) must be in [1, "
+                     f"{MAX_LOCAL_DEVICES}] (CPU devices one process simulates), got {local}")
   if index is not None and (index < 0 or (count is not None and index >= count)):
     raise ValueError(f"process_id must be in [0, num_processes={count}), got {index}")
   if address is not None:

@@ -38,14 +38,13 @@ def test_a_run_file_replaces_the_default_run(files):
   assert gin_config.run_files(files, DEFAULT_GIN) == files
 
 
-def test_a_users_run_file_is_found_through_its_includes(tmp_path):
+def test_a_users_run_file_is_found_through_its_includes(tmp_path, monkeypatch):
   (tmp_path / "base.gin").write_text("include 'runs/bundled_lm.gin'\nGAMMA = 3\n")
   (tmp_path / "mine.gin").write_text("# mine\ninclude 'base.gin'\n")
   (tmp_path / "bindings.gin").write_text("GAMMA = 2\ninclude 'decoding/greedy.gin'\n")
-  paths = [str(tmp_path)]
-  assert gin_config.run_files(["mine.gin"], DEFAULT_GIN, paths) == ["mine.gin"]
-  assert gin_config.run_files(["bindings.gin"], DEFAULT_GIN, paths) == [DEFAULT_GIN,
-                                                                        "bindings.gin"]
+  monkeypatch.chdir(tmp_path)
+  assert gin_config.run_files(["mine.gin"], DEFAULT_GIN) == ["mine.gin"]
+  assert gin_config.run_files(["bindings.gin"], DEFAULT_GIN) == [DEFAULT_GIN, "bindings.gin"]
 
 
 def test_a_sampled_run_keeps_the_default_pair_and_inputs():

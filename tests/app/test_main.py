@@ -310,7 +310,8 @@ def test_model_gin_accepts_only_literal_model_bindings_and_skips_the_rest(tmp_pa
     (TINY_LM + "DecoderOnlyConfig:\nDecoderOnlyConfig.emb_dim = 8\n", "with no indented"),
     (TINY_LM + "DecoderOnlyConfig:\n  include 'x.gin'\n", "is not 'field = value'"),
     (TINY_LM + "DecoderOnlyConfig.mlp_activations = {1, 2}\n", "must be a literal .*a set is not"),
-    (TINY_LM + "DecoderOnlyConfig.emb_dim = (8,\n", "must be a literal"),
+    (TINY_LM + "DecoderOnlyConfig.emb_dim = (8,\n", "model.gin:8: .*a bracket opened on line 8 "
+     "that is never closed"),
 ])
 def test_model_gin_errors_are_clear(tmp_path, text, message):
   with pytest.raises(ValueError, match=message):

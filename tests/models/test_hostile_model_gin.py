@@ -127,3 +127,53 @@ def test_export_hf_out_is_checked_first_and_an_earlier_export_is_replaced_whole(
   assert {"config.json", "model.safetensors"} <= set(os.listdir(out))
   assert afile.read_text() == "mine" and (notes / "todo.txt").read_text() == "mine"
   assert sorted(os.listdir(tmp_path)) == ["afile", "hf", "notes"]  # no temporary folder left
+
+
+def test_files_that_include_each_other_many_times_are_bounded(tmp_path):
+  # 8 small files each including the next 10 times: within the depth limit, 10**8 reads.
+  for i in range(8):
+    (tmp_path / f"m{i}.gin").write_text(f"include 'm{i + 1}.gin'\n" * 10)
+  (tmp_path / "m8.gin").write_text(LM)
+  with pytest.raises(ValueError, match="more than 64 model gin files read"):
+    gin_config.read_model_file("m0.gin", [str(tmp_path)])
+
+
+@pytest.mark.parametrize("opener", ["(", "'''", "\"\"\""])
+def test_an_unclosed_bracket_or_string_is_one_line_and_read_once(tmp_path, opener):
+  # 2,000 lines after it took 27 s (the value re-tokenized once per line); 100,000, hours.
+  lines = 100_000
+  (tmp_path / "model.gin").write_text(LM + f"DecoderOnlyConfig.emb_dim = {opener}8,\n"
+                                      + "x = 1\n" * lines)
+  with pytest.raises(ValueError, match=r"model.gin:7: .*(a bracket|a string) opened on line 7 "
+                     "that is never closed") as e:
+    read_model_gin(str(tmp_path))  # linear: well under a second for the 100,000 lines
+  assert "\n" not in str(e.value)
+
+
+def test_a_huge_extra_ids_count_is_refused(tmp_path):
+  # extra_ids = 1000000000 was accepted, and building the vocabulary exhausted memory.
+  (tmp_path / "model.gin").write_text(
+      LM + "seqio.SentencePieceVocabulary.sentencepiece_model_file = 'x.model'\n"
+      "seqio.SentencePieceVocabulary.extra_ids = 1000000000\n")
+  with pytest.raises(ValueError, match=r"extra_ids must be a count in \[0, 65536\], got "
+                     "1000000000"):
+    gin_config.read_model_file(str(tmp_path / "model.gin"))
+  from specjax.data import Vocab  # pylint: disable=import-outside-toplevel
+  from specjax.data.vocab import DEFAULT_MODEL  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="extra_ids"):
+    Vocab(DEFAULT_MODEL, extra_ids=10**9)
+
+
+@pytest.mark.parametrize("name", ["enable_named_call", "jit", "set_logical_axis_rules",
+                                  "Dense", "__class__"])
+def test_mlp_activations_are_only_activation_functions(tmp_path, name):
+  # Any flax.linen name was looked up and called ('enable_named_call' gave a traceback).
+  (tmp_path / "model.gin").write_text(LM + f"DecoderOnlyConfig.mlp_activations = ({name!r},)\n")
+  with pytest.raises(ValueError, match=f"unknown MLP activation '{name}': use one of linear, "
+                     "relu, gelu"):
+    read_model_gin(str(tmp_path))
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
+  (tmp_path / "model.gin").write_text("\ufeff" + LM, encoding="utf-8")
+  assert read_model_gin(str(tmp_path)).emb_dim == 8
