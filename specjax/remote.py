@@ -312,10 +312,7 @@ def write_objects(outputs: Mapping[str, bytes], what: str = "the output") -> Non
 def delete(url: str, what: str = "the object") -> None:
   """Removes the object `url` (nothing if it is not there)."""
   bucket, key = split(url, what)
-  ts = _ts()
-  wait(_bucket_store(bucket).delete_range(ts.KvStore.KeyRange(inclusive_min=key,
-                                                               exclusive_max=key + "\x00")),
-       url, f"delete {what}")
+  wait(_bucket_store(bucket).write(key, None), url, f"delete {what}")  # None: delete
 
 
 def check_destination(url: str, what: str) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 from typing import Dict, Iterator, Optional
 
 ENDPOINT_ENV = ("TENSORSTORE_GCS_HTTP_URL", "STORAGE_EMULATOR_HOST")
@@ -31,7 +32,8 @@ def _serving_thread():
   """The emulator's server thread, serving each connection on a thread of its own from a
   listen backlog of 128. The emulator's own serves one connection at a time from a backlog of
   5: tensorstore's concurrent connections then wait for one another, and connections past the
-  backlog for a SYN retry (about 1 s each), which no real GCS endpoint does."""
+  backlog for a SYN retry (about 1 s each), which no real GCS endpoint does. Requests are still
+  handled one at a time."""
   from functools import partial  # pylint: disable=import-outside-toplevel
   from http import server as http_server  # pylint: disable=import-outside-toplevel
   from gcp_storage_emulator import server as emulator_server  # pylint: disable=import-outside-toplevel
@@ -40,13 +42,49 @@ def _serving_thread():
     request_queue_size = 128
     daemon_threads = True
 
+  lock = threading.Lock()  # its in-memory store is not safe for concurrent requests
+
+  class Handler(emulator_server.RequestHandler):
+    pass
+  for method in ("do_GET", "do_POST", "do_PUT", "do_PATCH", "do_DELETE", "do_HEAD"):
+    if hasattr(emulator_server.RequestHandler, method):
+      def locked(self, _name=method):
+        with lock:
+          getattr(emulator_server.RequestHandler, _name)(self)
+      setattr(Handler, method, locked)
+
   class Thread(emulator_server.APIThread):
     def run(self):
-      self._httpd = Threaded((self._host, self._port),
-                             partial(emulator_server.RequestHandler, self._storage))
+      self._httpd = Threaded((self._host, self._port), partial(Handler, self._storage))
       self.is_running.set()
       self._httpd.serve_forever()
   return Thread
+
+
+def _send_generations() -> None:
+  """Makes the emulator's object downloads carry `x-goog-generation`, as GCS's do (the emulator
+  leaves it out): tensorstore's OCDBT driver reads an object's generation to check that the
+  database did not change under it, and fails with 'Malformed StorageGeneration' without it."""
+  from gcp_storage_emulator import server as emulator_server  # pylint: disable=import-outside-toplevel
+  from gcp_storage_emulator.handlers import objects  # pylint: disable=import-outside-toplevel
+
+  original = objects.download
+  if getattr(original, "adds_generation", False):
+    return
+
+  def download(request, response, storage, *args, **kwargs):
+    original(request, response, storage, *args, **kwargs)
+    try:
+      obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+    except Exception:  # pylint: disable=broad-except  (a missing object: already a 404)
+      return
+    response["x-goog-generation"] = obj["generation"]
+    response["x-goog-metageneration"] = obj.get("metageneration", "1")
+  download.adds_generation = True
+  objects.download = download  # `get` with alt=media calls it by this name
+  for _, handlers in emulator_server.HANDLERS:
+    if handlers.get("GET") is original:
+      handlers["GET"] = download
 
 
 class Emulator:
@@ -59,6 +97,7 @@ class Emulator:
 
   def __init__(self, buckets=("specjax-test",)):
     from gcp_storage_emulator.server import create_server  # pylint: disable=import-outside-toplevel
+    _send_generations()
     logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)  # "not found" is an answer
     self.port = free_port()
     self.url = f"http://127.0.0.1:{self.port}"
