@@ -194,25 +194,14 @@ def cached() -> Iterator[None]:
 
 
 def prefetch(urls: Iterable[str], limit: int, what: str) -> None:
-  """Reads the objects `urls` (each at most `limit` bytes) concurrently into the `cached()`
-  block's store, so `read_bytes` finds them; no-op outside one."""
+  """Reads the objects `urls` whole, concurrently, into the `cached()` block's store, so
+  `read_bytes` finds those of at most `limit` bytes; no-op outside one. For objects that a
+  reader fetches whole anyway (tensorstore reads an array's .zarray whole when it opens it)."""
   if _cache is None:
     return
-  urls = [u for u in urls if u not in _cache.objects]
-  heads = [(u, _bucket_store(split(u, what)[0]).read(split(u)[1], byte_range=slice(0, limit + 1)))
-           for u in urls]
-  full = []
-  for url, future in heads:
-    try:
-      result = wait(future, url, f"read {what}")
-    except ValueError as e:
-      if "OUT_OF_RANGE" not in str(e):
-        raise
-      full.append((url, _bucket_store(split(url)[0]).read(split(url)[1])))
-      continue
-    if result.state == "value":
-      raise ValueError(f"{what} {url} is more than the {_size(limit)} accepted")
-  for url, future in full:
+  pending = [(u, _bucket_store(split(u, what)[0]).read(split(u)[1]))
+             for u in urls if u not in _cache.objects]
+  for url, future in pending:
     result = wait(future, url, f"read {what}")
     if result.state == "value" and len(result.value) <= limit:
       _cache.objects[url] = bytes(result.value)

@@ -109,6 +109,21 @@ def test_a_vocabulary_and_a_model_gin_with_its_include_from_the_bucket(gcs, tmp_
     read_model_gin(f"{BUCKET}/gin2")
 
 
+def test_an_input_file_and_a_cost_table_in_the_bucket(gcs):
+  from specjax.app.plan import cost_table_file  # pylint: disable=import-outside-toplevel
+  from specjax.data.inputs import read_input_file  # pylint: disable=import-outside-toplevel
+  remote.write_objects({f"{BUCKET}/in.txt": "Hello world\n\nA b c\n".encode()})
+  assert read_input_file(f"{BUCKET}/in.txt") == ["Hello world", "A b c"]
+  with pytest.raises(ValueError, match=f"{BUCKET}/in.txt is more than the 8 bytes accepted"):
+    read_input_file(f"{BUCKET}/in.txt", limit=8)
+  with pytest.raises(FileNotFoundError, match=f"--input_file {BUCKET}/none.txt does not exist"):
+    read_input_file(f"{BUCKET}/none.txt")
+  assert cost_table_file(f"{BUCKET}/costs.json") is None  # written there after the run
+  remote.write_objects({f"{BUCKET}/costs.json": b"not json"})
+  with pytest.raises(ValueError, match=f"{BUCKET}/costs.json"):
+    cost_table_file(f"{BUCKET}/costs.json")
+
+
 def _copy(src: str, dst: str) -> None:
   for key in remote.list_folder(src):
     remote.write_objects({f"{dst}/{key}": files.read_bytes(f"{src}/{key}", 2**30, "x")})
