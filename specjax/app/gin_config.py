@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import gin
 
-from specjax.app import bundled
+from specjax.app import bundled, gin_remote
 from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
 from specjax.draft import DynamicTree, StaticTree
 from specjax.models import DecoderOnlyConfig, FeatureHeadConfig, T5Config
@@ -70,6 +70,7 @@ for _obj, _module in ((T5Config, "specjax.models"), (DecoderOnlyConfig, "specjax
                       (Partitioner, "specjax.runtime.sharding"), (beam_search, "specjax.decode"),
                       (speculative_beam_search, "specjax.decode")):
   register(_obj, _module)
+gin_remote.register()  # gs:// gin files and search paths, read in place
 # Token-tree shapes: `@specjax.draft.tree_spines()` with `tree_spines.lengths = (12, 2, 1)`,
 # `tree_paths.paths`, `tree_branching.branching`, or `@specjax.draft.DynamicTree()`.
 for _obj, _name in ((StaticTree.from_spines, "tree_spines"), (StaticTree.from_paths, "tree_paths"),
@@ -117,11 +118,11 @@ def resolve(path: str, paths: Sequence[str]) -> str:
   'bundled:PAIR/ROLE' names the model.gin of a shipped model (`specjax.app.bundled`).
   """
   path = bundled.resolve(path, "model")
-  if os.path.isabs(path) and os.path.exists(path):
+  if (os.path.isabs(path) or path.startswith("gs://")) and gin_remote.exists(path):
     return _a_file(path)
   for base in paths:
     candidate = os.path.join(base, path)
-    if os.path.exists(candidate):
+    if gin_remote.exists(candidate):
       return _a_file(candidate)
   raise FileNotFoundError(f"gin file '{path}' not found on search paths {list(paths)}")
 
@@ -195,7 +196,7 @@ def run_files(gin_files: Sequence[str], default: str, paths: Sequence[str] = ())
   expects of a settings file, instead of replacing it with a run that has no inputs.
   """
   all_paths = search_paths(paths)
-  run_file = os.path.realpath(resolve(RUN_FILE, all_paths))
+  run_file = gin_remote.real(resolve(RUN_FILE, all_paths))
   if any(run_file in _included(resolve(f, all_paths), all_paths) for f in gin_files):
     return list(gin_files)
   return [default, *gin_files]
@@ -204,11 +205,11 @@ def run_files(gin_files: Sequence[str], default: str, paths: Sequence[str] = ())
 def _included(path: str, paths: Sequence[str], seen: Tuple[str, ...] = ()) -> Set[str]:
   """The real paths of `path` and of every gin file it includes, transitively. An include
   that cannot be found is skipped here: parsing the file reports it."""
-  real = os.path.realpath(path)
+  real = gin_remote.real(path)
   if real in seen:
     return set()
   found = {real}
-  for match in map(_INCLUDE.match, Path(path).read_text(encoding="utf-8").splitlines()):
+  for match in map(_INCLUDE.match, gin_remote.read_text(path).splitlines()):
     if match:
       try:
         found |= _included(resolve(match.group(1), paths), paths, (*seen, real))
@@ -367,7 +368,7 @@ def _token_error_site(files: Sequence[str], bindings: Sequence[str], paths: Sequ
   for path in files:
     if path in seen:
       continue
-    text = Path(path).read_text(encoding="utf-8")
+    text = gin_remote.read_text(path)
     problem = _unbalanced(text)
     if problem:
       return f"'{path}' ({problem})"
@@ -414,7 +415,7 @@ def _resolver(paths: Sequence[str]):
   def find(name: str, including: Optional[str]) -> str:
     if including is not None and not os.path.isabs(name):
       beside = os.path.join(os.path.dirname(including), name)
-      if os.path.isfile(beside):
+      if gin_remote.is_file(beside):
         return beside
     return resolve(name, paths)
   return find
