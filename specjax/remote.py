@@ -94,9 +94,10 @@ def _positive(name: str, default, kind, zero: bool = False):
 
 
 def context() -> Dict[str, Any]:
-  """The tensorstore context of every gs:// request: bounded retries with backoff."""
+  """The tensorstore context of every gs:// request: bounded retries with backoff (its
+  max_retries counts attempts)."""
   _configure_transport()
-  return {"gcs_request_retries": {"max_retries": max(retries(), 1), "initial_delay": "0.2s",
+  return {"gcs_request_retries": {"max_retries": retries() + 1, "initial_delay": "0.2s",
                                   "max_delay": "5s"}}
 
 
