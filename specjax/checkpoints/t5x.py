@@ -158,7 +158,8 @@ def find_checkpoint(path: str) -> CheckpointLocation:
   folders such as `checkpoint_N.tmp-...` are ignored, and a crashed overwrite
   is read from the previous checkpoint it set aside (`list_checkpoint_dirs`).
 
-  A gs:// path is resolved the same way, in place (`_find_remote`).
+  A gs:// URL is resolved the same way, in place (no crashed saves are looked for: specjax
+  writes no checkpoints there).
 
   Raises:
     FileNotFoundError: `path` does not exist or holds no checkpoint.
@@ -455,7 +456,8 @@ def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
 
   Args:
     path: a model folder (the highest `checkpoint_N` is used), a
-      `checkpoint_N` folder, its `checkpoint` file, or an Orbax item folder.
+      `checkpoint_N` folder, its `checkpoint` file, or an Orbax item folder; local, or a
+      gs:// URL read in place (docs/checkpoints.md, "Checkpoints in Google Cloud Storage").
     dtype: None keeps the stored dtypes; otherwise floating-point arrays are
       cast to it (e.g. 'float32', 'bfloat16'); integer arrays are kept.
 
