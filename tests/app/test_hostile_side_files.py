@@ -68,5 +68,5 @@ def test_hostile_cost_tables_and_input_files_are_named(tmp_path, monkeypatch):
       "specjax: error: cannot read --input_file gs://bucket/prompts.txt: the storage server "
       "cannot be reached")
   assert len(results[4][1]) == 1 and results[4][1][0].startswith(
-      "specjax: error: cannot look up gs://bucket/t5_xxl/") and "cannot be reached" in \
+      "specjax: error: cannot look up gs://bucket/t5_xxl") and "cannot be reached" in \
       results[4][1][0]
