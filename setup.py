@@ -49,7 +49,10 @@ setup(
         # Compiling for GPUs and TPUs on a host without them: JAX's CUDA 13 plugin without
         # NVIDIA's libraries (cuda13-local) and libtpu, each pinned by JAX to its own release.
         "aot": ["jax[cuda13-local,tpu]" + JAX_RANGE],
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "orbax-checkpoint>=0.11"],
+        # gcp-storage-emulator: a GCS API server on 127.0.0.1 for the gs:// tests (gs:// itself
+        # needs nothing beyond tensorstore).
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "orbax-checkpoint>=0.11",
+                 "gcp-storage-emulator>=2026.7"],
         "seqio": ["seqio>=0.0.19", "sacrebleu>=2.4"],
         "experiments": ["matplotlib>=3.8", "sacrebleu>=2.4", "nbclient>=0.10", "nbformat>=5.10",
                         "ipykernel>=6.29"],

@@ -11,7 +11,11 @@ O_EXCL | O_NOFOLLOW (never through a link planted there, never onto a FIFO), fsy
 renamed into place, so a destination is its old content or the whole new one (never torn
 by a full disk or a file size limit), and a symlink under the destination's name is
 replaced, not followed. `check_destination` refuses such a name (a link, a folder) before
-the work that produces the output. A remote URL (gs://...) is refused with one line.
+the work that produces the output.
+
+A gs:// URL is read and written in place through `specjax.remote` (imported only then): an
+object of at most `limit` bytes, an output uploaded whole (it appears only once complete).
+Other remote URLs (s3://, http://, ...) are refused with one line.
 """
 from __future__ import annotations
 
@@ -39,6 +43,16 @@ def _kind(mode: int) -> str:
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+def is_remote(path: Any) -> bool:
+  """Whether `path` is a gs:// URL (read and written through `specjax.remote`)."""
+  return isinstance(path, (str, os.PathLike)) and os.fspath(path).startswith("gs://")
+
+
+def _remote():
+  from specjax import remote  # pylint: disable=import-outside-toplevel
+  return remote
+
+
 def check_local(path: Any, what: str) -> str:
   """`path` as a str; ValueError if it is a remote URL (gs://, s3://, http://, ...), which
   this code reads and writes only through the local file system."""
@@ -46,6 +60,19 @@ def check_local(path: Any, what: str) -> str:
   if isinstance(path, str) and _REMOTE.match(path):
     raise ValueError(f"{what} {path} is a remote path; remote paths are not supported here "
                      "(copy it to a local or mounted folder first)")
+  return path
+
+
+def check_path(path: Any, what: str) -> str:
+  """`path` as a str; ValueError if it is a remote URL other than gs:// (s3://, http://,
+  ...): a gs:// URL or a local path is read in place."""
+  path = os.fspath(path)
+  if is_remote(path):
+    _remote().split(path, what)
+    return path
+  if isinstance(path, str) and _REMOTE.match(path):
+    raise ValueError(f"{what} {path} is a remote path that is not gs://; only gs:// URLs and "
+                     "local paths are read (copy it to a local folder first)")
   return path
 
 
@@ -69,7 +96,9 @@ def read_bytes(path: str, limit: int, what: str) -> bytes:
     ValueError: `path` is a FIFO, device, socket or folder, or larger than `limit`.
     OSError: it cannot be opened (missing, no permission); the message names it.
   """
-  check_local(path, what)
+  if is_remote(path):
+    return _remote().read_bytes(os.fspath(path), limit, what)
+  check_path(path, what)
   fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once instead of waiting
   st = os.fstat(fd)
   if not stat.S_ISREG(st.st_mode):  # checked before fdopen, which names a folder by its fd
@@ -117,9 +146,12 @@ def read_json(path: str, limit: int, what: str) -> Any:
 
 
 def check_destination(path: str, what: str) -> None:
-  """ValueError naming `path` if an output cannot replace it: a remote URL, a symlink or a
-  folder."""
-  check_local(path, what)
+  """ValueError naming `path` if an output cannot replace it: a remote URL other than gs://,
+  a symlink or a folder (a gs:// folder prefix)."""
+  if is_remote(path):
+    _remote().check_destination(os.fspath(path), what)
+    return
+  check_path(path, what)
   if os.path.islink(path):
     raise ValueError(f"{what} {path} is a symlink; refusing to write through it (remove it)")
   if os.path.isdir(path):
@@ -144,10 +176,15 @@ def write_atomic(outputs: Mapping[str, bytes]) -> None:
   """Writes {path: bytes}: every file under a temporary name first (O_EXCL | O_NOFOLLOW,
   fsynced), then each renamed into place, so a failure leaves every destination as it was.
 
+  A gs:// destination is uploaded whole (`specjax.remote.write_objects`), after the local
+  ones are in place.
+
   Raises:
-    ValueError: a destination is a remote URL or a folder.
+    ValueError: a destination is a remote URL other than gs://, or a folder.
     OSError: naming the destination that could not be written (its temporary is removed).
   """
+  uploads = {os.fspath(p): v for p, v in outputs.items() if is_remote(p)}
+  outputs = {p: v for p, v in outputs.items() if not is_remote(p)}
   done = {}
   try:
     for path, payload in outputs.items():
@@ -173,6 +210,8 @@ def write_atomic(outputs: Mapping[str, bytes]) -> None:
     for tmp in done.values():
       with contextlib.suppress(OSError):
         os.unlink(tmp)  # a temporary not renamed into place
+  if uploads:
+    _remote().write_objects(uploads)
 
 
 def write_file(path: Union[str, "os.PathLike[str]"], data: Union[bytes, str]) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import gin
 
-from specjax.app import bundled, gin_files
+from specjax.app import bundled, gin_files, gin_remote
 from specjax.app.gin_files import GIN_DIR, GinFiles
 from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
 from specjax.draft import DynamicTree, StaticTree
@@ -109,13 +109,13 @@ def resolve(path: str, paths: Sequence[str]) -> str:
   paths is refused, naming both: a file specjax ships is never shadowed.
   """
   path = bundled.resolve(path, "model")
-  if os.path.isabs(path):
-    if os.path.exists(path):
+  if os.path.isabs(path) or path.startswith("gs://"):
+    if gin_remote.exists(path):
       return _a_file(path)
     raise FileNotFoundError(f"gin file '{path}' not found")
   found = [os.path.join(base, path) for base in paths
-           if os.path.exists(os.path.join(base, path))]
-  real = list(dict.fromkeys(os.path.realpath(f) for f in found))
+           if gin_remote.exists(os.path.join(base, path))]
+  real = list(dict.fromkeys(gin_remote.real(f) for f in found))
   if len(real) > 1 and any(gin_files.shipped(f) for f in real):
     ours = next(f for f in real if gin_files.shipped(f))
     other = next(f for f in real if not gin_files.shipped(f))
@@ -400,7 +400,7 @@ def _token_error_site(files: Sequence[str], bindings: Sequence[str], paths: Sequ
   for name in files:
     try:
       path = reader.locate(name)
-      if os.path.realpath(path) in reader.chain:
+      if gin_remote.real(path) in reader.chain:
         continue
       text = reader.text(path)
     except (OSError, ValueError):
@@ -409,7 +409,7 @@ def _token_error_site(files: Sequence[str], bindings: Sequence[str], paths: Sequ
     if problem:
       return f"'{path}' ({problem})"
     includes = [m.group(1) for m in map(gin_files.INCLUDE.match, text.splitlines()) if m]
-    reader.chain.append(os.path.realpath(path))
+    reader.chain.append(gin_remote.real(path))
     try:
       inner = _token_error_site(includes, (), paths, reader)
     finally:
@@ -455,7 +455,7 @@ def _resolver(paths: Sequence[str]):
       return resolve(name, [str(GIN_DIR)])  # a file specjax ships includes its own files
     if including is not None and not os.path.isabs(name):
       beside = os.path.join(os.path.dirname(including), name)
-      if os.path.isfile(beside):
+      if gin_remote.is_file(beside):
         return beside
     return resolve(name, paths)
   return find

@@ -30,6 +30,7 @@ from typing import Iterator, List, Optional, Sequence, Set
 import gin
 
 from specjax import files
+from specjax.app import gin_remote
 
 
 def _gin_dir() -> Path:
@@ -61,12 +62,14 @@ def within(root: str, path: str) -> bool:
 
 def shipped(path: str) -> bool:
   """Whether `path` is one of the gin files specjax ships."""
-  return within(os.path.realpath(GIN_DIR), os.path.realpath(path))
+  return not files.is_remote(path) and within(os.path.realpath(GIN_DIR), os.path.realpath(path))
 
 
 def check_search_paths(paths: Sequence[str]) -> List[str]:
   """`paths` if each is an existing folder; ValueError naming the first that is not."""
   for path in paths:
+    if files.is_remote(path):
+      continue  # a bucket's folder is a prefix: an include under it that is missing is named
     if not os.path.isdir(path):
       what = "does not exist" if not os.path.exists(path) else "is not a folder"
       raise ValueError(f"--gin_search_paths: {path} {what} (a folder of model gin files)")
@@ -90,7 +93,7 @@ def locate(name: str, including: Optional[str] = None,
   if including is not None and shipped(including):
     candidates = [] if os.path.isabs(name) else [os.path.join(GIN_DIR, name)]
     where = f"specjax's gin files ({GIN_DIR}), where a file specjax ships finds its includes"
-  elif os.path.isabs(name):
+  elif os.path.isabs(name) or files.is_remote(name):
     candidates, where = [name], "that path"
   else:
     beside = [] if including is None else [os.path.join(os.path.dirname(including), name)]
@@ -99,8 +102,9 @@ def locate(name: str, including: Optional[str] = None,
         f"in the working folder ({os.getcwd()}) or among specjax's gin files ({GIN_DIR})")
   found: List[str] = []
   for candidate in candidates:
-    if os.path.lexists(candidate) and os.path.realpath(candidate) not in map(
-        os.path.realpath, found):
+    present = (gin_remote.exists(candidate) if files.is_remote(candidate)
+               else os.path.lexists(candidate))
+    if present and gin_remote.real(candidate) not in map(gin_remote.real, found):
       found.append(candidate)
   by = f" (included by {including})" if including else ""
   if len(found) > 1:
@@ -112,6 +116,8 @@ def locate(name: str, including: Optional[str] = None,
             "(read, never run): pass a run file by its path") if hint else ""
     raise FileNotFoundError(f"gin file '{name}'{by} not found {where}{also}")
   path = found[0]
+  if files.is_remote(path):
+    return path  # an object, read whole within the size bound by `GinFiles.text`
   if os.path.isdir(path):
     raise IsADirectoryError(f"gin file '{path}' is a folder, not a gin file (a trained model "
                             "folder's config is its model.gin)")
@@ -136,7 +142,7 @@ class GinFiles:
 
   def text(self, path: str) -> str:
     """The text of `path` (a located file), counted against the parse's bounds."""
-    real = os.path.realpath(path)
+    real = gin_remote.real(path)
     if real in self.chain:
       cycle = [*self.chain[self.chain.index(real):], real]
       raise ValueError("gin include cycle: " + " -> ".join(cycle))
@@ -166,7 +172,7 @@ class GinFiles:
     path = self.locate(name)
     handle = io.StringIO(self.text(path))
     handle.name = path  # gin names the file in its syntax errors
-    self.chain.append(os.path.realpath(path))
+    self.chain.append(gin_remote.real(path))
     try:
       yield handle
     finally:
@@ -200,7 +206,7 @@ class GinFiles:
       if self.chain:
         return set()
       raise
-    real = os.path.realpath(path)
+    real = gin_remote.real(path)
     if real in self.chain:
       return set()  # a cycle: the parse names it
     found = {real}

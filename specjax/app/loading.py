@@ -67,14 +67,19 @@ def _is_bundled(checkpoint: Any) -> bool:
 
 def model_gin_vocabulary(named: Optional[Dict[str, Any]]) -> Tuple[Any, str]:
   """(the vocabulary a target's model gin file names, or None; why not, or ''): `named` is
-  its `seqio.SentencePieceVocabulary` fields (`gin_config.model_vocabulary`). Only a local
-  SentencePiece model file of at most VOCABULARY_BYTES is read (a T5X base.gin names
-  gs://t5-data/..., which is not)."""
+  its `seqio.SentencePieceVocabulary` fields (`gin_config.model_vocabulary`). A local or
+  gs:// SentencePiece model of at most VOCABULARY_BYTES is read (a T5X base.gin names
+  gs://t5-data/vocabs/..., read in place)."""
   if not named:
     return None, ""
   path = named["sentencepiece_model_file"]
+  if files.is_remote(path):
+    try:
+      return Vocab(path, extra_ids=named["extra_ids"]), ""
+    except (OSError, ValueError, RuntimeError) as e:
+      return None, f"the target's model gin file names {path}, which cannot be read ({e})"
   if "://" in path:
-    return None, f"the target's model gin file names {path}, which is not a local file"
+    return None, f"the target's model gin file names {path}, which is not a local or gs:// file"
   try:
     files.check_regular(os.path.expanduser(path), "the model gin file's vocabulary")
     if os.path.getsize(os.path.expanduser(path)) > VOCABULARY_BYTES:

@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import jax
 
+from specjax import files
 from specjax.app import bundled, gin_config, prompts, records
 from specjax.app.loading import (check_attention_backend, check_checkpoints, check_models,
                                  job_vocabulary)
@@ -49,6 +50,15 @@ def prepare_output_dir(output_dir: Optional[str]) -> None:
   if not isinstance(output_dir, (str, os.PathLike)):
     raise ValueError(f"output_dir must be a folder path (or None), got {output_dir!r}")
   probe = os.path.join(output_dir, ".specjax_write_test")
+  if files.is_remote(output_dir):  # a bucket folder: a probe object written and removed
+    from specjax import remote  # pylint: disable=import-outside-toplevel
+    try:
+      remote.write_objects({probe: b"ok"})
+      remote.delete(probe)
+    except (OSError, ValueError) as e:
+      raise ValueError(f"output_dir '{output_dir}' is not writable: {e}") from e
+    records.check_destinations(output_dir)
+    return
   try:
     os.makedirs(output_dir, exist_ok=True)
     with open(probe, "w", encoding="utf-8") as f:
@@ -63,6 +73,9 @@ def cost_table_file(path: Optional[str]) -> Optional[CostTable]:
   """The saved table at `path` if it exists (checked before any model loads), else None."""
   if not path:
     return None
+  if files.is_remote(path):  # read in place when it is there; saved there after the run
+    from specjax import remote  # pylint: disable=import-outside-toplevel
+    return CostTable.load(path) if remote.exists(path) else None
   if os.path.exists(path):
     return CostTable.load(path)
   folder = os.path.dirname(path) or "."

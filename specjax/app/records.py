@@ -94,6 +94,12 @@ def check_destinations(output_dir: str) -> None:
   for name in OUTPUT_FILES:
     files.check_destination(os.path.join(output_dir, name), "the output file")
   earlier = os.path.join(output_dir, EARLIER)
+  if files.is_remote(output_dir):
+    from specjax import remote  # pylint: disable=import-outside-toplevel
+    if remote.exists(earlier):
+      raise ValueError(f"{earlier} is an object, not a folder: it is where an earlier run's "
+                       "results are kept; move it away")
+    return
   if os.path.islink(earlier) or (os.path.lexists(earlier) and not os.path.isdir(earlier)):
     raise ValueError(f"{earlier} is not a folder (a link or a file): it is where an earlier "
                      "run's results are kept; move it away")
@@ -131,21 +137,56 @@ def write(output_dir: str, records: List[Dict[str, Any]], summary: Dict[str, Any
   run's pair is first moved to `earlier/` (`keep_earlier`), then both are written under
   temporary names and renamed into place; on a failure (a full disk, a file size limit) the
   earlier pair is moved back, so nothing changes; the error names the file. Runs writing
-  one folder at once take turns (`writing`), so none loses another's results. Returns the
-  folder the earlier pair went to, or None."""
+  one local folder at once take turns (`writing`), so none loses another's results. Returns
+  the folder the earlier pair went to, or None."""
+  results = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
+  outputs = {os.path.join(output_dir, OUTPUT_FILES[0]): results.encode("utf-8"),
+             os.path.join(output_dir, OUTPUT_FILES[1]):
+                 json.dumps(summary, indent=1).encode("utf-8")}
+  if files.is_remote(output_dir):
+    return _write_remote(output_dir, outputs)
   os.makedirs(output_dir, exist_ok=True)
   check_destinations(output_dir)
-  results = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
   with writing(output_dir):
     kept = keep_earlier(output_dir)
     try:
-      files.write_atomic({os.path.join(output_dir, OUTPUT_FILES[0]): results.encode("utf-8"),
-                          os.path.join(output_dir, OUTPUT_FILES[1]):
-                              json.dumps(summary, indent=1).encode("utf-8")})
+      files.write_atomic(outputs)
     except BaseException:
       if kept:  # the earlier pair goes back where it was: a failed run changes nothing
         _put_back(kept, output_dir)
       raise
+  return kept
+
+
+def _write_remote(output_dir: str, outputs: Dict[str, bytes]) -> Optional[str]:
+  """`write` into a gs:// folder: an earlier run's objects are first copied whole to
+  `earlier/<when they were kept>/`, then each output is uploaded whole (results first,
+  summary last); on a failure the earlier objects are written back (a bucket has no renames:
+  each object is its old content or the whole new one)."""
+  from specjax import remote  # pylint: disable=import-outside-toplevel
+  check_destinations(output_dir)
+  old = {}
+  for path in outputs:
+    if remote.exists(path):
+      old[path] = files.read_bytes(path, 2**40, "the earlier output")
+  kept = None
+  if old:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    taken = remote.children(os.path.join(output_dir, EARLIER))
+    name = next(f"{stamp}-{i}" if i > 1 else stamp for i in range(1, 1000)
+                if (f"{stamp}-{i}" if i > 1 else stamp) not in taken)
+    kept = os.path.join(output_dir, EARLIER, name)
+    remote.write_objects({os.path.join(kept, os.path.basename(p)): v for p, v in old.items()})
+  try:
+    remote.write_objects(outputs)
+  except BaseException:
+    for path in outputs:  # best effort: the server may be gone
+      with contextlib.suppress(OSError, ValueError):
+        if path in old:
+          remote.write_objects({path: old[path]})
+        else:
+          remote.delete(path)
+    raise
   return kept
 
 

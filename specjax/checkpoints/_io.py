@@ -37,6 +37,7 @@ import numpy as np
 import tensorstore as ts
 
 from specjax import files
+from specjax.checkpoints import _paths
 from specjax.checks import is_int
 from specjax.params import check_params_match, unflatten
 
@@ -310,7 +311,7 @@ SPECJAX_MAX_ARRAY_BYTES says otherwise (mT5-XXL's largest is 4 GiB)."""
 DEFLATE_MAX_RATIO = 1032
 """Deflate (gzip, zlib) cannot shrink data more than 1032:1 (258 bytes per 2 bits)."""
 _MAX_RATIO = {None: 1, "gzip": DEFLATE_MAX_RATIO, "zlib": DEFLATE_MAX_RATIO}
-METADATA_BYTES = 256 * files.MIB
+METADATA_BYTES = _paths.METADATA_BYTES
 """Largest JSON metadata file read (.zarray, Orbax _METADATA)."""
 
 
@@ -367,6 +368,12 @@ def safe_join(root: str, rel: Any, name: str, where: str) -> str:
       or os.path.isabs(rel) or rel.startswith(("/", "\\")) or "://" in rel):
     raise ValueError(f"{where}: parameter '{name}' has an array path {rel!r} "
                      "that is not a relative path inside the checkpoint folder")
+  if _paths.is_remote(root):
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if ".." in parts or not parts:
+      raise ValueError(f"{where}: parameter '{name}' has an array path {rel!r} "
+                       "that escapes the checkpoint folder")
+    return "/".join([root.rstrip("/")] + parts)
   root_n = os.path.normpath(os.path.abspath(root))
   full = os.path.normpath(os.path.join(root_n, rel))
   if full == root_n or os.path.commonpath([root_n, full]) != root_n:
@@ -386,7 +393,10 @@ def check_inside(root: str, path: str, what: str, where: str) -> str:
     root: the checkpoint folder (itself may be a symlink).
     path: a file or folder inside it that is about to be read.
     what: how to name `path` in the message (e.g. "the array of parameter 'x'").
+  A gs:// path has no symlinks: it is returned as it is.
   """
+  if _paths.is_remote(path):
+    return path
   root_real, real = os.path.realpath(root), os.path.realpath(path)
   if not _within(root_real, real):
     raise ValueError(f"{where}: {what} ({path}) is a symlink to {real}, outside "
@@ -399,8 +409,10 @@ def scan_files(root: str, folder: str, what: str, where: str) -> set:
 
   Every symlink met on the way must resolve inside `root` (the checkpoint
   folder), and every file must be a regular one, else ValueError naming it;
-  symlinked folders are scanned once.
+  symlinked folders are scanned once. A gs:// folder's objects are listed.
   """
+  if _paths.is_remote(folder):
+    return _paths.list_files(folder, what)
   root_real = os.path.realpath(root)
   start = check_inside(root, folder, what, where)
   found, seen, stack = set(), {start}, [(folder, "")]
@@ -520,12 +532,16 @@ def check_zarr_folder(root: str, folder: str, name: str, where: str,
   Raises ValueError naming the parameter.
   """
   what = f"the array of parameter '{name}'"
-  if not os.path.isdir(folder):
+  remote = _paths.is_remote(folder)
+  if not remote and not os.path.isdir(folder):
     raise ValueError(f"{where}: {what} is missing (no folder {folder})")
   check_inside(root, folder, what, where)
   zarray_path = os.path.join(folder, ".zarray")
   zarray = None
-  if os.path.lexists(zarray_path):
+  present = scan_files(root, folder, what, where) if remote else None
+  if remote and not present:
+    raise ValueError(f"{where}: {what} is missing (no object below {folder}/)")
+  if (".zarray" in present) if remote else os.path.lexists(zarray_path):
     check_inside(root, zarray_path, f"the .zarray of parameter '{name}'", where)
     try:
       zarray = json.loads(files.read_bytes(zarray_path, METADATA_BYTES, "the .zarray file"))
@@ -543,19 +559,22 @@ def check_zarr_folder(root: str, folder: str, name: str, where: str,
                      f"{tuple(zshape) if int_list(zshape) else zshape!r} "
                      f"but {shape_source} {tuple(shape)} ({zarray_path})")
   if "shape" not in meta:  # nothing to check the chunks against: tensorstore says why
-    scan_files(root, folder, what, where)
+    if not remote:
+      scan_files(root, folder, what, where)
     return zarray
   chunks = meta.get("chunks", zshape)
   grid = chunk_grid(zshape, chunks, name, where)
   itemsize = _itemsize(meta.get("dtype", dtype))
   check_bytes(zshape, chunks, meta.get("dtype", dtype), name, where)
-  present = scan_files(root, folder, what, where)
+  if not remote:
+    present = scan_files(root, folder, what, where)
   if not require_all_chunks:
     return zarray
   sep = meta.get("dimension_separator") or "."
   if sep not in (".", "/"):
     raise ValueError(f"{where}: {what} has an invalid dimension_separator {sep!r}")
-  min_size = _min_chunk_file(meta, math.prod(chunks) * itemsize)
+  # object sizes are not listed: a truncated remote chunk fails when it is decoded
+  min_size = 0 if remote else _min_chunk_file(meta, math.prod(chunks) * itemsize)
   missing = []
   for key in iter_chunk_keys(grid, sep):
     if key not in present:
@@ -619,7 +638,7 @@ def check_store(store: Any, r: ZarrRead, where: str) -> None:
 
 def open_arrays(reads: Sequence[ZarrRead], where: str) -> List[Any]:
   """Opens every array (metadata only), then checks each with `check_store`."""
-  context = ts.Context()
+  context = ts.Context(_paths.context([r.spec for r in reads]))
   opens = []
   for r in reads:
     kwargs = {"assume_metadata": True} if r.assume_metadata else {}

@@ -29,6 +29,7 @@ import tensorstore as ts
 
 from specjax import files
 from specjax.checkpoints import _io
+from specjax.checkpoints import _paths
 
 _ARRAY_TYPES = ("jax.Array", "np.ndarray", "scalar", None)
 _AGGREGATE_FILE = "checkpoint"
@@ -112,9 +113,8 @@ def _ocdbt_keys(item_dir: str, where: str) -> set:
   # Every file of the database must resolve inside the item folder.
   _io.scan_files(item_dir, item_dir, "the OCDBT database", where)
   try:
-    kv = ts.KvStore.open({"driver": "ocdbt",
-                          "base": {"driver": "file", "path": item_dir + "/"}}
-                         ).result()
+    kv = ts.KvStore.open({"driver": "ocdbt", "base": _paths.kvstore(item_dir)},
+                         context=ts.Context(_paths.context([item_dir]))).result()
     return {k.decode("utf-8", errors="replace") for k in kv.list().result()}
   except Exception as e:  # tensorstore raises ValueError and friends
     raise ValueError(f"{where}: cannot open the OCDBT database in {item_dir}: "
@@ -125,7 +125,7 @@ def _aggregate_value(item_dir: str, keys: Tuple[str, ...], name: str,
                      cache: Dict[str, Any], where: str) -> np.ndarray:
   path = os.path.join(item_dir, _AGGREGATE_FILE)
   if "tree" not in cache:
-    if not os.path.isfile(path):
+    if not _paths.is_file(path):
       raise ValueError(f"{where}: parameter '{name}' is stored in the "
                        f"aggregate file {path}, which is missing")
     _io.check_inside(item_dir, path, "the aggregate file", where)
@@ -156,7 +156,7 @@ def load_target(item_dir: str, where: str,
   inside `item_dir`, and with `expected` ({name: shape} of the model) names are
   checked before any array is opened and shapes before any chunk is read.
   """
-  item_dir = os.path.abspath(item_dir)
+  item_dir = _paths.absolute(item_dir)
   meta_path = os.path.join(item_dir, "_METADATA")
   _io.check_inside(item_dir, meta_path, "the Orbax _METADATA file", where)
   meta = _read_json(meta_path)
@@ -168,7 +168,7 @@ def load_target(item_dir: str, where: str,
   allow_missing = meta.get("store_array_data_equal_to_fill_value") is False
   driver = "zarr3" if use_zarr3 else "zarr"
   marker = "zarr.json" if use_zarr3 else ".zarray"
-  ocdbt = os.path.isfile(os.path.join(item_dir, "manifest.ocdbt"))
+  ocdbt = _paths.is_file(os.path.join(item_dir, "manifest.ocdbt"))
   if meta.get("use_ocdbt") is True and not ocdbt:
     raise ValueError(f"{where}: {meta_path} says the arrays are in an OCDBT database, but "
                      f"its manifest {os.path.join(item_dir, 'manifest.ocdbt')} is missing (or "
@@ -223,12 +223,11 @@ def _array_kvstore(item_dir: str, stored: str, name: str, marker: str,
     if f"{stored}/{marker}" not in present:
       raise ValueError(f"{where}: the array of parameter '{name}' is missing "
                        f"(no '{stored}/{marker}' in the OCDBT database)")
-    return {"driver": "ocdbt", "base": {"driver": "file", "path": item_dir + "/"},
-            "path": stored + "/"}
+    return {"driver": "ocdbt", "base": _paths.kvstore(item_dir), "path": stored + "/"}
   folder = _io.safe_join(item_dir, stored, name, where)
   what = f"the array of parameter '{name}'"
   if use_zarr3:
-    if not os.path.isfile(os.path.join(folder, marker)):
+    if not _paths.is_file(os.path.join(folder, marker)):
       raise ValueError(f"{where}: {what} is missing (no {os.path.join(folder, marker)})")
     _io.scan_files(item_dir, folder, what, where)
   elif _io.check_zarr_folder(item_dir, folder, name, where, {}, shape=want,
@@ -236,4 +235,4 @@ def _array_kvstore(item_dir: str, stored: str, name: str, marker: str,
                              require_all_chunks=not allow_missing) is None:
     raise ValueError(f"{where}: {what} is missing its metadata "
                      f"{os.path.join(folder, marker)}")
-  return {"driver": "file", "path": folder + "/"}
+  return _paths.kvstore(folder)

@@ -54,7 +54,7 @@ def load_t5x_sharded(path: str, shardings: Mapping[str, Any], *, dtype: Any = No
     from `expected`, or names from `shardings`.
   """
   cast = _io.resolve_dtype(dtype, "load_t5x_sharded")
-  where = check_path(path, "load_t5x_sharded")
+  where = check_path(path, "load_t5x_sharded", remote=True)
   shapes = None if expected is None else {
       name: tuple(np.shape(leaf)) for name, leaf in flatten(expected)}
   with snapshot(path, where) as location:  # every shard read from one save

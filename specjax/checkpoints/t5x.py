@@ -11,8 +11,10 @@ An array written through tensorstore is replaced in the msgpack by its
 tensorstore spec (`{'driver': 'zarr', 'dtype': 'bfloat16', 'kvstore': {'driver':
 'file', 'path': 'target.decoder...kernel/'}, 'metadata': {'chunks': [..],
 'compressor': {'id': 'gzip'}, 'shape': [..]}}`), its path relative to the
-checkpoint folder (`gfile` and `gcs` kvstores are read from the local folder the
-same way; tensorstore < 0.1.14 put `path` beside `kvstore`). Small arrays are
+checkpoint folder (`gfile` and `gcs` kvstores are read from the checkpoint's own
+folder the same way, local or gs://; tensorstore < 0.1.14 put `path` beside `kvstore`).
+A gs:// checkpoint is read in place: its arrays through tensorstore's `gcs` kvstore,
+its small files through `specjax.remote` (`specjax.checkpoints._paths`). Small arrays are
 inline msgpack extension values (flax: code 1 = numpy array, 3 = numpy scalar).
 
 Orbax format: `checkpoint_N/state/` (or `checkpoint_N/` itself, as older T5X
@@ -59,6 +61,7 @@ from specjax.checks import check_int
 from specjax.checkpoints import _commit
 from specjax.checkpoints import _io
 from specjax.checkpoints import _orbax
+from specjax.checkpoints import _paths
 from specjax.params import check_params_match, flatten, unflatten
 
 VERSION = 3
@@ -77,12 +80,12 @@ class CheckpointLocation:
 
 
 def _in_folder(folder: str) -> Optional[Tuple[str, str]]:
-  """The checkpoint stored directly in `folder`, if any."""
-  if os.path.isfile(os.path.join(folder, "state", "_METADATA")):
+  """The checkpoint stored directly in `folder` (local or gs://), if any."""
+  if _paths.is_file(os.path.join(folder, "state", "_METADATA")):
     return ORBAX, os.path.join(folder, "state")
-  if os.path.isfile(os.path.join(folder, "_METADATA")):
+  if _paths.is_file(os.path.join(folder, "_METADATA")):
     return ORBAX, folder  # T5X's rule: _METADATA beside `checkpoint` is Orbax
-  if os.path.isfile(os.path.join(folder, "checkpoint")):
+  if _paths.is_file(os.path.join(folder, "checkpoint")):
     return LEGACY, os.path.join(folder, "checkpoint")
   return None
 
@@ -155,11 +158,16 @@ def find_checkpoint(path: str) -> CheckpointLocation:
   folders such as `checkpoint_N.tmp-...` are ignored, and a crashed overwrite
   is read from the previous checkpoint it set aside (`list_checkpoint_dirs`).
 
+  A gs:// URL is resolved the same way, in place (no crashed saves are looked for: specjax
+  writes no checkpoints there).
+
   Raises:
     FileNotFoundError: `path` does not exist or holds no checkpoint.
-    ValueError: `path` is a FIFO, device or socket, or a remote URL (gs://...).
+    ValueError: `path` is a FIFO, device or socket, or a remote URL other than gs://.
   """
-  path = files.check_local(path, "the checkpoint path")
+  path = files.check_path(path, "the checkpoint path")
+  if _paths.is_remote(path):
+    return _find_remote(path.rstrip("/"))
   match = _STEP_DIR.fullmatch(os.path.basename(os.path.normpath(path)))
   if match and not (os.path.isdir(path) and _in_folder(path)):
     # checkpoint_N named directly, but an overwrite crashed between its renames.
@@ -188,6 +196,34 @@ def find_checkpoint(path: str) -> CheckpointLocation:
     return _located(folder, step)
   raise FileNotFoundError(
       f"no T5X checkpoint in {path}: expected a 'checkpoint' msgpack file, "
+      "'state/_METADATA' (Orbax) or checkpoint_N folders holding one")
+
+
+def _find_remote(path: str) -> CheckpointLocation:
+  """`find_checkpoint` of a gs:// URL: an object (the `checkpoint` file), a folder holding a
+  checkpoint, or a model folder (its highest complete `checkpoint_N`). A bucket holds no
+  unfinished saves of specjax's (it writes none there), so no leftovers are looked for."""
+  if _paths.is_file(path):
+    found = _in_folder(_paths.dirname(path))
+    if found is None or (found[0] == LEGACY and os.path.basename(path) != "checkpoint"):
+      found = (LEGACY, path)
+    return CheckpointLocation(found[0], found[1], _step_of(found[1]))
+  found = _in_folder(path)
+  if found is not None:
+    return CheckpointLocation(found[0], found[1], _step_of(found[1]))
+  from specjax import remote  # pylint: disable=import-outside-toplevel
+  names = remote.children(path)
+  if not names:
+    raise FileNotFoundError(f"checkpoint path does not exist: {path} (no object or folder of "
+                            f"that name, or no bucket {remote.split(path)[0]!r})")
+  steps = sorted(((int(m.group(1)), m.group(0)) for m in map(_STEP_DIR.fullmatch, names) if m),
+                 reverse=True)
+  for step, name in steps:
+    found = _in_folder(os.path.join(path, name))
+    if found is not None:
+      return CheckpointLocation(found[0], found[1], step)
+  raise FileNotFoundError(
+      f"no T5X checkpoint in {path}: expected a 'checkpoint' msgpack object, "
       "'state/_METADATA' (Orbax) or checkpoint_N folders holding one")
 
 
@@ -243,8 +279,7 @@ def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str, where: str,
                      else (expected, "the model config expects"))
   zarray = _io.check_zarr_folder(ckpt_dir, folder, name, where, meta,
                                  shape=checked, shape_source=source, dtype=dtype)
-  open_spec: Dict[str, Any] = {"driver": "zarr",
-                               "kvstore": {"driver": "file", "path": folder + "/"}}
+  open_spec: Dict[str, Any] = {"driver": "zarr", "kvstore": _paths.kvstore(folder)}
   if zarray is None:  # rebuild the array metadata from the msgpack's spec
     missing = [k for k in ("shape", "chunks", "compressor") if k not in meta]
     if dtype is None:
@@ -273,7 +308,9 @@ def load_legacy_target(ckpt_file: str, where: str,
   passes one that only opens them, to read per shard). With `expected` ({name: shape} of
   the model) names and shapes are checked before any array is opened.
   """
-  ckpt_dir = os.path.dirname(os.path.abspath(ckpt_file))
+  ckpt_dir = _paths.dirname(_paths.absolute(ckpt_file))
+  if _paths.is_remote(ckpt_dir):  # one listing and every .zarray at once, not one by one
+    _paths.prefetch_metadata(ckpt_dir, where)
   _io.check_inside(ckpt_dir, ckpt_file, "the checkpoint file", where)
   data = files.read_bytes(ckpt_file, _io.max_array_bytes(), "the checkpoint file")
   if data.startswith(b"model_checkpoint_path"):
@@ -356,7 +393,14 @@ def snapshot(path: str, where: str) -> Iterator[CheckpointLocation]:
   Raises:
     FileNotFoundError: as `find_checkpoint`.
     ValueError: saves kept replacing the checkpoint (_SNAPSHOT_TRIES times).
+
+  A gs:// checkpoint is not locked (a bucket has no locks; T5X writes a step once).
   """
+  if _paths.is_remote(path):
+    from specjax import remote  # pylint: disable=import-outside-toplevel
+    with remote.cached():
+      yield find_checkpoint(path)
+    return
   for attempt in range(_SNAPSHOT_TRIES):
     try:
       location = find_checkpoint(path)
@@ -412,7 +456,8 @@ def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
 
   Args:
     path: a model folder (the highest `checkpoint_N` is used), a
-      `checkpoint_N` folder, its `checkpoint` file, or an Orbax item folder.
+      `checkpoint_N` folder, its `checkpoint` file, or an Orbax item folder; local, or a
+      gs:// URL read in place (docs/checkpoints.md, "Checkpoints in Google Cloud Storage").
     dtype: None keeps the stored dtypes; otherwise floating-point arrays are
       cast to it (e.g. 'float32', 'bfloat16'); integer arrays are kept.
 
@@ -429,18 +474,20 @@ def load_t5x(path: str, *, dtype: Any = None) -> Dict[str, Any]:
   return _load(path, dtype, None)
 
 
-def check_path(path: Any, what: str) -> str:
+def check_path(path: Any, what: str, remote: bool = False) -> str:
   """os.fspath(path); ValueError naming `what` unless path is a non-empty str or PathLike of
-  the local file system (a gs:// URL is refused as remote)."""
+  the local file system, or (`remote`: where it is read) a gs:// URL."""
   if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
     raise ValueError(f"{what}: the checkpoint path must be a non-empty str or os.PathLike, "
                      f"got {path!r}")
+  if remote:
+    return files.check_path(path, f"{what}: the checkpoint path")
   return files.check_local(path, f"{what}: the checkpoint path")
 
 
 def _load(path: str, dtype: Any, model: Any) -> Dict[str, Any]:
   cast = _io.resolve_dtype(dtype, "load_t5x")
-  where = check_path(path, "load_t5x")
+  where = check_path(path, "load_t5x", remote=True)
   if model is not None and not callable(getattr(model, "param_shapes", None)):
     raise ValueError(f"load_t5x_for_model: model must be a specjax model (with param_shapes()), "
                      f"got {type(model).__name__}")

@@ -107,6 +107,8 @@ def resolve_vocabulary(spec: Any):
       if spec != BUNDLED:
         raise ValueError(f"unknown bundled vocabulary {spec!r}; the bundled one is {BUNDLED!r}")
       return load_vocab(DEFAULT_MODEL)
+    if spec.startswith("gs://"):
+      return load_vocab(spec)  # read in place
     path = Path(spec).expanduser()
     if path.is_dir():
       raise IsADirectoryError(f"VOCABULARY {spec} is a folder: name its SentencePiece model "

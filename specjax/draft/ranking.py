@@ -55,9 +55,14 @@ def load_token_ranking(folder: Any, vocab_size: int) -> Optional[np.ndarray]:
     0..V-1 (the wrong length included).
   """
   path = ranking_path(folder)
-  if not os.path.lexists(path):
+  if files.is_remote(path):  # an object has no links to follow
+    from specjax import remote  # pylint: disable=import-outside-toplevel
+    if not remote.exists(path):
+      return None
+  elif not os.path.lexists(path):
     return None
-  _check_inside(path)
+  else:
+    _check_inside(path)
   data = files.read_bytes(path, HEADER_BYTES + 8 * int(vocab_size), "the token ranking")
   ranking = _parse_npy(data, path)
   if ranking.shape != (vocab_size,) or not np.issubdtype(ranking.dtype, np.integer):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import posixpath
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from specjax import files
@@ -58,13 +59,26 @@ def model_gin_text(config: Any) -> str:
 
 
 def resolve_local(name: str, including: Optional[str]) -> str:
-  """`name` as is when absolute (or top-level), else beside the file that includes it."""
-  path = name if os.path.isabs(name) or including is None else os.path.join(
-      os.path.dirname(including), name)
-  if not os.path.isfile(path):
+  """`name` as is when absolute (or top-level), else beside the file that includes it (a
+  gs:// file's includes are objects beside it, read in place)."""
+  path = name if os.path.isabs(name) or files.is_remote(name) or including is None else \
+      os.path.join(os.path.dirname(including), name)
+  if not (_remote().exists(path) if files.is_remote(path) else os.path.isfile(path)):
     raise FileNotFoundError(f"model gin file '{name}' not found" + (
         f" (included by {including})" if including else ""))
   return path
+
+
+def _remote():
+  from specjax import remote  # pylint: disable=import-outside-toplevel
+  return remote
+
+
+def _real(path: str) -> str:
+  """os.path.realpath, or a gs:// URL with its '.' and '..' parts resolved."""
+  if files.is_remote(path):
+    return "gs://" + posixpath.normpath(path[len("gs://"):])
+  return os.path.realpath(path)
 
 
 def _within(root: str, real: str) -> bool:
@@ -79,7 +93,7 @@ def _open_include(name: str, resolve: Resolver, roots: Sequence[str],
   not be a file of `chain` (a cycle) and may be at most MAX_INCLUDE_DEPTH deep.
   """
   including = chain[-1] if chain else None
-  real = os.path.realpath(resolve(name, including))
+  real = _real(resolve(name, including))
   if not chain:
     return real
   if len(chain) > MAX_INCLUDE_DEPTH:
@@ -88,7 +102,7 @@ def _open_include(name: str, resolve: Resolver, roots: Sequence[str],
   if real in chain:
     raise ValueError(f"{including}: include cycle: "
                      + " -> ".join(os.path.basename(c) for c in (*chain, real)))
-  allowed = [os.path.realpath(r) for r in roots] + [os.path.dirname(chain[0])]
+  allowed = [_real(r) for r in roots] + [os.path.dirname(chain[0])]
   if not any(_within(root, real) for root in allowed):
     raise ValueError(f"{including}: include '{name}' resolves to {real}, outside the gin "
                      f"search paths and the model's folder {os.path.dirname(chain[0])}; "
@@ -344,6 +358,8 @@ def read_model_gin(path: str) -> Any:
   Raises:
     ValueError naming the offending line, or a field the class does not accept.
   """
-  if os.path.isdir(path):
+  if files.is_remote(path) and not _remote().exists(path):
+    path = _remote().join(path, MODEL_GIN)  # a gs:// model folder
+  elif os.path.isdir(path):
     path = os.path.join(path, MODEL_GIN)
   return config_from_model_file(path)

@@ -36,9 +36,14 @@ def test_cost_table_side_file_is_never_written_through_a_link(tmp_path, capfd):
   assert record["input"] == long_prompt  # kept whole
 
 
-def test_hostile_cost_tables_and_input_files_are_named(tmp_path):
+def test_hostile_cost_tables_and_input_files_are_named(tmp_path, monkeypatch):
   # A FIFO as the table hung the job; /dev/zero was read without limit; an --input_file
-  # folder was named as 'file descriptor 3'; gs:// paths "did not exist".
+  # folder was named as 'file descriptor 3'; gs:// paths "did not exist". gs:// is read in
+  # place now: here its endpoint is a closed port on 127.0.0.1, so it cannot be reached.
+  from specjax.testing_gcs import free_port  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{free_port()}")
+  monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "none")
+  monkeypatch.setenv("SPECJAX_GCS_RETRIES", "0")
   fifo = tmp_path / "fifo.json"
   os.mkfifo(fifo)
   zero = tmp_path / "zero.json"
@@ -59,9 +64,9 @@ def test_hostile_cost_tables_and_input_files_are_named(tmp_path):
   assert "is a character device, not a regular file" in results[1][1][0]
   assert results[2][1] == [f"specjax: error: --input_file {tmp_path} is a folder, not a regular "
                            "file; refusing to read it"]
-  assert results[3][1] == ["specjax: error: --input_file gs://bucket/prompts.txt is a remote "
-                           "path; remote paths are not supported here (copy it to a local or "
-                           "mounted folder first)"]
-  assert results[4][1] == ["specjax: error: the checkpoint path gs://bucket/t5_xxl is a remote "
-                           "path; remote paths are not supported here (copy it to a local or "
-                           "mounted folder first)"]
+  assert len(results[3][1]) == 1 and results[3][1][0].startswith(
+      "specjax: error: cannot read --input_file gs://bucket/prompts.txt: the storage server "
+      "cannot be reached")
+  assert len(results[4][1]) == 1 and results[4][1][0].startswith(
+      "specjax: error: cannot look up gs://bucket/t5_xxl") and "cannot be reached" in \
+      results[4][1][0]

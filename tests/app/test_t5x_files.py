@@ -108,9 +108,9 @@ def test_the_model_gin_vocabulary_is_used_when_the_run_names_none(tmp_path):
   bound = job_vocabulary(str(DEFAULT_MODEL), None, None, [str(tmp_path / "ckpt")],
                          dict(named, sentencepiece_model_file="/nowhere.model"))
   assert bound.extra_ids == 0  # the run's VOCABULARY wins
-  remote = dict(named, sentencepiece_model_file="gs://t5-data/vocabs/cc_all/sp.model")
-  with pytest.raises(ValueError, match="no vocabulary: .*names gs://t5-data/vocabs/cc_all/sp"
-                     ".model, which is not a local file"):
+  remote = dict(named, sentencepiece_model_file="s3://t5-data/vocabs/cc_all/sp.model")
+  with pytest.raises(ValueError, match="no vocabulary: .*names s3://t5-data/vocabs/cc_all/sp"
+                     ".model, which is not a local or gs:// file"):
     job_vocabulary(None, None, None, [str(tmp_path / "ckpt")], remote)
   dev = dict(named, sentencepiece_model_file="/dev/zero")
   with pytest.raises(ValueError, match="/dev/zero, which cannot be read .*not a regular file"):

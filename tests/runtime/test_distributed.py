@@ -115,6 +115,26 @@ def test_only_process_zero_writes(two_process_run):
   assert not any(l.startswith("[p1] ") and "wrote" in l for l in lines)
 
 
+@pytest.mark.e2e
+def test_two_processes_read_one_checkpoint_from_a_bucket(model_dirs, single_run, tmp_path):
+  """Target (legacy) and draft (Orbax) in one bucket of a GCS API server on 127.0.0.1, both
+  processes reading their shards from it: the tokens one process decodes from local disk."""
+  pytest.importorskip("gcp_storage_emulator")
+  from specjax import testing_gcs  # pylint: disable=import-outside-toplevel
+  out = tmp_path / "tokens.json"
+  with testing_gcs.emulator():
+    for role in ("target", "draft"):
+      testing_gcs.upload(model_dirs[role], f"gs://specjax-test/{role}")
+    command = [sys.executable, "-m", "specjax.runtime.launch", "--num_processes", "2",
+               "--local_devices", "2", "--timeout", "400", "--", "specjax.app.distributed_check",
+               "--target", "gs://specjax-test/target", "--draft", "gs://specjax-test/draft",
+               "--num_partitions", "2", "--out", str(out)] + CHECK_ARGS
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=450,
+                          check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+  assert json.loads(out.read_text())["tokens"] == single_run["tokens"]
+
+
 # ------------------------------------------------------------------ no JAX job needed
 
 
