@@ -7,7 +7,7 @@ A sum over the kernels one iteration launches (nested loops times their trips):
   bytes        what the kernel reads and writes in device memory: its operands' and results'
                sizes (an operand a fusion only slices: the slices; an in-place
                dynamic-update-slice moves its update only, twice; on a TPU,
-               arrays in on-chip memory (S(1)) are free and the weight prefetch into it, a DMA
+               arrays in on-chip memory (S(1), S(2), S(3)) are free and the weight prefetch into it, a DMA
                beside the kernels, moves its bytes with no launch)
   flops        2 * result elements * contracted elements of each dot and convolution (inside
                fusions too); opaque custom calls (Pallas, cuDNN) count their bytes only
@@ -135,6 +135,8 @@ class KernelCost:
   """Times per iteration (a nested loop's trips)."""
   launches: bool = True
   """False for a DMA beside the kernels (a TPU's weight prefetch)."""
+  scalar: bool = False
+  """Its results are scalars (a loop counter, a predicate)."""
 
 
 _LINE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?)\s?([a-z][a-z0-9\-]*)\((.*)$")
@@ -193,13 +195,15 @@ def _arrays(shape: str) -> List[Tuple[str, List[int]]]:
           for dtype, dims in hlo._ARRAY.findall(shape)]  # pylint: disable=protected-access
 
 
+_ON_CHIP = re.compile(r"S\(([123])\)")
+"""Memory spaces on the chip (XLA:TPU's VMEM, SMEM and CMEM), not device memory."""
+
+
 def _hbm_bytes(shape: str) -> int:
-  """Bytes of the arrays of `shape` in device memory (a TPU's on-chip S(1) arrays: none)."""
-  if "S(1)" in shape and "(" not in shape.split("S(1)")[0].split("{")[0]:
-    return 0  # one array, in on-chip memory
+  """Bytes of the arrays of `shape` in device memory (a TPU's on-chip arrays: none)."""
   total = 0
-  for part in re.split(r",\s*(?=[a-z]+\d*\[)", shape.strip("()")):
-    if "S(1)" in part:
+  for part in re.split(r",\s*(?=\(*[a-z]+\d*\[)", shape.strip("()")):
+    if _ON_CHIP.search(part):
       continue
     total += sum(_BYTES.get(dtype, 4) * math.prod(dims) for dtype, dims in _arrays(part))
   return total
@@ -322,7 +326,8 @@ def _kernel(comps, op: _Op, shapes: Dict[str, str], runs: int) -> KernelCost:
   elif op.opcode == "fusion":
     found = re.search(r"kind=(k\w+)", op.rest)
     kind = found.group(1) if found else ""
-  return KernelCost(op.opcode, kind, op.name, size, flops, runs)
+  scalar = all(not dims for _, dims in _arrays(op.shape))
+  return KernelCost(op.opcode, kind, op.name, size, flops, runs, scalar=scalar)
 
 
 def _walk(comps, name: str, runs: int, trips: int, out: List[KernelCost],
@@ -410,7 +415,7 @@ def estimate(text: str, name: str, *, constants: Constants = FITTED, floor_bytes
   roofline = sum(k.runs * max(k.bytes / bandwidth, k.flops / peak) for k in kernels)
   # A TPU runs a step as one program: its scalar bookkeeping (loop counters) is no launch.
   launches = sum(k.runs for k in kernels if k.launches and not (
-      dev.platform == "tpu" and k.flops == 0 and k.bytes <= 16))
+      dev.platform == "tpu" and k.scalar))
   round_trips = (1 + sum(loops)) if dev.platform == "gpu" else 0
   seconds = roofline + launches * constants.launch_us * 1e-6 + (
       round_trips * constants.round_trip_us * 1e-6)

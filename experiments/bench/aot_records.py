@@ -1,0 +1,42 @@
+"""Compile a decoder-only step at the code of an older checkout, for the step-time model's fit.
+
+    git archive COMMIT | tar -x -C SRC
+    JAX_PLATFORMS=cpu python experiments/bench/aot_records.py SRC models/decoder_only_large.gin \
+        bfloat16 h200.txtpb OUT.txt     # in an environment with that run's JAX and CUDA plugin
+
+The step is `specjax.aot.report.step_piece`'s (4 one-token decodes in a fori_loop, batch 1, 88
+cache slots), built with SRC's own models, compiled for the GPU that the GpuTargetConfigProto
+file describes (no GPU needed), its optimized HLO written to OUT.txt for
+`specjax.aot.cost.estimate` (docs/aot.md, "The step-time model").
+"""
+import dataclasses
+import os
+import sys
+import time
+src, gin, dtype, config, out = sys.argv[1:6]
+sys.path.insert(0, src); os.chdir(src)
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, jax.numpy as jnp
+from jax.experimental import topologies
+from specjax.app.gin_config import model_config_from_file
+from specjax.models import build_model
+from specjax import params as P
+assert P.__file__.startswith(src), P.__file__
+cfg = model_config_from_file(gin)
+model = build_model(dataclasses.replace(cfg, dtype=dtype))
+params = jax.eval_shape(lambda: P.cast_kernels(model.init(0), jnp.bfloat16) if dtype == "bfloat16" else model.init(0))
+cache = jax.eval_shape(lambda: model.init_cache(1, 88))
+def decode_steps(params, cache, tokens):
+  def body(i, carry):
+    cache, tokens = carry
+    logits, cache = model.decode(params, cache, tokens, jnp.full((1,), i, jnp.int32))
+    return cache, jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32)
+  return jax.lax.fori_loop(0, 4, body, (cache, tokens))
+topo = topologies.get_topology_desc("cuda", "cuda", target_config=open(config).read(), topology="1x1x1")
+mesh = jax.sharding.Mesh(topo.devices[:1], ("x",))
+sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+place = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), t)
+t = time.time()
+text = jax.jit(decode_steps, donate_argnums=(1,)).lower(*place((params, cache, jax.ShapeDtypeStruct((1, 1), jnp.int32)))).compile().as_text()
+open(out, "w").write(text)
+print(out, "compiled in", round(time.time() - t, 1), "s", jax.__version__)
