@@ -8,11 +8,29 @@ The step is `specjax.aot.report.step_piece`'s (4 one-token decodes in a fori_loo
 cache slots), built with SRC's own models, compiled for the GPU that the GpuTargetConfigProto
 file describes (no GPU needed), its optimized HLO written to OUT.txt for
 `specjax.aot.cost.estimate` (docs/aot.md, "The step-time model").
+
+    python experiments/bench/aot_records.py --fit h200:1.6289:large.txt h200:0.3622:small.txt \
+        h100:4.656:xxl.txt      # the launch cost fitted to those programs and measured ms
 """
 import dataclasses
 import os
 import sys
 import time
+if sys.argv[1] == "--fit":
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  from specjax.aot import cost
+  points = []
+  for arg in sys.argv[2:]:
+    name, measured, path = arg.split(":", 2)
+    with open(path, encoding="utf-8") as f:
+      e = cost.estimate(f.read(), name, constants=cost.Constants(0.0, 0.0))
+    points.append((e.roofline_ms, e.launches, e.round_trips, float(measured)))
+  launch = cost.fit_launch_us(points, cost.FITTED.round_trip_us)
+  print(f"launch {launch:.3f} us (round trip {cost.FITTED.round_trip_us} us)")
+  for (r, n, t, y), arg in zip(points, sys.argv[2:]):
+    pred = r + (n * launch + t * cost.FITTED.round_trip_us) * 1e-3
+    print(f"{arg}: measured {y} ms, predicted {pred:.3f} ms ({100 * (pred - y) / y:+.1f}%)")
+  sys.exit(0)
 src, gin, dtype, config, out = sys.argv[1:6]
 sys.path.insert(0, src); os.chdir(src)
 os.environ["JAX_PLATFORMS"] = "cpu"

@@ -369,16 +369,10 @@ def kernel_costs(text: str, trips: int = 1) -> Tuple[List[KernelCost], List[int]
   comps, entry = _parse(text)
   out: List[KernelCost] = []
   loops: List[int] = []
-  outer = None
-  for op in comps[entry]:
-    if op.opcode == "while":
-      outer = dict(hlo._called(op.rest))  # pylint: disable=protected-access
-      break
-  if outer is None:
-    _walk(comps, entry, 1, trips, out, loops)
-  else:
-    _walk(comps, outer["body"], 1, trips, out, loops)
-    _walk(comps, outer["condition"], 1, trips, out, loops)
+  plain = {name: [(o.shape, o.opcode, o.rest) for o in ops] for name, ops in comps.items()}
+  outer = hlo._outer_while(plain, entry)  # pylint: disable=protected-access
+  for name in outer or (entry,):
+    _walk(comps, name, 1, trips, out, loops)
   return out, loops
 
 
@@ -436,3 +430,16 @@ def prediction(target_ms: float, draft_ms: float, alpha: float, gamma: int,
           "speedup": round(float(analysis.walltime_improvement(alpha, gamma, c)), 3),
           "round_ms": round(gamma * draft_ms + target_ms, 4),
           "speedup_by_gamma": curve}
+
+
+def fit_launch_us(points: Sequence[Tuple[float, int, int, float]],
+                  round_trip_us: float) -> float:
+  """The launch cost (µs) that fits measured iterations best in relative error, the round
+  trip's cost given: `points` are (roofline ms, launches, round trips, measured ms) of each
+  (`Estimate.roofline_ms`, `.launches`, `.round_trips`); least squares of
+  (roofline + launches * L + trips * R) / measured - 1 over L, in closed form."""
+  num = sum(n * (y - r - t * round_trip_us * 1e-3) / y ** 2 for r, n, t, y in points)
+  den = sum(n * n / y ** 2 for _, n, _, y in points)
+  if den == 0:
+    raise ValueError("no launches to fit a launch cost to")
+  return num / den * 1e3

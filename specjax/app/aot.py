@@ -84,6 +84,14 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def prediction_line(name: str, p: Dict[str, Any]) -> str:
+  """One accelerator's prediction (`predictions`) in a line."""
+  curve = ", ".join(f"{g}: {x}x" for g, x in p["speedup_by_gamma"].items())
+  return (f"{name}: target step {p['target_step_ms']} ms, draft step {p['draft_step_ms']} ms, "
+          f"c = {p['c']}; speedup at alpha {p['alpha']}, gamma {p['gamma']}: {p['speedup']}x "
+          f"(by gamma: {curve})")
+
+
 def run(argv: Sequence[str]) -> int:
   """The command: prints one row per (accelerator, piece), as it compiles."""
   args = parse_args(argv)
@@ -113,11 +121,9 @@ def run(argv: Sequence[str]) -> int:
       rows.append(row)
       print(" | ".join(str(row.get(c, "")) for c in COLUMNS), flush=True)
   predicted = predictions(rows, args.alpha, args.gamma)
-  for name, p in predicted.items():
-    curve = ", ".join(f"{g}: {x}x" for g, x in p["speedup_by_gamma"].items())
-    print(f"{name}: target step {p['target_step_ms']} ms, draft step {p['draft_step_ms']} ms, "
-          f"c = {p['c']}; speedup at alpha {args.alpha}, gamma {args.gamma}: {p['speedup']}x "
-          f"(by gamma: {curve})", flush=True)
+  lines = [prediction_line(name, p) for name, p in predicted.items()]
+  for line in lines:
+    print(line, flush=True)
   if args.output_dir:
     arguments = dict(targets=names, model=args.model, draft=args.draft, dtype=args.dtype,
                      draft_dtype=args.draft_dtype, batch=args.batch, input_len=args.input_len,
@@ -128,7 +134,8 @@ def run(argv: Sequence[str]) -> int:
                      {"arguments": arguments, "jax": jax_version(), "rows": rows,
                       "prediction": predicted,
                       "model_constants": dataclasses.asdict(cost.FITTED)})
-    files.write_file(os.path.join(args.output_dir, "aot.md"), markdown(rows))
+    files.write_file(os.path.join(args.output_dir, "aot.md"), markdown(rows) + "".join(
+        f"\n{line}\n" for line in lines))
   return 0
 
 

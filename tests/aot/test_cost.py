@@ -134,3 +134,12 @@ def test_the_prediction_is_thm_3_8_at_the_steps_ratio():
   assert p["speedup"] == pytest.approx(float(analysis.walltime_improvement(0.75, 7, 0.05)), abs=1e-3)
   assert p["speedup"] == pytest.approx((1 - 0.75 ** 8) / (0.25 * (7 * 0.05 + 1)), abs=1e-3)
   assert p["round_ms"] == 7 * 0.5 + 10.0 and set(p["speedup_by_gamma"]) == set(range(1, 9))
+
+
+def test_the_launch_fit_recovers_the_constant_of_exact_points():
+  points = [(0.1, 400, 1, 0.1 + 400 * 2.5e-3 + 17.5e-3), (0.02, 150, 1, 0.02 + 150 * 2.5e-3
+                                                                     + 17.5e-3)]
+  assert cost.fit_launch_us(points, round_trip_us=17.5) == pytest.approx(2.5)
+  # Two points that disagree: the fit lies between their own constants.
+  points[1] = (0.02, 150, 1, 0.02 + 150 * 1.5e-3 + 17.5e-3)
+  assert 1.5 < cost.fit_launch_us(points, round_trip_us=17.5) < 2.5
