@@ -32,7 +32,7 @@ import math
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from specjax.aot import hlo
+from specjax.aot import hlo, targets
 
 # ----------------------------------------------------------------------------
 # Devices.
@@ -55,19 +55,15 @@ class Device:
   """Where the figures come from ('target config', 'table')."""
 
 
-DEVICES: Dict[str, Device] = {d.name: d for d in (
-    # Vendors' figures: HBM bandwidth, dense bf16 tensor peak, SMs / TensorCores per chip.
-    Device("h200", "gpu", 4800.0, 989.0, 132, "table"),
-    Device("h100", "gpu", 3350.0, 989.0, 132, "table"),
-    Device("h100-pcie", "gpu", 2000.0, 756.0, 114, "table"),
-    Device("a100", "gpu", 2039.0, 312.0, 108, "table"),
-    Device("a100-40", "gpu", 1555.0, 312.0, 108, "table"),
-    Device("b200", "gpu", 8000.0, 2250.0, 148, "table"),
-    Device("tpu-v4", "tpu", 1200.0, 275.0, 2, "table"),
-    Device("tpu-v5e", "tpu", 819.0, 197.0, 1, "table"),
-    Device("tpu-v5p", "tpu", 2765.0, 459.0, 2, "table"),
-    Device("tpu-v6e", "tpu", 1640.0, 918.0, 1, "table"),
-)}
+_PEAKS = {"h200": (989.0, 132), "h100": (989.0, 132), "h100-pcie": (756.0, 114),
+          "a100": (312.0, 108), "a100-40": (312.0, 108), "b200": (2250.0, 148),
+          "tpu-v4": (275.0, 2), "tpu-v5e": (197.0, 1), "tpu-v5p": (459.0, 2),
+          "tpu-v6e": (918.0, 1)}
+"""Vendors' dense bf16 tensor peak (TFLOP/s) and SMs / TensorCores per chip."""
+
+DEVICES: Dict[str, Device] = {
+    name: Device(name, t.platform, t.hbm_gbps, *_PEAKS[name], "table")
+    for name, t in targets.TARGETS.items()}
 """The accelerators `specjax.aot.targets` names, by the vendors' figures."""
 
 _BF16_FLOPS_PER_SM_CLOCK = {7: 1024, 8: 2048, 9: 4096, 10: 8192, 12: 4096}
@@ -83,7 +79,6 @@ def device(name: str) -> Device:
   """The accelerator `name` (a `specjax.aot.targets` name): a GPU's bandwidth, cores and peak
   read from its target config where the CUDA plugin (or the 'gpu:FILE') has one (peak: SMs *
   clock * the tensor cores' bf16 FLOPs per clock of its compute capability), else `DEVICES`."""
-  from specjax.aot import targets  # pylint: disable=import-outside-toplevel
   chosen = targets.target(name)
   table = DEVICES.get(chosen.name)
   if chosen.platform == "gpu":

@@ -75,3 +75,15 @@ def test_a_config_with_fields_the_plugin_lacks_compiles_the_tiny_step(lm_pieces,
   assert "specjax_future" not in read and "core_count: 132" in read
   assert "cuda_compute_capability { major: 9 minor: 0 }" in read
   _compiles_the_tiny_step(lm_pieces, f"gpu:{path}")
+
+
+def test_the_step_time_model_reads_a_gpus_figures_from_its_target_config(tmp_path):
+  from specjax.aot import cost  # pylint: disable=import-outside-toplevel
+  h200 = cost.device("h200")
+  assert h200.source == ("target config" if CARRIES_CONFIGS else "table")
+  assert h200.hbm_gbps == 4800.0 and h200.cores == 132
+  path = tmp_path / "h100.txtpb"
+  path.write_text(CONFIG)
+  mine = cost.device(f"gpu:{path}")  # SMs * clock * 4096 bf16 FLOPs per clock (sm_90)
+  assert mine.source == "target config" and mine.hbm_gbps == 3352.32
+  assert mine.peak_tflops == pytest.approx(132 * 1.98 * 4096 / 1e3)
