@@ -48,7 +48,9 @@ setup(
         "tpu": ["jax[tpu]" + JAX_RANGE],
         # Compiling for GPUs and TPUs on a host without them: JAX's CUDA 13 plugin without
         # NVIDIA's libraries (cuda13-local) and libtpu, each pinned by JAX to its own release.
-        "aot": ["jax[cuda13-local,tpu]" + JAX_RANGE],
+        # JAX 0.12 at least: the first whose CUDA plugin carries XLA's GPU target configs (GPUs
+        # by name; 0.10 and 0.11 compile only for a GPU given as a file), so Python >= 3.12.
+        "aot": ["jax[cuda13-local,tpu]>=0.12.0.1,<0.13"],
         # gcp-storage-emulator: a GCS API server on 127.0.0.1 for the gs:// tests (gs:// itself
         # needs nothing beyond tensorstore).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "orbax-checkpoint>=0.11",

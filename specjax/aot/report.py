@@ -14,6 +14,7 @@ accelerator (`specjax.aot.targets`) and reads the optimized program (`specjax.ao
   custom_calls   {target: count} inside one iteration (cuDNN, Pallas kernels, ...)
   compiler       XLA's own cost and memory analysis where the backend gives one (a TPU's:
                  'bytes accessed' there includes weight prefetches, a while body counted once)
+  estimate       the step-time model's prediction of one iteration (`specjax.aot.cost`)
 
 `model_pieces` builds the pieces of a decode: the target's one-token step, the draft's step,
 the feature head's step, and the autoregressive, chain, tree, feature-chain and streamed loops.
@@ -30,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.aot import hlo, targets
+from specjax.aot import cost, hlo, targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,8 @@ class Report:
   custom_calls: Dict[str, int]
   compile_s: float
   compiler: Dict[str, float] = dataclasses.field(default_factory=dict)
+  estimate: Any = None
+  """The step-time model's `specjax.aot.cost.Estimate` of one iteration (None: not known)."""
 
   def row(self) -> Dict[str, Any]:
     """The report as a flat table row (MB for bytes)."""
@@ -75,7 +78,8 @@ class Report:
             "f32_temps": self.f32_temps, "f32_temp_MB": round(self.f32_temp_bytes / 1e6, 1),
             "floor_MB": round(self.floor_bytes / 1e6, 1), "whiles": self.whiles,
             "custom_calls": ", ".join(f"{k} x{v}" for k, v in sorted(self.custom_calls.items())),
-            "compile_s": round(self.compile_s, 1), **self.compiler}
+            "compile_s": round(self.compile_s, 1), **self.compiler,
+            **(self.estimate.row() if self.estimate is not None else {})}
 
 
 def _nbytes(tree: Any) -> int:
@@ -148,6 +152,10 @@ def compile_piece(piece: Piece, target: str) -> Tuple[Report, str]:
       whiles=sum(k.opcode == "while" for k in kernels), custom_calls=calls,
       compile_s=seconds,
       compiler=_compiler_figures(compiled) if targets.target(target).platform == "tpu" else {})
+  try:
+    report.estimate = cost.estimate(text, target, floor_bytes=report.floor_bytes)
+  except targets.TargetUnavailable:  # a 'gpu:FILE' without bandwidth: no estimate
+    pass
   return report, text
 
 

@@ -2,10 +2,11 @@
 
 XLA compiles for a GPU from a `GpuTargetConfigProto` (the device's description: compute
 capability, memory, cores, bandwidth) and for a TPU from a topology name; neither needs the
-device. The CUDA plugin (`jax-cuda13-plugin`, or 12) carries XLA's target configs of the common
-GPUs inside its shared library, each a text proto ending in `device_description_str: "<name>"`:
-`gpu_config_text` reads one from there, so no file has to ship with specjax. libtpu
-(`jax[tpu]`) knows the TPU topologies by name.
+device. The CUDA plugin (`jax-cuda13-pjrt`, or 12) of JAX 0.12 and later carries XLA's target configs of
+the common GPUs inside its shared library, each a text proto ending in
+`device_description_str: "<name>"`: `gpu_config_text` reads one from there, so no file has to
+ship with specjax (`GPU_CONFIGS_SINCE`: the plugins of JAX 0.10 and 0.11 carry none; there a GPU
+is named by a file). libtpu (`jax[tpu]`) knows the TPU topologies by name (`TPU_TOPOLOGIES`).
 
     devices("h200")        [one compile-only H200]     (GPU names: `GPUS`)
     devices("tpu-v5e")     [one compile-only v5e chip] (TPU names: `TPUS`)
@@ -30,6 +31,15 @@ from typing import Dict, List, Optional, Tuple
 
 INSTALL = "pip install 'specjax[aot]'"
 """What installs both compilers (the CUDA plugin without NVIDIA libraries, and libtpu)."""
+
+GPU_CONFIGS_SINCE = "0.12.0"
+"""The first JAX whose CUDA plugin embeds XLA's GPU target configs (its library holds none in
+0.10.2 and 0.11.2: neither the text nor the GPUs' names)."""
+
+TPU_TOPOLOGIES = {"0.0.42.1": "v4, v5e, v5p, v6e", "0.0.48.1": "v4, v5e, v5p, v6e",
+                  "0.0.50.1": "v4, v5e, v5p, v6e"}
+"""The TPU generations (of `TPUS`) each libtpu that JAX 0.10.2, 0.11.2 and 0.12.0.1 pin compiles
+for by topology name (none of them knows a v7x)."""
 
 
 class TargetUnavailable(ValueError):
@@ -120,6 +130,17 @@ def _plugin_library() -> Tuple[str, str]:
                           f"installed: {INSTALL}")
 
 
+def _version(module: str) -> str:
+  """The installed version of a module's distribution ('' if unknown)."""
+  from importlib import metadata  # pylint: disable=import-outside-toplevel
+  name = {"jax_plugins.xla_cuda13": "jax-cuda13-pjrt",
+          "jax_plugins.xla_cuda12": "jax-cuda12-pjrt"}.get(module, module)
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return ""
+
+
 @functools.lru_cache(maxsize=None)
 def _embedded_configs(library: str) -> Dict[str, str]:
   """{device_description_str: target config text} of every config embedded in `library`."""
@@ -177,12 +198,70 @@ def gpu_config_text(spec: str) -> str:
     if "gpu_device_info" not in text:
       raise TargetUnavailable(f"{spec} is not a GpuTargetConfigProto text (no gpu_device_info)")
     check_gpu_config(text, spec)
-    return text
-  configs = _embedded_configs(_plugin_library()[1])
+    return installed_proto_text(text)
+  module, library = _plugin_library()
+  configs = _embedded_configs(library)
+  if not configs:
+    raise TargetUnavailable(
+        f"the installed CUDA plugin ({_version(module) or module}) carries no GPU target "
+        f"configs: GPUs by name need JAX >= {GPU_CONFIGS_SINCE} ({INSTALL} on Python >= "
+        f"3.12); here name a GPU by a GpuTargetConfigProto file: --target gpu:FILE")
   if spec not in configs:
     raise TargetUnavailable(f"the installed CUDA plugin has no target config for {spec!r}; "
                             f"it has: {', '.join(sorted(configs))}")
   return configs[spec]
+
+
+@functools.lru_cache(maxsize=None)
+def _known_fields(library: str) -> frozenset:
+  """The field names of every protobuf message the library's serialized descriptors define
+  (each field a `FieldDescriptorProto`: its name, tag 1, is followed by its number, tag 3)."""
+  import mmap  # pylint: disable=import-outside-toplevel
+  with open(library, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+    return frozenset(m.group(2).decode() for m in re.finditer(
+        rb"\n([\x01-\x7f])([a-z][a-z0-9_]*)\x18", data) if len(m.group(2)) == m.group(1)[0])
+
+
+_FIELD = re.compile(r"^\s*([A-Za-z_]\w*)\s*(:|\{)")
+
+
+def _braces(line: str) -> int:
+  """{ minus } outside quoted strings and comments of a text-proto line."""
+  depth, quote = 0, ""
+  for i, ch in enumerate(line):
+    if quote:
+      quote = "" if ch == quote and line[i - 1] != "\\" else quote
+    elif ch in "\"'":
+      quote = ch
+    elif ch == "#":
+      break
+    else:
+      depth += (ch == "{") - (ch == "}")
+  return depth
+
+
+def known_fields_only(text: str, known) -> str:
+  """A text proto with every field whose name is not in `known` dropped, with its block: a
+  target config from a newer XLA (e.g. its source tree's specs) made readable by an older
+  plugin's proto, which refuses any field it does not define. Comments go too."""
+  out, skip = [], 0
+  for line in text.splitlines():
+    if skip:
+      skip += _braces(line)
+      continue
+    field = _FIELD.match(line)
+    if field and field.group(1) not in known:
+      skip = max(_braces(line), 0)
+      continue
+    if line.strip() and not line.lstrip().startswith("#"):
+      out.append(line)
+  return "\n".join(out) + "\n"
+
+
+def installed_proto_text(text: str) -> str:
+  """`text` (a GpuTargetConfigProto) with the fields the installed CUDA plugin does not know
+  dropped (`known_fields_only`: comments and blank lines go too)."""
+  return known_fields_only(text, _known_fields(_plugin_library()[1]))
 
 
 def _tpu_ready() -> None:

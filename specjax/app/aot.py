@@ -9,7 +9,9 @@ Models: a model gin file on the search path (gin/models/*.gin) or 'bundled:PAIR/
 random-init and abstract (no weights are read or allocated). For every compiled piece
 (`specjax.aot.report.model_pieces`) one row: kernels per iteration and per layer, weight-shaped
 float32 temporaries and the bytes they move, the floor (weights + KV cache), nested loops and
-custom calls, and on a TPU XLA's cost and memory analysis. Writes aot.json and aot.md to
+custom calls, on a TPU XLA's cost and memory analysis, and the step-time model's prediction
+(`specjax.aot.cost`: each iteration's ms and % of roofline; per accelerator the target and
+draft steps, c and Thm 3.8's speedup at --alpha and --gamma). Writes aot.json and aot.md to
 --output_dir when given. Needs the `aot` extra (`pip install 'specjax[aot]'`); the process's own
 JAX backend is the CPU (unless JAX_PLATFORMS says otherwise).
 """
@@ -25,7 +27,7 @@ DEFAULT_TARGETS = ("h200", "tpu-v5e")
 DTYPES = ("float32", "bfloat16", "int8")
 PIECES = ("steps", "loops")
 COLUMNS = ("target", "piece", "kernels", "per_layer", "f32_temps", "f32_temp_MB", "floor_MB",
-           "whiles", "custom_calls", "compile_s")
+           "whiles", "custom_calls", "pred_ms", "pct_of_roofline", "compile_s")
 
 
 def parse_args(argv: Sequence[str]):
@@ -45,6 +47,8 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--input_len", type=int, default=16)
   parser.add_argument("--max_new_tokens", type=int, default=64)
   parser.add_argument("--gamma", type=int, default=4)
+  parser.add_argument("--alpha", type=float, default=0.75,
+                      help="the pair's acceptance rate for the predicted speedup (Thm 3.8)")
   parser.add_argument("--pieces", nargs="+", default=list(PIECES), choices=PIECES)
   parser.add_argument("--unroll", action="store_true",
                       help="the drafters draft unrolled (no loop per guess or tree level)")
@@ -59,6 +63,8 @@ def parse_args(argv: Sequence[str]):
                  "emits at most the budget, so more guesses are never played")
   if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
     parser.error(f"--output_dir {args.output_dir} is a file, not a folder")
+  if not 0 <= args.alpha <= 1:
+    parser.error(f"--alpha must be in [0, 1], got {args.alpha}")
   return args
 
 
@@ -79,6 +85,18 @@ def compile_row(report, piece, name: str) -> Dict[str, Any]:
                      "--dtype, or an accelerator with more memory") from None
 
 
+def predictions(rows: List[Dict[str, Any]], alpha: float, gamma: int) -> Dict[str, Any]:
+  """{accelerator: `specjax.aot.cost.prediction`} from each one's target and draft step rows
+  (the step-time model's `pred_ms`); {} without the steps."""
+  from specjax.aot import cost  # pylint: disable=import-outside-toplevel
+  steps: Dict[str, Dict[str, float]] = {}
+  for r in rows:
+    if r["piece"] in ("target step", "draft step") and "pred_ms" in r:
+      steps.setdefault(r["target"], {})[r["piece"]] = r["pred_ms"]
+  return {name: cost.prediction(s["target step"], s["draft step"], alpha, gamma)
+          for name, s in steps.items() if len(s) == 2}
+
+
 def markdown(rows: List[Dict[str, Any]]) -> str:
   """The rows as a markdown table of `COLUMNS` (and the TPU's compiler figures, if any)."""
   extra = sorted({k for r in rows for k in r if k.startswith("xla_")})
@@ -86,6 +104,14 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
   lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
   return "\n".join(lines) + "\n"
+
+
+def prediction_line(name: str, p: Dict[str, Any]) -> str:
+  """One accelerator's prediction (`predictions`) in a line."""
+  curve = ", ".join(f"{g}: {x}x" for g, x in p["speedup_by_gamma"].items())
+  return (f"{name}: target step {p['target_step_ms']} ms, draft step {p['draft_step_ms']} ms, "
+          f"c = {p['c']}; speedup at alpha {p['alpha']}, gamma {p['gamma']}: {p['speedup']}x "
+          f"(by gamma: {curve})")
 
 
 def run(argv: Sequence[str]) -> int:
@@ -115,15 +141,23 @@ def run(argv: Sequence[str]) -> int:
     for piece in pieces:
       row = compile_row(report, piece, name)
       rows.append(row)
-      print(" | ".join(str(row[c]) for c in COLUMNS), flush=True)
+      print(" | ".join(str(row.get(c, "")) for c in COLUMNS), flush=True)
+  predicted = predictions(rows, args.alpha, args.gamma)
+  lines = [prediction_line(name, p) for name, p in predicted.items()]
+  for line in lines:
+    print(line, flush=True)
   if args.output_dir:
     arguments = dict(targets=names, model=args.model, draft=args.draft, dtype=args.dtype,
                      draft_dtype=args.draft_dtype, batch=args.batch, input_len=args.input_len,
                      max_new_tokens=args.max_new_tokens, gamma=args.gamma, pieces=args.pieces,
-                     unroll=args.unroll)
+                     unroll=args.unroll, alpha=args.alpha)
+    from specjax.aot import cost  # pylint: disable=import-outside-toplevel
     files.write_json(os.path.join(args.output_dir, "aot.json"),
-                     {"arguments": arguments, "jax": jax_version(), "rows": rows})
-    files.write_file(os.path.join(args.output_dir, "aot.md"), markdown(rows))
+                     {"arguments": arguments, "jax": jax_version(), "rows": rows,
+                      "prediction": predicted,
+                      "model_constants": dataclasses.asdict(cost.FITTED)})
+    files.write_file(os.path.join(args.output_dir, "aot.md"), markdown(rows) + "".join(
+        f"\n{line}\n" for line in lines))
   return 0
 
 

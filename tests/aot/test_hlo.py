@@ -87,3 +87,10 @@ def test_a_gpu_described_by_a_file_must_be_a_target_config(tmp_path):
     targets.gpu_config_text(str(path))
   with pytest.raises(targets.TargetUnavailable, match="missing.txtpb"):
     targets.gpu_config_text(str(tmp_path / "missing.txtpb"))
+
+
+def test_fields_an_older_proto_lacks_are_dropped_with_their_blocks():
+  text = ('# a comment\nname: "x { y"\nnew_field: 3\ninfo {\n  a: 1\n  newer { b: 2 }\n'
+          '  newest {\n    c: "}"\n    d { e: 1 }\n  }\n  f: 4\n}\nlast { g: 1 }\n')
+  kept = targets.known_fields_only(text, {"name", "info", "a", "f", "last", "g"})
+  assert kept == 'name: "x { y"\ninfo {\n  a: 1\n  f: 4\n}\nlast { g: 1 }\n'
