@@ -227,16 +227,17 @@ def test_a_server_stopped_mid_read_is_one_error_naming_the_object(gcs, tmp_path)
 
 
 def test_gin_files_search_paths_and_model_gin_files_in_the_bucket(gcs):
-  """--gin_file and --gin_search_paths at gs:// (gin parses the bucket's run file, and finds its
-  include on the bucket's search path); TARGET_MODEL names a model gin file in the bucket."""
+  """--gin_file and --gin_search_paths at gs:// (gin parses the bucket's run file and the include
+  beside it; TARGET_MODEL names a model gin file found on the bucket's search path, which holds
+  model gin files only)."""
   from specjax.app import gin_config  # pylint: disable=import-outside-toplevel
   from specjax.models import read_model_gin  # pylint: disable=import-outside-toplevel
   draft = model_dir("translate", "draft")
   remote.write_objects({
       f"{BUCKET}/runs/my_run.gin": (f"include '{TINY}'\ninclude 'more.gin'\n"
-                                    f"TARGET_MODEL = '{BUCKET}/models/model.gin'\n").encode(),
-      f"{BUCKET}/paths/more.gin": b"MAX_NEW_TOKENS = 3\n",
-      f"{BUCKET}/models/model.gin": (draft / "model.gin").read_bytes()})
+                                    "TARGET_MODEL = 'my_model.gin'\n").encode(),
+      f"{BUCKET}/runs/more.gin": b"MAX_NEW_TOKENS = 3\n",
+      f"{BUCKET}/paths/my_model.gin": (draft / "model.gin").read_bytes()})
   gin_config.parse([f"{BUCKET}/runs/my_run.gin"], [], [f"{BUCKET}/paths"])
   assert gin_config.query_macro("MAX_NEW_TOKENS") == 3
   assert gin_config.model_config("target") == read_model_gin(str(draft))
