@@ -45,6 +45,7 @@ API_SECTIONS = (
     ("specjax.verify", "Verifiers and Algorithm 1", None),
     ("specjax.sampling", "Sampling", ("Sampling",)),
     ("specjax.checkpoints", "T5X checkpoints", None),
+    ("specjax.app.generate", "Strings in, texts out", None),
 )
 
 # What each macro of gin/runs/decode.gin means; a macro missing here still gets its row.

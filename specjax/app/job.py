@@ -42,7 +42,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                write_scores: bool = False, timing_repeats: int = 3,
                weights_dtype: str = "float32", draft_weights_dtype: str = "float32",
                console: Optional[Console] = None,
-               on_batch: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
+               on_batch: Optional[Callable[[int, int], None]] = None,
+               settings_only: bool = False) -> Any:
   """Runs autoregressive and speculative decoding on `texts`; prints and writes a report.
 
   Args:
@@ -58,6 +59,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
     console: where the report is printed (None: a new rich Console).
     on_batch: a progress hook, on_batch(examples_done, examples_total) after every
       batch_size examples of the first speculative decode; Ctrl-C between two stops the job.
+    settings_only: return the checked `JobSettings` and run nothing (`texts` unread): how
+      `specjax.app.generate` reads the settings the parsed gin binds.
   The settings become one `JobSettings` (checked as it is made); the vocabulary, the output
   folder and the caches' size are checked before any weights load. Returns the summary dict.
   """
@@ -79,6 +82,8 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       partitioner=partitioner, vocabulary=vocabulary, draft_vocabulary=draft_vocabulary,
       task_vocabulary=task_vocabulary, cost_table=cost_table, output_dir=output_dir,
       timing_repeats=timing_repeats, write_scores=write_scores, plain=plain)
+  if settings_only:
+    return settings
   plan = make_plan(texts, settings)
   loaded = load(plan)
   verifier = plan.settings.decoding.verifier

@@ -13,6 +13,7 @@ from rich.progress import Progress
 from specjax import timing
 from specjax.app.loading import load_params
 from specjax.app.plan import Plan
+from specjax.app.settings import JobSettings
 from specjax.decode import DecodeResult, autoregressive_decode, speculative_decode, tree_decode
 from specjax.params import DRAFT_WEIGHTS_DTYPES, WEIGHTS_DTYPES, cast_kernels
 
@@ -39,30 +40,39 @@ class Measured:
 
 def load(plan: Plan) -> Loaded:
   """The target's and the draft's weights, cast to the plan's weight dtypes."""
-  settings = plan.settings
+  return load_weights(plan.settings, plan.target, plan.draft, plan.drafter, plan.checkpoints,
+                      plan.token_ranking)
+
+
+def load_weights(settings: JobSettings, target, draft, drafter, checkpoints: Dict[str, Any],
+                 token_ranking=None) -> Loaded:
+  """The weights of `target` and `draft` (None: no draft model) from `checkpoints` ({role:
+  path, 'bundled:...' or None for random init}), cast to the settings' weight dtypes; a
+  feature drafter's params read the target's too (with `token_ranking`, int32 [V])."""
   seed, partitioner = settings.seed, settings.partitioner
-  target_params = load_params(plan.target, plan.checkpoints["target"], seed, partitioner)
-  draft_params = (load_params(plan.draft, plan.checkpoints["draft"], seed + 1, partitioner)
-                  if plan.draft is not None else None)
+  target_params = load_params(target, checkpoints["target"], seed, partitioner)
+  draft_params = (load_params(draft, checkpoints["draft"], seed + 1, partitioner)
+                  if draft is not None else None)
   if settings.weights_dtype != "float32":
     target_params = cast_kernels(target_params, WEIGHTS_DTYPES[settings.weights_dtype])
   if settings.draft_weights_dtype != "float32" and draft_params is not None:
     draft_params = cast_kernels(draft_params,
                                 DRAFT_WEIGHTS_DTYPES[settings.draft_weights_dtype])
-  if plan.drafter.wants_features:  # a feature head reads the target's own params too
-    draft_params = plan.drafter.params(draft_params, target_params,
-                                       token_ranking=plan.token_ranking)
+  if drafter.wants_features:  # a feature head reads the target's own params too
+    draft_params = drafter.params(draft_params, target_params, token_ranking=token_ranking)
   return Loaded(target_params=target_params, draft_params=draft_params)
 
 
-def decoders(plan: Plan, loaded: Loaded, costs) -> Dict[str, Callable[..., DecodeResult]]:
+def decoders(plan: Plan, loaded: Loaded, costs, trace: bool = True
+             ) -> Dict[str, Callable[..., DecodeResult]]:
   """{'ar': ..., 'spec': ...}: each decodes every input (keyword: on_progress) through
-  min(batch_size, inputs) slots (in-flight batching), one key per example."""
+  min(batch_size, inputs) slots (in-flight batching), one key per example; the speculative
+  one records its Figure-1 trace when `trace`."""
   settings = plan.settings
   keys = jax.random.split(jax.random.PRNGKey(settings.seed), len(plan.examples))
   stream = dict(rng=keys, partitioner=settings.partitioner, slots=plan.slots,
                 prompt_lengths=plan.prompt_lengths, max_new_tokens=settings.max_new_tokens)
-  spec_config = dataclasses.replace(settings.decoding, trace=True)
+  spec_config = dataclasses.replace(settings.decoding, trace=trace)
   if plan.drafter.tree is not None:  # TREE, or a drafter that drafts its own tree
     spec = lambda **kw: tree_decode(plan.target, loaded.target_params, plan.drafter,
                                     loaded.draft_params, plan.inputs, config=spec_config,
