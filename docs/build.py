@@ -84,6 +84,8 @@ MACRO_MEANING = {
     "WEIGHTS_DTYPE": "`'bfloat16'` casts the target's dense kernels and embedding once",
     "DRAFT_WEIGHTS_DTYPE": "the same for the draft",
     "TIMING_REPEATS": "interleaved timed passes per decode; the summary reports medians",
+    "NOTE": "a run file's word to its reader, printed as the run's first line (e.g. why its "
+            "speedup is below 1); None: none",
 }
 
 

@@ -42,7 +42,7 @@ PAIR_RUNS = {"bundled:lm": "runs/default.gin", "bundled:translate": "runs/bundle
 """A bundled pair -> the run file that configures it (its batch, dtypes, γ and policy)."""
 
 _NOT_SETTINGS = ("texts", "console", "on_batch", "settings_only", "output_dir", "plain",
-                 "task_vocabulary", "write_scores", "timing_repeats")
+                 "task_vocabulary", "write_scores", "timing_repeats", "note")
 """`decode_job` keywords that are the main job's own (printing, files, timing), not a setting
 of the decode."""
 

@@ -41,7 +41,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                task_vocabulary: Any = None, task_feature_lengths: Optional[Mapping] = None,
                write_scores: bool = False, timing_repeats: int = 3,
                weights_dtype: str = "float32", draft_weights_dtype: str = "float32",
-               console: Optional[Console] = None,
+               note: Optional[str] = None, console: Optional[Console] = None,
                on_batch: Optional[Callable[[int, int], None]] = None,
                settings_only: bool = False) -> Any:
   """Runs autoregressive and speculative decoding on `texts`; prints and writes a report.
@@ -56,6 +56,7 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       max_input_len and 'targets' max_new_tokens (T5X's lengths), when given.
     every other setting: the `specjax.app.settings.JobSettings` field of its name, documented
       there (the defaults are here: gin binds `decode_job.NAME`).
+    note: NOTE: a run file's word to its reader, printed first (why its speedup is below 1).
     console: where the report is printed (None: a new rich Console).
     on_batch: a progress hook, on_batch(examples_done, examples_total) after every
       batch_size examples of the first speculative decode; Ctrl-C between two stops the job.
@@ -84,6 +85,10 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       timing_repeats=timing_repeats, write_scores=write_scores, plain=plain)
   if settings_only:
     return settings
+  if note is not None:
+    if not isinstance(note, str):
+      raise ValueError(f"NOTE must be a string or None, got {note!r}")
+    console.print(display.text(f"Note: {note}"))
   plan = make_plan(texts, settings)
   loaded = load(plan)
   verifier = plan.settings.decoding.verifier
