@@ -85,6 +85,14 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       timing_repeats=timing_repeats, write_scores=write_scores, plain=plain)
   if settings_only:
     return settings
+  return run_job(texts, settings, console, on_batch, note)
+
+
+def run_job(texts: Sequence[Any], settings: JobSettings, console: Console,
+            on_batch: Optional[Callable[[int, int], None]] = None,
+            note: Optional[str] = None) -> Dict[str, Any]:
+  """`decode_job` once its settings are made: prints `note` first, then plans, loads, measures
+  and reports (printed on `console`, written to the settings' output_dir). The summary dict."""
   if note is not None:
     if not isinstance(note, str):
       raise ValueError(f"NOTE must be a string or None, got {note!r}")
