@@ -8,11 +8,11 @@ from typing import Any, Callable, Dict, Optional
 
 import jax
 from rich.console import Console
-from rich.progress import Progress
 
 from specjax import timing
 from specjax.app.loading import load_params
 from specjax.app.plan import Plan
+from specjax.app.progress import FirstRuns
 from specjax.app.settings import JobSettings
 from specjax.decode import DecodeResult, autoregressive_decode, speculative_decode, tree_decode
 from specjax.params import DRAFT_WEIGHTS_DTYPES, WEIGHTS_DTYPES, cast_kernels
@@ -90,25 +90,26 @@ def decoders(plan: Plan, loaded: Loaded, costs, trace: bool = True
 
 def measure(plan: Plan, loaded: Loaded, console: Console,
             on_batch: Optional[Callable[[int, int], None]] = None) -> Measured:
-  """Both decodes once with a progress bar (compiles; 'auto' calibrates), then
-  TIMING_REPEATS interleaved passes. Ctrl-C during the first runs (between two chunks of
+  """Both decodes once, saying what compiles and how far they got (`progress.FirstRuns`; 'auto'
+  calibrates), then TIMING_REPEATS interleaved passes. Ctrl-C during the first runs (between two chunks of
   batch_size examples) says how far it got and propagates: nothing is written."""
   total = len(plan.examples)
   costs, done = plan.costs, [0]
   try:
-    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
-      task = progress.add_task("decoding", total=2 * total)
+    with FirstRuns(console) as runs:
+      ar_progress = runs.loop("autoregressive", total)
+      fns = decoders(plan, loaded, costs)
+      ar_first, ar_first_s = timing.timed(lambda: fns["ar"](on_progress=ar_progress))
+      spec_hook = runs.loop("speculative", total)
 
       def spec_progress(finished, count):  # after every batch_size finished examples
         done[0] = finished
-        progress.update(task, completed=count + finished)
+        spec_hook(finished, count)
         if on_batch is not None:
           on_batch(finished, count)
 
-      fns = decoders(plan, loaded, costs)
-      ar_first, ar_first_s = timing.timed(lambda: fns["ar"](
-          on_progress=lambda d, t: progress.update(task, completed=d)))
       spec_first, spec_first_s = timing.timed(lambda: fns["spec"](on_progress=spec_progress))
+      runs.timing(plan.settings.timing_repeats)
   except KeyboardInterrupt:
     console.print(f"interrupted after {done[0]} of {total} examples: nothing written")
     raise
