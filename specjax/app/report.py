@@ -28,8 +28,11 @@ def summary_table(summary: Dict, title: str = "specjax summary") -> Table:
   for key, value in summary.items():
     if key in NOT_IN_TABLE:
       continue
+    shown = f"{value:.3g}" if isinstance(value, float) else str(value)
+    # a value of several lines (greedy_difference: a line per row) keeps its lines; each is
+    # shown as data (its control characters escaped)
     table.add_row(display.text(key),
-                  display.text(f"{value:.3g}" if isinstance(value, float) else value))
+                  Text("\n").join(display.text(line) for line in shown.split("\n")))
   return table
 
 
