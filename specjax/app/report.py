@@ -157,6 +157,8 @@ def speculation_off(speculated: int, rounds: int, costs, draft_cost: Optional[fl
     text += (f", and a γ = {bucket} round costs {round_cost:.2f} autoregressive steps, so "
              + (f"speculating pays only above α = {even:.2f}" if even is not None
                 else "no α makes it pay"))
+    if costs.real_ratio is not None:
+      text += f" (measured: {costs.measured()})"
   return (text + ". The two decodes above are then both autoregressive: their time ratio is "
           "noise, not a speedup. To speculate anyway: --gin.GAMMA_POLICY=\"'constant'\"")
 
