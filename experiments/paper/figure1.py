@@ -8,6 +8,7 @@ through), the target's correction blue. Writes figure1.txt (plain: [+accepted+],
 """
 from __future__ import annotations
 
+import itertools
 from typing import Dict
 
 import gin
@@ -59,8 +60,9 @@ def run(cli: Cli, *, example: int = 0, gamma: int = 5, temperature: float = 0.0,
   text = vocab.decode(output_ids(result.tokens[0], int(result.lengths[0])))
   record = {"pair": pair.name, "source": pair.source, "input": ex.texts[0], "text": text,
             "target_calls": int(result.target_calls[0]), "rounds": [
-                {**r, "pieces": {k: text[k] for k in ("accepted", "rejected", "correction")}}
-                for r, text in zip(rounds, shown)]}
+                {**r, "pieces": ({k: text[k] for k in ("accepted", "rejected", "correction")}
+                                 if text is not None else None)}  # None: past the first EOS
+                for r, text in itertools.zip_longest(rounds, shown)]}
   out.json(record)
   out.announce()
   return record
