@@ -57,7 +57,7 @@ setup(
                  "gcp-storage-emulator>=2026.7"],
         "seqio": ["seqio>=0.0.19", "sacrebleu>=2.4"],
         "experiments": ["matplotlib>=3.8", "sacrebleu>=2.4", "nbclient>=0.10", "nbformat>=5.10",
-                        "ipykernel>=6.29"],
+                        "ipykernel>=6.29", "nbconvert>=7.16"],
         "hf": ["torch==2.13.0", "transformers>=5"],
     },
     entry_points={"console_scripts": ["specjax=specjax.app.main:cli"]},

@@ -1,5 +1,6 @@
-"""Writes the generated parts of the manual: docs/api.md, the gin macro table of main_job.md and
-the sentence on what `python -m specjax.main` runs with no flags (README.md, main_job.md); and,
+"""Writes the generated parts of the manual: docs/api.md, the gin macro table of main_job.md,
+the sentence on what `python -m specjax.main` runs with no flags (README.md, main_job.md) and
+the JAX range (setup.py's) where README and the quickstart notebook name it; and,
 asked, the README's first-run block from a real run of the main job.
 
   python docs/build.py           rewrite them from the docstrings and the gin files
@@ -32,6 +33,9 @@ API_PAGE = ROOT / "docs" / "api.md"
 MAIN_JOB_PAGE = ROOT / "docs" / "main_job.md"
 DECODE_GIN = ROOT / "gin" / "runs" / "decode.gin"
 README = ROOT / "README.md"
+NOTEBOOK = ROOT / "experiments" / "notebooks" / "quickstart.ipynb"
+SETUP = ROOT / "setup.py"
+JAX_RANGE_TEXT = re.compile(r"`jax>=[0-9.]+,<[0-9.]+`")
 MACROS_START, MACROS_END = "<!-- gin-macros:start -->", "<!-- gin-macros:end -->"
 DEFAULT_RUN_START, DEFAULT_RUN_END = "<!-- default-run:start -->", "<!-- default-run:end -->"
 FIRST_RUN_START, FIRST_RUN_END = "<!-- first-run:start -->", "<!-- first-run:end -->"
@@ -45,6 +49,7 @@ API_SECTIONS = (
     ("specjax.verify", "Verifiers and Algorithm 1", None),
     ("specjax.sampling", "Sampling", ("Sampling",)),
     ("specjax.checkpoints", "T5X checkpoints", None),
+    ("specjax.app.generate", "Strings in, texts out", None),
 )
 
 # What each macro of gin/runs/decode.gin means; a macro missing here still gets its row.
@@ -83,6 +88,8 @@ MACRO_MEANING = {
     "WEIGHTS_DTYPE": "`'bfloat16'` casts the target's dense kernels and embedding once",
     "DRAFT_WEIGHTS_DTYPE": "the same for the draft",
     "TIMING_REPEATS": "interleaved timed passes per decode; the summary reports medians",
+    "NOTE": "a run file's word to its reader, printed as the run's first line (e.g. why its "
+            "speedup is below 1); None: none",
 }
 
 
@@ -276,15 +283,27 @@ def main_job_page(text):
   return _between(text, DEFAULT_RUN_START, DEFAULT_RUN_END, default_run_sentence())
 
 
+def jax_range(setup=SETUP):
+  """setup.py's JAX_RANGE (e.g. '>=0.10.0,<0.13')."""
+  return re.search(r'^JAX_RANGE = "([^"]+)"', setup.read_text(), re.M).group(1)
+
+
+def with_jax_range(text):
+  """`text` with every `jax>=A,<B` naming setup.py's range."""
+  return JAX_RANGE_TEXT.sub(f"`jax{jax_range()}`", text)
+
+
 def readme_page(text):
-  """README.md's text with the default run's sentence regenerated."""
-  return _between(text, DEFAULT_RUN_START, DEFAULT_RUN_END, default_run_sentence())
+  """README.md's text with the default run's sentence and the JAX range regenerated."""
+  return with_jax_range(_between(text, DEFAULT_RUN_START, DEFAULT_RUN_END,
+                                 default_run_sentence()))
 
 
 def stale_pages():
   """{path: wanted text} for every generated page whose text on disk differs."""
   wanted = {API_PAGE: api_page(), MAIN_JOB_PAGE: main_job_page(MAIN_JOB_PAGE.read_text()),
-            README: readme_page(README.read_text())}
+            README: readme_page(README.read_text()),
+            NOTEBOOK: with_jax_range(NOTEBOOK.read_text())}
   return {p: t for p, t in wanted.items() if not p.exists() or p.read_text() != t}
 
 

@@ -13,6 +13,7 @@ Decoding", ICML 2023. See README.md for the tour. The subpackages:
   specjax.data         corpora, vocabulary, seqio tasks
   specjax.runtime      sharding, multi-process runs, the launcher, the compile cache
   specjax.aot          decoding compiled for a GPU or TPU this host does not have, and read
+  specjax.generate     strings in, texts out (a `Generator` keeps a loaded pair for more calls)
 """
 __version__ = "0.1.0"
 
@@ -27,6 +28,7 @@ _EXPORTS = {
     "build_model": "specjax.models", "Sampling": "specjax.sampling",
     "speculative_step": "specjax.verify", "load_t5x": "specjax.checkpoints",
     "load_t5x_for_model": "specjax.checkpoints", "save_t5x": "specjax.checkpoints",
+    "generate": "specjax.app.generate", "Generator": "specjax.app.generate",
 }
 __all__ = sorted(_EXPORTS)
 

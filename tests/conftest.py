@@ -106,6 +106,19 @@ def _maps() -> int:
     return 0
 
 
+def pytest_sessionfinish(session, exitstatus):
+  """Frees every compiled executable before the session ends (under xdist: before the worker
+  reports that it is done). An xdist worker still busy 5 s after the controller asks it to end
+  gets a SIGINT from execnet; freeing a session's thousands of XLA executables in the
+  interpreter's last garbage collections took longer than that, so the SIGINT landed in jax's
+  gc callback (`PytestUnraisableExceptionWarning: ... _jax.collect_garbage() KeyboardInterrupt`
+  at the end of the run; `pytest -n 1 tests/app/test_main.py` showed it). Done here, the
+  freeing is part of the run, and the worker ends at once."""
+  del session, exitstatus
+  jax.clear_caches()
+  gc.collect()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_executables():
   yield

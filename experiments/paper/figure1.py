@@ -3,11 +3,12 @@
   python -m experiments.paper.figure1 [--pair translate] [--fast] [--gin.figure1.run.example=3]
 
 One line per target call: accepted guesses green, the rejected guess red (struck
-through), the target's correction blue. Writes figure1.txt (plain: [-rejected-],
-[+correction+]), figure1.html, figure1.md and figure1.json (ids and pieces per round).
+through), the target's correction blue. Writes figure1.txt (plain: [+accepted+], [-rejected-],
+[*correction*]), figure1.html, figure1.md and figure1.json (ids and pieces per round).
 """
 from __future__ import annotations
 
+import itertools
 from typing import Dict
 
 import gin
@@ -43,27 +44,25 @@ def run(cli: Cli, *, example: int = 0, gamma: int = 5, temperature: float = 0.0,
                               max_new_tokens=max_new_tokens, gamma=gamma,
                               rng=jax.random.PRNGKey(seed), config=config)
   rounds = report.trace_rounds(result, 0)
-  piece = lambda t: (vocab.decode([t]) if t != vocab.eos_id else "</s>") + " "
+  shown = report.readable_rounds(rounds, vocab)
   console = Console(record=True, width=100)
   title = f"Figure 1: {pair.label}, γ={gamma}, T={temperature:g}"
   console.print(title, markup=False)
   console.print(f"input: {ex.texts[0]}", markup=False, highlight=False)
-  console.print(report.render_trace(rounds, piece))
+  console.print(report.render_trace(shown))
   out = Output(cli.output_dir, "figure1")
-  plain = report.plain_trace(rounds, piece)
+  plain = report.plain_trace(shown)
   out.path("figure1.txt").write_text(plain + "\n", encoding="utf-8")
   out.path("figure1.html").write_text(console.export_html(), encoding="utf-8")
   md = header(title, [pair], [f"input: {ex.texts[0]}",
-                                     "[-x-] rejected guess, [+y+] the target's correction"])
+                                     report.legend(colours=False)])
   out.markdown(md + "\n```\n" + plain + "\n```")
   text = vocab.decode(output_ids(result.tokens[0], int(result.lengths[0])))
   record = {"pair": pair.name, "source": pair.source, "input": ex.texts[0], "text": text,
             "target_calls": int(result.target_calls[0]), "rounds": [
-                {**r, "pieces": {"accepted": [piece(t) for t in r["accepted"]],
-                                 "rejected": piece(r["rejected"]) if r["rejected"] is not None
-                                 else None,
-                                 "correction": piece(r["correction"])
-                                 if r["correction"] is not None else None}} for r in rounds]}
+                {**r, "pieces": ({k: text[k] for k in ("accepted", "rejected", "correction")}
+                                 if text is not None else None)}  # None: past the first EOS
+                for r, text in itertools.zip_longest(rounds, shown)]}
   out.json(record)
   out.announce()
   return record

@@ -338,6 +338,9 @@ def _parse_files_and_bindings(files: Sequence[str], bindings: Sequence[str],
     with _quiet_path_probes(), GinFiles(paths).reading():
       gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
   except SyntaxError as e:
+    unquoted = unquoted_string(e)
+    if unquoted is not None:
+      raise ValueError(unquoted) from e
     where = f"'{e.filename}', line {e.lineno}" if e.filename else "a --gin binding"
     raise ValueError(f"gin syntax error in {where}: {e.msg}\n  {(e.text or '').rstrip()}") from e
   except tokenize.TokenError as e:
@@ -351,6 +354,26 @@ def _parse_files_and_bindings(files: Sequence[str], bindings: Sequence[str],
     raise ModuleNotFoundError(
         f"a gin file imports {named}, which is not installed: install specjax's "
         f"'{extra}' extra (pip install -e '.[{extra}]' in a checkout)", name=named) from e
+
+
+def unquoted_string(error: SyntaxError) -> Optional[str]:
+  """The message for a gin value that is a bare word or path (`--gin.GAMMA_POLICY=auto`: a
+  string that lacks its quotes), with the binding corrected; None for any other syntax error."""
+  if not re.search(r"Failed to parse token|Unable to parse value", error.msg or ""):
+    return None
+  name, eq, value = (error.text or "").strip().partition("=")
+  name, value = name.strip(), value.strip()
+  if not eq or not value or not re.fullmatch(r"[\w./~\-:]+", value) or value[0].isdigit():
+    return None
+  if value.lower() in ("true", "false", "none"):
+    fixed, why = value.capitalize(), f"gin writes {value.capitalize()} capitalized"
+  else:
+    fixed, why = f"'{value}'", "a string must be quoted"
+  if error.filename:
+    return (f"gin: '{error.filename}', line {error.lineno}: {value} is not a gin value "
+            f"({why}): write {name} = {fixed}")
+  flag = f'--gin.{name}="{fixed}"' if fixed.startswith("'") else f"--gin.{name}={fixed}"
+  return f"--gin.{name}={value}: {value} is not a gin value ({why}): write {flag}"
 
 
 OPTIONAL_MODULES = {"seqio": "seqio", "tensorflow": "seqio", "sacrebleu": "seqio",

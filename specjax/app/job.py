@@ -41,8 +41,9 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
                task_vocabulary: Any = None, task_feature_lengths: Optional[Mapping] = None,
                write_scores: bool = False, timing_repeats: int = 3,
                weights_dtype: str = "float32", draft_weights_dtype: str = "float32",
-               console: Optional[Console] = None,
-               on_batch: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
+               note: Optional[str] = None, console: Optional[Console] = None,
+               on_batch: Optional[Callable[[int, int], None]] = None,
+               settings_only: bool = False) -> Any:
   """Runs autoregressive and speculative decoding on `texts`; prints and writes a report.
 
   Args:
@@ -55,9 +56,12 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       max_input_len and 'targets' max_new_tokens (T5X's lengths), when given.
     every other setting: the `specjax.app.settings.JobSettings` field of its name, documented
       there (the defaults are here: gin binds `decode_job.NAME`).
+    note: NOTE: a run file's word to its reader, printed first (why its speedup is below 1).
     console: where the report is printed (None: a new rich Console).
     on_batch: a progress hook, on_batch(examples_done, examples_total) after every
       batch_size examples of the first speculative decode; Ctrl-C between two stops the job.
+    settings_only: return the checked `JobSettings` and run nothing (`texts` unread): how
+      `specjax.app.generate` reads the settings the parsed gin binds.
   The settings become one `JobSettings` (checked as it is made); the vocabulary, the output
   folder and the caches' size are checked before any weights load. Returns the summary dict.
   """
@@ -79,6 +83,20 @@ def decode_job(texts: Sequence[Any], *, target_checkpoint: Optional[str] = None,
       partitioner=partitioner, vocabulary=vocabulary, draft_vocabulary=draft_vocabulary,
       task_vocabulary=task_vocabulary, cost_table=cost_table, output_dir=output_dir,
       timing_repeats=timing_repeats, write_scores=write_scores, plain=plain)
+  if settings_only:
+    return settings
+  return run_job(texts, settings, console, on_batch, note)
+
+
+def run_job(texts: Sequence[Any], settings: JobSettings, console: Console,
+            on_batch: Optional[Callable[[int, int], None]] = None,
+            note: Optional[str] = None) -> Dict[str, Any]:
+  """`decode_job` once its settings are made: prints `note` first, then plans, loads, measures
+  and reports (printed on `console`, written to the settings' output_dir). The summary dict."""
+  if note is not None:
+    if not isinstance(note, str):
+      raise ValueError(f"NOTE must be a string or None, got {note!r}")
+    console.print(display.text(f"Note: {note}"))
   plan = make_plan(texts, settings)
   loaded = load(plan)
   verifier = plan.settings.decoding.verifier

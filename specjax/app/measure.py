@@ -8,11 +8,12 @@ from typing import Any, Callable, Dict, Optional
 
 import jax
 from rich.console import Console
-from rich.progress import Progress
 
 from specjax import timing
 from specjax.app.loading import load_params
 from specjax.app.plan import Plan
+from specjax.app.progress import FirstRuns
+from specjax.app.settings import JobSettings
 from specjax.decode import DecodeResult, autoregressive_decode, speculative_decode, tree_decode
 from specjax.params import DRAFT_WEIGHTS_DTYPES, WEIGHTS_DTYPES, cast_kernels
 
@@ -39,30 +40,39 @@ class Measured:
 
 def load(plan: Plan) -> Loaded:
   """The target's and the draft's weights, cast to the plan's weight dtypes."""
-  settings = plan.settings
+  return load_weights(plan.settings, plan.target, plan.draft, plan.drafter, plan.checkpoints,
+                      plan.token_ranking)
+
+
+def load_weights(settings: JobSettings, target, draft, drafter, checkpoints: Dict[str, Any],
+                 token_ranking=None) -> Loaded:
+  """The weights of `target` and `draft` (None: no draft model) from `checkpoints` ({role:
+  path, 'bundled:...' or None for random init}), cast to the settings' weight dtypes; a
+  feature drafter's params read the target's too (with `token_ranking`, int32 [V])."""
   seed, partitioner = settings.seed, settings.partitioner
-  target_params = load_params(plan.target, plan.checkpoints["target"], seed, partitioner)
-  draft_params = (load_params(plan.draft, plan.checkpoints["draft"], seed + 1, partitioner)
-                  if plan.draft is not None else None)
+  target_params = load_params(target, checkpoints["target"], seed, partitioner)
+  draft_params = (load_params(draft, checkpoints["draft"], seed + 1, partitioner)
+                  if draft is not None else None)
   if settings.weights_dtype != "float32":
     target_params = cast_kernels(target_params, WEIGHTS_DTYPES[settings.weights_dtype])
   if settings.draft_weights_dtype != "float32" and draft_params is not None:
     draft_params = cast_kernels(draft_params,
                                 DRAFT_WEIGHTS_DTYPES[settings.draft_weights_dtype])
-  if plan.drafter.wants_features:  # a feature head reads the target's own params too
-    draft_params = plan.drafter.params(draft_params, target_params,
-                                       token_ranking=plan.token_ranking)
+  if drafter.wants_features:  # a feature head reads the target's own params too
+    draft_params = drafter.params(draft_params, target_params, token_ranking=token_ranking)
   return Loaded(target_params=target_params, draft_params=draft_params)
 
 
-def decoders(plan: Plan, loaded: Loaded, costs) -> Dict[str, Callable[..., DecodeResult]]:
+def decoders(plan: Plan, loaded: Loaded, costs, trace: bool = True
+             ) -> Dict[str, Callable[..., DecodeResult]]:
   """{'ar': ..., 'spec': ...}: each decodes every input (keyword: on_progress) through
-  min(batch_size, inputs) slots (in-flight batching), one key per example."""
+  min(batch_size, inputs) slots (in-flight batching), one key per example; the speculative
+  one records its Figure-1 trace when `trace`."""
   settings = plan.settings
   keys = jax.random.split(jax.random.PRNGKey(settings.seed), len(plan.examples))
   stream = dict(rng=keys, partitioner=settings.partitioner, slots=plan.slots,
                 prompt_lengths=plan.prompt_lengths, max_new_tokens=settings.max_new_tokens)
-  spec_config = dataclasses.replace(settings.decoding, trace=True)
+  spec_config = dataclasses.replace(settings.decoding, trace=trace)
   if plan.drafter.tree is not None:  # TREE, or a drafter that drafts its own tree
     spec = lambda **kw: tree_decode(plan.target, loaded.target_params, plan.drafter,
                                     loaded.draft_params, plan.inputs, config=spec_config,
@@ -80,25 +90,26 @@ def decoders(plan: Plan, loaded: Loaded, costs) -> Dict[str, Callable[..., Decod
 
 def measure(plan: Plan, loaded: Loaded, console: Console,
             on_batch: Optional[Callable[[int, int], None]] = None) -> Measured:
-  """Both decodes once with a progress bar (compiles; 'auto' calibrates), then
-  TIMING_REPEATS interleaved passes. Ctrl-C during the first runs (between two chunks of
+  """Both decodes once, saying what compiles and how far they got (`progress.FirstRuns`; 'auto'
+  calibrates), then TIMING_REPEATS interleaved passes. Ctrl-C during the first runs (between two chunks of
   batch_size examples) says how far it got and propagates: nothing is written."""
   total = len(plan.examples)
   costs, done = plan.costs, [0]
   try:
-    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
-      task = progress.add_task("decoding", total=2 * total)
+    with FirstRuns(console) as runs:
+      ar_progress = runs.loop("autoregressive", total)
+      fns = decoders(plan, loaded, costs)
+      ar_first, ar_first_s = timing.timed(lambda: fns["ar"](on_progress=ar_progress))
+      spec_hook = runs.loop("speculative", total)
 
       def spec_progress(finished, count):  # after every batch_size finished examples
         done[0] = finished
-        progress.update(task, completed=count + finished)
+        spec_hook(finished, count)
         if on_batch is not None:
           on_batch(finished, count)
 
-      fns = decoders(plan, loaded, costs)
-      ar_first, ar_first_s = timing.timed(lambda: fns["ar"](
-          on_progress=lambda d, t: progress.update(task, completed=d)))
       spec_first, spec_first_s = timing.timed(lambda: fns["spec"](on_progress=spec_progress))
+      runs.timing(plan.settings.timing_repeats)
   except KeyboardInterrupt:
     console.print(f"interrupted after {done[0]} of {total} examples: nothing written")
     raise

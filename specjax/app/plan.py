@@ -108,15 +108,26 @@ def cap_gamma(settings: JobSettings) -> JobSettings:
                                                           auto_buckets=buckets))
 
 
-def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
-  """Frames the inputs of `decode_job` and checks what the settings alone could not (the
-  inputs, output folder, cost table file, vocabulary, checkpoints, caches); loads nothing."""
-  examples = inputs_lib.as_inputs(texts)
-  if not examples:
-    raise ValueError("no inputs to decode")
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  """The models of a run, built and checked against their vocabulary, before any inputs are
+  framed (the main job's plan builds one per run; `specjax.app.generate.Generator` keeps one
+  for many calls)."""
+
+  settings: JobSettings  # checked, cap_gamma applied
+  vocab: Any  # the run's vocabulary
+  target: Any  # the target DecodingModel
+  draft: Any  # the draft DecodingModel, a FeatureHead (feature drafters), None for prompt lookup
+  drafter: Any  # the specjax.draft drafter
+  checkpoints: Dict[str, Any]  # {'target': ..., 'draft': ...}: paths, 'bundled:...' or None
+  models: Dict[str, Any]  # {'target': ..., 'draft': ...}: the models checked against vocab
+
+
+def build_pair(settings: JobSettings) -> Pair:
+  """The target, the draft and the drafter the parsed gin describes (`gin_config.model_config`
+  under the scopes target/ and draft/), and the run's vocabulary, checked against each other;
+  loads nothing."""
   settings = cap_gamma(settings)
-  prepare_output_dir(settings.output_dir)
-  costs = cost_table_file(settings.cost_table)
   target = build_model(gin_config.model_config("target"))
   models = {"target": target}
   draft = None
@@ -135,6 +146,33 @@ def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
                          gin_config.model_vocabulary("target"))
   check_models(vocab, models)
   check_attention_backend(models, jax.default_backend())
+  return Pair(settings=settings, vocab=vocab, target=target, draft=draft, drafter=drafter,
+              checkpoints=checkpoints, models=models)
+
+
+def token_ranking(pair: Pair) -> Any:
+  """A feature head's token ranking (int32 [V], read from the draft checkpoint's folder), or
+  None for every other drafter."""
+  if not pair.drafter.wants_features:
+    return None
+  return load_token_ranking(bundled.resolve(pair.settings.draft_checkpoint, "checkpoint"),
+                            pair.draft.config.vocab_size)
+
+
+def make_plan(texts: Sequence[Any], settings: JobSettings, pair: Optional[Pair] = None) -> Plan:
+  """Frames the inputs of `decode_job` and checks what the settings alone could not (the
+  inputs, output folder, cost table file, vocabulary, checkpoints, caches); loads nothing.
+  `pair`: the models, already built (`build_pair`) from settings that differ from these at
+  most in max_new_tokens and seed (None: built here)."""
+  examples = inputs_lib.as_inputs(texts)
+  if not examples:
+    raise ValueError("no inputs to decode")
+  settings = cap_gamma(settings)
+  prepare_output_dir(settings.output_dir)
+  costs = cost_table_file(settings.cost_table)
+  pair = build_pair(settings) if pair is None else pair
+  vocab, target, draft, drafter = pair.vocab, pair.target, pair.draft, pair.drafter
+  checkpoints, models = pair.checkpoints, pair.models
   rows = [list(e.ids) if e.ids is not None else prompts.text_ids(vocab, e.text, target)
           for e in examples]
   inputs, prompt_lengths = prompts.frame(target, rows, max_len=settings.max_input_len,
@@ -156,8 +194,7 @@ def make_plan(texts: Sequence[Any], settings: JobSettings) -> Plan:
     check_chain(drafter.max_gamma, [target, *drafter.models], slots, decoding.cache_len,
                 target.vocab_size, cache_size, settings.partitioner)
   check_checkpoints(checkpoints)
-  ranking = (load_token_ranking(bundled.resolve(settings.draft_checkpoint, "checkpoint"),
-                                draft.config.vocab_size) if drafter.wants_features else None)
+  ranking = token_ranking(pair)
   check_memory(list(models.values()), cache_size, settings.partitioner)
   return Plan(settings=dataclasses.replace(settings, decoding=decoding), examples=examples,
               inputs=inputs, prompt_lengths=prompt_lengths, vocab=vocab, target=target,

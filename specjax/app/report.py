@@ -1,10 +1,5 @@
-"""Human-readable output: the paper's Figure-1 trace and the summary table.
-
-Colours (rich): accepted guesses green, rejected guess red, the target's
-correction blue. Without a terminal (or with `plain=True`) the same trace is
-plain text: accepted guesses as-is, a rejected guess as [-x-], a correction
-as [+y+].
-"""
+"""Human-readable output: the outputs, the paper's Figure-1 trace (`specjax.app.trace`) and the
+summary table."""
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence
@@ -15,55 +10,10 @@ from rich.table import Table
 from rich.text import Text
 
 from specjax.app import display, records
+from specjax.app.trace import (legend, plain_trace, print_trace, readable_rounds,  # noqa: F401
+                               render_trace, trace_rounds)
 from specjax.decode import DecodeResult
 from specjax.verify import describe
-
-
-def trace_rounds(result: DecodeResult, row: int) -> List[Dict]:
-  """Per round of one row: {'gamma': guesses offered, 'accepted': [ids], 'rejected': id or
-  None, 'correction': id or None}."""
-  trace = result.trace
-  if trace is None:
-    raise ValueError("the result has no trace: decode with DecodeConfig(trace=True)")
-  rounds, total, length = [], 0, int(result.lengths[row])
-  for r in range(int(result.target_calls[row])):
-    n, gamma = int(trace.accepted[row, r]), int(trace.gamma[row, r])
-    guesses = [int(t) for t in np.asarray(trace.guesses[row, r, :n])]
-    rejected = int(trace.guesses[row, r, n]) if n < gamma else None
-    keep = max(0, min(n, length - total))
-    entry = {"gamma": gamma, "accepted": guesses[:keep],
-             "rejected": rejected if keep == n else None,
-             "correction": int(trace.correction[row, r]) if total + n < length else None}
-    rounds.append(entry)
-    total += n + 1
-  return rounds
-
-
-def render_trace(rounds: Sequence[Dict], piece: Callable[[int], str]) -> Text:
-  """A rich Text of the trace, one line per round."""
-  text = Text()
-  for entry in rounds:
-    for t in entry["accepted"]:
-      text.append(piece(t), style="green")
-    if entry["rejected"] is not None:
-      text.append(piece(entry["rejected"]), style="red strike")
-    if entry["correction"] is not None:
-      text.append(piece(entry["correction"]), style="bold blue")
-    text.append("\n")
-  return text
-
-
-def plain_trace(rounds: Sequence[Dict], piece: Callable[[int], str]) -> str:
-  """The trace as plain text (for logs and non-terminals)."""
-  lines = []
-  for entry in rounds:
-    line = "".join(piece(t) for t in entry["accepted"])
-    if entry["rejected"] is not None:
-      line += f"[-{piece(entry['rejected'])}-]"
-    if entry["correction"] is not None:
-      line += f"[+{piece(entry['correction'])}+]"
-    lines.append(line)
-  return "\n".join(lines)
 
 
 NOT_IN_TABLE = ("speculation_off",)
@@ -78,17 +28,12 @@ def summary_table(summary: Dict, title: str = "specjax summary") -> Table:
   for key, value in summary.items():
     if key in NOT_IN_TABLE:
       continue
+    shown = f"{value:.3g}" if isinstance(value, float) else str(value)
+    # a value of several lines (greedy_difference: a line per row) keeps its lines; each is
+    # shown as data (its control characters escaped)
     table.add_row(display.text(key),
-                  display.text(f"{value:.3g}" if isinstance(value, float) else value))
+                  Text("\n").join(display.text(line) for line in shown.split("\n")))
   return table
-
-
-def print_trace(console: Console, rounds, piece, plain: bool) -> None:
-  """Prints the trace with colours on a terminal, else as plain text."""
-  if plain or not console.is_terminal:
-    console.print(plain_trace(rounds, piece), markup=False, highlight=False)
-  else:
-    console.print(render_trace(rounds, piece))
 
 
 def decode_figures(name: str, result: DecodeResult, seconds: float) -> Dict:
@@ -212,6 +157,8 @@ def speculation_off(speculated: int, rounds: int, costs, draft_cost: Optional[fl
     text += (f", and a γ = {bucket} round costs {round_cost:.2f} autoregressive steps, so "
              + (f"speculating pays only above α = {even:.2f}" if even is not None
                 else "no α makes it pay"))
+    if costs.real_ratio is not None:
+      text += f" (measured: {costs.measured()})"
   return (text + ". The two decodes above are then both autoregressive: their time ratio is "
           "noise, not a speedup. To speculate anyway: --gin.GAMMA_POLICY=\"'constant'\"")
 
@@ -238,16 +185,19 @@ def print_run(console: Console, plan, measured, recs: Sequence[Dict], summary: D
   for rec in recs:  # user and model text shown as data: no markup, no control bytes
     console.print(Text.assemble(("> ", "bold"), display.text(rec["input"])), highlight=False)
     console.print(display.text(f"  {rec['speculative']}"), highlight=False)
-  console.print("\nFigure-1 trace of the first example (green accepted, red rejected, "
-                "blue correction; one line per target call):")
-  vocab = plan.vocab
-  piece = lambda t: display.printable(vocab.decode([t])) if t != vocab.eos_id else "</s>"
   rounds = trace_rounds(measured.spec, 0)
-  print_trace(console, rounds, lambda t: piece(t) + " ", plain)
+  shown = readable_rounds(rounds, plan.vocab)
+  colours = not plain and console.is_terminal
+  console.print(f"\nFigure-1 trace of the first example ({legend(colours)}; one line per target "
+                "call):", markup=False, highlight=False)
+  print_trace(console, shown, colours)
   wide = sum(1 for r in rounds if r["gamma"] > 0)
   emitted = int(measured.spec.lengths[0])
+  past = len(rounds) - len(shown)
   console.print(f"{len(rounds)} target calls, {wide} of them speculating (γ > 0), "
-                f"{emitted / max(len(rounds), 1):.2f} tokens per call", highlight=False)
+                f"{emitted / max(len(rounds), 1):.2f} tokens per call"
+                + (f" ({past} calls past the first EOS not shown)" if past else ""),
+                highlight=False)
   console.print(summary_table(summary))
   if "speculation_off" in summary:
     console.print(f"Note: {summary['speculation_off']}", markup=False, highlight=False)

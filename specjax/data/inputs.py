@@ -9,12 +9,14 @@ MIXTURE_OR_TASK_NAME with TASK_FEATURE_LENGTHS.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import logging
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from specjax import files
 from specjax.data._errors import library_error
+from specjax.data.seqio_import import import_seqio, seqio_imported
 from specjax.data.splits import TASK_FILES, load_bundled
 
 LM_TASKS = ("lm_ddtp_en", "specjax_lm_ddtp_en")
@@ -41,7 +43,10 @@ def read_input_file(path: str, limit: int = INPUT_FILE_BYTES) -> List[str]:
   """The non-blank lines of a UTF-8 file (LF, CRLF or CR alone, a BOM dropped); ValueError
   naming a bad byte, a file with no input at all (the job must not fall back to a default
   task), or a path that is not a regular file of at most `limit` bytes (/dev/zero, a FIFO)."""
-  raw = files.read_bytes(path, limit, "--input_file")
+  try:
+    raw = files.read_bytes(path, limit, "--input_file")
+  except OSError as e:  # missing, unreadable: named by its flag, not a bare [Errno N]
+    raise type(e)(f"--input_file '{path}': {e.strerror or e}") from e
   try:
     text = raw.decode("utf-8-sig")
   except UnicodeDecodeError as e:
@@ -94,10 +99,24 @@ def task_inputs(task: str, num_examples: int, prompt_words: int = 12,
   return _seqio_inputs(name, split or "validation", num_examples, prompt_words, feature_lengths)
 
 
+def unknown_task(name: str) -> str:
+  """The message for a task that is neither a bundled split nor a registered seqio task."""
+  close = difflib.get_close_matches(name, [*TASK_FILES, *(f"specjax_{t}" for t in TASK_FILES)],
+                                    1)
+  return (f"unknown task {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "") +
+          f": neither a bundled split ({sorted(TASK_FILES)}) nor a registered seqio task or "
+          "mixture (register yours by importing its module: MIXTURE_OR_TASK_MODULE or an "
+          "`import` in your gin file)")
+
+
 def _seqio_inputs(name: str, split: str, num_examples: int, prompt_words: int,
                   feature_lengths: Optional[Mapping[str, int]]) -> Tuple[List[DecodeInput], Any]:
+  if not name.startswith("specjax_") and not seqio_imported():
+    # No module that registers seqio tasks was imported (each imports seqio), so no task of
+    # this name can exist: said at once, without the seconds of importing TensorFlow.
+    raise ValueError(unknown_task(name))
   try:
-    import seqio  # pylint: disable=import-outside-toplevel
+    seqio = import_seqio()
   except ImportError as e:
     raise ValueError(f"task {name!r} is not a bundled split ({sorted(TASK_FILES)}); reading a "
                      f"seqio task needs seqio (pip install specjax[seqio]): {e}") from e
@@ -106,10 +125,7 @@ def _seqio_inputs(name: str, split: str, num_examples: int, prompt_words: int,
   try:
     provider = seqio.get_mixture_or_task(name)
   except ValueError as e:
-    raise ValueError(f"unknown task {name!r}: neither a bundled split ({sorted(TASK_FILES)}) "
-                     "nor a registered seqio task or mixture (register yours by importing "
-                     "its module: MIXTURE_OR_TASK_MODULE or an `import` in your gin file)"
-                     ) from e
+    raise ValueError(unknown_task(name)) from e
   features = provider.output_features
   key = "inputs" if "inputs" in features else "targets"
   try:

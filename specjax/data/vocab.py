@@ -128,8 +128,8 @@ def load_vocab(model_path: Optional[Union[str, Path]] = None) -> Vocab:
 
 def seqio_vocab(model_path: Optional[Union[str, Path]] = None):
   """`seqio.SentencePieceVocabulary` on the same file (needs the `seqio` extra)."""
-  import seqio  # pylint: disable=import-outside-toplevel
-  return seqio.SentencePieceVocabulary(str(model_path or DEFAULT_MODEL), extra_ids=0)
+  from specjax.data.seqio_import import import_seqio  # pylint: disable=import-outside-toplevel
+  return import_seqio().SentencePieceVocabulary(str(model_path or DEFAULT_MODEL), extra_ids=0)
 
 
 def balanced_sample(english: Iterable[str], german: Iterable[str],

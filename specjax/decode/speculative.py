@@ -90,16 +90,17 @@ def calibrate_costs(target: DecodingModel, target_params: Any, drafter: Drafter,
                     draft_params: Any, inputs, *, max_new_tokens: int,
                     config: DecodeConfig = DecodeConfig(gamma_policy="auto"), prompt_lengths=None,
                     partitioner: Optional[Partitioner] = None, rng: Optional[jax.Array] = None,
-                    rounds: int = 6, repeats: int = 3) -> auto.CostTable:
+                    rounds: int = 6, repeats: int = 5) -> auto.CostTable:
   """Measures the 'auto' policy's `CostTable` for these models, batch and cache length.
 
   Runs the compiled speculative loop on `inputs` (the same executable the decode uses:
   no extra compile), each run forcing one round variant (γ = 0 or a bucket) for R ≥
-  `rounds` rolled-back rounds, beside runs of 0 rounds for the fixed part
-  (`auto.time_rounds`): about repeats × (len(buckets) + 2) runs holding repeats ×
-  (len(buckets) + 1) × R rounds, milliseconds on an accelerator, seconds on a loaded CPU
-  at large batch (reported as `calibration_s`). Arguments as for `speculative_decode`;
-  config must use gamma_policy='auto'.
+  `rounds` rolled-back rounds, beside runs of 0 rounds for the fixed part, interleaved and
+  repeated, then checked on real rounds (`auto.time_rounds`, `specjax.decode.auto.timing`):
+  about repeats × (len(buckets) + 2) runs holding repeats × (len(buckets) + 1) × R rounds,
+  and 3 × 3 runs of the check (more when it disagrees), milliseconds on an accelerator,
+  seconds on a loaded CPU at large batch (reported as `calibration_s`). Arguments as for
+  `speculative_decode`; config must use gamma_policy='auto'.
   """
   if config.gamma_policy != "auto":
     raise ValueError(f"calibrate_costs needs gamma_policy='auto', got {config.gamma_policy!r}")

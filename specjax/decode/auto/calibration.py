@@ -67,7 +67,7 @@ CALIBRATED = CostCache()
 """The tables `costs_for` calibrated in this process (bounded; `CALIBRATED.clear()` resets)."""
 
 
-def measure(prepared: PreparedDecode, rounds: int = 6, repeats: int = 3) -> auto.CostTable:
+def measure(prepared: PreparedDecode, rounds: int = 6, repeats: int = 5) -> auto.CostTable:
   """Measures `prepared`'s cost table (`auto.time_rounds` over its compiled loop) and keeps it."""
   # Rounds are rolled back, so the budget only has to let every bucket's γ be offered.
   budget = max(prepared.max_new_tokens, prepared.max_gamma + 1)

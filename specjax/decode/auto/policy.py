@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import flax
 import jax
@@ -118,11 +117,25 @@ class CostTable:
   """Σ min(p, q) per verified position in the calibration's widest rounds (on the inputs
   calibrated on) of its slowest row, the one with the least: each row's prior α̂ under the
   policy (`prior_of`). None: PRIOR_ALPHA."""
+  low: Tuple[float, ...] = ()
+  """Per bucket: the lower quartile of its cost over the narrow round's, across the
+  calibration's interleaved repeats (`auto.timing`); () for a table without them."""
+  high: Tuple[float, ...] = ()
+  """Per bucket: the upper quartile of the same."""
+  real_ratio: Optional[float] = None
+  """The widest bucket's round over a narrow round, timed on real rounds that move through the
+  text (the check of the calibration); None: not checked."""
+  recalibrations: int = 0
+  """Calibrations repeated because the check disagreed."""
+  recalibrated: bool = False
+  """Whether the check still disagreed after them and its ratio rescaled the buckets."""
 
   def __post_init__(self):
     object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
     object.__setattr__(self, "seconds", tuple(float(s) for s in self.seconds))
     object.__setattr__(self, "samples", tuple(int(s) for s in self.samples))
+    object.__setattr__(self, "low", tuple(float(s) for s in self.low))
+    object.__setattr__(self, "high", tuple(float(s) for s in self.high))
     if len(self.seconds) != len(self.buckets) + 1:
       raise ValueError(f"cost table: {len(self.seconds)} costs for γ = 0 and buckets "
                        f"{self.buckets} (need {len(self.buckets) + 1})")
@@ -170,7 +183,26 @@ class CostTable:
         "round_cost_vs_ar": ", ".join(f"γ={g}: {r:.2f}" for g, r in rel.items()),
         "calibration_alpha": self.alpha,
         "calibration_s": self.calibration_s,
+        **({"calibration": self.measured()} if self.real_ratio is not None else {}),
     }
+
+  def measured(self) -> str:
+    """What the calibration measured, in words: its repeats, the spread of each bucket's cost
+    and the check on real rounds."""
+    repeats = self.samples[0] if self.samples else 0
+    spread = ", ".join(f"γ={g}: {lo:.2f}-{hi:.2f}" for g, lo, hi in
+                       zip(self.buckets, self.low, self.high))
+    text = (f"{repeats} timed rounds per variant over interleaved repeats, each cost the median "
+            f"of its ratios to the narrow round (quartiles {spread})")
+    if self.real_ratio is not None:
+      wide = self.buckets[-1]
+      text += (f"; checked on real rounds: a γ = {wide} round cost {self.real_ratio:.2f} narrow "
+               f"rounds")
+      if self.recalibrations:
+        text += f", recalibrated {self.recalibrations} time(s)"
+      if self.recalibrated:
+        text += ", the real rounds' ratio kept"
+    return text
 
   def check(self, *, batch: int, cache_len: int, max_gamma: int, buckets: Sequence[int],
             models: str) -> None:
@@ -364,70 +396,3 @@ class AutoControl:
                        rollback=jnp.bool_(rollback),
                        prior=jnp.float32(PRIOR_ALPHA if prior is None else prior),
                        prior_weight=jnp.float32(prior_weight))
-
-
-# --------------------------------------------------------------------------- calibration
-
-
-def time_rounds(run: Callable[["AutoControl"], None], *, batch: int, cache_len: int,
-              max_gamma: int, buckets: Tuple[int, ...], models: str, rounds: int = 6,
-              repeats: int = 3, alpha_rounds: Optional[int] = None) -> CostTable:
-  """Times every round variant inside the compiled loop and returns the `CostTable`.
-
-  run(control) executes the loop once with that control (blocking) and returns the rows'
-  (alpha_sum [B], alpha_count [B]). The table's `alpha` comes from one more, untimed run
-  that forces the widest bucket for R rounds WITHOUT rollback: the rows move through their
-  text as a decode does, so α is averaged over the positions a decode verifies (the rolled-back
-  timed runs see only the inputs' first positions over and over: on the bundled LM at
-  T = 1 that prior ruled speculation out where fixed γ = 4 ran 1.2-1.5x autoregressive, and
-  narrow rounds never correct it). It is the α of the batch's slowest row (the least of the
-  rows'), since the batch runs until its slowest row is done: with the rows' mean, batches
-  of 8 and 32 on the bundled LM at T = 0 (rows' α 0.54 to 1) paid for one wide round that
-  no fixed γ won back (0.93-0.95x autoregressive). Each timed run
-  forces one variant for R rolled-back rounds (rows never finish and never move, so
-  every round does the same work) and a run of 0 rounds gives the fixed part (prefill,
-  transfers), so a variant's round costs (t − t₀) / R. R is at least `rounds`, and up to
-  4 × `rounds` when the fixed part is long next to a γ = 0 round, so that rounds, not the
-  fixed part's noise, make up the difference. The runs are interleaved (t₀, γ = 0, each bucket,
-  `repeats` times: a busy spell hits neighbours alike), and each cost is the median of
-  its paired differences. A round with guesses does all a γ = 0 round does and more, so
-  no bucket is costed below the γ = 0 round (noise can suggest it on a busy machine).
-  `alpha_rounds` sets the α run's length instead of R (at most SCHEDULE_ROUNDS): a token
-  tree's α is one indicator per round (`specjax.decode.tree`), not one overlap per guess, so
-  it needs more rounds for the same precision.
-  """
-  if not 1 <= rounds <= SCHEDULE_ROUNDS:
-    raise ValueError(f"calibration rounds must be in [1, {SCHEDULE_ROUNDS}], got {rounds}")
-  choices = (0,) + tuple(buckets)
-  ones = np.ones(max_gamma + 1, np.float32)
-
-  def timed(gamma: int, count: int) -> float:
-    control = AutoControl.make(ones, max_gamma, [gamma] * count, max_rounds=count,
-                               rollback=True)
-    start = time.perf_counter()
-    run(control)
-    return time.perf_counter() - start
-
-  timed(0, 1)  # compiles the loop, if this is its first use
-  start = time.perf_counter()
-  fixed = min(timed(0, 0), timed(0, 0))
-  step = (timed(0, rounds) - fixed) / rounds
-  count = int(min(SCHEDULE_ROUNDS, 4 * rounds, max(rounds, np.ceil(fixed / max(step, 1e-9)))))
-  costs: Dict[int, List[float]] = {g: [] for g in choices}
-  for _ in range(repeats):
-    base = timed(0, 0)
-    for g in choices:
-      costs[g].append((timed(g, count) - base) / count)
-  spent = time.perf_counter() - start
-  widest = min(SCHEDULE_ROUNDS, alpha_rounds or count)
-  alpha_sum, alpha_count = run(AutoControl.make(ones, max_gamma, [buckets[-1]] * widest,
-                                                max_rounds=widest))
-  alpha_sum, alpha_count = np.asarray(alpha_sum, np.float64), np.asarray(alpha_count)
-  seen = alpha_count > 0
-  alpha = (min(max(float(np.min(alpha_sum[seen] / alpha_count[seen])), 0.0), 1.0)
-           if np.any(seen) else None)
-  narrow = max(float(np.median(costs[0])), 1e-6)
-  seconds = (narrow,) + tuple(max(float(np.median(costs[g])), narrow) for g in buckets)
-  return CostTable(batch=batch, cache_len=cache_len, max_gamma=max_gamma, buckets=buckets,
-                   seconds=seconds, models=models, samples=(repeats * count,) * len(choices),
-                   calibration_s=spent, platform=jax.devices()[0].platform, alpha=alpha)
