@@ -13,6 +13,7 @@ that tests sharing it share its compiled loops too. Its outputs mean nothing.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -154,6 +155,16 @@ def exact_joint(log_table: np.ndarray, sampling, prefix, steps: int) -> dict:
       context.append(token)
     out[seq] = prob
   return out
+
+
+def joint_tv(tokens: Any, law: dict, steps: int) -> float:
+  """Total variation distance between the empirical law of the first `steps` tokens of each
+  row of `tokens` int [N, >= steps] and `law` ({tuple of tokens: probability}, e.g.
+  `exact_joint`'s)."""
+  counts = collections.Counter(map(tuple, np.asarray(tokens)[:, :steps].tolist()))
+  total = len(tokens)
+  return 0.5 * sum(abs(counts.get(k, 0) / total - law.get(k, 0.0))
+                   for k in set(law) | set(counts))
 
 
 def _tiny_gemma_configs():
