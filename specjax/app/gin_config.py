@@ -29,7 +29,7 @@ import gin
 from specjax.app import bundled
 from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
 from specjax.draft import DynamicTree, StaticTree
-from specjax.models import DecoderOnlyConfig, FeatureHeadConfig, T5Config
+from specjax.models import DecoderOnlyConfig, FeatureHeadConfig, GemmaConfig, T5Config
 from specjax.models import model_gin
 from specjax.models.model_gin import ModelFile, config_from_model_file
 from specjax.sampling import Sampling
@@ -62,7 +62,7 @@ def register(obj, module: str, name: Optional[str] = None):
 
 
 for _obj, _module in ((T5Config, "specjax.models"), (DecoderOnlyConfig, "specjax.models"),
-                      (FeatureHeadConfig, "specjax.models"),
+                      (FeatureHeadConfig, "specjax.models"), (GemmaConfig, "specjax.models"),
                       (Sampling, "specjax"), (DecodeConfig, "specjax.decode"),
                       (ReferenceVerifier, "specjax.verify"), (FusedVerifier, "specjax.verify"),
                       (BlockVerifier, "specjax.verify"),

@@ -18,7 +18,7 @@ import numpy as np
 
 from specjax.checkpoints import _io, _orbax
 from specjax.checkpoints.t5x import check_path
-from specjax.params import unflatten
+from specjax.params import flatten, unflatten
 
 _FLAT_ROOT = "transformer"
 _VISION = ("vision_encoder", "SigLiPFromPatches_0")
@@ -60,13 +60,13 @@ def _item_folder(path: str, where: str) -> str:
                           "written by gm.ckpts.save_params holds one)")
 
 
-def load_gemma_params(path: Any, expected: Mapping[str, Tuple[int, ...]], *,
-                      dtype: Any = None) -> Dict[str, Any]:
+def load_gemma_params(path: Any, expected: Mapping[str, Any], *, dtype: Any = None
+                      ) -> Dict[str, Any]:
   """The text parameters of the Gemma checkpoint at `path`, checked against `expected`.
 
   Args:
     path: the folder `gm.ckpts.save_params` wrote (or a published checkpoint's folder).
-    expected: {parameter name: shape} of the model (`GemmaModel.param_shapes()` flattened);
+    expected: the model's parameter tree, leaves with `.shape` (`GemmaModel.param_shapes()`);
       names and shapes are checked from the metadata before any array is read.
     dtype: None keeps the stored dtypes; else floating-point arrays are cast to it.
 
@@ -81,7 +81,8 @@ def load_gemma_params(path: Any, expected: Mapping[str, Tuple[int, ...]], *,
   where = check_path(path, "load_gemma")
   cast = _io.resolve_dtype(dtype, "load_gemma")
   item = _item_folder(os.path.abspath(where), where)
-  flat = _orbax.load_target(item, where, dict(expected),
+  shapes = {name: tuple(leaf.shape) for name, leaf in flatten(expected)}
+  flat = _orbax.load_target(item, where, shapes,
                             name_of=lambda keys: gemma_name(keys, where))
   if not flat:
     raise ValueError(f"{where}: the checkpoint holds no Gemma text parameters")

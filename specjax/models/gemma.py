@@ -52,7 +52,7 @@ from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array
                                    value_layout, write_rows, zeros_cache)
 from specjax.models.network import NetworkModel, check_token_ids
 from specjax.models.tree import TreeAttention
-from specjax.params import flatten, quantize
+from specjax.params import quantize
 
 _EPSILON = 1e-6
 # Random init (not the library's): unit-variance activations and an embedding of unit entries,
@@ -467,5 +467,4 @@ def load_gemma(checkpoint_dir: Any, config: Any, *, dtype: Any = None
       wrong shape for `config`, or what else is wrong inside the checkpoint.
   """
   model = GemmaModel(config)
-  expected = {name: tuple(leaf.shape) for name, leaf in flatten(model.param_shapes())}
-  return model, load_gemma_params(checkpoint_dir, expected, dtype=dtype)
+  return model, load_gemma_params(checkpoint_dir, model.param_shapes(), dtype=dtype)

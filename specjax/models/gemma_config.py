@@ -119,6 +119,12 @@ class GemmaConfig:
     check_choice(f"{name}.dtype", self.dtype, DTYPES)
 
   @property
+  def prompt_convention(self) -> str:
+    """How a prompt becomes the decoder sequence: 'gemma', `<bos>` (id 2) then the prompt's
+    tokens (`specjax.app.prompts`)."""
+    return "gemma"
+
+  @property
   def vocab_size(self) -> int:
     """The size of the logits' last axis (`num_embed`)."""
     return self.num_embed
