@@ -183,3 +183,13 @@ def test_published_sizes_are_the_librarys(name):
   library_class = getattr(gm.nn, LIBRARY_CLASSES[name])
   assert GemmaConfig.of(library_class) == GEMMA_SIZES[name]
   assert GemmaConfig.of(library_class.config) == GEMMA_SIZES[name]
+
+
+def test_the_walk_through_of_docs_gemma_runs(tmp_path):
+  # The page's Python block (marked no-run for the suite's other Python) runs as written.
+  from tests.test_docs import ROOT, run_snippet, code_blocks  # pylint: disable=import-outside-toplevel
+  blocks = [code for language, _, code, _ in code_blocks((ROOT / "docs" / "gemma.md").read_text())
+            if language == "python"]
+  result = run_snippet("python", blocks[0], tmp_path)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "tokens per target call:" in result.stdout

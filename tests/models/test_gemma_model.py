@@ -19,6 +19,7 @@ from specjax.models import FeatureModel
 from specjax.models.gemma import GemmaModel, load_gemma
 from specjax.models.gemma_config import GEMMA_SIZES, GemmaConfig
 from specjax.params import flatten, unflatten
+from specjax.runtime.sharding import param_logical_axes
 from specjax.sampling import Sampling
 from specjax.testing import TINY_GEMMA_VOCAB, TINY_GEMMA_WINDOW, tiny_gemma_configs
 
@@ -238,3 +239,13 @@ def test_configs_of_published_sizes():
     GemmaConfig.of(big, num_heads=6, num_kv_heads=4)
   with pytest.raises(ValueError, match="sliding_window_size"):
     GemmaConfig.of(big, sliding_window_size=None)
+
+
+def test_every_gemma_weight_has_logical_axes():
+  # The Partitioner splits Gemma's weights as T5X's (heads, MLP, vocabulary over 'model').
+  shapes = GemmaModel(GEMMA_SIZES["gemma3_1b"]).param_shapes()
+  axes = dict(flatten(param_logical_axes(shapes)))
+  assert all(axes[name] is not None for name, _ in flatten(shapes)), \
+      [n for n, a in axes.items() if a is None]
+  assert axes["embedder/input_embedding"] == ("vocab", "embed")
+  assert axes["layer_0/attn/kv_einsum/w"] == (None, "heads", "embed", "kv")
