@@ -48,8 +48,8 @@ from specjax.checkpoints.gemma import load_gemma_params
 from specjax.models.checks import check_cache, check_logits_at, check_positions, check_tokens, check_tree
 from specjax.models.gemma_config import LOCAL, GemmaConfig
 from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, KVCache, after,
-                                   cached_attention, key_layout, mask_to_bias, project,
-                                   value_layout, write_rows, zeros_cache)
+                                   cached_attention, embedding_rows, key_layout, mask_to_bias,
+                                   project, value_layout, write_rows, zeros_cache)
 from specjax.models.network import NetworkModel, check_token_ids
 from specjax.models.tree import TreeAttention
 from specjax.params import quantize
@@ -266,7 +266,7 @@ class GemmaNetwork(nn.Module):
   def embed(self, tokens: Array) -> Array:
     """tokens int32 [...] -> input embeddings [..., E] (scaled by sqrt(E))."""
     dtype = DTYPES[self.config.dtype]
-    rows = jnp.take(self.embedder.input_embedding, tokens, axis=0).astype(dtype)
+    rows = embedding_rows(self.embedder.input_embedding, tokens).astype(dtype)
     return rows * jnp.sqrt(jnp.float32(self.config.embed_dim)).astype(dtype)
 
   def output_logits(self, y: Array) -> Array:

@@ -289,7 +289,7 @@ class RMSNorm(nn.Module):
     return y * scale.astype(self.dtype)
 
 
-def _embedding_rows(table: Array, tokens: Array) -> Array:
+def embedding_rows(table: Array, tokens: Array) -> Array:
   """table[tokens] (rows of a [V, E] table). A bfloat16 table's rows are gathered as their
   16-bit patterns: XLA:CPU gathers bfloat16 through float32, converting the WHOLE table
   first, and in a decode loop hoists that float32 copy (2x the table's bytes) out of the loop
@@ -318,7 +318,7 @@ class Embed(nn.Module):
 
   def __call__(self, tokens: Array) -> Array:
     """tokens: int [...] -> [..., E] in `dtype`."""
-    rows = _embedding_rows(self.embedding, tokens)
+    rows = embedding_rows(self.embedding, tokens)
     scales = self._scales()
     if scales is not None:
       rows = rows.astype(jnp.float32) * jnp.take(scales, tokens, axis=0)[..., None]

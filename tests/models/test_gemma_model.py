@@ -18,7 +18,7 @@ from specjax.draft import ModelDrafter
 from specjax.models import FeatureModel
 from specjax.models.gemma import GemmaModel, load_gemma
 from specjax.models.gemma_config import GEMMA_SIZES, GemmaConfig
-from specjax.params import flatten, unflatten
+from specjax.params import cast_kernels, flatten, unflatten
 from specjax.runtime.sharding import param_logical_axes
 from specjax.sampling import Sampling
 from specjax.testing import TINY_GEMMA_VOCAB, TINY_GEMMA_WINDOW, tiny_gemma_configs
@@ -249,3 +249,18 @@ def test_every_gemma_weight_has_logical_axes():
       [n for n, a in axes.items() if a is None]
   assert axes["embedder/input_embedding"] == ("vocab", "embed")
   assert axes["layer_0/attn/kv_einsum/w"] == (None, "heads", "embed", "kv")
+
+
+def test_bfloat16_weights_are_cast_and_decode(pair):
+  # cast_kernels casts Gemma's einsums and embedding (not its norm scales); a bfloat16 model
+  # over them stays near the float32 logits.
+  target, params, _, _ = pair
+  cast = cast_kernels(params, jnp.bfloat16)
+  dtypes = {name: v.dtype for name, v in flatten(cast)}
+  assert dtypes["embedder/input_embedding"] == jnp.bfloat16
+  assert dtypes["layer_0/mlp/gating_einsum"] == jnp.bfloat16
+  assert dtypes["final_norm/scale"] == jnp.float32
+  half = GemmaModel(GemmaConfig.of(target.config, dtype="bfloat16"))
+  tokens = np.random.default_rng(7).integers(0, TINY_GEMMA_VOCAB, size=(1, 12))
+  full, low = np.asarray(target.logits(params, tokens)), np.asarray(half.logits(cast, tokens))
+  assert np.abs(full - low).max() < 0.1 * np.abs(full).max()
