@@ -59,6 +59,10 @@ setup(
         "experiments": ["matplotlib>=3.8", "sacrebleu>=2.4", "nbclient>=0.10", "nbformat>=5.10",
                         "ipykernel>=6.29", "nbconvert>=7.16"],
         "hf": ["torch==2.13.0", "transformers>=5"],
+        # The gemma library, for the conformance tests and to write or convert Gemma
+        # checkpoints and configs; specjax decodes Gemma without it. Python >= 3.12 only.
+        "gemma": ["gemma>=4.0.1; python_version>='3.12'",
+                  "protobuf>=7.36; python_version>='3.12'"],
     },
     entry_points={"console_scripts": ["specjax=specjax.app.main:cli"]},
 )

@@ -122,9 +122,15 @@ def is_castable(name: str) -> bool:
   return name.endswith("kernel") or name.endswith("token_embedder/embedding")
 
 
+GEMMA_WEIGHTS = ("/w", "mlp/gating_einsum", "mlp/linear", "embedder/input_embedding")
+"""Ends of the names of a Gemma model's weights (`specjax.models.gemma`; its einsums are 3-D
+and 4-D), which `cast_kernels` casts too (not `quantize_kernels`)."""
+
+
 def cast_kernels(params: Mapping[str, Any], dtype: Any) -> Dict[str, Any]:
   """The tree with every 2-D `.../kernel` (the Dense layers' weights) and the token
-  embedding (`token_embedder/embedding`) cast to `dtype` (int8: `quantize_kernels`).
+  embedding (`token_embedder/embedding`) cast to `dtype` (int8: `quantize_kernels`); a Gemma
+  model's weights (`GEMMA_WEIGHTS`) too.
 
   Layer-norm scales and relative-position tables keep their dtype. With bfloat16 weights
   the models run their dense dots and the vocabulary product (`Embed.attend`, the logits
@@ -135,8 +141,10 @@ def cast_kernels(params: Mapping[str, Any], dtype: Any) -> Dict[str, Any]:
   """
   if np.dtype(dtype) == np.int8:
     return quantize_kernels(params)
-  items = {name: (value.astype(dtype) if is_castable(name) and np.ndim(value) == 2
-                  else value)
+  def castable(name, value):
+    return ((is_castable(name) and np.ndim(value) == 2)
+            or (name.endswith(GEMMA_WEIGHTS) and np.ndim(value) >= 2))
+  items = {name: (value.astype(dtype) if castable(name, value) else value)
            for name, value in flatten(params)}
   return unflatten(items)
 

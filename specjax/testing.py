@@ -13,6 +13,7 @@ that tests sharing it share its compiled loops too. Its outputs mean nothing.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -154,3 +155,54 @@ def exact_joint(log_table: np.ndarray, sampling, prefix, steps: int) -> dict:
       context.append(token)
     out[seq] = prob
   return out
+
+
+def joint_tv(tokens: Any, law: dict, steps: int) -> float:
+  """Total variation distance between the empirical law of the first `steps` tokens of each
+  row of `tokens` int [N, >= steps] and `law` ({tuple of tokens: probability}, e.g.
+  `exact_joint`'s)."""
+  counts = collections.Counter(map(tuple, np.asarray(tokens)[:, :steps].tolist()))
+  total = len(tokens)
+  return 0.5 * sum(abs(counts.get(k, 0) / total - law.get(k, 0.0))
+                   for k in set(law) | set(counts))
+
+
+def _tiny_gemma_configs():
+  from specjax.models.gemma_config import GemmaConfig  # pylint: disable=import-outside-toplevel
+  local, glob = "local_sliding", "global"
+  gemma3 = dict(num_embed=TINY_GEMMA_VOCAB, use_qk_norm=True, transpose_gating_einsum=True,
+                sliding_window_size=TINY_GEMMA_WINDOW, local_base_frequency=10_000,
+                global_base_frequency=1_000_000, global_scale_factor=8.0)
+  gemma2 = dict(num_embed=TINY_GEMMA_VOCAB, final_logit_softcap=4.0, attn_logits_soft_cap=2.0,
+                sliding_window_size=TINY_GEMMA_WINDOW)
+  return {
+      # Local and global layers, a window shorter than the sequences, QK norm, GQA 4:1.
+      "gemma3": (GemmaConfig(embed_dim=32, hidden_dim=64, num_heads=8, head_dim=8,
+                             num_kv_heads=2, attention_types=(local, local, glob), **gemma3),
+                 GemmaConfig(embed_dim=16, hidden_dim=32, num_heads=4, head_dim=8,
+                             num_kv_heads=1, attention_types=(local, glob), **gemma3)),
+      # Soft caps; the query scale by embed_dim // num_heads; the draft with K = N (qkv_einsum).
+      "gemma2": (GemmaConfig(embed_dim=32, hidden_dim=64, num_heads=4, head_dim=16,
+                             num_kv_heads=2, attention_types=(local, glob),
+                             query_pre_attn_norm="by_one_over_sqrt_embed_dim_div_num_heads",
+                             **gemma2),
+                 GemmaConfig(embed_dim=16, hidden_dim=32, num_heads=2, head_dim=8,
+                             num_kv_heads=2, attention_types=(local, glob),
+                             use_post_attn_norm=False, use_post_ffw_norm=False, **gemma2)),
+  }
+
+
+TINY_GEMMA_VOCAB = 48
+"""Vocabulary of the tiny Gemma configs (`tiny_gemma_configs`)."""
+TINY_GEMMA_WINDOW = 8
+"""Sliding window of their local layers: shorter than the sequences the tests decode."""
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_gemma_configs(family: str) -> Any:
+  """(target, draft) `GemmaConfig`s of a tiny Gemma pair: 'gemma3' (local and global layers,
+  QK norm, GQA 4:1, RoPE scale factor) or 'gemma2' (soft caps)."""
+  configs = _tiny_gemma_configs()
+  if family not in configs:
+    raise ValueError(f"family must be one of {sorted(configs)}, got {family!r}")
+  return configs[family]

@@ -307,11 +307,15 @@ def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
   from specjax.models import FeatureHead, FeatureHeadConfig  # pylint: disable=import-outside-toplevel
   from specjax.sampling import Sampling  # pylint: disable=import-outside-toplevel
 
+  from specjax.models import GemmaConfig  # pylint: disable=import-outside-toplevel
+
   cfg = target_model.config
-  head = FeatureHead(FeatureHeadConfig(
-      vocab_size=cfg.vocab_size, emb_dim=cfg.emb_dim, num_heads=cfg.num_heads,
-      head_dim=cfg.head_dim, mlp_dim=cfg.mlp_dim, mlp_activations=cfg.mlp_activations,
-      dtype=cfg.dtype))
+  if isinstance(cfg, GemmaConfig):  # a head of T5X layers at the Gemma target's widths
+    sizes = dict(emb_dim=cfg.embed_dim, mlp_dim=cfg.hidden_dim, mlp_activations=("gelu", "linear"))
+  else:
+    sizes = dict(emb_dim=cfg.emb_dim, mlp_dim=cfg.mlp_dim, mlp_activations=cfg.mlp_activations)
+  head = FeatureHead(FeatureHeadConfig(vocab_size=cfg.vocab_size, num_heads=cfg.num_heads,
+                                       head_dim=cfg.head_dim, dtype=cfg.dtype, **sizes))
   tparams = abstract_params(target_model, dtype)
   dparams = abstract_params(draft_model, draft_dtype, seed=1)
   hparams = abstract_params(head, draft_dtype if draft_dtype != "float32" else dtype, seed=2)

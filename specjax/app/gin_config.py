@@ -29,7 +29,7 @@ from specjax.app import bundled, gin_files, gin_remote
 from specjax.app.gin_files import GIN_DIR, GinFiles
 from specjax.decode import DecodeConfig, beam_search, speculative_beam_search
 from specjax.draft import DynamicTree, StaticTree
-from specjax.models import DecoderOnlyConfig, FeatureHeadConfig, T5Config
+from specjax.models import DecoderOnlyConfig, FeatureHeadConfig, GemmaConfig, T5Config
 from specjax.models import model_gin
 from specjax.models.model_gin import ModelFile, config_from_model_file
 from specjax.sampling import Sampling
@@ -51,7 +51,7 @@ def register(obj, module: str, name: Optional[str] = None):
 
 
 for _obj, _module in ((T5Config, "specjax.models"), (DecoderOnlyConfig, "specjax.models"),
-                      (FeatureHeadConfig, "specjax.models"),
+                      (FeatureHeadConfig, "specjax.models"), (GemmaConfig, "specjax.models"),
                       (Sampling, "specjax"), (DecodeConfig, "specjax.decode"),
                       (ReferenceVerifier, "specjax.verify"), (FusedVerifier, "specjax.verify"),
                       (BlockVerifier, "specjax.verify"),

@@ -15,7 +15,8 @@ from specjax.checkpoints import find_checkpoint, load_sharded, load_t5x_for_mode
 from specjax.data import Vocab
 from specjax.data.user_vocab import BUNDLED, describe as describe_vocab
 from specjax.data.user_vocab import resolve_vocabulary, vocabulary_difference
-from specjax.models import build_model
+from specjax.checkpoints.gemma import load_gemma_params
+from specjax.models import GemmaModel, build_model
 from specjax.runtime.sharding import Partitioner
 
 __all__ = ["build_model", "load_model", "load_params", "encode_inputs", "job_vocabulary",
@@ -36,10 +37,16 @@ def load_model(checkpoint: Optional[str], scope: str, seed: int,
 
 def load_params(model, checkpoint: Optional[str], seed: int,
                 partitioner: Optional[Partitioner] = None):
-  """`model`'s params from a T5X checkpoint (None: random init; 'bundled:...': shipped)."""
+  """`model`'s params from a T5X checkpoint, or a Gemma model's from the folder the gemma
+  library wrote (None: random init; 'bundled:...': shipped)."""
   checkpoint = bundled.resolve(checkpoint, "checkpoint")
   if checkpoint is None:
     params = model.init(jax.random.PRNGKey(seed))
+    return params if partitioner is None else partitioner.shard_params(params)
+  if isinstance(model, GemmaModel):  # the gemma library's Orbax tree (`load_gemma`)
+    dtype = "float32" if model.config.dtype == "float32" else None
+    params = jax.tree.map(jax.numpy.asarray,
+                          load_gemma_params(checkpoint, model.param_shapes(), dtype=dtype))
     return params if partitioner is None else partitioner.shard_params(params)
   if partitioner is not None:
     return load_sharded(checkpoint, model, partitioner, dtype="float32")

@@ -10,6 +10,8 @@
                               len(inputs) + 1 positions ([BOS, inputs]) are the prompt T5X
                               prefills; with `inputs_bidirectional_attention` they attend to
                               each other bidirectionally (`DecoderOnlyConfig`).
+  Gemma, 'gemma'              `<bos>` (id 2), then the prompt's tokens, no EOS (the gemma
+                              library's tokenizer with add_bos).
 
 Rows from a seqio task come with the task's own EOS and are used as they are.
 """
@@ -24,6 +26,8 @@ from specjax.models import DecodingModel
 
 BOS_ID = 0
 """T5X's decoder start token (the shift-right fill), also PAD."""
+BOS_IDS = {"t5x": BOS_ID, "gemma": 2}
+"""The token a convention puts before every prompt: T5X's BOS 0, Gemma's `<bos>` 2."""
 
 
 def convention(model: DecodingModel) -> str:
@@ -34,9 +38,10 @@ def convention(model: DecodingModel) -> str:
 
 
 def text_ids(vocab: Any, text: str, model: DecodingModel) -> List[int]:
-  """A text's token ids as `model`'s convention frames an input: + EOS unless 'lm'."""
+  """A text's token ids as `model`'s convention frames an input: + EOS unless 'lm' or
+  'gemma'."""
   ids = list(vocab.encode(text))
-  return ids if convention(model) == "lm" else ids + [vocab.eos_id]
+  return ids if convention(model) in ("lm", "gemma") else ids + [vocab.eos_id]
 
 
 def frame(model: DecodingModel, rows: Sequence[Sequence[int]], *, max_len: int, eos_id: int,
@@ -57,9 +62,9 @@ def frame(model: DecodingModel, rows: Sequence[Sequence[int]], *, max_len: int, 
   if not rows:
     raise ValueError("no inputs to frame")
   rows = cut(rows, max_len, eos_id)
-  bos = convention(model) == "t5x"
+  bos = convention(model) in BOS_IDS
   if bos:
-    rows = [[BOS_ID] + row for row in rows]
+    rows = [[BOS_IDS[convention(model)]] + row for row in rows]
   limit = max_len + bos
   width = max(1, max(len(r) for r in rows))
   width = min(max(limit, width), -(-width // round_to) * round_to)

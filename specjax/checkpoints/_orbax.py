@@ -144,12 +144,15 @@ def _aggregate_value(item_dir: str, keys: Tuple[str, ...], name: str,
 
 def load_target(item_dir: str, where: str,
                 expected: Optional[Dict[str, Tuple[int, ...]]] = None,
-                read_arrays: Callable[..., List[Any]] = _io.read_zarr_arrays
+                read_arrays: Callable[..., List[Any]] = _io.read_zarr_arrays,
+                name_of: Optional[Callable[[Tuple[str, ...]], Optional[str]]] = None
                 ) -> Dict[str, Any]:
   """Reads the target leaves of an Orbax item folder -> {'a/b/kernel': array}.
 
   `read_arrays(reads, where)` reads the zarr arrays (`specjax.checkpoints.sharded`
-  opens them lazily, so each process reads only its shards).
+  opens them lazily, so each process reads only its shards). `name_of(tree keys)` gives a
+  saved leaf's parameter name, or None to leave it unread; by default the leaves under
+  T5X's `optimizer/target` (or `target`), named by their path below it.
 
   Every chunk an array declares must be stored (unless `_METADATA` says the
   writer skipped chunks equal to the fill value), every file read must resolve
@@ -161,7 +164,13 @@ def load_target(item_dir: str, where: str,
   _io.check_inside(item_dir, meta_path, "the Orbax _METADATA file", where)
   meta = _read_json(meta_path)
   entries = tree_entries(meta, meta_path)
-  prefix = _target_prefix(entries, where)
+  if name_of is None:
+    prefix = _target_prefix(entries, where)
+
+    def name_of(keys: Tuple[str, ...]) -> Optional[str]:
+      if keys[:len(prefix)] != prefix or len(keys) == len(prefix):
+        return None
+      return _param_name(keys[len(prefix):], where)
   use_zarr3 = meta.get("use_zarr3") is True
   # Orbax records whether chunks equal to the fill value were written; only an
   # explicit False lets a missing chunk read as the fill value.
@@ -174,7 +183,7 @@ def load_target(item_dir: str, where: str,
                      f"its manifest {os.path.join(item_dir, 'manifest.ocdbt')} is missing (or "
                      "not a regular file)")
 
-  targets = _target_arrays(entries, prefix, where)
+  targets = _target_arrays(entries, name_of, where)
   if expected is not None:
     _io.check_names({name: None for _, _, name in targets}, expected, where)
   present: Optional[set] = _ocdbt_keys(item_dir, where) if ocdbt else None
@@ -200,13 +209,13 @@ def load_target(item_dir: str, where: str,
   return out
 
 
-def _target_arrays(entries, prefix, where: str) -> List[Tuple[Tuple[str, ...], Dict, str]]:
-  """(keys, value metadata, parameter name) of every array below the target's prefix."""
+def _target_arrays(entries, name_of, where: str) -> List[Tuple[Tuple[str, ...], Dict, str]]:
+  """(keys, value metadata, parameter name) of every array `name_of` names."""
   targets = []
   for keys, value_meta in entries:
-    if keys[:len(prefix)] != prefix or len(keys) == len(prefix):
+    name = name_of(keys)
+    if name is None:
       continue
-    name = _param_name(keys[len(prefix):], where)
     if value_meta.get("value_type") not in _ARRAY_TYPES:
       raise ValueError(f"{where}: parameter '{name}' has Orbax value type "
                        f"{value_meta.get('value_type')!r}, not an array")

@@ -295,7 +295,7 @@ class RMSNorm(nn.Module):
     return y * scale.astype(self.dtype)
 
 
-def _embedding_rows(table: Array, tokens: Array) -> Array:
+def embedding_rows(table: Array, tokens: Array) -> Array:
   """table[tokens] (rows of a [V, E] table). A bfloat16 table's rows are gathered as their
   16-bit patterns: XLA:CPU gathers bfloat16 through float32, converting the WHOLE table
   first, and in a decode loop hoists that float32 copy (2x the table's bytes) out of the loop
@@ -324,7 +324,7 @@ class Embed(nn.Module):
 
   def __call__(self, tokens: Array) -> Array:
     """tokens: int [...] -> [..., E] in `dtype`."""
-    rows = _embedding_rows(self.embedding, tokens)
+    rows = embedding_rows(self.embedding, tokens)
     scales = self._scales()
     if scales is not None:
       rows = rows.astype(jnp.float32) * jnp.take(scales, tokens, axis=0)[..., None]
@@ -420,7 +420,7 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array,
 
 
 def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
-                     dtype: Any) -> Array:
+                     dtype: Any, soft_cap: Optional[float] = None) -> Array:
   """One softmax over the union of head-major key/value parts.
 
   Equal to `dot_product_attention` over the parts' keys concatenated along the
@@ -436,6 +436,8 @@ def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
       bias float32 [B or 1, H or 1, q, kv_i]) per part; masks are NEG_INF.
       Every query must see at least one key in some part.
     dtype: the dtype of the weighted sums.
+    soft_cap: None, or c: each score q.k becomes c * tanh(q.k / c) before the bias is
+      added (Gemma 2's attention logit soft cap).
 
   Returns:
     [B, q, H, D] in `dtype`.
@@ -447,9 +449,11 @@ def cached_attention(query: Array, parts: Sequence[Tuple[Array, Array, Array]],
   merge = lambda x: x.reshape((batch * heads,) + x.shape[2:])
   query = merge(jnp.swapaxes(query.astype(jnp.float32), 1, 2))  # [B*H, q, D]
   # Queries times [D, kv_i] keys: a plain matrix product per (b, h) (module docstring).
-  logits = [jnp.einsum("nqd,ndk->nqk", query, merge(keys.astype(jnp.float32)))
-            .reshape(batch, heads, q, -1) + bias
-            for keys, _, bias in parts]
+  def scores(keys):
+    out = jnp.einsum("nqd,ndk->nqk", query, merge(keys.astype(jnp.float32)))
+    return out if soft_cap is None else jnp.tanh(out / soft_cap) * soft_cap
+
+  logits = [scores(keys).reshape(batch, heads, q, -1) + bias for keys, _, bias in parts]
   # The softmax over the parts' union, part by part: no [q, Σ kv_i] concatenation (a
   # standalone op per layer and call on XLA:CPU; fewer ops, no measurable end-to-end change).
   top = functools.reduce(jnp.maximum, [jnp.max(x, axis=-1, keepdims=True) for x in logits])

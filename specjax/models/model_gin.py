@@ -21,11 +21,12 @@ from specjax import files
 from specjax.models import _gin_syntax
 from specjax.models.decoder_only import DecoderOnlyConfig
 from specjax.models.feature_head import FeatureHeadConfig
+from specjax.models.gemma_config import GemmaConfig
 from specjax.models.t5 import T5Config
 
 MODEL_GIN = "model.gin"
 MODEL_CLASSES = {"T5Config": T5Config, "DecoderOnlyConfig": DecoderOnlyConfig,
-                 "FeatureHeadConfig": FeatureHeadConfig}
+                 "FeatureHeadConfig": FeatureHeadConfig, "GemmaConfig": GemmaConfig}
 """The configurables a model gin file may bind, by their gin name."""
 _CLASS_NAMES = ", ".join(MODEL_CLASSES)
 
@@ -111,7 +112,8 @@ def _open_include(name: str, resolve: Resolver, roots: Sequence[str],
 
 
 MODEL_NAMES = {"T5Config": "T5Config", "DecoderOnlyConfig": "DecoderOnlyConfig",
-               "TransformerConfig": "DecoderOnlyConfig", "FeatureHeadConfig": "FeatureHeadConfig"}
+               "TransformerConfig": "DecoderOnlyConfig", "FeatureHeadConfig": "FeatureHeadConfig",
+               "GemmaConfig": "GemmaConfig"}
 """Configurable names a model gin file binds -> specjax's class of that name in MODEL_CLASSES:
 T5X's `network.T5Config` is T5Config, its decoder-only `network.TransformerConfig` is
 DecoderOnlyConfig (with T5X's prompt convention, 't5x', unless the file says otherwise)."""

@@ -36,6 +36,16 @@ def apply_network(net: nn.Module, method: str, params: Any, *args: Any) -> Any:
   return net.apply({"params": params}, *args, method=method)
 
 
+def check_token_ids(token_ids: Any, vocab_size: int) -> Array:
+  """`token_ids` as int32 [K]; ValueError unless they are K >= 1 distinct ids in [0, V)."""
+  ids = np.asarray(token_ids)
+  if (ids.ndim != 1 or ids.size < 1 or not np.issubdtype(ids.dtype, np.integer)
+      or ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != ids.size):
+    raise ValueError(f"token_ids must be distinct token ids in [0, {vocab_size}), "
+                     f"int [K] with K >= 1; got shape {ids.shape}, dtype {ids.dtype}")
+  return jnp.asarray(ids, jnp.int32)
+
+
 class NetworkModel:
   """Plumbing shared by T5Model and DecoderOnlyModel (params, shapes, cache).
 
@@ -130,12 +140,7 @@ class NetworkModel:
     embedding rows [K, E] with `logits_via_embedding`, else decoder/logits_dense/kernel's
     columns [E, K]), for `rows_logits`. ValueError unless the ids are distinct and in
     [0, V)."""
-    ids = np.asarray(token_ids)
-    if (ids.ndim != 1 or ids.size < 1 or not np.issubdtype(ids.dtype, np.integer)
-        or ids.min() < 0 or ids.max() >= self.vocab_size or np.unique(ids).size != ids.size):
-      raise ValueError(f"token_ids must be distinct token ids in [0, {self.vocab_size}), "
-                       f"int [K] with K >= 1; got shape {ids.shape}, dtype {ids.dtype}")
-    ids = jnp.asarray(ids, jnp.int32)
+    ids = check_token_ids(token_ids, self.vocab_size)
     if self.config.logits_via_embedding:
       owner = params if "token_embedder" in params else params["decoder"]  # T5 / decoder-only
       return jnp.take(owner["token_embedder"]["embedding"], ids, axis=0)

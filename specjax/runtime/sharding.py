@@ -80,6 +80,15 @@ _PARAM_AXES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("mlp/wo/kernel", ("mlp", "embed")),
     ("logits_dense/kernel", ("embed", "vocab")),
     ("relpos_bias/rel_embedding", ("heads", "relpos_buckets")),
+    # Gemma (the gemma library's names, `specjax.models.gemma`): heads and the MLP split as
+    # T5X's; the stacked einsums' leading axis (q|k|v, gate|up) is not split.
+    ("embedder/input_embedding", ("vocab", "embed")),
+    ("attn/q_einsum/w", ("heads", "embed", "kv")),
+    ("attn/kv_einsum/w", (None, "heads", "embed", "kv")),
+    ("attn/qkv_einsum/w", (None, "heads", "embed", "kv")),
+    ("attn/attn_vec_einsum/w", ("heads", "kv", "embed")),
+    ("mlp/gating_einsum", (None, "mlp", "embed")),  # [2, F, E] (transpose_gating_einsum)
+    ("mlp/linear", ("mlp", "embed")),
     ("scale", ("embed",)),
 )
 
