@@ -21,6 +21,7 @@ from specjax.draft.tree import spine_tail
 from specjax.models import (DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, T5Config,
                             build_model)
 from specjax.models.feature_head import shift_features
+from specjax.models.protocol import layers_kwargs
 from specjax.params import quantize_kernels
 from specjax.sampling import Sampling
 from specjax.testing import TableModel, tiny_pair
@@ -193,21 +194,24 @@ def _inputs(family):
 
 
 def _first_guesses(pair, head, head_params, inputs, result, ids=None):
-  """What the head predicts, teacher-forced on the target's TRUE features of the output,
-  as the first guess of every round a row ran: [(row, round, token)]; with `ids` the
-  argmax among those token ids only."""
+  """What the head predicts, teacher-forced on the target's TRUE features of the output
+  (with `feature_layers`: the chosen layers' hidden states, fused), as the first guess of
+  every round a row ran: [(row, round, token)]; with `ids` the argmax among those token ids
+  only."""
   target, params = pair.target, pair.target_params
+  layers = layers_kwargs(head.config.feature_layers)
   expected = []
   for row in range(inputs.shape[0]):
     generated = list(np.asarray(result.tokens)[row, :int(result.lengths[row])])
     if target.is_encoder_decoder:
       prefix = [0]
       seq = jnp.asarray([prefix + generated], jnp.int32)
-      _, features = target.features(params, inputs[row:row + 1], seq)
+      _, features = target.features(params, inputs[row:row + 1], seq, **layers)
     else:
       prefix = [int(t) for t in inputs[row] if t]
       seq = jnp.asarray([prefix + generated], jnp.int32)
-      _, features = target.features(params, seq)
+      _, features = target.features(params, seq, **layers)
+    features = head.fuse_layers(head_params, features)
     encoded = (target.encode(params, inputs[row:row + 1])
                if head.config.cross_attention else None)
     predicted = head.forward(head_params, shift_features(features), target.embed(params, seq),

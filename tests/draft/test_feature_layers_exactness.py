@@ -12,10 +12,9 @@ from specjax.draft import DynamicTree, FeatureDrafter, StaticTree
 from specjax.models import (DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, T5Config,
                             build_model)
 from specjax.models.feature_head import shift_features
-from specjax.sampling import Sampling
 from specjax.testing import tiny_pair
-from tests.draft.test_feature_drafter import (GREEDY, N, PROMPT, STEPS, V, _inputs, _joint_tv,
-                                              _teacher_forced)
+from tests.draft.test_feature_drafter import (GREEDY, N, PROMPT, STEPS, V, _first_guesses,
+                                              _inputs, _joint_tv, _teacher_forced)
 
 pytestmark = pytest.mark.usefixtures("float32_matmuls")
 
@@ -104,32 +103,6 @@ def _near_copy_head(pair):
   layer["self_attention"]["out"]["kernel"] = layer["self_attention"]["out"]["kernel"] * 0.1
   layer["mlp"]["wo"]["kernel"] = layer["mlp"]["wo"]["kernel"] * 0.1
   return head, params
-
-
-def _first_guesses(pair, head, head_params, inputs, result):
-  """The head's argmax teacher-forced on the target's TRUE fused hidden states of the
-  output, as the first guess of every round a row ran: [(row, round, token)]."""
-  target, params = pair.target, pair.target_params
-  layers = head.config.feature_layers
-  expected = []
-  for row in range(inputs.shape[0]):
-    generated = list(np.asarray(result.tokens)[row, :int(result.lengths[row])])
-    if target.is_encoder_decoder:
-      prefix = [0]
-      seq = jnp.asarray([prefix + generated], jnp.int32)
-      _, hidden = target.features(params, inputs[row:row + 1], seq, feature_layers=layers)
-    else:
-      prefix = [int(t) for t in inputs[row] if t]
-      seq = jnp.asarray([prefix + generated], jnp.int32)
-      _, hidden = target.features(params, seq, feature_layers=layers)
-    fused = head.fuse_layers(head_params, hidden)
-    predicted = head.forward(head_params, shift_features(fused), target.embed(params, seq))
-    guesses = np.asarray(target.feature_logits(params, predicted[0])).argmax(-1)
-    length = len(prefix)
-    for r in range(int(result.target_calls[row])):
-      expected.append((row, r, int(guesses[length - 1])))
-      length += int(result.trace.accepted[row, r]) + 1
-  return expected
 
 
 @pytest.mark.parametrize("family", ["lm", "t5"])
