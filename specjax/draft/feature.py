@@ -4,7 +4,10 @@ guesses a chain, `FeatureTreeDrafter` a token tree (`FeatureDrafter.as_tree`).
 The head (`specjax.models.feature_head`) runs over the target's positions: at position p it
 reads [f_{p-1}, embedding(x_p)] and predicts f_p, whose logits through the target's own
 output projection give the draft q of x_{p+1}. Its cache holds positions 0..fed-1 fed with
-the target's TRUE features; a round's later positions hold its own predictions.
+the target's TRUE features; a round's later positions hold its own predictions. A head with
+`feature_layers` (EAGLE-3) is fed the fusion (`FeatureHead.fuse_layers`) of the target's
+hidden states at those layers where an EAGLE-1 head reads f: the loops ask the target for
+them (`Drafter.feature_layers`) and the state keeps them, n * E wide.
 
   propose at committed length L: the head is fed positions fed .. L-1 in one window (true
     features f_{fed-1} .. f_{L-2}), the last of which gives q(x_L); each further guess feeds

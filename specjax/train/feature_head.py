@@ -13,6 +13,9 @@ non-padding position,
 
 With `passes` > 1 the head runs again over its own predicted features (pass k reads pass
 k - 1's predictions, as a chain's later guesses do) and the loss is the mean over passes.
+With `rollout_steps` K > 1 (EAGLE-3's training-time test, `specjax.train.rollout`) each step
+trains K guesses per position instead, guess k weighted `rollout_decay ** k`; a head with
+`feature_layers` reads the fusion of the target's hidden states at those layers.
 Only the head's parameters change. The run writes token_ranking.npy beside model.gin (the
 token ids by count among the data's target tokens, `load_token_ranking`): a
 `FeatureDrafter` with `vocab_limit` K drafts over its first K. The batches are
