@@ -48,7 +48,7 @@ from specjax.models.layers import (DTYPES, Array, Dense, EncodedInputs, KVCache,
                                    RelativePositionBias, RMSNorm, activation_fn, mask_to_bias,
                                    mlp_kernel_init, zeros_cache)
 from specjax.models.network import apply_network
-from specjax.models.protocol import check_feature_layers
+from specjax.models.protocol import LayerFeatureModel, check_feature_layers
 from specjax.models.tree import TreeAttention
 from specjax.params import check_params_match
 
@@ -241,6 +241,11 @@ class FeatureHead:
                        f"and vocab_size {cfg.vocab_size}, but this target has emb_dim "
                        f"{target_dim} and vocab_size {target.vocab_size}")
     if cfg.feature_layers is not None:
+      if not isinstance(target, LayerFeatureModel):
+        raise ValueError(f"the feature head reads the target's layers {cfg.feature_layers} "
+                         "(FeatureHeadConfig.feature_layers), but this target "
+                         f"({type(target).__name__}) returns its final features only (it is "
+                         "no specjax.models.protocol.LayerFeatureModel)")
       layers = target.num_feature_layers
       if max(cfg.feature_layers) > layers:
         raise ValueError(f"the feature head reads the target's layers {cfg.feature_layers} "

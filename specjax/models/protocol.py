@@ -114,18 +114,11 @@ class FeatureModel(DecodingModel, Protocol):
   def feature_dim(self) -> int:
     """Width E of a feature (of each layer's, with `feature_layers`)."""
 
-  @property
-  def num_feature_layers(self) -> int:
-    """The decoder's layer count L: `feature_layers` index 0..L (`FEATURE_LAYERS`)."""
-
   def decode_features(self, params: Params, cache: Cache, tokens: jax.Array,
-                      positions: jax.Array, encoded: Encoded, *, tree: Any = None,
-                      feature_layers: Optional[Tuple[int, ...]] = None
+                      positions: jax.Array, encoded: Encoded, *, tree: Any = None
                       ) -> Tuple[jax.Array, jax.Array, Cache]:
     """As `decode` (a chain call, or a tree call with `tree`) -> (float32 logits [B, k, V],
-    float32 features [B, k, E], cache); with `feature_layers` (static; `FEATURE_LAYERS`)
-    the features of those n layers concatenated, [B, k, n * E]. Teacher-forced
-    `features(...)` takes `feature_layers` too."""
+    float32 features [B, k, E], cache). A `LayerFeatureModel` also takes `feature_layers`."""
 
   def embed(self, params: Params, tokens: jax.Array) -> jax.Array:
     """tokens int32 [...] -> the model's input embeddings [..., E]."""
@@ -133,6 +126,21 @@ class FeatureModel(DecodingModel, Protocol):
   def feature_logits(self, params: Params, features: jax.Array) -> jax.Array:
     """features [..., E] -> float32 logits [..., V] through the model's own output
     projection, so `decode`'s logits equal feature_logits(decode_features(...)[1])."""
+
+
+@runtime_checkable
+class LayerFeatureModel(FeatureModel, Protocol):
+  """A `FeatureModel` that also returns the hidden states of chosen decoder layers, for
+  EAGLE-3 heads (`FeatureHeadConfig.feature_layers`): `decode_features(...,
+  feature_layers=(i, ...))` and the teacher-forced `features(..., feature_layers=...)` return
+  them concatenated, float32 [..., n * E] (`FEATURE_LAYERS`); without the keyword they
+  return what a `FeatureModel` does. The loops pass the keyword only to heads that read
+  layers (`layers_kwargs`), so a model family offers EAGLE-1 heads with `FeatureModel` alone
+  and adds this when it can return its layers' outputs (the Flax models both do)."""
+
+  @property
+  def num_feature_layers(self) -> int:
+    """The decoder's layer count L: `feature_layers` index 0..L (`FEATURE_LAYERS`)."""
 
 
 def decode_logits_at(model: DecodingModel, params: Params, cache: Cache, tokens: jax.Array,

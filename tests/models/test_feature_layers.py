@@ -48,6 +48,20 @@ def test_layer_features_are_the_hidden_states_teacher_forced_and_cached(family):
   np.testing.assert_allclose(jnp.concatenate(outs, 1), hidden, atol=2e-5)
 
 
+class _FinalFeaturesOnly:
+  """A `FeatureModel` that returns its final features only (no `num_feature_layers`)."""
+
+  def __init__(self, model):
+    self._model = model
+    self.vocab_size, self.feature_dim = model.vocab_size, model.feature_dim
+    self.is_encoder_decoder = model.is_encoder_decoder
+    self.encode, self.init_cache, self.decode = model.encode, model.init_cache, model.decode
+    self.embed, self.feature_logits = model.embed, model.feature_logits
+
+  def decode_features(self, params, cache, tokens, positions, encoded, *, tree=None):
+    return self._model.decode_features(params, cache, tokens, positions, encoded, tree=tree)
+
+
 def test_feature_layers_are_checked_and_eagle3_picks_low_middle_and_final():
   assert eagle3_feature_layers(6) == (1, 2, 6)
   assert eagle3_feature_layers(3) == (0, 1, 3)
@@ -65,6 +79,8 @@ def test_feature_layers_are_checked_and_eagle3_picks_low_middle_and_final():
                                        feature_layers=(0, 2)))
   with pytest.raises(ValueError, match=r"layers \(0, 2\).*has 1 decoder layers"):
     head.check_target(pair.target)
+  with pytest.raises(ValueError, match="returns its final features only"):
+    head.check_target(_FinalFeaturesOnly(pair.target))
   with pytest.raises(ValueError, match="FeatureHeadConfig.feature_layers must be"):
     FeatureHeadConfig(vocab_size=8, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
                       feature_layers=(1, 1))
