@@ -5,7 +5,7 @@
   python -m experiments.bench.eagle --pair lm --heads "EAGLE-1=bundled:lm/eagle,EAGLE-3=DIR"
 
 With --heads: the tokens-per-call table of several heads side by side
-(`experiments.bench.eagle_heads`: chains of γ 1..8 and a dynamic tree per head).
+(`experiments.common.eagle_heads`: chains of γ 1..8 and a dynamic tree per head).
 
 What it runs, its columns and settings: docs/experiments.md, section "bench.eagle".
 """
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench import eagle_heads
+from experiments.common import eagle_heads
 from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
 from experiments.common.compare import compare
@@ -177,7 +177,7 @@ main = cli_main(run, "bench_eagle", __doc__, FAST, default_pairs=("lm",),
                                        help="KIND=HEAD,...: the tokens-per-call table of "
                                             "these heads side by side (e.g. "
                                             "'EAGLE-1=bundled:lm/eagle,EAGLE-3=DIR'), "
-                                            "experiments.bench.eagle_heads")})
+                                            "experiments.common.eagle_heads")})
 
 
 if __name__ == "__main__":

@@ -209,7 +209,7 @@ def test_bench_eagle_heads_sets_head_kinds_side_by_side(tmp_path):
 
 
 def test_bench_eagle_heads_acceptance_by_position_and_bad_heads():
-  from experiments.bench import eagle_heads  # pylint: disable=import-outside-toplevel
+  from experiments.common import eagle_heads  # pylint: disable=import-outside-toplevel
   mean, rates = eagle_heads.acceptance([2, 1, 1])  # rounds accepting 0, 1, 2 guesses
   assert mean == 0.75 and rates == [0.5, 0.5]
   assert eagle_heads.parse_heads("A=x, B = y") == [("A", "x"), ("B", "y")]
