@@ -338,12 +338,13 @@ class DecoderStack(nn.Module):
       hidden.append(x)
     if logits_at is not None:  # the final norm and logits of one token per row
       x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
-      hidden = [jnp.take_along_axis(h, logits_at[:, None, None], axis=1) for h in hidden]
     y = self.decoder_norm(x)
     if not features:
       return self.output_logits(y), new_caches
     if feature_layers is None:
       return self.output_logits(y), new_caches, y.astype(jnp.float32)
+    if logits_at is not None:
+      hidden = [jnp.take_along_axis(h, logits_at[:, None, None], axis=1) for h in hidden]
     hidden.append(y)  # index num_layers: the final hidden state
     chosen = [hidden[i].astype(jnp.float32) for i in feature_layers]
     return self.output_logits(y), new_caches, jnp.concatenate(chosen, axis=-1)
