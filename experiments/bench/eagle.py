@@ -2,6 +2,10 @@
 
   python -m experiments.bench.eagle --pair lm --weights_dtype bfloat16 [--head DIR] [--fast]
   python -m experiments.bench.eagle --pair translate --weights_dtype bfloat16 --head DIR
+  python -m experiments.bench.eagle --pair lm --heads "EAGLE-1=bundled:lm/eagle,EAGLE-3=DIR"
+
+With --heads: the tokens-per-call table of several heads side by side
+(`experiments.common.eagle_heads`: chains of γ 1..8 and a dynamic tree per head).
 
 What it runs, its columns and settings: docs/experiments.md, section "bench.eagle".
 """
@@ -14,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common import eagle_heads
 from experiments.common.checks import check_counts
 from experiments.common.cli import Cli, cli_main
 from experiments.common.compare import compare
@@ -84,7 +89,13 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
         tree_vocab_limit: Optional[int] = 1024, tree_kernels: str = "int8",
         repeats: int = 5,
         max_input_len: int = 48) -> List[Dict]:
-  """Writes bench_eagle.{md,csv,json}; returns the rows (module docstring)."""
+  """Writes bench_eagle.{md,csv,json}; returns the rows (module docstring). With --heads,
+  `eagle_heads.table`'s instead."""
+  if cli.flags["heads"]:
+    if len(cli.pairs) != 1:
+      raise ValueError("bench_eagle decodes one pair: give --pair lm or --pair translate")
+    return eagle_heads.table(cli, eagle_heads.parse_heads(cli.flags["heads"]),
+                             **(eagle_heads.FAST if cli.fast else {}))
   check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, repeats=repeats,
                draft_gammas=tuple(draft_gammas),
                feature_gammas=tuple(g for g, _, _, _ in feature_chains))
@@ -161,7 +172,12 @@ main = cli_main(run, "bench_eagle", __doc__, FAST, default_pairs=("lm",),
                                       help="the feature head: a folder written by "
                                            "runs/train_lm_eagle.gin or "
                                            "runs/train_translate_eagle.gin, or 'bundled:lm/eagle' "
-                                           "(default: the pair's bundled head)")})
+                                           "(default: the pair's bundled head)"),
+                       "--heads": dict(default=None,
+                                       help="KIND=HEAD,...: the tokens-per-call table of "
+                                            "these heads side by side (e.g. "
+                                            "'EAGLE-1=bundled:lm/eagle,EAGLE-3=DIR'), "
+                                            "experiments.common.eagle_heads")})
 
 
 if __name__ == "__main__":

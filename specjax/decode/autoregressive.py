@@ -13,6 +13,7 @@ from specjax.decode.loop import advance, bad_logits, going, last_tokens, start_l
 from specjax.decode.state import DecodeResult, LoopParams, LoopState
 from specjax.decode.stream import Streaming
 from specjax.models import DecodingModel
+from specjax.models.protocol import layers_kwargs
 from specjax.sampling import CORRECTION_STREAM, Sampling, position_key
 from specjax.runtime.sharding import Partitioner
 
@@ -57,13 +58,16 @@ class AutoregressiveLoop:
     return self.step(params, state, keys, encoded, prefix_len, max_new_tokens)[0]
 
   def step(self, params: LoopParams, state: LoopState, keys, encoded, prefix_len,
-           max_new_tokens, features: bool = False) -> Tuple[LoopState, Any]:
+           max_new_tokens, features: bool = False, feature_layers=None
+           ) -> Tuple[LoopState, Any]:
     """`round`, and with `features` (static) the target's features at the scored position
-    (float32 [B, 1, E], `decode_features`; else None)."""
+    (float32 [B, 1, E], `decode_features`, or [B, 1, n * E] with static `feature_layers`;
+    else None)."""
     tokens, positions = last_tokens(state), state.length - 1
     if features:
       logits, scored, cache = self.target.decode_features(params.target, state.cache, tokens,
-                                                          positions, encoded)
+                                                          positions, encoded,
+                                                          **layers_kwargs(feature_layers))
     else:
       (logits, cache), scored = self.target.decode(params.target, state.cache, tokens,
                                                    positions, encoded), None

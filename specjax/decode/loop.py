@@ -19,15 +19,16 @@ from specjax.rows import take_rows, update_rows
 
 
 def start_loop(model, params, inputs, seq, length, cache_len: int, hist_width: int,
-               features: bool = False):
+               features: bool = False, feature_layers=None):
   """The loop state after the target's encode / prefill -> (LoopState, encoded); with
   `features` (static) a third element: a decoder-only target's prompt features float32
-  [B, P, E] from the prefill itself (None for T5)."""
+  [B, P, E] from the prefill itself ([B, P, n * E] with static `feature_layers`, the
+  drafter's; None for T5)."""
   batch = seq.shape[0]
   prompt_features = None
   if features and not model.is_encoder_decoder:
     cache, prompt_features = prefill_features(model, params, model.init_cache(batch, cache_len),
-                                              inputs, length)
+                                              inputs, length, feature_layers)
     encoded = None
   else:
     cache, encoded, _ = start_model(model, params, inputs, length, cache_len)
@@ -49,7 +50,8 @@ def start_drafting(target, drafter, params, inputs, seq, length, hist_width: int
     return state.replace(drafter_state=drafter.init(params.drafter, inputs, seq, length,
                                                     width)), encoded
   state, encoded, features = start_loop(target, params.target, inputs, seq, length, width,
-                                        hist_width, features=True)
+                                        hist_width, features=True,
+                                        feature_layers=drafter.feature_layers)
   return state.replace(drafter_state=drafter.init(params.drafter, inputs, seq, length, width,
                                                   features=features, encoded=encoded)), encoded
 

@@ -31,6 +31,7 @@ from specjax.decode.loop import advance, bad_logits, going, last_tokens, start_d
 from specjax.decode.state import LoopParams, LoopState, Trace, empty_trace
 from specjax.draft import Accepted, Drafter, Proposal
 from specjax.models import DecodingModel
+from specjax.models.protocol import layers_kwargs
 from specjax.rows import take_rows
 from specjax.verify import emitted_tokens, verify_batch
 
@@ -54,14 +55,14 @@ def draft(drafter: Drafter, params: LoopParams, state: LoopState, keys,
 
 
 def score(target: DecodingModel, params: LoopParams, state: LoopState, proposal: Proposal,
-          encoded, bucket: int, features: bool = False):
+          encoded, bucket: int, features: bool = False, feature_layers=None):
   """The target's logits [B, bucket+1, V] at the last token and the first `bucket` guesses,
-  its features there (float32 [B, bucket+1, E]) when `features` (static; else None), and its
-  cache."""
+  its features there (float32 [B, bucket+1, E], or [B, bucket+1, n * E] with static
+  `feature_layers`) when `features` (static; else None), and its cache."""
   tokens = jnp.concatenate([last_tokens(state), proposal.tokens[:, :bucket]], axis=1)
   if features:
     return target.decode_features(params.target, state.cache, tokens, state.length - 1,
-                                  encoded)
+                                  encoded, **layers_kwargs(feature_layers))
   logits, cache = target.decode(params.target, state.cache, tokens, state.length - 1, encoded)
   return logits, None, cache
 
@@ -142,7 +143,8 @@ def narrow_round(target: DecodingModel, config: DecodeConfig, params: LoopParams
   `update` with n = 0); other drafters catch up on their next `propose`."""
   wants = drafter is not None and drafter.wants_features
   after, scored = AutoregressiveLoop(target, config).step(
-      params, state, keys, encoded, prefix_len, max_new_tokens, features=wants)
+      params, state, keys, encoded, prefix_len, max_new_tokens, features=wants,
+      feature_layers=drafter.feature_layers if wants else None)
   active = ~state.done
   if wants:
     zeros = jnp.zeros_like(state.length)
@@ -271,7 +273,7 @@ class SpeculativeLoop(DraftingLoop):
       round_keys = jax.vmap(jax.random.fold_in)(keys, state.length)
     proposal, drafter_state = draft(drafter, params, state, round_keys, config)
     logits, features, cache = score(self.target, params, state, proposal, encoded, bucket,
-                                    drafter.wants_features)
+                                    drafter.wants_features, drafter.feature_layers)
     verdict = verify(config, round_keys, state, proposal, logits)
     after = commit(config, drafter, state, proposal, verdict, cache, drafter_state, prefix_len,
                    max_new_tokens, features)

@@ -45,6 +45,7 @@ from specjax.decode.tree_checks import check_tree
 from specjax.draft import Accepted, Drafter, TreeModelDrafter
 from specjax.draft.tree import TreeProposal, check_shape, move_path
 from specjax.models import DecodingModel
+from specjax.models.protocol import layers_kwargs
 from specjax.models.tree import tree_call
 from specjax.sampling import ACCEPT_STREAM, CORRECTION_STREAM, position_key
 from specjax.runtime.sharding import Partitioner
@@ -118,7 +119,8 @@ class TreeLoop(DraftingLoop):
     attention = tree_call(proposal.parent, proposal.depth, state.length)
     if self.drafter.wants_features:
       return self.target.decode_features(target_params, state.cache, tokens, state.length - 1,
-                                         encoded, tree=attention)
+                                         encoded, tree=attention,
+                                         **layers_kwargs(self.drafter.feature_layers))
     logits, cache = self.target.decode(target_params, state.cache, tokens, state.length - 1,
                                        encoded, tree=attention)
     return logits, None, cache

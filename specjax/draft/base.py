@@ -66,6 +66,11 @@ class Drafter(Protocol):
   `encoded=` (a T5 target's `encode` of the inputs). False (`DrafterDefaults`) for every
   drafter but the feature drafters."""
 
+  feature_layers: Any
+  """With `wants_features`: None (the target's final features), or the target's layers whose
+  hidden states the loops ask `decode_features` for (`feature_layers`,
+  `specjax.models.protocol.FEATURE_LAYERS`); None (`DrafterDefaults`) for the others."""
+
   @property
   def max_gamma(self) -> int:
     """Static bound of γ (data): guess buffers are [B, max_gamma]; a tree's `max_depth`."""
@@ -106,6 +111,7 @@ class DrafterDefaults:
   place: every shipped drafter inherits them and overrides what it needs."""
 
   wants_features: ClassVar[bool] = False
+  feature_layers: ClassVar[None] = None
 
   def as_tree(self, tree: Any) -> "Drafter":
     """No tree of its own: ValueError naming the drafter."""

@@ -4,7 +4,10 @@ guesses a chain, `FeatureTreeDrafter` a token tree (`FeatureDrafter.as_tree`).
 The head (`specjax.models.feature_head`) runs over the target's positions: at position p it
 reads [f_{p-1}, embedding(x_p)] and predicts f_p, whose logits through the target's own
 output projection give the draft q of x_{p+1}. Its cache holds positions 0..fed-1 fed with
-the target's TRUE features; a round's later positions hold its own predictions.
+the target's TRUE features; a round's later positions hold its own predictions. A head with
+`feature_layers` (EAGLE-3) is fed the fusion (`FeatureHead.fuse_layers`) of the target's
+hidden states at those layers where an EAGLE-1 head reads f: the loops ask the target for
+them (`Drafter.feature_layers`) and the state keeps them, n * E wide.
 
   propose at committed length L: the head is fed positions fed .. L-1 in one window (true
     features f_{fed-1} .. f_{L-2}), the last of which gives q(x_L); each further guess feeds
@@ -53,6 +56,7 @@ from specjax.draft.tree import (TreeProposal, cache_positions, check_shape, grow
 from specjax.models import FeatureModel
 from specjax.models.feature_head import FeatureHead, shift_features
 from specjax.models.layers import EncodedInputs
+from specjax.models.protocol import layers_kwargs
 from specjax.models.tree import nodes_call
 from specjax.rows import take_rows, update_rows
 from specjax.sampling import Sampling
@@ -62,8 +66,9 @@ from specjax.sampling import Sampling
 class FeatureDrafterState:
   """A `FeatureDrafter`'s per-decode state."""
   cache: Any  # the head's KV cache (KVCache, one layer)
-  features: jax.Array  # float32 [B, T, E]: the target's features by position (valid below
-  # each row's length - 1; later positions are stale and rewritten before they are read)
+  features: jax.Array  # float32 [B, T, F]: the target's features by position (F = the
+  # head's feature_width: E, or n * E with feature_layers; valid below each row's length - 1;
+  # later positions are stale and rewritten before they are read)
   fed: jax.Array  # int32 [B]: head positions 0..fed-1 were fed true features
   start: jax.Array  # int32 [B]: the row's length at the last `propose`
   encoded: Any = None  # a head with cross_attention: the target's last decoder layer's
@@ -79,6 +84,12 @@ class FeatureHeadDrafter(DrafterDefaults):
   @property
   def vocab_size(self) -> int:
     return self.head.config.vocab_size
+
+  @property
+  def feature_layers(self):
+    """The target layers the head reads (`FeatureHeadConfig.feature_layers`; None: the final
+    features), which the loops ask `decode_features` for."""
+    return self.head.config.feature_layers
 
   @property
   def models(self) -> Tuple[Any, ...]:
@@ -230,7 +241,7 @@ def start_state(target: Any, head: FeatureHead, params: dict, inputs, seq, lengt
   cross_attention keeps the target's last decoder layer's keys and values of the source
   (from `encoded`, the target's `encode` of `inputs`; None: encoded here)."""
   batch, width = seq.shape
-  features = jnp.zeros((batch, width, head.config.emb_dim), jnp.float32)
+  features = jnp.zeros((batch, width, head.config.feature_width), jnp.float32)
   cache = head.init_cache(batch, cache_len)
   if target.is_encoder_decoder:  # the decoder starts at token 0: nothing fed yet
     zeros = jnp.zeros((batch,), jnp.int32)
@@ -242,9 +253,11 @@ def start_state(target: Any, head: FeatureHead, params: dict, inputs, seq, lengt
     return FeatureDrafterState(cache=cache, features=features, fed=zeros, start=length,
                                encoded=source)
   if prompt_features is None:
-    prompt_features = _prompt_features(target, params["target"], inputs, length)
+    prompt_features = _prompt_features(target, params["target"], inputs, length,
+                                       head.config.feature_layers)
   features = jax.lax.dynamic_update_slice_in_dim(features, prompt_features, 0, axis=1)
-  _, cache = head.decode(params["head"], cache, shift_features(prompt_features),
+  fused = head.fuse_layers(params["head"], prompt_features)
+  _, cache = head.decode(params["head"], cache, shift_features(fused),
                          target.embed(params["target"], inputs), jnp.zeros((batch,), jnp.int32))
   return FeatureDrafterState(cache=cache, features=features, fed=jnp.maximum(length - 1, 0),
                              start=length)
@@ -260,6 +273,7 @@ def catch_up(target: Any, head: FeatureHead, params: dict, state: FeatureDrafter
   def window(cache, begin):  # positions begin .. begin + width - 1 with true features
     at = begin[:, None] + jnp.arange(width)[None, :]  # [B, W]
     before = jnp.take_along_axis(state.features, jnp.clip(at - 1, 0)[:, :, None], axis=1)
+    before = head.fuse_layers(params["head"], before)  # [B, W, E]
     before = jnp.where((at >= 1)[:, :, None], before, 0.0)  # f_{-1} = 0
     return head.decode(params["head"], cache, before,
                        target.embed(params["target"], take_rows(seq, at)), begin,
@@ -274,11 +288,14 @@ def catch_up(target: Any, head: FeatureHead, params: dict, state: FeatureDrafter
   return jnp.take_along_axis(predicted, lag[:, None, None], axis=1)[:, 0], cache
 
 
-def _prompt_features(target: Any, params: Any, prompts: jax.Array, length: jax.Array):
-  """The target's features float32 [B, P, E] over decoder-only prompts [B, P] (a pass on a
-  scratch cache of P slots, as the loop's prefill: prefix-LM targets see their prefix)."""
+def _prompt_features(target: Any, params: Any, prompts: jax.Array, length: jax.Array,
+                     feature_layers=None):
+  """The target's features float32 [B, P, E] ([B, P, n * E] with `feature_layers`) over
+  decoder-only prompts [B, P] (a pass on a scratch cache of P slots, as the loop's prefill:
+  prefix-LM targets see their prefix)."""
   batch, width = prompts.shape
   kwargs = {"prefix_lengths": length} if getattr(target, "prefix_lm", False) else {}
+  kwargs.update(layers_kwargs(feature_layers))
   _, features, _ = target.decode_features(params, target.init_cache(batch, width), prompts,
                                           jnp.zeros((batch,), jnp.int32), None, **kwargs)
   return features

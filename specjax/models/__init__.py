@@ -6,11 +6,13 @@ from specjax.models.gemma_config import GEMMA_SIZES, GemmaConfig
 from specjax.models.layers import EncodedInputs, KVCache
 from specjax.models.model_gin import (MODEL_GIN, config_from_model_file, model_gin_text,
                                       parse_model_file, read_model_gin)
-from specjax.models.protocol import DecodingModel, FeatureModel, check_same_vocab
+from specjax.models.protocol import (DecodingModel, FeatureModel, LayerFeatureModel,
+                                     check_same_vocab, eagle3_feature_layers)
 from specjax.models.start import prefill, start_model
 from specjax.models.t5 import T5Config, T5Model
 
-__all__ = ["DecodingModel", "FeatureModel", "FeatureHead", "FeatureHeadConfig", "check_same_vocab", "T5Config", "T5Model",
+__all__ = ["DecodingModel", "FeatureModel", "LayerFeatureModel", "eagle3_feature_layers",
+           "FeatureHead", "FeatureHeadConfig", "check_same_vocab", "T5Config", "T5Model",
            "DecoderOnlyConfig", "DecoderOnlyModel", "GemmaConfig", "GemmaModel", "GEMMA_SIZES",
            "load_gemma", "PROMPT_CONVENTIONS", "KVCache",
            "EncodedInputs", "build_model", "start_model", "prefill", "MODEL_GIN", "model_gin_text",

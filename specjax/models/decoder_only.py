@@ -303,7 +303,8 @@ class DecoderStack(nn.Module):
       logits = self.logits_dense(y)
     return logits.astype(jnp.float32)
 
-  def _run(self, tokens, bias, caches, starts, encoded, logits_at=None, features=False):
+  def _run(self, tokens, bias, caches, starts, encoded, logits_at=None, features=False,
+           feature_layers=None):
     """Shared body of `forward` and `decode_step`.
 
     Args:
@@ -314,32 +315,45 @@ class DecoderStack(nn.Module):
       encoded: EncodedInputs (cross-attention) or None.
       logits_at: int32 [B] or None: the logits of token logits_at[b] only.
       features: static; also return the final hidden states (after `decoder_norm`).
+      feature_layers: static, with `features`: None (the final hidden states), or the
+        hidden states to return, concatenated (`specjax.models.protocol.FEATURE_LAYERS`:
+        i < num_layers the output of `layers_i`, num_layers the final hidden state).
 
     Returns:
       (float32 logits [B, q, V] ([B, 1, V] with logits_at), per-layer updated caches
-      or Nones), and with `features` float32 features [B, q, E] ([B, 1, E]) third.
+      or Nones), and with `features` float32 features [B, q, E] ([B, 1, E]; with
+      feature_layers [B, q, n * E]) third.
     """
     cross_bias = None
     if self.cross_attention:
       cross_bias = mask_to_bias(encoded.mask)[:, None, None, :]  # [B, 1, 1, L_in]
     x = self._embedder()(tokens)
-    new_caches = []
+    new_caches, hidden = [], []
     for i, layer in enumerate(self.layers):
       cross = None
       if self.cross_attention:
         cross = (encoded.keys[i], encoded.values[i], cross_bias)
       x, cache = layer(x, bias, None if caches is None else caches[i], starts, cross)
       new_caches.append(cache)
+      hidden.append(x)
     if logits_at is not None:  # the final norm and logits of one token per row
       x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
     y = self.decoder_norm(x)
-    if features:
+    if not features:
+      return self.output_logits(y), new_caches
+    if feature_layers is None:
       return self.output_logits(y), new_caches, y.astype(jnp.float32)
-    return self.output_logits(y), new_caches
+    if logits_at is not None:
+      hidden = [jnp.take_along_axis(h, logits_at[:, None, None], axis=1) for h in hidden]
+    hidden.append(y)  # index num_layers: the final hidden state
+    chosen = [hidden[i].astype(jnp.float32) for i in feature_layers]
+    return self.output_logits(y), new_caches, jnp.concatenate(chosen, axis=-1)
 
   def forward(self, tokens: Array, prefix_lengths: Optional[Array] = None,
-              encoded: Optional[EncodedInputs] = None, features: bool = False) -> Array:
-    """Teacher-forced logits (with static `features`: (logits, features float32 [B, L, E])).
+              encoded: Optional[EncodedInputs] = None, features: bool = False,
+              feature_layers: Optional[Tuple[int, ...]] = None) -> Array:
+    """Teacher-forced logits (with static `features`: (logits, features float32 [B, L, E]),
+    or [B, L, n * E] with `feature_layers`, as `_run`).
 
     Args:
       tokens: int32 [B, L] decoder input tokens.
@@ -351,14 +365,16 @@ class DecoderStack(nn.Module):
       float32 [B, L, V].
     """
     bias = causal_bias(self.relpos_bias, tokens.shape[1], prefix_lengths)
-    out = self._run(tokens, bias, None, None, encoded, features=features)
+    out = self._run(tokens, bias, None, None, encoded, features=features,
+                    feature_layers=feature_layers)
     return (out[0], out[2]) if features else out[0]
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
                   prefix_lengths: Optional[Array] = None,
                   encoded: Optional[EncodedInputs] = None,
                   logits_at: Optional[Array] = None, tree: Optional[TreeAttention] = None,
-                  features: bool = False) -> Tuple[Array, KVCache]:
+                  features: bool = False, feature_layers: Optional[Tuple[int, ...]] = None
+                  ) -> Tuple[Array, KVCache]:
     """Writes tokens[b] at slots positions[b] + (0..k-1) and returns their logits.
 
     Args:
@@ -371,6 +387,7 @@ class DecoderStack(nn.Module):
       tree: None (a chain: token i at position positions + i, causal), or the call's
         `TreeAttention` (positions and visibility of a token tree).
       features: static; also return the final hidden states of the k tokens.
+      feature_layers: static; with `features`, the hidden states to return (`_run`).
 
     Returns:
       (float32 logits [B, k, V] ([B, 1, V] with logits_at), updated KVCache); with
@@ -384,7 +401,7 @@ class DecoderStack(nn.Module):
       bias = tree_bias(self.relpos_bias, tree, positions, slots)
     caches = list(zip(cache.keys, cache.values))
     result = self._run(tokens, bias, caches, positions, encoded, logits_at,
-                       features)
+                       features, feature_layers)
     out = result[1]
     cache = KVCache(keys=tuple(c[0] for c in out), values=tuple(c[1] for c in out))
     return (result[0], result[2], cache) if features else (result[0], cache)
@@ -466,16 +483,20 @@ class DecoderOnlyNetwork(nn.Module):
     return self.decoder.decode_step(tokens, positions, cache, prefix_lengths, None, logits_at,
                                     tree)
 
-  def forward_features(self, tokens: Array, prefix_lengths: Optional[Array] = None):
-    """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E])."""
-    return self.decoder.forward(tokens, prefix_lengths, features=True)
+  def forward_features(self, tokens: Array, prefix_lengths: Optional[Array] = None,
+                       feature_layers: Optional[Tuple[int, ...]] = None):
+    """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E] or [B, L, n * E]
+    with static `feature_layers`)."""
+    return self.decoder.forward(tokens, prefix_lengths, features=True,
+                                feature_layers=feature_layers)
 
   def decode_step_features(self, tokens: Array, positions: Array, cache: KVCache,
                            prefix_lengths: Optional[Array] = None,
-                           tree: Optional[TreeAttention] = None):
-    """Cached step -> (logits [B, k, V], features [B, k, E], KVCache)."""
+                           tree: Optional[TreeAttention] = None,
+                           feature_layers: Optional[Tuple[int, ...]] = None):
+    """Cached step -> (logits [B, k, V], features [B, k, E] or [B, k, n * E], KVCache)."""
     return self.decoder.decode_step(tokens, positions, cache, prefix_lengths, tree=tree,
-                                    features=True)
+                                    features=True, feature_layers=feature_layers)
 
   def embed(self, tokens: Array) -> Array:
     """The input embeddings [..., E] of tokens int32 [...]."""
@@ -577,28 +598,32 @@ class DecoderOnlyModel(NetworkModel):
   # Target features (opt-in): the final hidden state, after `decoder_norm`, of every token.
   def decode_features(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
                       encoded: Any = None, *, prefix_lengths: Any = None,
-                      tree: Optional[TreeAttention] = None) -> Tuple[Array, Array, KVCache]:
+                      tree: Optional[TreeAttention] = None, feature_layers: Any = None
+                      ) -> Tuple[Array, Array, KVCache]:
     """`decode` (a chain call, or a tree call with `tree`, as `decode`'s) that also returns
-    each token's final hidden state.
+    each token's final hidden state, or with `feature_layers` (a tuple of layer indices,
+    `specjax.models.protocol.FEATURE_LAYERS`) those hidden states concatenated.
 
     Returns:
-      (float32 logits [B, k, V], float32 features [B, k, E], updated cache); logits equal
-      `feature_logits(params, features)`.
+      (float32 logits [B, k, V], float32 features [B, k, E] ([B, k, n * E] with n
+      feature_layers), updated cache); logits equal `feature_logits(params, features)` of
+      the final hidden states.
     """
     del encoded
     tokens, positions, prefix_lengths = self._check_decode(params, cache, tokens, positions,
                                                            prefix_lengths)
     check_tree(tree, tokens.shape[0], tokens.shape[1], cache.max_len, prefix_lengths)
-    return self._apply("decode_step_features", params, tokens, positions, cache,
-                       prefix_lengths, tree)
+    return self._apply_features("decode_step_features", feature_layers, params, tokens,
+                                positions, cache, prefix_lengths, tree)
 
-  def features(self, params: Any, tokens: Any, prefix_lengths: Any = None
-               ) -> Tuple[Array, Array]:
-    """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E]); arguments as
-    `logits`."""
+  def features(self, params: Any, tokens: Any, prefix_lengths: Any = None,
+               feature_layers: Any = None) -> Tuple[Array, Array]:
+    """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E], or
+    [B, L, n * E] with `feature_layers` as `decode_features`); arguments as `logits`."""
     tokens, prefix_lengths = self._check_teacher_forced(params, tokens, prefix_lengths,
                                                         "features")
-    return self._apply("forward_features", params, tokens, prefix_lengths)
+    return self._apply_features("forward_features", feature_layers, params, tokens,
+                                prefix_lengths)
 
   def _check_decode(self, params, cache, tokens, positions, prefix_lengths):
     self.check_params(params)

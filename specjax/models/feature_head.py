@@ -8,6 +8,15 @@ embedding the target's own frozen input embedding), projects the concatenation t
 RMSNorm, and predicts f_p; the target's own `feature_logits(f_p)` then give the distribution
 of x_{p+1}. The head's parameters hold no vocabulary matrix.
 
+With `feature_layers` (EAGLE-3's fused features) the head reads, in place of the target's
+final feature f_{p-1}, the fusion g_{p-1} = `feature_fusion`(h_{p-1}) of the target's hidden
+states at the chosen layers (`specjax.models.protocol.FEATURE_LAYERS`, concatenated,
+[n * E] -> E): a drafter fuses the target's true hidden states with `fuse_layers` before
+feeding them, and feeds its own predictions (E wide) unfused, as EAGLE-3 does from the second
+guess on. Without it (EAGLE-1's head, the shipped ones) the parameters are those below and
+nothing is fused. `rollout` runs the head teacher-forced over K guesses per position at once
+(training-time test, `specjax.train.feature_head`).
+
 With `cross_attention` (an encoder-decoder target) the layer also attends to the source: its
 queries read the target's own last decoder layer's cross-attention keys and values
 (`EncodedInputs.keys[-1]`, `values[-1]`, computed once per generation by the target's
@@ -17,7 +26,8 @@ only a query and an output kernel for it.
 Parameter tree (T5X names): `input_projection/kernel [2E, E]`, `relpos_bias/rel_embedding
 [H, 32]`, `layers_0/{pre_self_attention_layer_norm, self_attention/{query,key,value,out},
 pre_mlp_layer_norm, mlp/{wi_0,wi_1,wo}}`, `decoder_norm/scale [E]`; with `cross_attention`
-also `layers_0/{pre_cross_attention_layer_norm, encoder_decoder_attention/{query,out}}`.
+also `layers_0/{pre_cross_attention_layer_norm, encoder_decoder_attention/{query,out}}`; with
+n `feature_layers` also `feature_fusion/kernel [n * E, E]`.
 """
 from __future__ import annotations
 
@@ -30,13 +40,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.models.decoder_only import DecoderLayer, causal_bias, chain_bias, tree_bias
+from specjax.models.decoder_only import (DecoderLayer, causal_bias, chain_bias, joined_bias,
+                                         tree_bias)
 from specjax.checks import check_int
 from specjax.models.checks import check_dtype_and_attention, check_tree
 from specjax.models.layers import (DTYPES, Array, Dense, EncodedInputs, KVCache,
                                    RelativePositionBias, RMSNorm, activation_fn, mask_to_bias,
                                    mlp_kernel_init, zeros_cache)
 from specjax.models.network import apply_network
+from specjax.models.protocol import LayerFeatureModel, check_feature_layers
 from specjax.models.tree import TreeAttention
 from specjax.params import check_params_match
 
@@ -67,6 +79,10 @@ class FeatureHeadConfig:
   """Attend to an encoder-decoder target's source through the target's last decoder layer's
   cross-attention keys and values (module docstring); num_heads and head_dim then equal the
   target's."""
+  feature_layers: Optional[Tuple[int, ...]] = None
+  """None: read the target's final features (EAGLE-1). A tuple of the target's layer indices
+  (`specjax.models.protocol.FEATURE_LAYERS`; `eagle3_feature_layers(L)` is EAGLE-3's choice):
+  read their hidden states, fused by one projection (module docstring)."""
 
   def __post_init__(self):
     name = type(self).__name__
@@ -82,6 +98,14 @@ class FeatureHeadConfig:
       raise ValueError(f"{name}.cross_attention must be True or False, "
                        f"got {self.cross_attention!r}")
     check_dtype_and_attention(self)
+    if self.feature_layers is not None:  # the upper bound is the target's (`check_target`)
+      layers = check_feature_layers(self.feature_layers, 1 << 30, f"{name}.feature_layers")
+      object.__setattr__(self, "feature_layers", layers)  # gin may give a list
+
+  @property
+  def feature_width(self) -> int:
+    """Width of the target features the head is fed: n * E with n `feature_layers`, else E."""
+    return self.emb_dim * (1 if self.feature_layers is None else len(self.feature_layers))
 
 
 class FeatureHeadNetwork(nn.Module):
@@ -94,6 +118,58 @@ class FeatureHeadNetwork(nn.Module):
     self.relpos_bias = RelativePositionBias(cfg.num_heads)
     self.layers_0 = DecoderLayer(cfg, cross_attention=cfg.cross_attention)
     self.decoder_norm = RMSNorm(dtype)
+    if cfg.feature_layers is not None:
+      self.feature_fusion = Dense(cfg.emb_dim, mlp_kernel_init, dtype)
+
+  def fuse_layers(self, features: Array) -> Array:
+    """The target's hidden states [..., n * E] -> the fused feature float32 [..., E]."""
+    if self.config.feature_layers is None:
+      return features.astype(jnp.float32)
+    return self.feature_fusion(features.astype(DTYPES[self.config.dtype])).astype(jnp.float32)
+
+  def init_all(self, features: Array, embedded: Array, cross: Optional[Cross]) -> Array:
+    """Touches every parameter (initialization): `fuse_layers`, then `forward`."""
+    return self.forward(shift_features(self.fuse_layers(features)), embedded, cross)
+
+  def rollout(self, prev_features: Array, embedded: Array, steps: int,
+              cross: Optional[Cross] = None) -> Array:
+    """Teacher-forced over `steps` guesses per position: prev_features [B, L, E] (the fused
+    true features, shifted), embedded [B, L, E] -> predicted features float32
+    [steps, B, L, E].
+
+    Step 0 is `forward`. Step k at position p is the head's k-th further guess after the
+    committed prefix 0 .. p - k: it reads step k - 1's prediction at p - 1 and embedding(x_p),
+    and attends to step 0's keys at positions <= p - k (the prefix, fed true features) and to
+    step j's key at position p - k + j for j = 1 .. k (its own earlier guesses), as a
+    chain's k-th guess sees the head's cache. Steps' keys sit in one cache of steps * L
+    slots (step j at slots j * L ..). Positions p < k have no such prefix (their values are
+    not a decode's)."""
+    batch, length = embedded.shape[:2]
+    slots = jnp.arange(steps * length, dtype=jnp.int32)
+    slot_pos, slot_step = slots % length, slots // length  # [S]
+    pos = jnp.arange(length, dtype=jnp.int32)
+    old_rel = self.relpos_bias(pos[None], slot_pos, False)  # [1, H, L, S]
+    new_rel = self.relpos_bias(pos[None], pos, False)  # [1, H, L, L]
+    cfg = self.config
+    dtype = DTYPES[cfg.dtype]
+    cache = (jnp.zeros((batch, cfg.num_heads, cfg.head_dim, slots.shape[0]), dtype),
+             jnp.zeros((batch, cfg.num_heads, slots.shape[0], cfg.head_dim), dtype))
+    query, key, step = pos[:, None], slot_pos[None, :], slot_step[None, :]  # [L, 1], [1, S]
+    outputs, inputs = [], prev_features
+    for k in range(steps):
+      old_visible = (((step == 0) & (key <= query - k))  # [L, S]; step 0: nothing written
+                     | ((step >= 1) & (key == query - k + step))) & (step < k)
+      new_visible = pos[None, :] <= query if k == 0 else pos[None, :] == query  # [L, L]
+      old_bias = jnp.broadcast_to(old_rel + mask_to_bias(old_visible)[None, None],
+                                  (batch,) + old_rel.shape[1:])
+      new_bias = new_rel + mask_to_bias(new_visible)[None, None]
+      starts = jnp.full((batch,), k * length, jnp.int32)
+      x, cache = self.layers_0(self._fuse(inputs, embedded),
+                               (old_bias, new_bias, joined_bias(old_bias, new_bias, starts)),
+                               cache, starts, cross)
+      outputs.append(self.decoder_norm(x).astype(jnp.float32))
+      inputs = shift_features(outputs[-1])
+    return jnp.stack(outputs)
 
   def _fuse(self, prev_features: Array, embedded: Array) -> Array:
     dtype = DTYPES[self.config.dtype]
@@ -164,6 +240,18 @@ class FeatureHead:
       raise ValueError(f"the feature head was built for a target with emb_dim {cfg.emb_dim} "
                        f"and vocab_size {cfg.vocab_size}, but this target has emb_dim "
                        f"{target_dim} and vocab_size {target.vocab_size}")
+    if cfg.feature_layers is not None:
+      if not isinstance(target, LayerFeatureModel):
+        raise ValueError(f"the feature head reads the target's layers {cfg.feature_layers} "
+                         "(FeatureHeadConfig.feature_layers), but this target "
+                         f"({type(target).__name__}) returns its final features only (it is "
+                         "no specjax.models.protocol.LayerFeatureModel)")
+      layers = target.num_feature_layers
+      if max(cfg.feature_layers) > layers:
+        raise ValueError(f"the feature head reads the target's layers {cfg.feature_layers} "
+                         f"(FeatureHeadConfig.feature_layers), but this target has "
+                         f"{layers} decoder layers: indices 0..{layers} ({layers} the final "
+                         "hidden state)")
     if not cfg.cross_attention:
       return
     if not getattr(target, "is_encoder_decoder", False):
@@ -175,6 +263,24 @@ class FeatureHead:
                        f"cross-attention keys and values: it needs num_heads {heads[0]} and "
                        f"head_dim {heads[1]} as the target, got {cfg.num_heads} and "
                        f"{cfg.head_dim}")
+
+  def fuse_layers(self, params: Any, features: Array) -> Array:
+    """The target's features [..., feature_width] (its `feature_layers`' hidden states
+    concatenated) -> what the head reads float32 [..., E]: their fusion; unchanged without
+    `feature_layers`."""
+    if self.config.feature_layers is None:
+      return jnp.asarray(features, jnp.float32)
+    return apply_network(self._net, "fuse_layers", params, features)
+
+  def rollout(self, params: Any, prev_features: Array, embedded: Array, steps: int,
+              encoded: Optional[EncodedInputs] = None) -> Array:
+    """Training-time test: `steps` guesses per position teacher-forced in one call
+    (`FeatureHeadNetwork.rollout`): prev_features [B, L, E] (the fused true features,
+    shifted: `shift_features(fuse_layers(...))`), embedded [B, L, E] -> float32
+    [steps, B, L, E]; step 0 equals `forward`. `encoded` as `forward`."""
+    check_int("rollout steps", steps, low=1, expected="a positive integer")
+    return self._net.apply({"params": params}, prev_features, embedded, steps,
+                           self._cross(encoded), method="rollout")
 
   def init_cache(self, batch: int, max_len: int) -> KVCache:
     """The head's zeroed KV cache: keys [batch, H, D, max_len], values [batch, H, max_len, D]."""
@@ -230,9 +336,10 @@ def encoded_cross(encoded: EncodedInputs) -> Cross:
 def _init(net: FeatureHeadNetwork, rng: Array) -> Any:
   cfg = net.config
   zeros = jnp.zeros((1, 1, cfg.emb_dim), jnp.float32)
+  features = jnp.zeros((1, 1, cfg.feature_width), jnp.float32)
   cross = None
   if cfg.cross_attention:  # one source position (the kernels do not depend on its length)
     cross = (jnp.zeros((1, cfg.num_heads, cfg.head_dim, 1), jnp.float32),
              jnp.zeros((1, cfg.num_heads, 1, cfg.head_dim), jnp.float32),
              jnp.zeros((1, 1, 1, 1), jnp.float32))
-  return net.init(rng, zeros, zeros, cross, method="forward")["params"]
+  return net.init(rng, features, zeros, cross, method="init_all")["params"]

@@ -14,6 +14,7 @@ import numpy as np
 from specjax.models.checks import check_cache
 from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, KVCache,
                                    project, write_rows, zeros_cache)
+from specjax.models.protocol import check_feature_layers
 from specjax.models.tree import gather_slots
 from specjax.params import check_params_match, quantize
 
@@ -44,6 +45,13 @@ def check_token_ids(token_ids: Any, vocab_size: int) -> Array:
     raise ValueError(f"token_ids must be distinct token ids in [0, {vocab_size}), "
                      f"int [K] with K >= 1; got shape {ids.shape}, dtype {ids.dtype}")
   return jnp.asarray(ids, jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def apply_network_layers(net: nn.Module, method: str, feature_layers: Tuple[int, ...],
+                         params: Any, *args: Any) -> Any:
+  """`apply_network` of a features method with static `feature_layers` (its last argument)."""
+  return net.apply({"params": params}, *args, feature_layers, method=method)
 
 
 class NetworkModel:
@@ -122,8 +130,21 @@ class NetworkModel:
   # decoder's final hidden state after `decoder_norm`, its embedding and output projection.
   @property
   def feature_dim(self) -> int:
-    """Width E of the features `decode_features` returns."""
+    """Width E of the features `decode_features` returns (of each chosen layer's)."""
     return self.config.emb_dim
+
+  @property
+  def num_feature_layers(self) -> int:
+    """The decoder's layer count L: `feature_layers` index 0..L (`FEATURE_LAYERS`)."""
+    return self._num_decoder_layers
+
+  def _apply_features(self, method: str, feature_layers: Any, params: Any, *args: Any) -> Any:
+    """A features method: without `feature_layers` the same compiled code as before they
+    existed; with them checked (`check_feature_layers`) and static."""
+    if feature_layers is None:
+      return self._apply(method, params, *args)
+    layers = check_feature_layers(feature_layers, self._num_decoder_layers)
+    return apply_network_layers(self._net, method, layers, params, *args)
 
   def embed(self, params: Any, tokens: Any) -> Array:
     """tokens int32 [...] -> the model's (shared) input embeddings [..., E]."""

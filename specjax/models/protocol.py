@@ -17,7 +17,8 @@ Cache semantics (shared by every implementation):
   ([B, 1, V]); `decode_logits_at` calls any model that way or falls back to a
   gather from the full logits.
 - Optionally (`FeatureModel`, as the Flax models), ``decode_features`` returns each
-  token's final hidden state beside its logits, for feature-level drafters.
+  token's final hidden state beside its logits, for feature-level drafters; with
+  ``feature_layers`` (`FEATURE_LAYERS`) the hidden states of chosen layers, concatenated.
 - For an encoder-decoder model ``encoded = encode(params, inputs[B, L_in])``
   holds what cross-attention needs (computed once per generation); a
   decoder-only model returns ``None`` and ignores ``encoded``.
@@ -28,6 +29,7 @@ from typing import Any, Optional, Protocol, Tuple, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Params = Any  # a nested dict of arrays with T5X names
 Cache = Any  # a pytree of arrays
@@ -58,6 +60,49 @@ class DecodingModel(Protocol):
     """tokens: int32 [B, k]; positions: int32 [B] -> (float32 logits [B, k, V], cache)."""
 
 
+FEATURE_LAYERS = """A model's `feature_layers`: a tuple of distinct layer indices i in
+[0, L] (L = `num_feature_layers`, the decoder's layer count): i < L the output of the
+decoder's layer `layers_i` (its residual stream, before any norm), i = L the final hidden
+state (after the final norm: what `decode_features` returns without `feature_layers`). The
+features are those hidden states concatenated in the tuple's order, float32 [..., n * E].
+`eagle3_feature_layers(L)` is EAGLE-3's low / middle / high choice."""
+
+
+def eagle3_feature_layers(num_layers: int) -> Tuple[int, ...]:
+  """EAGLE-3's (Li et al., 2025) low, middle and high features for an L-layer decoder, as
+  `FEATURE_LAYERS` indices: the output of layer min(1, L // 4) (EAGLE-3 reads an early
+  layer: the input of layer 2 of 32), of layer L // 2 - 1 (the middle: the input of layer
+  L // 2), and for the high one the final hidden state L (where EAGLE-3 reads layer L - 3 of
+  32: on a decoder of a few layers the final state is that near the top, and a head whose
+  fusion selects it starts as a head of the final features alone). Distinct indices only:
+  (0, 1) for one layer, (0, 1, 2) for two, (1, 2, 6) for six."""
+  low = min(1, num_layers // 4)
+  middle = max(num_layers // 2 - 1, low + 1)
+  return tuple(sorted({low, min(middle, num_layers), num_layers}))
+
+
+def check_feature_layers(feature_layers: Any, num_layers: int,
+                         what: str = "feature_layers") -> Tuple[int, ...]:
+  """`feature_layers` as a tuple of ints; ValueError naming `what` unless they are distinct
+  layer indices in [0, num_layers] (`FEATURE_LAYERS`), at least one."""
+  if isinstance(feature_layers, (str, bytes)) or not hasattr(feature_layers, "__iter__"):
+    raise ValueError(f"{what} must be a tuple of layer indices, got {feature_layers!r}")
+  layers = tuple(feature_layers)
+  if (not layers or any(isinstance(i, bool) or not isinstance(i, (int, np.integer))
+                        for i in layers)
+      or len(set(layers)) != len(layers) or min(layers) < 0 or max(layers) > num_layers):
+    raise ValueError(f"{what} must be distinct layer indices in [0, {num_layers}] (the "
+                     f"decoder's {num_layers} layers' outputs, {num_layers} the final hidden "
+                     f"state), at least one; got {feature_layers!r}")
+  return tuple(int(i) for i in layers)
+
+
+def layers_kwargs(feature_layers: Optional[Tuple[int, ...]]) -> dict:
+  """`decode_features`' keyword for `feature_layers`: none when None, so a model that
+  predates the keyword (final features only) is called as before."""
+  return {} if feature_layers is None else {"feature_layers": feature_layers}
+
+
 @runtime_checkable
 class FeatureModel(DecodingModel, Protocol):
   """A `DecodingModel` that can also return its target features (opt-in): the final hidden
@@ -67,13 +112,13 @@ class FeatureModel(DecodingModel, Protocol):
 
   @property
   def feature_dim(self) -> int:
-    """Width E of a feature."""
+    """Width E of a feature (of each layer's, with `feature_layers`)."""
 
   def decode_features(self, params: Params, cache: Cache, tokens: jax.Array,
                       positions: jax.Array, encoded: Encoded, *, tree: Any = None
                       ) -> Tuple[jax.Array, jax.Array, Cache]:
     """As `decode` (a chain call, or a tree call with `tree`) -> (float32 logits [B, k, V],
-    float32 features [B, k, E], cache)."""
+    float32 features [B, k, E], cache). A `LayerFeatureModel` also takes `feature_layers`."""
 
   def embed(self, params: Params, tokens: jax.Array) -> jax.Array:
     """tokens int32 [...] -> the model's input embeddings [..., E]."""
@@ -81,6 +126,21 @@ class FeatureModel(DecodingModel, Protocol):
   def feature_logits(self, params: Params, features: jax.Array) -> jax.Array:
     """features [..., E] -> float32 logits [..., V] through the model's own output
     projection, so `decode`'s logits equal feature_logits(decode_features(...)[1])."""
+
+
+@runtime_checkable
+class LayerFeatureModel(FeatureModel, Protocol):
+  """A `FeatureModel` that also returns the hidden states of chosen decoder layers, for
+  EAGLE-3 heads (`FeatureHeadConfig.feature_layers`): `decode_features(...,
+  feature_layers=(i, ...))` and the teacher-forced `features(..., feature_layers=...)` return
+  them concatenated, float32 [..., n * E] (`FEATURE_LAYERS`); without the keyword they
+  return what a `FeatureModel` does. The loops pass the keyword only to heads that read
+  layers (`layers_kwargs`), so a model family offers EAGLE-1 heads with `FeatureModel` alone
+  and adds this when it can return its layers' outputs (the Flax models both do)."""
+
+  @property
+  def num_feature_layers(self) -> int:
+    """The decoder's layer count L: `feature_layers` index 0..L (`FEATURE_LAYERS`)."""
 
 
 def decode_logits_at(model: DecodingModel, params: Params, cache: Cache, tokens: jax.Array,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.models.protocol import DecodingModel
+from specjax.models.protocol import DecodingModel, layers_kwargs
 
 
 def start_model(model: DecodingModel, params, inputs: jax.Array, length: jax.Array,
@@ -35,11 +35,14 @@ def prefill(model: DecodingModel, params, cache, prompts: jax.Array, length: jax
   return cache
 
 
-def prefill_features(model: DecodingModel, params, cache, prompts: jax.Array, length: jax.Array):
-  """`prefill` through `decode_features`: -> (cache, the prompts' features float32 [B, P, E])
-  (for a feature drafter's start, without a second pass over the prompts)."""
+def prefill_features(model: DecodingModel, params, cache, prompts: jax.Array, length: jax.Array,
+                     feature_layers=None):
+  """`prefill` through `decode_features`: -> (cache, the prompts' features float32 [B, P, E],
+  or [B, P, n * E] with `feature_layers`) (for a feature drafter's start, without a second
+  pass over the prompts)."""
   batch = prompts.shape[0]
   kwargs = {"prefix_lengths": length} if getattr(model, "prefix_lm", False) else {}
+  kwargs.update(layers_kwargs(feature_layers))
   _, features, cache = model.decode_features(params, cache, prompts,
                                              jnp.zeros((batch,), jnp.int32), None, **kwargs)
   return cache, features.astype(jnp.float32)

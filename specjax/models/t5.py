@@ -138,17 +138,21 @@ class T5Network(nn.Module):
     return self.decoder.decode_step(tokens, positions, cache, None, encoded, logits_at, tree)
 
   def forward_features(self, inputs: Array, decoder_input_tokens: Array,
-                       encoded: Optional[EncodedInputs] = None):
-    """Teacher-forced (logits float32 [B, L_dec, V], features float32 [B, L_dec, E]); `encoded`:
-    `encode(inputs)` when the caller has it already."""
+                       encoded: Optional[EncodedInputs] = None,
+                       feature_layers: Optional[Tuple[int, ...]] = None):
+    """Teacher-forced (logits float32 [B, L_dec, V], features float32 [B, L_dec, E], or
+    [B, L_dec, n * E] with static `feature_layers`); `encoded`: `encode(inputs)` when the
+    caller has it already."""
     encoded = self.encode(inputs) if encoded is None else encoded
-    return self.decoder.forward(decoder_input_tokens, None, encoded, features=True)
+    return self.decoder.forward(decoder_input_tokens, None, encoded, features=True,
+                                feature_layers=feature_layers)
 
   def decode_step_features(self, tokens: Array, positions: Array, cache: KVCache,
-                           encoded: EncodedInputs, tree: Optional[TreeAttention] = None):
-    """Cached step -> (logits [B, k, V], features [B, k, E], KVCache)."""
+                           encoded: EncodedInputs, tree: Optional[TreeAttention] = None,
+                           feature_layers: Optional[Tuple[int, ...]] = None):
+    """Cached step -> (logits [B, k, V], features [B, k, E] or [B, k, n * E], KVCache)."""
     return self.decoder.decode_step(tokens, positions, cache, None, encoded, tree=tree,
-                                    features=True)
+                                    features=True, feature_layers=feature_layers)
 
   def embed(self, tokens: Array) -> Array:
     """The shared input embeddings [..., E] of tokens int32 [...]."""
@@ -242,24 +246,29 @@ class T5Model(NetworkModel):
 
   # Target features (opt-in): the decoder's final hidden state, after `decoder_norm`.
   def decode_features(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
-                      encoded: EncodedInputs, *, tree: Optional[TreeAttention] = None
-                      ) -> Tuple[Array, Array, KVCache]:
+                      encoded: EncodedInputs, *, tree: Optional[TreeAttention] = None,
+                      feature_layers: Any = None) -> Tuple[Array, Array, KVCache]:
     """`decode` (a chain call, or a tree call with `tree`) that also returns each decoder
     token's final hidden state: (float32 logits [B, k, V], float32 features [B, k, E],
-    updated cache)."""
+    updated cache); with `feature_layers` (`specjax.models.protocol.FEATURE_LAYERS`) those
+    hidden states concatenated, [B, k, n * E]."""
     tokens, positions = self._check_decode(params, cache, tokens, positions, encoded)
     check_tree(tree, tokens.shape[0], tokens.shape[1], cache.max_len, None)
-    return self._apply("decode_step_features", params, tokens, positions, cache, encoded, tree)
+    return self._apply_features("decode_step_features", feature_layers, params, tokens,
+                                positions, cache, encoded, tree)
 
   def features(self, params: Any, inputs: Any, decoder_input_tokens: Any,
-               encoded: Optional[EncodedInputs] = None) -> Tuple[Array, Array]:
-    """Teacher-forced (logits float32 [B, L_dec, V], features float32 [B, L_dec, E]);
-    `encoded`: this model's `encode(params, inputs)` when the caller has it (not run again)."""
+               encoded: Optional[EncodedInputs] = None, feature_layers: Any = None
+               ) -> Tuple[Array, Array]:
+    """Teacher-forced (logits float32 [B, L_dec, V], features float32 [B, L_dec, E], or
+    [B, L_dec, n * E] with `feature_layers` as `decode_features`); `encoded`: this model's
+    `encode(params, inputs)` when the caller has it (not run again)."""
     self.check_params(params)
     inputs = check_tokens(inputs, self.vocab_size, "encoder inputs")
     decoder_input_tokens = check_tokens(decoder_input_tokens, self.vocab_size,
                                         "decoder_input_tokens")
-    return self._apply("forward_features", params, inputs, decoder_input_tokens, encoded)
+    return self._apply_features("forward_features", feature_layers, params, inputs,
+                                decoder_input_tokens, encoded)
 
   def _check_decode(self, params, cache, tokens, positions, encoded):
     self.check_params(params)

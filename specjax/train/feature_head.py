@@ -13,6 +13,9 @@ non-padding position,
 
 With `passes` > 1 the head runs again over its own predicted features (pass k reads pass
 k - 1's predictions, as a chain's later guesses do) and the loss is the mean over passes.
+With `rollout_steps` K > 1 (EAGLE-3's training-time test, `specjax.train.rollout`) each step
+trains K guesses per position instead, guess k weighted `rollout_decay ** k`; a head with
+`feature_layers` reads the fusion of the target's hidden states at those layers.
 Only the head's parameters change. The run writes token_ranking.npy beside model.gin (the
 token ids by count among the data's target tokens, `load_token_ranking`): a
 `FeatureDrafter` with `vocab_limit` K drafts over its first K. The batches are
@@ -44,6 +47,8 @@ from specjax.draft.ranking import RANKING_FILE, load_token_ranking, write_token_
 from specjax.models import FeatureHead, FeatureHeadConfig, build_model
 from specjax.models.feature_head import shift_features
 from specjax.train._checks import check_real
+from specjax.train.rollout import (rollout_loss_sums, smooth_l1, target_features,
+                                   warm_start_params)
 from specjax.train.batches import DataConfig, make_batches
 from specjax.train import trainer as base
 from specjax.train.checkpoints import (check_model_gin, read_trained_folder, restore,
@@ -68,14 +73,42 @@ class FeatureHeadTraining:
   reads the features the head predicted in pass k - 1 (as a chain's later guesses read its
   own predictions), the gradient flowing through them. The loss is the mean over passes;
   the logged agreement and 1 - TV are pass 1's, `fed_agreement` the last pass's."""
+  rollout_steps: int = 1
+  """Training-time test (`specjax.train.rollout`, EAGLE-3): K guesses per position in one
+  step, guess k reading the head's own guess k - 1 and the target's features only up to
+  p - k, as in a chain. 1: teacher-forced only (with `passes`)."""
+  rollout_decay: float = 0.8
+  """Guess k's loss is weighted rollout_decay ** k (EAGLE-3's 0.8)."""
+  vocab_limit: Optional[int] = None
+  """With `rollout_steps` > 1: the head's distribution over the run's first vocab_limit
+  ranked token ids only (token_ranking.npy), as a drafter with that vocab_limit drafts; its
+  logits cost vocab_limit / V of the full product. None: all ids."""
+  warm_start: Optional[str] = None
+  """A trained head's folder (e.g. 'bundled:lm/eagle' or its path) whose parameters of the
+  same names and shapes start a fresh run; with `feature_layers` that include the final
+  hidden state, the fusion starts as its selection (`specjax.train.rollout`). Ignored on
+  resume."""
 
   def __post_init__(self):
     if not isinstance(self.target, (str, os.PathLike)) or not os.fspath(self.target):
       raise ValueError(f"FeatureHeadTraining.target must be a model folder, got {self.target!r}")
     check_real(self, "feature_weight", 0)
     check_real(self, "token_weight", 0)
-    if not isinstance(self.passes, int) or isinstance(self.passes, bool) or self.passes < 1:
-      raise ValueError(f"FeatureHeadTraining.passes must be an int >= 1, got {self.passes!r}")
+    for field in ("passes", "rollout_steps"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"FeatureHeadTraining.{field} must be an int >= 1, got {value!r}")
+    if self.passes > 1 and self.rollout_steps > 1:
+      raise ValueError("FeatureHeadTraining: passes > 1 and rollout_steps > 1 both feed the "
+                       "head its own predictions; choose one (rollout_steps is EAGLE-3's "
+                       "training-time test)")
+    check_real(self, "rollout_decay", 0, 1, low_open=True, high_open=False)
+    if self.vocab_limit is not None and (not isinstance(self.vocab_limit, int)
+                                         or isinstance(self.vocab_limit, bool)
+                                         or self.vocab_limit < 1 or self.rollout_steps < 2):
+      raise ValueError("FeatureHeadTraining.vocab_limit must be None or an int >= 1 with "
+                       f"rollout_steps > 1, got {self.vocab_limit!r} with rollout_steps "
+                       f"{self.rollout_steps}")
 
 
 def load_target(folder: Any) -> Tuple[Any, Any]:
@@ -119,33 +152,25 @@ def _write_token_ranking(model_dir: str, features: Dict[str, Any], vocab_size: i
   write_token_ranking(model_dir, token_ranking(features, vocab_size))
 
 
-def smooth_l1(x: jax.Array) -> jax.Array:
-  """Huber loss with threshold 1, elementwise (EAGLE's feature regression)."""
-  magnitude = jnp.abs(x)
-  return jnp.where(magnitude < 1.0, 0.5 * jnp.square(x), magnitude - 0.5)
-
-
 def head_loss_sums(head: FeatureHead, target: Any, head_params: Any, target_params: Any,
-                   batch: Dict[str, jax.Array], feature: FeatureHeadTraining
-                   ) -> Dict[str, jax.Array]:
+                   batch: Dict[str, jax.Array], feature: FeatureHeadTraining,
+                   ids: Optional[jax.Array] = None) -> Dict[str, jax.Array]:
   """Weighted sums over a batch's non-padding positions (float32 scalars): loss_sum (the
   mean over `feature.passes`), pass 1's ce_sum, feature_sum, correct_sum (argmax agreement
   with the target) and tv_sum (total variation to the target's distribution), weight_sum,
-  and with several passes fed_correct_sum (the last pass's agreement)."""
+  and with several passes fed_correct_sum (the last pass's agreement). With
+  `feature.rollout_steps` > 1, `specjax.train.rollout.rollout_loss_sums`' (over `ids` int32
+  [K] when given)."""
+  if feature.rollout_steps > 1:
+    return rollout_loss_sums(head, target, head_params, target_params, batch,
+                             feature.rollout_steps, feature.rollout_decay,
+                             feature.feature_weight, feature.token_weight, ids)
   tokens = batch["decoder_input_tokens"]  # [B, L]
   weights = batch["decoder_loss_weights"].astype(jnp.float32)  # [B, L]
-  encoded = None  # the target's source keys and values, encoded once for both uses
-  if target.is_encoder_decoder:
-    source = batch["encoder_input_tokens"]
-    if head.config.cross_attention:
-      encoded = jax.lax.stop_gradient(target.encode(target_params, source))
-    logits, features = target.features(target_params, source, tokens, encoded)
-  else:
-    logits, features = target.features(target_params, tokens)
-  features = jax.lax.stop_gradient(features)  # [B, L, E]
+  logits, fed, features, encoded = target_features(head, target, target_params, batch)
   p = jax.lax.stop_gradient(jax.nn.softmax(logits, axis=-1))  # [B, L, V]
   embedded = jax.lax.stop_gradient(target.embed(target_params, tokens))
-  inputs, loss, out = features, 0.0, {}
+  inputs, loss, out = head.fuse_layers(head_params, fed), 0.0, {}
   for k in range(feature.passes):
     predicted = head.forward(head_params, shift_features(inputs), embedded, encoded)
     regression = jnp.mean(smooth_l1(predicted - features), axis=-1)  # [B, L]
@@ -169,13 +194,14 @@ class HeadTrainer:
   interface: `model` and `init_state`)."""
 
   def __init__(self, head: FeatureHead, target: Any, target_params: Any, optimizer: Any,
-               num_steps: int, feature: FeatureHeadTraining):
+               num_steps: int, feature: FeatureHeadTraining, ids: Any = None):
     self.model = head
     self.target_params = target_params
     self.optimizer = base.make_optimizer(optimizer, num_steps)
+    ids = None if ids is None else jnp.asarray(ids, jnp.int32)
 
     def loss_fn(params, batch):
-      sums = head_loss_sums(head, target, params, target_params, batch, feature)
+      sums = head_loss_sums(head, target, params, target_params, batch, feature, ids)
       return sums["loss_sum"] / jnp.maximum(sums["weight_sum"], 1.0), sums
 
     def step_fn(state, batch):
@@ -207,7 +233,8 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
   feature = feature if feature is not None else gin.get_configurable(FeatureHeadTraining)()
   if config.init_from is not None:
     raise ValueError("TrainConfig.init_from is not supported for a feature head; resume by "
-                     "running again with the same model_dir")
+                     "running again with the same model_dir (a fresh run may start from a "
+                     "trained head: FeatureHeadTraining.warm_start)")
   head = FeatureHead(head_config)
   target, target_params = load_target(feature.target)
   head.check_target(target)  # before anything is written
@@ -216,14 +243,21 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
     raise ValueError(f"TrainConfig.model_dir {config.model_dir} is a file, not a folder")
   os.makedirs(config.model_dir, exist_ok=True)
   check_model_gin(config.model_dir, head_config, write=False)
-  trainer = HeadTrainer(head, target, target_params, optimizer, config.num_steps, feature)
+  ranking = token_ranking(train_batches.features, head_config.vocab_size)
+  ids = None if feature.vocab_limit is None else ranking[:feature.vocab_limit]
+  trainer = HeadTrainer(head, target, target_params, optimizer, config.num_steps, feature, ids)
   recorded = json.loads(json.dumps(dataclasses.asdict(feature), default=str))
-  if feature.passes == 1:  # the default stays out of the fingerprint: such runs match either way
-    del recorded["passes"]
+  for field in ("passes", "rollout_steps", "rollout_decay", "vocab_limit", "warm_start"):
+    if getattr(feature, field) == _DEFAULTS[field]:  # defaults stay out of the fingerprint:
+      del recorded[field]  # runs from before these fields existed resume either way
   fingerprint = dict(resume_fingerprint(head_config, data, optimizer, config), feature=recorded)
   state = restore(config.model_dir, trainer, fingerprint, config.allow_changed_training)
   if state is None:
-    state = trainer.init_state(head.init(jax.random.PRNGKey(config.seed)))
+    params = head.init(jax.random.PRNGKey(config.seed))
+    if feature.warm_start is not None:
+      params = warm_start_params(head, params, load_head(feature.warm_start)[1],
+                                 target.num_feature_layers)
+    state = trainer.init_state(params)
   start = int(state.step)
   check_model_gin(config.model_dir, head_config)  # the run is accepted: now write
   _write_token_ranking(config.model_dir, train_batches.features, head_config.vocab_size)
@@ -258,16 +292,26 @@ def _log(config: Any, window: Any, done: int) -> Dict[str, float]:
   record = dict(base.summarize(total), step=done,
                 feature_loss=total["feature_sum"] / max(total["weight_sum"], 1.0))
   if "fed_correct_sum" in total:
-    record["fed_agreement"] = total["fed_correct_sum"] / max(total["weight_sum"], 1.0)
+    record["fed_agreement"] = (total["fed_correct_sum"]
+                               / max(total.get("fed_weight_sum", total["weight_sum"]), 1.0))
+  steps = sorted(int(name[4:-12]) for name in total if name.endswith("_correct_sum")
+                 and name.startswith("step"))
+  if steps:  # a rollout's agreement by guess: guess 1 is step 0's (`accuracy`)
+    record["agreement_by_guess"] = [record["accuracy"]] + [
+        total[f"step{k}_correct_sum"] / max(total[f"step{k}_weight_sum"], 1.0) for k in steps]
   base._append_metrics(config.model_dir, dict(record, split="train"))  # pylint: disable=protected-access
   if not math.isfinite(record["loss"]):
     base._diverged(config.model_dir, done, f"the training loss is {record['loss']}")  # pylint: disable=protected-access
   if config.progress:
     print(f"step {done}: loss {record['loss']:.4f} feature {record['feature_loss']:.4f} "
           f"agreement {record['accuracy']:.3f} 1-TV {1 - record['teacher_tv']:.3f}"
-          + (f" fed {record['fed_agreement']:.3f}" if "fed_agreement" in record else ""),
+          + (f" fed {record['fed_agreement']:.3f}" if "fed_agreement" in record else "")
+          + (" by guess " + " ".join(f"{a:.3f}" for a in record["agreement_by_guess"])
+             if "agreement_by_guess" in record else ""),
           flush=True)
   return record
 
+
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(FeatureHeadTraining)}
 
 base.OTHER_LOOPS[FeatureHeadConfig] = train_feature_head

@@ -21,6 +21,7 @@ from specjax.draft.tree import spine_tail
 from specjax.models import (DecoderOnlyConfig, FeatureHead, FeatureHeadConfig, T5Config,
                             build_model)
 from specjax.models.feature_head import shift_features
+from specjax.models.protocol import layers_kwargs
 from specjax.params import quantize_kernels
 from specjax.sampling import Sampling
 from specjax.testing import TableModel, tiny_pair
@@ -193,21 +194,24 @@ def _inputs(family):
 
 
 def _first_guesses(pair, head, head_params, inputs, result, ids=None):
-  """What the head predicts, teacher-forced on the target's TRUE features of the output,
-  as the first guess of every round a row ran: [(row, round, token)]; with `ids` the
-  argmax among those token ids only."""
+  """What the head predicts, teacher-forced on the target's TRUE features of the output
+  (with `feature_layers`: the chosen layers' hidden states, fused), as the first guess of
+  every round a row ran: [(row, round, token)]; with `ids` the argmax among those token ids
+  only."""
   target, params = pair.target, pair.target_params
+  layers = layers_kwargs(head.config.feature_layers)
   expected = []
   for row in range(inputs.shape[0]):
     generated = list(np.asarray(result.tokens)[row, :int(result.lengths[row])])
     if target.is_encoder_decoder:
       prefix = [0]
       seq = jnp.asarray([prefix + generated], jnp.int32)
-      _, features = target.features(params, inputs[row:row + 1], seq)
+      _, features = target.features(params, inputs[row:row + 1], seq, **layers)
     else:
       prefix = [int(t) for t in inputs[row] if t]
       seq = jnp.asarray([prefix + generated], jnp.int32)
-      _, features = target.features(params, seq)
+      _, features = target.features(params, seq, **layers)
+    features = head.fuse_layers(head_params, features)
     encoded = (target.encode(params, inputs[row:row + 1])
                if head.config.cross_attention else None)
     predicted = head.forward(head_params, shift_features(features), target.embed(params, seq),
@@ -345,10 +349,14 @@ def test_tree_spine_drafted_in_a_loop_is_the_chain(family):
     np.testing.assert_array_equal(getattr(out[3], field), getattr(out[0], field))
 
 
-def test_bundled_lm_target_with_a_random_head_decodes_as_autoregressive():
+def test_bundled_lm_target_with_its_shipped_head_decodes_as_autoregressive():
+  """The shipped EAGLE-1 head (no feature_layers, no fusion parameters) reads the target's
+  final features: greedy output equals autoregressive, rounds accept guesses, and every
+  round's first guess is the head's teacher-forced prediction from the true final features."""
   from specjax.app import bundled  # pylint: disable=import-outside-toplevel
   target, params = bundled.load("lm", "target")
-  head, head_params = _head(target, seed=11)
+  head, head_params = bundled.load("lm", "eagle")
+  assert head.config.feature_layers is None and "feature_fusion" not in head_params
   drafter = get_drafter("feature", {"max_gamma": 4}, target=target, head=head)
   prompts = np.array([[100, 200, 300, 0], [17, 42, 9, 5]], np.int32)
   reference = autoregressive_decode(target, params, prompts, max_new_tokens=12,
@@ -357,6 +365,11 @@ def test_bundled_lm_target_with_a_random_head_decodes_as_autoregressive():
                               prompts, max_new_tokens=12, gamma=4, rng=jax.random.PRNGKey(0),
                               config=GREEDY)
   np.testing.assert_array_equal(result.tokens, reference.tokens)
+  assert np.asarray(result.accepted_hist).sum(0)[1:].sum() > 0
+  pair = dataclasses.replace(tiny_pair("lm"), target=target, target_params=params)
+  guesses = np.asarray(result.trace.guesses)
+  for row, r, token in _first_guesses(pair, head, head_params, prompts, result):
+    assert int(guesses[row, r, 0]) == token, (row, r)
 
 
 # The 'auto' policy's γ = 0 rounds score one position without the drafter: they hand it that

@@ -170,3 +170,49 @@ def test_sigmoid_quality_writes_its_three_parts(tmp_path):
   assert exact["verifier"] == "fused (exact)" and paper["verifier"].startswith("sigmoid α=−β=10000")
   # The exact law is the target's (TV 0 up to float error); the paper's sigmoid accepts ~all.
   assert exact["tv"] < 1e-4 < paper["tv"] and paper["accept"] > 0.99
+
+
+def test_bench_eagle_heads_sets_head_kinds_side_by_side(tmp_path):
+  """--heads: the bundled EAGLE-1 head beside an EAGLE-3 head whose fusion selects the final
+  hidden state (the bundled head warm-started, `specjax.train.rollout`): in float32 both
+  draft the same guesses, so every count of the table is equal between them."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from specjax import checkpoints  # pylint: disable=import-outside-toplevel
+  from specjax.app import bundled  # pylint: disable=import-outside-toplevel
+  from specjax.models import FeatureHead, model_gin_text  # pylint: disable=import-outside-toplevel
+  from specjax.train.rollout import warm_start_params  # pylint: disable=import-outside-toplevel
+  head, params = bundled.load("lm", "eagle")
+  fused = FeatureHead(dataclasses.replace(head.config, feature_layers=(1, 2, 6)))
+  folder = tmp_path / "eagle3"
+  checkpoints.save_t5x(jax.device_get(warm_start_params(fused, fused.init(0), params, 6)),
+                       str(folder), step=0)
+  (folder / "model.gin").write_text(model_gin_text(fused.config))
+  shutil.copy(bundled.model_dir("lm", "eagle") / "token_ranking.npy", folder)
+  rows = bench_eagle.main(["--fast", "--pair", "lm", "--weights_dtype", "bfloat16",
+                           "--heads", f"EAGLE-1=bundled:lm/eagle,EAGLE-3={folder}",
+                           "--output_dir", str(tmp_path / "out")])
+  _files(tmp_path / "out", "bench_eagle_heads", png=False)
+  assert [(r["head"], r["decoder"]) for r in rows] == [
+      ("EAGLE-1", "chain γ=2"), ("EAGLE-1", "dynamic b2 e1 d2"),
+      ("EAGLE-3", "chain γ=2"), ("EAGLE-3", "dynamic b2 e1 d2")]
+  for one, three in zip(rows[:2], rows[2:]):
+    for column in ("alpha", "tokens_per_call", "accepted_per_round", "acceptance_by_position"):
+      assert one[column] == three[column], column
+  for row in rows:
+    assert row["alpha"] > 0.5 and row["tokens_per_call"] > 1 and row["speedup"] > 0
+    assert len(row["acceptance_by_position"].split()) == 2
+    assert row["greedy"].startswith("1 of 1 identical"), row["greedy"]
+
+
+def test_bench_eagle_heads_acceptance_by_position_and_bad_heads():
+  from experiments.common import eagle_heads  # pylint: disable=import-outside-toplevel
+  mean, rates = eagle_heads.acceptance([2, 1, 1])  # rounds accepting 0, 1, 2 guesses
+  assert mean == 0.75 and rates == [0.5, 0.5]
+  assert eagle_heads.parse_heads("A=x, B = y") == [("A", "x"), ("B", "y")]
+  for bad in ("A", "A=x,=y", "A=x,A=y"):
+    with pytest.raises(ValueError, match="--heads"):
+      eagle_heads.parse_heads(bad)
