@@ -45,6 +45,14 @@ def _check_node_count(count: int, what: str, at_least: bool = False) -> None:
                      "target scores every node in one call): use a smaller tree")
 
 
+def _short(values: Sequence[int]) -> str:
+  """A tuple for a message: whole when short, else its first entries and the count."""
+  values = tuple(values)
+  if len(values) <= 8:
+    return repr(values)
+  return "(" + ", ".join(map(str, values[:4])) + f", ... ({len(values)} in all)"
+
+
 def level_starts(levels: Sequence[int]) -> Tuple[int, ...]:
   """Node count per depth -> the index each depth's nodes start at, the total last:
   (3, 2) -> (0, 3, 5)."""
@@ -100,7 +108,7 @@ class StaticTree:
       width *= int(b)
       count += width
       if count > MAX_TREE_NODES:
-        _check_node_count(count, f"branching {tuple(branching)!r}", at_least=True)
+        _check_node_count(count, f"branching {_short(branching)}", at_least=True)
     parents, ranks, frontier = [], [], [-1]
     for b in branching:
       level = []
@@ -135,7 +143,7 @@ class StaticTree:
                            for n in lengths) or list(lengths) != sorted(lengths, reverse=True)):
       raise ValueError(f"spine lengths must be positive, non-increasing integers, got "
                        f"{lengths!r}")
-    _check_node_count(sum(int(n) for n in lengths), f"spine lengths {tuple(lengths)!r}")
+    _check_node_count(sum(int(n) for n in lengths), f"spine lengths {_short(lengths)}")
     return cls.from_paths([(r,) + (0,) * i for r, n in enumerate(lengths) for i in range(n)],
                           iid)
 
