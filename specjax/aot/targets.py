@@ -174,7 +174,9 @@ def check_gpu_config(text: str, where: str) -> None:
   that the GpuTargetConfigProto `text` lacks or gives as zero or less; checked before XLA
   reads it."""
   for field in (*GPU_FIELDS, "major"):
-    found = re.search(rf"(?m)^\s*{field}\s*:\s*([-+0-9.eE]+)\s*$", text)
+    pattern = (r"cuda_compute_capability\s*\{[^}]*?\bmajor" if field == "major"
+               else rf"(?<![\w.]){field}")  # text format: a field on its line or inline
+    found = re.search(pattern + r"\s*:\s*([-+0-9.eE]+)", text)
     try:
       ok = found is not None and float(found.group(1)) > 0
     except ValueError:
