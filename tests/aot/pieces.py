@@ -9,6 +9,38 @@ from specjax.aot import report
 
 GPU, TPU = "h200", "tpu-v5e"
 
+# An H100-class GPU written from its public figures, with fields no XLA defines (a scalar and
+# a nested block) as a newer XLA's config would have: an older plugin refuses the text whole.
+H100_CONFIG = """platform_name: "CUDA"
+gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: 3352320000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 84929347584
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 minor: 0 }
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+  specjax_future_scalar: 7
+  specjax_future_block {
+    depth: 1
+    inner { width: 2 }
+  }
+}
+dnn_version_info { major: 9 minor: 8 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
 
 def _installed(module: str) -> bool:
   try:

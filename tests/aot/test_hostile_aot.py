@@ -1,39 +1,23 @@
 """`python -m specjax.aot` against bad input, without any compiler installed: an incomplete GPU
 target config (XLA crashed with SIGFPE on one), a program that does not fit the device's memory
 (XLA's RESOURCE_EXHAUSTED traceback), an --output_dir that is a file, a γ past the budget."""
+import re
+
 import pytest
 
 from specjax.aot import targets
 from specjax.app import aot
-
-H100 = """gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: 84942979072
-  cuda_compute_capability {
-    major: 9
-  }
-}
-platform_name: "CUDA"
-"""
+from tests.aot.pieces import H100_CONFIG
 
 
 @pytest.mark.parametrize("field", [*targets.GPU_FIELDS, "major"])
 def test_an_incomplete_gpu_config_names_its_missing_field(tmp_path, field):
-  targets.check_gpu_config(H100, "h100.txtpb")  # complete: accepted
-  for text in (H100.replace(f"  {field}:", f"  no_{field}:"),
-               H100.replace(f"  {field}: ", f"  {field}: 0 # ")):
+  targets.check_gpu_config(H100_CONFIG, "h100.txtpb")  # complete: accepted
+  found = re.compile(r"\{ major: 9" if field == "major" else rf"(?<![\w.]){field}: [\d.]+")
+  assert found.search(H100_CONFIG), field
+  missing = found.sub(lambda m: m.group(0).replace(field, "no_" + field, 1), H100_CONFIG, 1)
+  zero = found.sub(lambda m: re.sub(r"[\d.]+$", "0", m.group(0)), H100_CONFIG, 1)
+  for text in (missing, zero):
     path = tmp_path / "gpu.txtpb"
     path.write_text(text)
     with pytest.raises(targets.TargetUnavailable, match=f"no positive .*{field} \\(XLA needs"):

@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from specjax.aot import report, targets
-from tests.aot.pieces import _installed
+from tests.aot.pieces import H100_CONFIG as CONFIG, _installed
 
 pytestmark = pytest.mark.skipif(
     not (_installed("jax_plugins.xla_cuda13") or _installed("jax_plugins.xla_cuda12")),
@@ -16,37 +16,6 @@ pytestmark = pytest.mark.skipif(
 CARRIES_CONFIGS = (tuple(int(p) for p in jax.__version__.split(".")[:2])
                    >= tuple(int(p) for p in targets.GPU_CONFIGS_SINCE.split(".")[:2]))
 
-# An H100-class GPU written from its public figures, with fields no XLA defines (a scalar and
-# a nested block) as a newer XLA's config would have: an older plugin refuses the text whole.
-CONFIG = """platform_name: "CUDA"
-gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: 84929347584
-  shared_memory_per_block_optin: 232448
-  cuda_compute_capability { major: 9 minor: 0 }
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-  specjax_future_scalar: 7
-  specjax_future_block {
-    depth: 1
-    inner { width: 2 }
-  }
-}
-dnn_version_info { major: 9 minor: 8 }
-device_description_str: "NVIDIA H100 80GB HBM3"
-"""
 
 
 def _compiles_the_tiny_step(lm_pieces, name):
