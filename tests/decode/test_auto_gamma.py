@@ -4,7 +4,6 @@ Timing is never asserted: every decision test injects a cost table. One compiled
 (TableModel, max_gamma 2: the narrow round and buckets 1, 2) serves most tests; rounds are
 forced through the loop's schedule where a test needs a given mix of γ.
 """
-import collections
 import dataclasses
 import types
 
@@ -23,7 +22,7 @@ from specjax.draft import HierarchicalDrafter, ModelDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
 from specjax.models.t5 import T5Config, T5Model
 from specjax.sampling import Sampling
-from specjax.testing import TableModel, exact_joint, random_table
+from specjax.testing import TableModel, exact_joint, joint_tv, random_table
 
 V = 4
 NO_EOS = -1
@@ -79,8 +78,7 @@ def _table(seconds, batch, max_gamma=2, cache_len=16, drafter=None, buckets=None
 
 
 def _joint_tv(tokens, law):
-  counts = collections.Counter(map(tuple, np.asarray(tokens)[:, :STEPS].tolist()))
-  return 0.5 * sum(abs(counts.get(k, 0) / len(tokens) - p) for k, p in law.items())
+  return joint_tv(tokens, law, STEPS)
 
 
 def _run(config, target_table, drafter, draft_params, prompts, budget, rng, control, lengths=None):

@@ -2,7 +2,6 @@
 
 Real-network tests (both model families) live in tests/decode/test_decoding_models.py.
 """
-import collections
 import dataclasses
 
 import jax
@@ -15,7 +14,7 @@ from specjax.verify import ReferenceVerifier
 from specjax.decode import DecodeConfig, DecodeResult, autoregressive_decode, speculative_decode
 from specjax.draft import BigramDrafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
 from specjax.sampling import Sampling
-from specjax.testing import TableModel, exact_joint, random_table
+from specjax.testing import TableModel, exact_joint, joint_tv, random_table
 
 V = 4
 NO_EOS = -1
@@ -38,8 +37,7 @@ def tables():
 
 
 def _joint_tv(tokens, law):
-  counts = collections.Counter(map(tuple, np.asarray(tokens)[:, :STEPS].tolist()))
-  return 0.5 * sum(abs(counts.get(k, 0) / len(tokens) - p) for k, p in law.items())
+  return joint_tv(tokens, law, STEPS)
 
 
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(top_k=2), Sampling(top_p=0.8)],

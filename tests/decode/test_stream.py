@@ -15,7 +15,6 @@
 - One compile per static config; progress chunks change nothing; slot utilization.
 (Streaming on a device mesh: tests/runtime/test_sharding.py.)
 """
-import collections
 
 import jax
 import numpy as np
@@ -28,7 +27,7 @@ from specjax.draft import BigramDrafter, HierarchicalDrafter, ModelDrafter
 from specjax.models.decoder_only import DecoderOnlyConfig, DecoderOnlyModel
 from specjax.models.t5 import T5Config, T5Model
 from specjax.sampling import Sampling
-from specjax.testing import TableModel, exact_joint, random_table
+from specjax.testing import TableModel, exact_joint, joint_tv, random_table
 from specjax.verify import BlockVerifier
 
 V = 4
@@ -204,8 +203,7 @@ EXACT_ROWS, STEPS = 400_000, 3
 
 
 def _joint_tv(tokens, law):
-  counts = collections.Counter(map(tuple, np.asarray(tokens)[:, :STEPS].tolist()))
-  return 0.5 * sum(abs(counts.get(k, 0) / len(tokens) - p) for k, p in law.items())
+  return joint_tv(tokens, law, STEPS)
 
 
 def test_joint_of_first_three_tokens_is_exact_through_the_stream(tables):

@@ -2,7 +2,6 @@
 the tree, priced by a cost table; greedy output is the target's argmax path whatever the
 decisions, sampled output keeps the target's exact joint law, and a tree that never pays
 runs the autoregressive loop."""
-import collections
 
 import jax
 import numpy as np
@@ -12,7 +11,7 @@ from specjax.decode import DecodeConfig, autoregressive_decode, tree_decode
 from specjax.decode.auto import CostTable
 from specjax.draft import StaticTree, TreeModelDrafter
 from specjax.sampling import Sampling
-from specjax.testing import TableModel, exact_joint, random_table
+from specjax.testing import TableModel, exact_joint, joint_tv, random_table
 
 V = 4
 GREEDY = Sampling(temperature=0.0)
@@ -107,8 +106,7 @@ STEPS = 3
 
 
 def _joint_tv(tokens, law):
-  counts = collections.Counter(map(tuple, np.asarray(tokens)[:, :STEPS].tolist()))
-  return 0.5 * sum(abs(counts.get(k, 0) / len(tokens) - p) for k, p in law.items())
+  return joint_tv(tokens, law, STEPS)
 
 
 def test_sampled_auto_tree_joint_of_first_three_tokens_matches_target(tables):

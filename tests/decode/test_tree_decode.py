@@ -1,6 +1,5 @@
 """`specjax.decode.tree_decode`: greedy equals autoregressive token for token (table models
 and both bundled pairs); sampled tree decoding follows the target's exact joint law."""
-import collections
 import dataclasses
 
 import jax
@@ -16,7 +15,7 @@ from specjax.draft import (BigramDrafter, DynamicTree, ModelDrafter, NGramTreeDr
 from specjax.draft.tree import keep_most_probable
 from specjax.app import encode_inputs
 from specjax.sampling import Sampling
-from specjax.testing import TableModel, exact_joint, random_table
+from specjax.testing import TableModel, exact_joint, joint_tv, random_table
 
 V = 4
 NO_EOS = -1
@@ -78,8 +77,7 @@ SAMPLED = {"static": StaticTree.from_branching((2, 2)),
 
 
 def _joint_tv(tokens, law):
-  counts = collections.Counter(map(tuple, np.asarray(tokens)[:, :STEPS].tolist()))
-  return 0.5 * sum(abs(counts.get(k, 0) / len(tokens) - p) for k, p in law.items())
+  return joint_tv(tokens, law, STEPS)
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLED))

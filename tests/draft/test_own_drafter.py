@@ -6,7 +6,6 @@ drafter it hands `grow_tree` a level and a spine function. Nothing else of specj
 the loops verify it exactly like the shipped drafters. docs/drafters_verifiers.md walks
 through this class.
 """
-import collections
 import dataclasses
 from typing import Any, ClassVar, Tuple
 
@@ -22,7 +21,7 @@ from specjax.draft.base import guess_chain
 from specjax.draft.tree import grow_tree
 from specjax.rows import take_rows
 from specjax.sampling import Sampling
-from specjax.testing import TableModel, exact_joint, random_table
+from specjax.testing import TableModel, exact_joint, joint_tv, random_table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +130,7 @@ STEPS = 3
 
 
 def _joint_tv(tokens, law):
-  counts = collections.Counter(map(tuple, np.asarray(tokens)[:, :STEPS].tolist()))
-  return 0.5 * sum(abs(counts.get(k, 0) / len(tokens) - p) for k, p in law.items())
+  return joint_tv(tokens, law, STEPS)
 
 
 @pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
