@@ -292,9 +292,11 @@ def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str, where: str,
         k: meta[k] for k in ("shape", "chunks", "compressor", "order",
                              "fill_value", "filters", "dimension_separator")
         if k in meta}
+  elif _paths.is_remote(folder):  # the .zarray just checked, not fetched again at the open
+    open_spec["metadata"] = zarray
   return _io.ZarrRead(name=name, spec=open_spec,
                       shape=None if shape is None else tuple(shape),
-                      dtype=dtype, assume_metadata=zarray is None,
+                      dtype=dtype, assume_metadata="metadata" in open_spec,
                       expected=expected)
 
 
@@ -398,7 +400,7 @@ def snapshot(path: str, where: str) -> Iterator[CheckpointLocation]:
   """
   if _paths.is_remote(path):
     from specjax import remote  # pylint: disable=import-outside-toplevel
-    with remote.cached():
+    with remote.cached(), _paths.one_context():
       yield find_checkpoint(path)
     return
   for attempt in range(_SNAPSHOT_TRIES):
@@ -414,7 +416,8 @@ def snapshot(path: str, where: str) -> Iterator[CheckpointLocation]:
       continue
     with _commit.reading(_checkpoint_folder(location)) as same:
       if same:
-        yield location
+        with _paths.one_context():
+          yield location
         return
   raise ValueError(f"{where}: the checkpoint was replaced by another save each of the "
                    f"{_SNAPSHOT_TRIES} times it was opened; retry when the writer is done")
