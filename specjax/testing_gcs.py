@@ -25,7 +25,8 @@ TOKEN_ENV = "GOOGLE_AUTH_TOKEN_FOR_TESTING"
 class Request(NamedTuple):
   """One request the emulator served."""
   method: str  # 'GET', 'POST', ...
-  path: str  # the URL path, without the query ('/download/storage/v1/b/BUCKET/o/KEY')
+  path: str  # the URL path ('/download/storage/v1/b/BUCKET/o/KEY')
+  query: str  # the query string ('alt=media&...'; alt=json: the object's metadata)
   range: Optional[str]  # the Range header ('bytes=0-99'), None for a whole object
   bytes: int  # the response body's length
   seconds: float  # the time the emulator took to answer it (its handler, under its lock)
@@ -44,7 +45,9 @@ def _serving_thread():
   listen backlog of 128. The emulator's own serves one connection at a time from a backlog of
   5: tensorstore's concurrent connections then wait for one another, and connections past the
   backlog for a SYN retry (about 1 s each), which no real GCS endpoint does. Requests are still
-  handled one at a time."""
+  handled one at a time (letting downloads run side by side measured no faster: the handler is
+  Python, and its threads share one interpreter lock). Each request served is recorded
+  (`Emulator.requests`)."""
   from functools import partial  # pylint: disable=import-outside-toplevel
   from http import server as http_server  # pylint: disable=import-outside-toplevel
   from gcp_storage_emulator import server as emulator_server  # pylint: disable=import-outside-toplevel
@@ -71,7 +74,7 @@ def _serving_thread():
           seconds = time.perf_counter() - start
         if self.server.requests is not None:
           self.server.requests.append(Request(
-              self.command, self.path.split("?", 1)[0], self.headers.get("range"),
+              self.command, *self.path.partition("?")[::2], self.headers.get("range"),
               getattr(self, "_sent", 0), seconds, start - arrived))
       setattr(Handler, method, locked)
 

@@ -70,6 +70,29 @@ def test_a_checkpoint_in_the_bucket_reads_as_from_local_disk(gcs, name, fmt):
   _same(checkpoints.load_t5x(f"{BUCKET}/{name}"), checkpoints.load_t5x(local))
 
 
+def test_a_checkpoint_read_asks_each_object_and_byte_range_of_the_bucket_once(gcs):
+  """One context per read: the OCDBT manifest is fetched once (not once per array), an array's
+  .zarray once (checked, then given to its open), no data byte range twice, and an OCDBT data
+  file's ranges merged (fewer requests than arrays). Before, the tiny draft's read fetched the
+  manifest once per array and every .zarray twice, so each count below fails."""
+  server, root = gcs
+  for name, arrays in (("draft", len(list(flatten(checkpoints.load_t5x(str(root / "draft")))))),
+                       ("target", None)):
+    checkpoints.load_t5x(f"{BUCKET}/{name}")
+    del server.requests[:]
+    checkpoints.load_t5x(f"{BUCKET}/{name}")
+    media = [(r.path, r.range) for r in server.requests
+             if "alt=json" not in r.query.split("&") and not r.path.endswith("/o")]
+    assert len(media) == len(set(media)) + (1 if name == "draft" else 0), media
+    if name == "draft":  # the b-tree root: once by the listing, once at the arrays' open
+      assert sum(p.endswith("manifest.ocdbt") for p, _ in media) == 1, media
+      data = [p for p, _ in media if "ocdbt.process_" in p]
+      assert 0 < len(data) < arrays, (len(data), arrays)
+    else:
+      stored = sum(n == ".zarray" for _, _, ns in os.walk(root / name) for n in ns)
+      assert stored and sum(p.endswith(".zarray") for p, _ in media) == stored, media
+
+
 def test_the_job_decodes_from_the_bucket_the_tokens_it_decodes_from_disk(gcs, tmp_path):
   """Greedy, target (legacy) and draft (Orbax) from the bucket, results written to the bucket:
   the same tokens as the run from local disk; a second run keeps the first's under earlier/."""
