@@ -142,7 +142,11 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
   cli = parse_cli(argv, __doc__, "bench_gcs_read", needs_pairs=False, flags=FLAGS,
                   weights_dtype=None)
   check_counts(passes=cli.args.passes)
-  return write(cli, "bench_gcs_read", measure(cli.args.passes),
+  before = os.getloadavg()[0]
+  rows = measure(cli.args.passes)
+  load = (f"load average {before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
+          f"(other jobs on this machine's {os.cpu_count()} cores)")
+  return write(cli, "bench_gcs_read", rows,
                "Reading a checkpoint from a GCS API server vs local disk", [
                    f"median seconds of {cli.args.passes} interleaved passes of load_t5x; "
                    "gcs: gcp-storage-emulator on 127.0.0.1 in memory, a bucket per checkpoint "
@@ -150,7 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
                    "lowest and highest per-pass gcs/local; emulator_s: its handlers' seconds "
                    "for one read's requests; replay_*: those requests sent at once with no "
                    "checkpoint logic, and the same bytes read from disk (the emulator's own "
-                   "cost: replay_gcs_s against replay_local_s)"],
+                   "cost: replay_gcs_s against replay_local_s)", load],
                machine=machine.describe())
 
 
