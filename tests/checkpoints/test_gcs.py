@@ -93,6 +93,39 @@ def test_a_checkpoint_read_asks_each_object_and_byte_range_of_the_bucket_once(gc
       assert stored and sum(p.endswith(".zarray") for p, _ in media) == stored, media
 
 
+def test_a_checkpoint_saved_to_the_bucket_appears_whole(gcs, tiny_t5_pair, monkeypatch):
+  """save_t5x into gs://: read back as the local save reads; its `checkpoint` object is written
+  last, so a save that fails before it leaves no checkpoint (and its arrays are removed), and
+  the next save of that step succeeds; an existing checkpoint is never replaced."""
+  _, root = gcs
+  params, url = tiny_t5_pair.target_params, f"{BUCKET}/saved"
+  written = []
+  real_write = remote.write_objects
+
+  def failing(outputs, what="the output"):
+    written.extend(outputs)
+    if any(u.endswith("/checkpoint") for u in outputs):
+      raise ValueError("the server went away")
+    return real_write(outputs, what)
+  monkeypatch.setattr(remote, "write_objects", failing)
+  with pytest.raises(ValueError, match="went away"):
+    checkpoints.save_t5x(params, url, step=5, dtype="float32", extra_files={"opt": b"x"})
+  assert written[-1] == f"{url}/checkpoint_5/checkpoint"  # the msgpack comes last
+  assert remote.list_folder(url) == set()  # the arrays and extra file removed again
+  with pytest.raises(FileNotFoundError):
+    checkpoints.find_checkpoint(url)
+  monkeypatch.setattr(remote, "write_objects", real_write)
+  out = checkpoints.save_t5x(params, url, step=5, dtype="float32", extra_files={"opt": b"x"})
+  assert out == f"{url}/checkpoint_5"
+  assert remote.read_bytes(f"{out}/opt", 10, "the extra file") == b"x"
+  checkpoints.save_t5x(params, str(root / "saved_local"), step=5, dtype="float32")
+  _same(checkpoints.load_t5x(url), checkpoints.load_t5x(str(root / "saved_local")))
+  with pytest.raises(FileExistsError, match="already exists"):
+    checkpoints.save_t5x(params, url, step=5)
+  with pytest.raises(ValueError, match="no rename"):
+    checkpoints.save_t5x(params, url, step=5, overwrite=True)
+
+
 def test_the_job_decodes_from_the_bucket_the_tokens_it_decodes_from_disk(gcs, tmp_path):
   """Greedy, target (legacy) and draft (Orbax) from the bucket, results written to the bucket:
   the same tokens as the run from local disk; a second run keeps the first's under earlier/."""
