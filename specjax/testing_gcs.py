@@ -45,8 +45,8 @@ def _serving_thread():
   listen backlog of 128. The emulator's own serves one connection at a time from a backlog of
   5: tensorstore's concurrent connections then wait for one another, and connections past the
   backlog for a SYN retry (about 1 s each), which no real GCS endpoint does. Requests are still
-  handled one at a time (letting downloads run side by side measured no faster: the handler is
-  Python, and its threads share one interpreter lock). Each request served is recorded
+  handled one at a time (letting downloads run side by side showed no clear gain on 2 cores: the
+  handler is Python, and its threads share one interpreter lock). Each request served is recorded
   (`Emulator.requests`)."""
   from functools import partial  # pylint: disable=import-outside-toplevel
   from http import server as http_server  # pylint: disable=import-outside-toplevel
