@@ -242,10 +242,15 @@ def read_bytes(url: str, limit: int, what: str) -> bytes:
 
 
 def exists(url: str) -> bool:
-  """Whether the object `url` exists (a folder prefix does not count)."""
+  """Whether the object `url` exists (a folder prefix does not count); within a `cached()`
+  block, from a listing of a folder above it where one was made."""
   bucket, key = split(url)
   if not key:
     return False
+  if _cache is not None:
+    for folder, keys in _cache.listings.items():
+      if url.startswith(folder + "/"):
+        return url[len(folder) + 1:] in keys
   result = wait(_bucket_store(bucket).read(key, byte_range=slice(0, 0)), url, "look up")
   return result.state != "missing"
 

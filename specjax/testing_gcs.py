@@ -15,10 +15,22 @@ import logging
 import os
 import socket
 import threading
-from typing import Dict, Iterator, Optional
+import time
+from typing import Dict, Iterator, List, NamedTuple, Optional
 
 ENDPOINT_ENV = ("TENSORSTORE_GCS_HTTP_URL", "STORAGE_EMULATOR_HOST")
 TOKEN_ENV = "GOOGLE_AUTH_TOKEN_FOR_TESTING"
+
+
+class Request(NamedTuple):
+  """One request the emulator served."""
+  method: str  # 'GET', 'POST', ...
+  path: str  # the URL path ('/download/storage/v1/b/BUCKET/o/KEY')
+  query: str  # the query string ('alt=media&...'; alt=json: the object's metadata)
+  range: Optional[str]  # the Range header ('bytes=0-99'), None for a whole object
+  bytes: int  # the response body's length
+  seconds: float  # the time the emulator took to answer it (its handler, under its lock)
+  waited: float  # the time it waited for the lock (other requests being answered)
 
 
 def free_port() -> int:
@@ -33,7 +45,9 @@ def _serving_thread():
   listen backlog of 128. The emulator's own serves one connection at a time from a backlog of
   5: tensorstore's concurrent connections then wait for one another, and connections past the
   backlog for a SYN retry (about 1 s each), which no real GCS endpoint does. Requests are still
-  handled one at a time."""
+  handled one at a time (letting downloads run side by side showed no clear gain on 2 cores: the
+  handler is Python, and its threads share one interpreter lock). Each request served is recorded
+  (`Emulator.requests`)."""
   from functools import partial  # pylint: disable=import-outside-toplevel
   from http import server as http_server  # pylint: disable=import-outside-toplevel
   from gcp_storage_emulator import server as emulator_server  # pylint: disable=import-outside-toplevel
@@ -45,17 +59,29 @@ def _serving_thread():
   lock = threading.Lock()  # its in-memory store is not safe for concurrent requests
 
   class Handler(emulator_server.RequestHandler):
-    pass
+    def send_header(self, keyword, value):
+      if keyword.lower() == "content-length":
+        self._sent = int(value)  # pylint: disable=attribute-defined-outside-init
+      super().send_header(keyword, value)
+
   for method in ("do_GET", "do_POST", "do_PUT", "do_PATCH", "do_DELETE", "do_HEAD"):
     if hasattr(emulator_server.RequestHandler, method):
       def locked(self, _name=method):
+        arrived = time.perf_counter()
         with lock:
+          start = time.perf_counter()
           getattr(emulator_server.RequestHandler, _name)(self)
+          seconds = time.perf_counter() - start
+        if self.server.requests is not None:
+          self.server.requests.append(Request(
+              self.command, *self.path.partition("?")[::2], self.headers.get("range"),
+              getattr(self, "_sent", 0), seconds, start - arrived))
       setattr(Handler, method, locked)
 
   class Thread(emulator_server.APIThread):
     def run(self):
       self._httpd = Threaded((self._host, self._port), partial(Handler, self._storage))
+      self._httpd.requests = self.requests
       self.is_running.set()
       self._httpd.serve_forever()
   return Thread
@@ -105,6 +131,8 @@ class Emulator:
                                  default_bucket=buckets[0])
     self._server._api = _serving_thread()("127.0.0.1", self.port,  # pylint: disable=protected-access
                                           self._server._storage)  # pylint: disable=protected-access
+    self.requests: List[Request] = []  # every request served, in order (`del requests[:]` clears it)
+    self._server._api.requests = self.requests  # pylint: disable=protected-access
     self._extra = buckets[1:]
     self._saved: Dict[str, Optional[str]] = {}
     self.running = False

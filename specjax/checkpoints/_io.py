@@ -477,8 +477,11 @@ def check_names(names_shapes: Mapping[str, Optional[Tuple[int, ...]]],
 
 
 def read_spec(spec: Dict[str, Any], allow_missing_chunks: bool = False) -> Dict[str, Any]:
-  """`spec` set to fail on a missing chunk instead of reading the fill value."""
-  return dict(spec, fill_missing_data_reads=bool(allow_missing_chunks))
+  """`spec` set to fail on a missing chunk instead of reading the fill value, and to trust
+  what its context has cached (a checkpoint does not change while it is read: the OCDBT
+  manifest is then read once per context, not revalidated at every array's open)."""
+  return dict(spec, fill_missing_data_reads=bool(allow_missing_chunks),
+              recheck_cached_metadata=False, recheck_cached_data=False)
 
 
 def int_list(x: Any) -> bool:
@@ -638,7 +641,7 @@ def check_store(store: Any, r: ZarrRead, where: str) -> None:
 
 def open_arrays(reads: Sequence[ZarrRead], where: str) -> List[Any]:
   """Opens every array (metadata only), then checks each with `check_store`."""
-  context = ts.Context(_paths.context([r.spec for r in reads]))
+  context = _paths.open_context([r.spec for r in reads])
   opens = []
   for r in reads:
     kwargs = {"assume_metadata": True} if r.assume_metadata else {}

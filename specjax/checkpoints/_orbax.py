@@ -113,8 +113,8 @@ def _ocdbt_keys(item_dir: str, where: str) -> set:
   # Every file of the database must resolve inside the item folder.
   _io.scan_files(item_dir, item_dir, "the OCDBT database", where)
   try:
-    kv = ts.KvStore.open({"driver": "ocdbt", "base": _paths.kvstore(item_dir)},
-                         context=ts.Context(_paths.context([item_dir]))).result()
+    kv = ts.KvStore.open(_paths.ocdbt_kvstore(item_dir),
+                         context=_paths.open_context([item_dir])).result()
     return {k.decode("utf-8", errors="replace") for k in kv.list().result()}
   except Exception as e:  # tensorstore raises ValueError and friends
     raise ValueError(f"{where}: cannot open the OCDBT database in {item_dir}: "
@@ -160,6 +160,8 @@ def load_target(item_dir: str, where: str,
   checked before any array is opened and shapes before any chunk is read.
   """
   item_dir = _paths.absolute(item_dir)
+  if _paths.is_remote(item_dir):  # one listing and the metadata at once, not one by one
+    _paths.prefetch_metadata(item_dir, where, ("_METADATA",))
   meta_path = os.path.join(item_dir, "_METADATA")
   _io.check_inside(item_dir, meta_path, "the Orbax _METADATA file", where)
   meta = _read_json(meta_path)
@@ -232,7 +234,7 @@ def _array_kvstore(item_dir: str, stored: str, name: str, marker: str,
     if f"{stored}/{marker}" not in present:
       raise ValueError(f"{where}: the array of parameter '{name}' is missing "
                        f"(no '{stored}/{marker}' in the OCDBT database)")
-    return {"driver": "ocdbt", "base": _paths.kvstore(item_dir), "path": stored + "/"}
+    return _paths.ocdbt_kvstore(item_dir, stored + "/")
   folder = _io.safe_join(item_dir, stored, name, where)
   what = f"the array of parameter '{name}'"
   if use_zarr3:

@@ -33,8 +33,9 @@ arrays are opened.
 Writing (`save_t5x`) assembles a checkpoint in a temporary sibling folder and
 renames it into place in one step; without `overwrite` that rename fails if
 another writer put the step in place meanwhile, and a save first recovers the
-model folder from crashed saves (`specjax.checkpoints._commit`). It produces the
-legacy layout above: every target array with at least one dimension goes to
+model folder from crashed saves (`specjax.checkpoints._commit`); into gs:// it
+writes in place, the `checkpoint` object last (`specjax.checkpoints._save_gcs`).
+It produces the legacy layout above: every target array with at least one dimension goes to
 its own zarr folder (as T5X does for every partitioned parameter, i.e. every
 model parameter), 0-d arrays go inline; the
 state is `{'step': int32}`, exactly T5X's `InferenceState.state_dict()`, so T5X
@@ -158,8 +159,10 @@ def find_checkpoint(path: str) -> CheckpointLocation:
   folders such as `checkpoint_N.tmp-...` are ignored, and a crashed overwrite
   is read from the previous checkpoint it set aside (`list_checkpoint_dirs`).
 
-  A gs:// URL is resolved the same way, in place (no crashed saves are looked for: specjax
-  writes no checkpoints there).
+  A gs:// URL is resolved the same way, in place: a `checkpoint_N` holds a checkpoint once its
+  `checkpoint` object (or Orbax `state/_METADATA`) exists, which a gs:// save writes last, so
+  an unfinished save is passed over; no set-aside folders are looked for (nothing is renamed
+  there).
 
   Raises:
     FileNotFoundError: `path` does not exist or holds no checkpoint.
@@ -201,8 +204,8 @@ def find_checkpoint(path: str) -> CheckpointLocation:
 
 def _find_remote(path: str) -> CheckpointLocation:
   """`find_checkpoint` of a gs:// URL: an object (the `checkpoint` file), a folder holding a
-  checkpoint, or a model folder (its highest complete `checkpoint_N`). A bucket holds no
-  unfinished saves of specjax's (it writes none there), so no leftovers are looked for."""
+  checkpoint, or a model folder (its highest complete `checkpoint_N`). A save into a bucket
+  renames nothing (`_save_gcs`), so no set-aside folders are looked for."""
   if _paths.is_file(path):
     found = _in_folder(_paths.dirname(path))
     if found is None or (found[0] == LEGACY and os.path.basename(path) != "checkpoint"):
@@ -292,9 +295,11 @@ def _legacy_read(spec: Dict[str, Any], ckpt_dir: str, name: str, where: str,
         k: meta[k] for k in ("shape", "chunks", "compressor", "order",
                              "fill_value", "filters", "dimension_separator")
         if k in meta}
+  elif _paths.is_remote(folder):  # the .zarray just checked, not fetched again at the open
+    open_spec["metadata"] = zarray
   return _io.ZarrRead(name=name, spec=open_spec,
                       shape=None if shape is None else tuple(shape),
-                      dtype=dtype, assume_metadata=zarray is None,
+                      dtype=dtype, assume_metadata="metadata" in open_spec,
                       expected=expected)
 
 
@@ -398,7 +403,7 @@ def snapshot(path: str, where: str) -> Iterator[CheckpointLocation]:
   """
   if _paths.is_remote(path):
     from specjax import remote  # pylint: disable=import-outside-toplevel
-    with remote.cached():
+    with remote.cached(), _paths.one_context():
       yield find_checkpoint(path)
     return
   for attempt in range(_SNAPSHOT_TRIES):
@@ -414,7 +419,8 @@ def snapshot(path: str, where: str) -> Iterator[CheckpointLocation]:
       continue
     with _commit.reading(_checkpoint_folder(location)) as same:
       if same:
-        yield location
+        with _paths.one_context():
+          yield location
         return
   raise ValueError(f"{where}: the checkpoint was replaced by another save each of the "
                    f"{_SNAPSHOT_TRIES} times it was opened; retry when the writer is done")
@@ -592,8 +598,7 @@ def _build_target(node: Mapping[Any, Any], prefix: str, cast: Optional[np.dtype]
                          "compressor": {"id": "gzip", "level": 1},
                          "shape": [int(d) for d in arr.shape]}}
     out[key] = spec
-    absolute = dict(spec, kvstore={"driver": "file",
-                                   "path": os.path.join(ckpt_dir, folder) + "/"})
+    absolute = dict(spec, kvstore=_paths.kvstore(os.path.join(ckpt_dir, folder)))
     writes.append((absolute, np.ascontiguousarray(arr)))
   return out
 
@@ -604,7 +609,7 @@ def _write_zarr(writes: List[Tuple[Dict[str, Any], np.ndarray]]) -> None:
   Args:
     writes: (absolute tensorstore spec, array of the spec's shape and dtype).
   """
-  context = ts.Context()
+  context = ts.Context(_paths.context([spec for spec, _ in writes]))
   opens = [ts.open(spec, create=True, context=context) for spec, _ in writes]
   stores = [future.result() for future in opens]
   pending = [store.write(arr) for store, (_, arr) in zip(stores, writes)]
@@ -668,11 +673,13 @@ def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
   The checkpoint is assembled in a temporary sibling folder and renamed into
   place, so `checkpoint_{step}` is either absent or complete (with its extra
   files); see `specjax.checkpoints._commit`. Leftovers of crashed saves in
-  `path` are cleaned first (`clean_model_dir`).
+  `path` are cleaned first (`clean_model_dir`). A gs:// `path` is written in
+  place, its `checkpoint` object last (a bucket has no rename; an existing
+  checkpoint is not replaced there): `specjax.checkpoints._save_gcs`.
 
   Args:
     params: nested dicts of arrays (numpy or jax) with T5X names.
-    path: the model folder (created if needed).
+    path: the model folder (created if needed), local or gs://.
     step: the training step, N in `checkpoint_N` and `state/step`.
     dtype: floating-point arrays are stored in this dtype ('bfloat16' or
       'float32', say); None keeps each array's dtype.
@@ -695,7 +702,10 @@ def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
     raise ValueError("save_t5x: params must be a non-empty nested dict of arrays")
   extra = _check_extra(extra_files)
   step = int(step)
-  path = check_path(path, "save_t5x")
+  path = check_path(path, "save_t5x", remote=True)
+  if _paths.is_remote(path):
+    from specjax.checkpoints import _save_gcs  # pylint: disable=import-outside-toplevel
+    return _save_gcs.save(params, path, step, cast, overwrite, extra)
   if os.path.exists(path) and not os.path.isdir(path):
     raise FileExistsError(f"save_t5x: {path} is a file, not a model folder to write "
                           "checkpoint_N into")

@@ -70,6 +70,62 @@ def test_a_checkpoint_in_the_bucket_reads_as_from_local_disk(gcs, name, fmt):
   _same(checkpoints.load_t5x(f"{BUCKET}/{name}"), checkpoints.load_t5x(local))
 
 
+def test_a_checkpoint_read_asks_each_object_and_byte_range_of_the_bucket_once(gcs):
+  """One context per read: the OCDBT manifest is fetched once (not once per array), an array's
+  .zarray once (checked, then given to its open), no data byte range twice, and an OCDBT data
+  file's ranges merged (fewer requests than arrays). Before, the tiny draft's read fetched the
+  manifest once per array and every .zarray twice, so each count below fails."""
+  server, root = gcs
+  for name, arrays in (("draft", len(list(flatten(checkpoints.load_t5x(str(root / "draft")))))),
+                       ("target", None)):
+    checkpoints.load_t5x(f"{BUCKET}/{name}")
+    del server.requests[:]
+    checkpoints.load_t5x(f"{BUCKET}/{name}")
+    media = [(r.path, r.range) for r in server.requests
+             if "alt=json" not in r.query.split("&") and not r.path.endswith("/o")]
+    assert len(media) == len(set(media)) + (1 if name == "draft" else 0), media
+    if name == "draft":  # the b-tree root: once by the listing, once at the arrays' open
+      assert sum(p.endswith("manifest.ocdbt") for p, _ in media) == 1, media
+      data = [p for p, _ in media if "ocdbt.process_" in p]
+      assert 0 < len(data) < arrays, (len(data), arrays)
+    else:
+      stored = sum(n == ".zarray" for _, _, ns in os.walk(root / name) for n in ns)
+      assert stored and sum(p.endswith(".zarray") for p, _ in media) == stored, media
+
+
+def test_a_checkpoint_saved_to_the_bucket_appears_whole(gcs, tiny_t5_pair, monkeypatch):
+  """save_t5x into gs://: read back as the local save reads; its `checkpoint` object is written
+  last, so a save that fails before it leaves no checkpoint (and its arrays are removed), and
+  the next save of that step succeeds; an existing checkpoint is never replaced."""
+  _, root = gcs
+  params, url = tiny_t5_pair.target_params, f"{BUCKET}/saved"
+  written = []
+  real_write = remote.write_objects
+
+  def failing(outputs, what="the output"):
+    written.extend(outputs)
+    if any(u.endswith("/checkpoint") for u in outputs):
+      raise ValueError("the server went away")
+    return real_write(outputs, what)
+  monkeypatch.setattr(remote, "write_objects", failing)
+  with pytest.raises(ValueError, match="went away"):
+    checkpoints.save_t5x(params, url, step=5, dtype="float32", extra_files={"opt": b"x"})
+  assert written[-1] == f"{url}/checkpoint_5/checkpoint"  # the msgpack comes last
+  assert remote.list_folder(url) == set()  # the arrays and extra file removed again
+  with pytest.raises(FileNotFoundError):
+    checkpoints.find_checkpoint(url)
+  monkeypatch.setattr(remote, "write_objects", real_write)
+  out = checkpoints.save_t5x(params, url, step=5, dtype="float32", extra_files={"opt": b"x"})
+  assert out == f"{url}/checkpoint_5"
+  assert remote.read_bytes(f"{out}/opt", 10, "the extra file") == b"x"
+  checkpoints.save_t5x(params, str(root / "saved_local"), step=5, dtype="float32")
+  _same(checkpoints.load_t5x(url), checkpoints.load_t5x(str(root / "saved_local")))
+  with pytest.raises(FileExistsError, match="already exists"):
+    checkpoints.save_t5x(params, url, step=5)
+  with pytest.raises(ValueError, match="no rename"):
+    checkpoints.save_t5x(params, url, step=5, overwrite=True)
+
+
 def test_the_job_decodes_from_the_bucket_the_tokens_it_decodes_from_disk(gcs, tmp_path):
   """Greedy, target (legacy) and draft (Orbax) from the bucket, results written to the bucket:
   the same tokens as the run from local disk; a second run keeps the first's under earlier/."""
