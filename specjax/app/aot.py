@@ -7,9 +7,9 @@
 
 Without --model and --draft: the speedup curves of `PAIRS` (the bundled pairs and the paper's
 T5 1.1 XXL pair), each from its target's and draft's steps at its own α and γ (--alpha, --gamma,
---input_len, --draft_dtype, where given, for all). Models: a model gin file on the search path (gin/models/*.gin) or 'bundled:PAIR/ROLE'; both
-random-init and abstract (no weights are read or allocated). For every compiled piece
-(`specjax.aot.report.model_pieces`) one row: kernels per iteration and per layer, weight-shaped
+--input_len, --draft_dtype, where given, for all). Models: a model gin file on the search
+path (gin/models/*.gin) or 'bundled:PAIR/ROLE'; both random-init and abstract (no weights
+are read or allocated). For every compiled piece (`specjax.aot.report.model_pieces`) one row: kernels per iteration and per layer, weight-shaped
 float32 temporaries and the bytes they move, the floor (weights + KV cache), nested loops and
 custom calls, on a TPU XLA's cost and memory analysis, and the step-time model's prediction
 (`specjax.aot.cost`: each iteration's ms and % of roofline; per accelerator the target and

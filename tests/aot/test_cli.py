@@ -42,7 +42,8 @@ def test_without_model_and_draft_the_command_takes_the_pairs_with_what_is_given(
   assert [p.label for p in pairs] == [p.label for p in aot.PAIRS]
   assert {p.alpha for p in pairs} == {0.6}
   assert [p.gamma for p in pairs] == [p.gamma for p in aot.PAIRS]  # not given: each its own
-  (one,) = aot._pairs(aot.parse_args(["--draft", "bundled:lm/draft"]))  # pylint: disable=protected-access
+  one_pair = aot.parse_args(["--draft", "bundled:lm/draft"])
+  (one,) = aot._pairs(one_pair)  # pylint: disable=protected-access
   assert (one.model, one.alpha, one.gamma, one.input_len) == ("bundled:lm/target", 0.75, 4, 16)
   with pytest.raises(SystemExit) as info:
     aot.parse_args(["--pieces", "loops"])
