@@ -15,8 +15,18 @@ A sum over the kernels one iteration launches (nested loops times their trips):
                predicate to the host every trip): the outer loop's one and every nested trip;
                a TPU runs its loops on the device
   launch, round_trip
-               the model's only fitted constants (`FITTED`), one pair for every accelerator,
-               fitted to the runs on record (docs/aot.md)
+               the model's only fitted constants (`FITTED`), fitted to the GPU runs on
+               record (docs/aot.md)
+
+  On a TPU no kernel is launched from the host: XLA:TPU's program runs its fusions back to
+  back on the TensorCore, sequenced by its scalar unit, and loops run on the device (no
+  round trip). A fusion's fixed cost there (its pipeline's fill and drain, the DMA latency
+  of its first window) is what the compiler estimates for a fusion that moves next to
+  nothing: the optimized HLO carries XLA:TPU's `estimated_cycles` per fusion, and the
+  launch cost of a TPU program is their median over its near-empty fusions, over the
+  TensorCore's clock (`tpu_launch_us`; the fitted launch where the program has none). The
+  compiler's estimates of the large fusions are not used: they imply about 450 GB/s on a
+  TPU v4's weight-streaming products, below its 1200.
 
     device(name)                 the accelerator's bandwidth and peak (`DEVICES`; a GPU's from its
                                  target config where it has one)
@@ -30,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from specjax.aot import hlo, targets
@@ -53,6 +64,8 @@ class Device:
   """SMs (GPU) or TensorCores per chip (TPU)."""
   source: str
   """Where the figures come from ('target config', 'table')."""
+  clock_ghz: float = 0.0
+  """A TPU's TensorCore clock (for XLA:TPU's cycle estimates; 0: none known)."""
 
 
 _PEAKS = {"h200": (989.0, 132), "h100": (989.0, 132), "h100-pcie": (756.0, 114),
@@ -61,8 +74,14 @@ _PEAKS = {"h200": (989.0, 132), "h100": (989.0, 132), "h100-pcie": (756.0, 114),
           "tpu-v6e": (918.0, 1)}
 """Vendors' dense bf16 tensor peak (TFLOP/s) and SMs / TensorCores per chip."""
 
+TPU_CLOCK_GHZ = {"tpu-v4": 1.05, "tpu-v5e": 1.5, "tpu-v5p": 1.75, "tpu-v6e": 1.75}
+"""TensorCore clocks: v4's 1050 MHz from its paper (Jouppi et al., ISCA 2023); the others the
+bf16 peak over the MXUs' FLOPs per cycle (v5e: 4 MXUs of 128x128, 2 FLOPs per multiply-add:
+197 TFLOP/s at 1.5 GHz; v5p: 2 cores of 4: 459 at 1.75; v6e: 4 of 256x256: 918 at 1.75)."""
+
 DEVICES: Dict[str, Device] = {
-    name: Device(name, t.platform, t.hbm_gbps, *_PEAKS[name], "table")
+    name: Device(name, t.platform, t.hbm_gbps, *_PEAKS[name], "table",
+                 TPU_CLOCK_GHZ.get(name, 0.0))
     for name, t in targets.TARGETS.items()}
 """The accelerators `specjax.aot.targets` names, by the vendors' figures."""
 
@@ -132,11 +151,15 @@ class KernelCost:
   """False for a DMA beside the kernels (a TPU's weight prefetch)."""
   scalar: bool = False
   """Its results are scalars (a loop counter, a predicate)."""
+  cycles: int = 0
+  """XLA:TPU's own estimate of the kernel's cycles (its backend config's `estimated_cycles`;
+  0: none given)."""
 
 
 _LINE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?)\s?([a-z][a-z0-9\-]*)\((.*)$")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 _DIMS = {"lhs": re.compile(r"lhs_contracting_dims=\{([\d,]*)\}"),
          "cublas": re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')}
 _LABELS = re.compile(r"dim_labels=\w+_(\w+)->")
@@ -322,7 +345,9 @@ def _kernel(comps, op: _Op, shapes: Dict[str, str], runs: int) -> KernelCost:
     found = re.search(r"kind=(k\w+)", op.rest)
     kind = found.group(1) if found else ""
   scalar = all(not dims for _, dims in _arrays(op.shape))
-  return KernelCost(op.opcode, kind, op.name, size, flops, runs, scalar=scalar)
+  cycles = _CYCLES.search(op.rest)
+  return KernelCost(op.opcode, kind, op.name, size, flops, runs, scalar=scalar,
+                    cycles=int(cycles.group(1)) if cycles else 0)
 
 
 def _walk(comps, name: str, runs: int, trips: int, out: List[KernelCost],
@@ -384,13 +409,15 @@ class Estimate:
   flops: int
   launches: int
   round_trips: int
+  launch_us: float = 0.0
+  """The launch cost per kernel used (a TPU's from its program: `tpu_launch_us`)."""
 
   def row(self) -> Dict[str, float]:
     """The figures as a report's columns."""
     return {"pred_ms": round(self.ms, 4), "roofline_ms": round(self.roofline_ms, 4),
             "pct_of_roofline": round(100 * (self.floor_ms or self.roofline_ms) / self.ms, 1)
             if self.ms else 0.0, "pred_launches": self.launches,
-            "pred_round_trips": self.round_trips}
+            "pred_round_trips": self.round_trips, "pred_launch_us": round(self.launch_us, 3)}
 
 
 def estimate(text: str, name: str, *, constants: Constants = FITTED, floor_bytes: int = 0,
@@ -402,15 +429,31 @@ def estimate(text: str, name: str, *, constants: Constants = FITTED, floor_bytes
   kernels, loops = kernel_costs(text, trips)
   bandwidth, peak = dev.hbm_gbps * 1e9, dev.peak_tflops * 1e12
   roofline = sum(k.runs * max(k.bytes / bandwidth, k.flops / peak) for k in kernels)
+  tpu = dev.platform == "tpu"
   # A TPU runs a step as one program: its scalar bookkeeping (loop counters) is no launch.
-  launches = sum(k.runs for k in kernels if k.launches and not (
-      dev.platform == "tpu" and k.scalar))
-  round_trips = (1 + sum(loops)) if dev.platform == "gpu" else 0
-  seconds = roofline + launches * constants.launch_us * 1e-6 + (
-      round_trips * constants.round_trip_us * 1e-6)
+  launches = sum(k.runs for k in kernels if k.launches and not (tpu and k.scalar))
+  launch_us, round_trips = constants.launch_us, 1 + sum(loops)
+  if tpu:
+    launch_us, round_trips = tpu_launch_us(kernels, dev) or launch_us, 0
+  seconds = roofline + launches * launch_us * 1e-6 + round_trips * constants.round_trip_us * 1e-6
   return Estimate(seconds * 1e3, roofline * 1e3, floor_bytes / bandwidth * 1e3,
                   sum(k.bytes * k.runs for k in kernels), sum(k.flops * k.runs for k in kernels),
-                  launches, round_trips)
+                  launches, round_trips, launch_us)
+
+
+TPU_EMPTY_BYTES = 64 * 1024
+"""A TPU fusion moving less than this is near-empty: XLA:TPU's estimate of its cycles is its
+fixed cost (64 KB take 0.05-0.15 µs at the TPUs' bandwidths, against estimates of 0.6-1 µs)."""
+
+
+def tpu_launch_us(kernels: Sequence[KernelCost], dev: Device) -> Optional[float]:
+  """A TPU's fixed cost per fusion in this program (µs), as XLA:TPU estimates it: the median of
+  its own `estimated_cycles` over the near-empty fusions (`TPU_EMPTY_BYTES`), over the
+  TensorCore's clock. None where the program carries no estimates or the clock is unknown."""
+  cycles = [k.cycles for k in kernels if k.cycles and k.bytes < TPU_EMPTY_BYTES]
+  if not cycles or not dev.clock_ghz:
+    return None
+  return statistics.median(cycles) / (dev.clock_ghz * 1e3)
 
 
 def prediction(target_ms: float, draft_ms: float, alpha: float, gamma: int,

@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -124,16 +124,67 @@ def _compiler_figures(compiled) -> Dict[str, float]:
   return out
 
 
-def compile_piece(piece: Piece, target: str) -> Tuple[Report, str]:
+GPU_COMPILE_OPTIONS = {"xla_llvm_disable_expensive_passes": True,
+                       "xla_gpu_disable_gpuasm_optimizations": True}
+"""XLA options of a GPU compile here: LLVM's and ptxas's optimizations off. They act after the
+HLO passes, on machine code nobody runs here, so the optimized program read is the same
+(`tests/aot/test_deviceless.py` compares it), in about half the compile time."""
+
+
+def retraced(traced, like: Callable) -> Callable:
+  """A jitted function that binds the ops of `traced` (a `jax.stages.Traced` of the jitted
+  `like`) again, for placing the arguments on another device: its jaxpr is evaluated, not the
+  model's Python traced again (a piece's trace for a GPU and for a TPU is the same jaxpr:
+  where the programs differ, `jax.lax.platform_dependent` holds both branches). The
+  arguments keep `like`'s names and donations, so the lowered program is the one a fresh
+  trace gives."""
+  import inspect  # pylint: disable=import-outside-toplevel
+  from jax._src import core  # pylint: disable=import-outside-toplevel
+  closed = traced.jaxpr
+  sizes = [child.num_leaves for child in traced.in_tree.children()[0].children()]
+  starts = np.cumsum([0] + sizes)
+  donated = set(traced.donate_argnums)
+  donate = tuple(i for i, n in enumerate(sizes) if n and all(
+      j in donated for j in range(starts[i], starts[i] + n)))
+
+  def again(*args):
+    out = core.eval_jaxpr(closed.jaxpr, closed.consts, *jax.tree.leaves(args))
+    return jax.tree.unflatten(traced.out_tree, out)
+  again.__name__ = again.__qualname__ = traced.fun_name
+  try:
+    names = list(inspect.signature(like).parameters)
+  except (TypeError, ValueError):
+    names = []
+  names = names[:len(sizes)] + [f"arg{i}" for i in range(len(names), len(sizes))]
+  again.__signature__ = inspect.Signature([
+      inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names])
+  return jax.jit(again, donate_argnums=donate)
+
+
+def compile_piece(piece: Piece, target: str, traces: Optional[Dict[str, Any]] = None
+                  ) -> Tuple[Report, str]:
   """(its `Report`, the optimized HLO text) of `piece` compiled for `target` without the device.
-  Raises `targets.TargetUnavailable` when the target's compiler is missing."""
+  Raises `targets.TargetUnavailable` when the target's compiler is missing.
+
+  traces: {piece name: `jax.stages.Traced`} shared by the calls of one run: a TPU target
+  lowers a trace made for another accelerator (`retraced`: seconds, against the model's
+  Python traced again); a GPU target traces afresh (its Pallas kernels are traced for its
+  kind) and leaves its trace there. None: trace here."""
   device = targets.devices(target)[0]
   start = time.perf_counter()
   gpu = targets.target(target).platform == "gpu"
+  placed = place(piece.args, device)
+  shared = None if gpu or traces is None else traces.get(piece.name)
   # Pallas's Triton lowering asks for the GPU's kind (`specjax.models.fused`).
   with targets.kernels_for(device) if gpu else contextlib.nullcontext():
-    lowered = piece.fn.lower(*place(piece.args, device))
-  compiled = lowered.compile()
+    if shared is not None:
+      lowered = retraced(shared, piece.fn).lower(*placed)
+    else:
+      traced = piece.fn.trace(*placed)
+      if traces is not None:
+        traces.setdefault(piece.name, traced)
+      lowered = traced.lower()
+  compiled = lowered.compile(compiler_options=GPU_COMPILE_OPTIONS) if gpu else lowered.compile()
   seconds = time.perf_counter() - start
   text = compiled.as_text()
   kernels = hlo.body_kernels(text)

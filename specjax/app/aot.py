@@ -1,13 +1,15 @@
 """`python -m specjax.aot`: a decode compiled for an accelerator this host does not have, read.
 
-    python -m specjax.aot                                   # the bundled LM pair, H200 and TPU v5e
+    python -m specjax.aot --target tpu-v5e --target h100    # speedup curves of PAIRS
     python -m specjax.aot --target h100 --target tpu-v6e \\
         --model models/decoder_only_large.gin --draft models/decoder_only_small.gin \\
         --pieces steps --output_dir docs/results/aot/decoder_only_large
 
-Models: a model gin file on the search path (gin/models/*.gin) or 'bundled:PAIR/ROLE'; both
-random-init and abstract (no weights are read or allocated). For every compiled piece
-(`specjax.aot.report.model_pieces`) one row: kernels per iteration and per layer, weight-shaped
+Without --model and --draft: the speedup curves of `PAIRS` (the bundled pairs and the paper's
+T5 1.1 XXL pair), each from its target's and draft's steps at its own α and γ (--alpha, --gamma,
+--input_len, --draft_dtype, where given, for all). Models: a model gin file on the search
+path (gin/models/*.gin) or 'bundled:PAIR/ROLE'; both random-init and abstract (no weights
+are read or allocated). For every compiled piece (`specjax.aot.report.model_pieces`) one row: kernels per iteration and per layer, weight-shaped
 float32 temporaries and the bytes they move, the floor (weights + KV cache), nested loops and
 custom calls, on a TPU XLA's cost and memory analysis, and the step-time model's prediction
 (`specjax.aot.cost`: each iteration's ms and % of roofline; per accelerator the target and
@@ -24,6 +26,32 @@ from typing import Any, Dict, List, Optional, Sequence
 from specjax import command, files
 
 DEFAULT_TARGETS = ("h200", "tpu-v5e")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  """A target and draft whose speedup curve the command predicts by default."""
+  label: str
+  model: str
+  draft: str
+  draft_dtype: str
+  alpha: float
+  """Its acceptance rate: the bundled pairs' measured on the CPU (README's results, T = 0),
+  the paper's pair's from its Table 2."""
+  gamma: int
+  input_len: int
+
+
+PAIRS = (
+    Pair("bundled LM", "bundled:lm/target", "bundled:lm/draft", "float32", 0.70, 4, 16),
+    Pair("bundled EN-DE", "bundled:translate/target", "bundled:translate/draft", "float32",
+         0.51, 4, 16),
+    Pair("paper: T5 1.1 XXL, T5 1.1 small draft", "models/t5_1_1_xxl.gin",
+         "models/t5_1_1_small.gin", "bfloat16", 0.75, 7, 64))
+"""The pairs without --model and --draft: the target's and the draft's steps of each
+(Leviathan et al.'s Table 2 pair: T5-XXL EN→DE with T5-small, γ = 7, on the T5 1.1 sizes, 64
+input tokens, both in bfloat16)."""
+PAIR_PIECES = ("target step", "draft step")
 DTYPES = ("float32", "bfloat16", "int8")
 PIECES = ("steps", "loops")
 COLUMNS = ("target", "piece", "kernels", "per_layer", "f32_temps", "f32_temp_MB", "floor_MB",
@@ -35,44 +63,60 @@ def parse_args(argv: Sequence[str]):
   parser = command.ArgumentParser(prog="python -m specjax.aot", description=__doc__.split("\n")[0])
   parser.add_argument("--target", action="append", default=None,
                       help=f"an accelerator (repeatable; default {' '.join(DEFAULT_TARGETS)})")
-  parser.add_argument("--model", default="bundled:lm/target",
-                      help="the target's model gin file or bundled:PAIR/ROLE")
-  parser.add_argument("--draft", default="bundled:lm/draft",
-                      help="the draft's model gin file or bundled:PAIR/ROLE")
+  parser.add_argument("--model", default=None,
+                      help="the target's model gin file or bundled:PAIR/ROLE (default "
+                      "bundled:lm/target with --draft; neither: the pairs of PAIRS)")
+  parser.add_argument("--draft", default=None,
+                      help="the draft's model gin file or bundled:PAIR/ROLE (default "
+                      "bundled:lm/draft with --model)")
   parser.add_argument("--dtype", default="bfloat16", choices=DTYPES[:2],
                       help="the target's weight dtype")
-  parser.add_argument("--draft_dtype", default="float32", choices=DTYPES,
+  parser.add_argument("--draft_dtype", default=None, choices=DTYPES,
                       help="the draft's (and the feature head's, unless float32) weight dtype")
   parser.add_argument("--batch", type=int, default=1)
-  parser.add_argument("--input_len", type=int, default=16)
+  parser.add_argument("--input_len", type=int, default=None, help="default 16")
   parser.add_argument("--max_new_tokens", type=int, default=64)
-  parser.add_argument("--gamma", type=int, default=4)
-  parser.add_argument("--alpha", type=float, default=0.75,
-                      help="the pair's acceptance rate for the predicted speedup (Thm 3.8)")
-  parser.add_argument("--pieces", nargs="+", default=list(PIECES), choices=PIECES)
+  parser.add_argument("--gamma", type=int, default=None, help="default 4")
+  parser.add_argument("--alpha", type=float, default=None,
+                      help="the pair's acceptance rate for the predicted speedup (Thm 3.8; "
+                      "default 0.75)")
+  parser.add_argument("--pieces", nargs="+", default=None, choices=PIECES,
+                      help="default both (with --model or --draft)")
   parser.add_argument("--unroll", action="store_true",
                       help="the drafters draft unrolled (no loop per guess or tree level)")
   parser.add_argument("--output_dir", default=None, help="writes aot.json and aot.md there")
   parser.add_argument("--verbose", action="store_true", help="tracebacks for errors")
   args = parser.parse_args(list(argv))
+  args.pairs = args.model is None and args.draft is None
+  if args.pairs and (args.pieces or args.unroll):
+    parser.error("--pieces and --unroll need --model or --draft: without them the command "
+                 "compiles the steps of the pairs of PAIRS")
+  if not args.pairs:
+    defaults = dict(model="bundled:lm/target", draft="bundled:lm/draft", draft_dtype="float32",
+                    input_len=16, gamma=4, alpha=0.75, pieces=list(PIECES))
+    for name, value in defaults.items():
+      if getattr(args, name) is None:
+        setattr(args, name, value)
   for name in ("batch", "input_len", "max_new_tokens", "gamma"):
-    if getattr(args, name) < 1:
+    if getattr(args, name) is not None and getattr(args, name) < 1:
       parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-  if args.gamma > args.max_new_tokens:
-    parser.error(f"--gamma {args.gamma} exceeds --max_new_tokens {args.max_new_tokens}: a round "
+  gamma = args.gamma or max(p.gamma for p in PAIRS)
+  if gamma > args.max_new_tokens:
+    parser.error(f"--gamma {gamma} exceeds --max_new_tokens {args.max_new_tokens}: a round "
                  "emits at most the budget, so more guesses are never played")
   if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
     parser.error(f"--output_dir {args.output_dir} is a file, not a folder")
-  if not 0 <= args.alpha <= 1:
+  if args.alpha is not None and not 0 <= args.alpha <= 1:
     parser.error(f"--alpha must be in [0, 1], got {args.alpha}")
   return args
 
 
-def compile_row(report, piece, name: str) -> Dict[str, Any]:
-  """`report.compile_piece(piece, name)`'s row; a program that does not fit the accelerator's
-  memory (XLA's RESOURCE_EXHAUSTED) is one ValueError saying what does not fit."""
+def compile_row(report, piece, name: str, traces: Optional[Dict[str, Any]] = None
+                ) -> Dict[str, Any]:
+  """`report.compile_piece(piece, name, traces=traces)`'s row; a program that does not fit the
+  accelerator's memory (XLA's RESOURCE_EXHAUSTED) is one ValueError saying what does not fit."""
   try:
-    return report.compile_piece(piece, name)[0].row()
+    return report.compile_piece(piece, name, traces=traces)[0].row()
   except Exception as e:  # pylint: disable=broad-except  # XLA's errors carry no type
     text = str(e)
     if "RESOURCE_EXHAUSTED" not in text:
@@ -97,10 +141,10 @@ def predictions(rows: List[Dict[str, Any]], alpha: float, gamma: int) -> Dict[st
           for name, s in steps.items() if len(s) == 2}
 
 
-def markdown(rows: List[Dict[str, Any]]) -> str:
-  """The rows as a markdown table of `COLUMNS` (and the TPU's compiler figures, if any)."""
+def markdown(rows: List[Dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
+  """The rows as a markdown table of `columns` (and the TPU's compiler figures, if any)."""
   extra = sorted({k for r in rows for k in r if k.startswith("xla_")})
-  columns = list(COLUMNS) + extra
+  columns = list(columns) + extra
   lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
   return "\n".join(lines) + "\n"
@@ -114,10 +158,28 @@ def prediction_line(name: str, p: Dict[str, Any]) -> str:
           f"(by gamma: {curve})")
 
 
+def _pairs(args) -> List[Pair]:
+  """The pairs to compile: `PAIRS` (with the arguments given) or the one named."""
+  if not args.pairs:
+    return [Pair("", args.model, args.draft, args.draft_dtype, args.alpha, args.gamma,
+                 args.input_len)]
+  given = {k: getattr(args, k) for k in ("draft_dtype", "alpha", "gamma", "input_len")
+           if getattr(args, k) is not None}
+  return [dataclasses.replace(p, **given) for p in PAIRS]
+
+
+def _gpus_first(names: Sequence[str]) -> List[str]:
+  """The accelerators in the order they compile: GPUs first, whose traces the TPUs lower again
+  (`specjax.aot.report.compile_piece`'s traces)."""
+  from specjax.aot import targets  # pylint: disable=import-outside-toplevel
+  return sorted(names, key=lambda n: targets.target(n).platform != "gpu")
+
+
 def run(argv: Sequence[str]) -> int:
-  """The command: prints one row per (accelerator, piece), as it compiles."""
+  """The command: prints one row per (accelerator, piece), as it compiles, then per pair and
+  accelerator the predicted steps, c and speedup curve."""
   args = parse_args(argv)
-  from specjax.aot import report, targets  # pylint: disable=import-outside-toplevel
+  from specjax.aot import cost, report, targets  # pylint: disable=import-outside-toplevel
   targets.cpu_host()
   from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
   from specjax.models import build_model, check_same_vocab  # pylint: disable=import-outside-toplevel
@@ -127,36 +189,51 @@ def run(argv: Sequence[str]) -> int:
   if args.output_dir:
     files.check_destination(os.path.join(args.output_dir, "aot.json"), "the report")
     os.makedirs(args.output_dir, exist_ok=True)
-  target_cfg = dataclasses.replace(model_config_from_file(args.model), dtype=args.dtype)
-  target = build_model(target_cfg)
-  draft = build_model(model_config_from_file(args.draft))
-  check_same_vocab(target, draft.vocab_size)
-  pieces = report.model_pieces(target, draft, dtype=args.dtype, draft_dtype=args.draft_dtype,
-                               batch=args.batch, input_len=args.input_len,
-                               max_new_tokens=args.max_new_tokens, gamma=args.gamma,
-                               include=args.pieces, unroll=args.unroll)
-  rows = []
-  print(" | ".join(COLUMNS), flush=True)
-  for name in names:
-    for piece in pieces:
-      row = compile_row(report, piece, name)
-      rows.append(row)
-      print(" | ".join(str(row.get(c, "")) for c in COLUMNS), flush=True)
-  predicted = predictions(rows, args.alpha, args.gamma)
-  lines = [prediction_line(name, p) for name, p in predicted.items()]
+  columns = (("pair",) if args.pairs else ()) + COLUMNS
+  print(" | ".join(columns), flush=True)
+  results = []
+  for pair in _pairs(args):
+    target_cfg = dataclasses.replace(model_config_from_file(pair.model), dtype=args.dtype)
+    target = build_model(target_cfg)
+    draft = build_model(model_config_from_file(pair.draft))
+    check_same_vocab(target, draft.vocab_size)
+    pieces = report.model_pieces(target, draft, dtype=args.dtype, draft_dtype=pair.draft_dtype,
+                                 batch=args.batch, input_len=pair.input_len,
+                                 max_new_tokens=args.max_new_tokens, gamma=pair.gamma,
+                                 include=args.pieces or ("steps",), unroll=args.unroll)
+    if args.pairs:
+      pieces = [p for p in pieces if p.name in PAIR_PIECES]
+    rows, traces = [], {}
+    for name in _gpus_first(names):
+      for piece in pieces:
+        row = compile_row(report, piece, name, traces)
+        if args.pairs:
+          row = {"pair": pair.label, **row}
+        rows.append(row)
+        print(" | ".join(str(row.get(c, "")) for c in columns), flush=True)
+    predicted = predictions(rows, pair.alpha, pair.gamma)
+    lines = [(f"{pair.label}, " if pair.label else "") + prediction_line(name, p)
+             for name, p in predicted.items()]
+    results.append((pair, rows, predicted, lines))
+  lines = [line for *_, pair_lines in results for line in pair_lines]
   for line in lines:
     print(line, flush=True)
   if args.output_dir:
-    arguments = dict(targets=names, model=args.model, draft=args.draft, dtype=args.dtype,
-                     draft_dtype=args.draft_dtype, batch=args.batch, input_len=args.input_len,
-                     max_new_tokens=args.max_new_tokens, gamma=args.gamma, pieces=args.pieces,
-                     unroll=args.unroll, alpha=args.alpha)
-    from specjax.aot import cost  # pylint: disable=import-outside-toplevel
-    files.write_json(os.path.join(args.output_dir, "aot.json"),
-                     {"arguments": arguments, "jax": jax_version(), "rows": rows,
-                      "prediction": predicted,
-                      "model_constants": dataclasses.asdict(cost.FITTED)})
-    files.write_file(os.path.join(args.output_dir, "aot.md"), markdown(rows) + "".join(
+    common = dict(targets=names, dtype=args.dtype, batch=args.batch,
+                  max_new_tokens=args.max_new_tokens, pieces=args.pieces, unroll=args.unroll)
+    arguments = lambda p: dict(common, model=p.model, draft=p.draft, draft_dtype=p.draft_dtype,
+                               input_len=p.input_len, gamma=p.gamma, alpha=p.alpha)
+    head = {"jax": jax_version(), "model_constants": dataclasses.asdict(cost.FITTED)}
+    if args.pairs:
+      written = dict(head, pairs=[dict(label=p.label, arguments=arguments(p), rows=rows,
+                                       prediction=predicted)
+                                  for p, rows, predicted, _ in results])
+    else:
+      pair, rows, predicted, _ = results[0]
+      written = dict(head, arguments=arguments(pair), rows=rows, prediction=predicted)
+    all_rows = [r for _, rows, *_ in results for r in rows]
+    files.write_json(os.path.join(args.output_dir, "aot.json"), written)
+    files.write_file(os.path.join(args.output_dir, "aot.md"), markdown(all_rows, columns) + "".join(
         f"\n{line}\n" for line in lines))
   return 0
 

@@ -152,8 +152,6 @@ def _kernel(*refs, rows: int, width: int, chunk: int, block: int, count: int, ga
 
 def _pallas(x, delta, scale, kernels, *, dtype, epsilon, activations, interpret):
   """The Triton kernel (or its interpretation on the host, for tests) on x [M, E]."""
-  from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
-  from jax.experimental.pallas import triton as pltriton  # pylint: disable=import-outside-toplevel
   rows, width = x.shape
   out_width = kernels[0].shape[1]
   gated = activations is not None
@@ -164,15 +162,23 @@ def _pallas(x, delta, scale, kernels, *, dtype, epsilon, activations, interpret)
   chunk = _pow2_divisor(width, _CHUNK)
   out_shapes = [jax.ShapeDtypeStruct((rows, width), x.dtype)]
   out_shapes += [jax.ShapeDtypeStruct((rows, out_width), dtype)] * (1 if gated else count)
-  kernel = functools.partial(
-      _kernel, rows=rows, width=width, chunk=chunk, block=block, count=count, gated=gated,
-      has_delta=delta is not None, dtype=dtype, epsilon=epsilon,
-      activations=tuple(activations or ()))
-  inputs = [x] + ([delta] if delta is not None else []) + [scale] + list(kernels)
-  return pl.pallas_call(
-      kernel, out_shape=tuple(out_shapes), grid=(programs,),
+  call = _call(tuple(out_shapes), programs, interpret, rows=rows, width=width, chunk=chunk,
+               block=block, count=count, gated=gated, has_delta=delta is not None,
+               dtype=dtype, epsilon=epsilon, activations=tuple(activations or ()))
+  return call(*([x] + ([delta] if delta is not None else []) + [scale] + list(kernels)))
+
+
+@functools.lru_cache(maxsize=64)
+def _call(out_shapes, programs: int, interpret: bool, **options) -> Callable:
+  """The jitted Pallas call of one kernel configuration (`_kernel`'s options): jitted, a
+  model's layers of one shape share its trace, and a program lowers it once (XLA inlines the
+  calls: the compiled program is that of one Pallas call per sublayer)."""
+  from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
+  from jax.experimental.pallas import triton as pltriton  # pylint: disable=import-outside-toplevel
+  return jax.jit(pl.pallas_call(
+      functools.partial(_kernel, **options), out_shape=out_shapes, grid=(programs,),
       interpret=interpret, compiler_params=pltriton.CompilerParams(num_warps=4),
-      name="specjax_norm_project")(*inputs)
+      name="specjax_norm_project"))
 
 
 def norm_project(x: Array, delta: Optional[Array], norm: Callable[[Array], Array],

@@ -34,3 +34,18 @@ def test_an_alpha_outside_0_1_is_one_error_line_and_exit_2(alpha, capsys):
   assert info.value.code == 2
   assert capsys.readouterr().err.strip().splitlines()[-1] == (
       f"specjax: error: --alpha must be in [0, 1], got {float(alpha)}")
+
+
+def test_without_model_and_draft_the_command_takes_the_pairs_with_what_is_given(capsys):
+  args = aot.parse_args(["--alpha", "0.6"])
+  pairs = aot._pairs(args)  # pylint: disable=protected-access
+  assert [p.label for p in pairs] == [p.label for p in aot.PAIRS]
+  assert {p.alpha for p in pairs} == {0.6}
+  assert [p.gamma for p in pairs] == [p.gamma for p in aot.PAIRS]  # not given: each its own
+  one_pair = aot.parse_args(["--draft", "bundled:lm/draft"])
+  (one,) = aot._pairs(one_pair)  # pylint: disable=protected-access
+  assert (one.model, one.alpha, one.gamma, one.input_len) == ("bundled:lm/target", 0.75, 4, 16)
+  with pytest.raises(SystemExit) as info:
+    aot.parse_args(["--pieces", "loops"])
+  assert info.value.code == 2
+  assert "--pieces and --unroll need --model or --draft" in capsys.readouterr().err

@@ -128,6 +128,27 @@ def test_a_tpu_makes_no_round_trips():
   assert cost.estimate(PROGRAM, "t", constants=CONSTANTS, dev=tpu).round_trips == 0
 
 
+def test_a_tpu_s_launch_is_xla_s_estimate_of_its_near_empty_fusions():
+  """On a TPU the launch cost is the median of XLA:TPU's estimated cycles over the fusions that
+  move under 64 KB, over the clock: here the two small tanh fusions (1000 and 3000 cycles at
+  1 GHz: 2 µs); the GEMM's estimate (it moves 88 MB) is not among them."""
+  cycles = lambda n: f', backend_config={{"window_config":{{"estimated_cycles":"{n}"}}}}'
+  text = PROGRAM.replace("calls=%tanh_small", "calls=%tanh_small" + cycles(1000))
+  text = text.replace("calls=%row_computation", "calls=%row_computation" + cycles(3000))
+  text = text.replace("calls=%gemm_computation", "calls=%gemm_computation" + cycles(10 ** 8))
+  tpu = cost.Device("t", "tpu", 1000.0, 100.0, 1, "test", clock_ghz=1.0)
+  kernels, _ = cost.kernel_costs(text)
+  assert {k.name: k.cycles for k in kernels if k.cycles} == {"v2": 1000, "r": 3000, "g": 10 ** 8}
+  assert cost.tpu_launch_us(kernels, tpu) == pytest.approx(2.0)
+  est = cost.estimate(text, "t", constants=CONSTANTS, dev=tpu)
+  launches = sum(k.runs for k in kernels if not k.scalar)
+  assert est.launches == launches and est.launch_us == pytest.approx(2.0)
+  assert est.ms == pytest.approx(est.roofline_ms + launches * 2e-3, rel=1e-9)
+  assert est.round_trips == 0
+  # Without estimates (or a clock), the fitted launch.
+  assert cost.estimate(PROGRAM, "t", constants=CONSTANTS, dev=tpu).launch_us == 3.0
+
+
 def test_the_prediction_is_thm_3_8_at_the_steps_ratio():
   p = cost.prediction(10.0, 0.5, alpha=0.75, gamma=7)
   assert p["c"] == 0.05

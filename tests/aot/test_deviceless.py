@@ -7,13 +7,14 @@ backend must be the CPU (JAX_PLATFORMS=cpu, or `targets.cpu_host()` before any J
 The decode loops' compiles: tests/aot/test_deviceless_loops.py.
 """
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from specjax.aot import hlo, report, targets
+from specjax.aot import cost, hlo, report, targets
 from tests.aot.pieces import GPU, NEEDS_COMPILERS, TPU
 
 pytestmark = NEEDS_COMPILERS
@@ -86,3 +87,28 @@ def test_the_target_step_compiles_for_a_tpu_too(lm_pieces, name):
   assert (TRITON_CALL in rep.custom_calls) == (name == GPU)  # a TPU runs XLA's own fusions
   if name == TPU:
     assert "xla_bytes_accessed" in rep.row() and "TPU" in text.upper()
+
+
+def test_a_shared_trace_and_the_gpu_options_leave_the_program_as_it_was(lm_pieces):
+  """`compile_piece(..., traces=)`: the TPU lowers the GPU's trace again (`report.retraced`)
+  and gets the program of its own trace; the GPU's compile options (machine-code
+  optimizations off) leave the optimized HLO as XLA's defaults make it."""
+  piece = lm_pieces["target step"]
+  traces = {}
+  _, gpu_text = report.compile_piece(piece, GPU, traces=traces)
+  assert set(traces) == {piece.name}
+  _, shared = report.compile_piece(piece, TPU, traces=traces)
+  _, fresh = report.compile_piece(piece, TPU)
+  assert _program(shared) == _program(fresh)
+  assert cost.estimate(shared, TPU) == cost.estimate(fresh, TPU)
+  device = targets.devices(GPU)[0]
+  with targets.kernels_for(device):
+    lowered = piece.fn.lower(*report.place(piece.args, device))
+  assert lowered.compile().as_text() == gpu_text
+
+
+def _program(text):
+  """The HLO text without where each op was traced from (the Python lines and stack frames
+  differ between a trace and its `retraced` copy; nothing else may)."""
+  text = re.sub(r"FileNames\n.*?\n\n(?=HloModule|ENTRY|%|$)", "", text, flags=re.S)
+  return re.sub(r", metadata=\{[^}]*\}", "", text.split("\nFileNames")[0])

@@ -28,7 +28,7 @@ class _Exhausted:
   """A report whose compile fails as XLA:TPU's does when the program does not fit."""
 
   @staticmethod
-  def compile_piece(piece, name):
+  def compile_piece(piece, name, **_):
     raise RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory "
                        "in memory space hbm. Used 41.2G of 15.75G hbm. Exceeded hbm capacity "
                        "by 25.4G.\n\nTotal hbm usage >= 41.2G: ...")
