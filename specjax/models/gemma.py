@@ -49,7 +49,7 @@ from specjax.models.checks import check_cache, check_logits_at, check_positions,
 from specjax.models.gemma_config import LOCAL, GemmaConfig
 from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, KVCache, after,
                                    cached_attention, embedding_rows, key_layout, mask_to_bias,
-                                   project, value_layout, write_rows, zeros_cache)
+                                   pad_row, project, value_layout, write_rows, zeros_cache)
 from specjax.models.network import NetworkModel, check_token_ids
 from specjax.models.tree import TreeAttention
 from specjax.params import quantize
@@ -85,10 +85,29 @@ def soft_cap(x: Array, cap: Optional[float]) -> Array:
   return x if cap is None else jnp.tanh(x / cap) * cap
 
 
-def _product(equation: str, x: Array, weight: Array, dtype: Any) -> Array:
-  """einsum(equation, x, weight) in `dtype` with float32 sums."""
-  return jnp.einsum(equation, x.astype(dtype), weight.astype(dtype),
-                    preferred_element_type=jnp.float32).astype(dtype)
+def _product(x: Array, weight: Array, axis: int, dtype: Any) -> Array:
+  """x [..., D] times `weight` contracted over its axis `axis` (of size D) -> [..., the
+  weight's other axes] in `dtype`, with float32 sums (the library's einsums).
+
+  A single row (a batch-1 decode step) is padded to two (`layers.pad_row`) where XLA would
+  run a one-row product as an elementwise multiply writing a float32 temporary the size of
+  the weight, then a reduce: bfloat16 weights on every platform, float32 ones where lowered
+  for a GPU or TPU (XLA:CPU runs their one row as a matrix-vector product), as
+  `layers.bfloat16_dot` and `layers.plain_dot` do."""
+  lead = x.shape[:-1]
+  rows = x.reshape(-1, x.shape[-1]).astype(dtype)  # [M, D]
+  weight = weight.astype(dtype)
+  rest = weight.shape[:axis] + weight.shape[axis + 1:]
+  product = lambda r: jax.lax.dot_general(r, weight, (((1,), (axis,)), ((), ())),
+                                          preferred_element_type=jnp.float32)
+  padded = lambda r: product(pad_row(r))[:1]
+  if rows.shape[0] > 1:
+    out = product(rows)
+  elif rows.dtype == jnp.float32:
+    out = jax.lax.platform_dependent(rows, cpu=product, default=padded)
+  else:
+    out = padded(rows)
+  return out.astype(dtype).reshape(lead + rest)
 
 
 class _Weight(nn.Module):
@@ -141,10 +160,12 @@ class GemmaAttention(nn.Module):
     scaled; keys [B, q, K, H] normed and rotated; values [B, q, K, H])."""
     cfg, dtype = self.config, DTYPES[self.config.dtype]
     if cfg.num_kv_heads == cfg.num_heads:
-      query, key, value = _product("bte,sneh->sbtnh", x, self.qkv_einsum(), dtype)
+      joined = _product(x, self.qkv_einsum(), 2, dtype)  # [B, q, 3, N, H]
+      query, key, value = (joined[..., i, :, :] for i in range(3))
     else:
-      query = _product("bte,neh->btnh", x, self.q_einsum(), dtype)
-      key, value = _product("bte,ckeh->cbtkh", x, self.kv_einsum(), dtype)
+      query = _product(x, self.q_einsum(), 1, dtype)  # [B, q, N, H]
+      joined = _product(x, self.kv_einsum(), 2, dtype)  # [B, q, 2, K, H]
+      key, value = joined[..., 0, :, :], joined[..., 1, :, :]
     if cfg.use_qk_norm:
       query, key = self._query_norm(query, dtype), self._key_norm(key, dtype)
     base, scale = cfg.rope(self.layer)
@@ -169,7 +190,9 @@ class GemmaAttention(nn.Module):
     grouped = cached_attention(grouped, tiled, dtype, soft_cap=cfg.attn_logits_soft_cap)
     heads = grouped.reshape(batch, groups, q, kv, h).transpose(0, 2, 3, 1, 4)
     heads = heads.reshape(batch, q, n, h)
-    return _product("btnh,nhe->bte", heads, self.attn_vec_einsum(), dtype), grouped
+    out = _product(heads.reshape(batch, q, n * h),
+                   self.attn_vec_einsum().reshape(n * h, cfg.embed_dim), 0, dtype)
+    return out, grouped
 
 
 class GemmaMlp(nn.Module):
@@ -183,13 +206,13 @@ class GemmaMlp(nn.Module):
     e, f = cfg.embed_dim, cfg.hidden_dim
     if cfg.transpose_gating_einsum:
       gating = self.param("gating_einsum", _weight_init, (2, f, e), jnp.float32)
-      gates = _product("...e,cfe->...cf", x, gating, dtype)
+      gates = _product(x, gating, 2, dtype)  # [..., 2, F]
     else:
       gating = self.param("gating_einsum", _weight_init, (2, e, f), jnp.float32)
-      gates = _product("...e,cef->...cf", x, gating, dtype)
+      gates = _product(x, gating, 1, dtype)  # [..., 2, F]
     hidden = nn.gelu(gates[..., 0, :]) * gates[..., 1, :]
     linear = self.param("linear", _weight_init, (f, e), jnp.float32)
-    return _product("...f,fe->...e", hidden, linear, dtype)
+    return _product(hidden, linear, 0, dtype)
 
 
 class GemmaBlock(nn.Module):
