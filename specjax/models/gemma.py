@@ -1,4 +1,4 @@
-"""Gemma 2 / Gemma 3 text decoders behind the `DecodingModel` and `FeatureModel` protocols.
+"""Gemma 2 / Gemma 3 text decoders behind the `DecodingModel`, `FeatureModel` and `LayerFeatureModel` protocols.
 
 The architecture (from the Gemma 2 and Gemma 3 reports and the gemma library's model, whose
 parameter names this network keeps, so a tree written by `gm.ckpts.save_params` loads with
@@ -297,34 +297,51 @@ class GemmaNetwork(nn.Module):
     logits = project(y, self.embedder.input_embedding, transposed=True)
     return soft_cap(logits, self.config.final_logit_softcap)
 
-  def _run(self, tokens, token_pos, biases, caches, starts, logits_at=None):
+  def _run(self, tokens, token_pos, biases, caches, starts, logits_at=None,
+           feature_layers=None):
+    """-> (float32 logits, features, per-layer written caches or Nones): the features the
+    final hidden states float32 [B, q, E] (after `final_norm`), or with static
+    `feature_layers` (`specjax.models.protocol.FEATURE_LAYERS`: i < num_layers the output of
+    `layer_i`, its residual stream; num_layers the final hidden state) those, concatenated
+    float32 [B, q, n * E]; [B, 1, ...] with logits_at."""
     x = self.embed(tokens)
-    written = []
+    written, hidden = [], []
     for i, block in enumerate(self.blocks):
       x, cache = block(x, token_pos, biases[self.config.attention_types[i]],
                        None if caches is None else caches[i], starts)
       written.append(cache)
+      hidden.append(x)
     if logits_at is not None:
       x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
     y = self.final_norm(x, jnp.float32)
-    return self.output_logits(y), y, written
+    if feature_layers is None:
+      return self.output_logits(y), y, written
+    if logits_at is not None:
+      hidden = [jnp.take_along_axis(h, logits_at[:, None, None], axis=1) for h in hidden]
+    hidden.append(y)  # index num_layers: the final hidden state
+    chosen = jnp.concatenate([hidden[i].astype(jnp.float32) for i in feature_layers], axis=-1)
+    return self.output_logits(y), chosen, written
 
-  def forward(self, tokens: Array, features: bool = False):
+  def forward(self, tokens: Array, features: bool = False,
+              feature_layers: Optional[Tuple[int, ...]] = None):
     """Teacher-forced logits float32 [B, L, V] of tokens int32 [B, L] at positions 0..L-1
-    (with static `features`: (logits, features float32 [B, L, E]))."""
+    (with static `features`: (logits, features float32 [B, L, E]), or [B, L, n * E] with
+    static `feature_layers`, as `_run`)."""
     length = tokens.shape[1]
     pos = jnp.arange(length, dtype=jnp.int32)
     token_pos = jnp.broadcast_to(pos[None], tokens.shape)
     biases = _biases(self.config, token_pos, (pos[None, :] <= pos[:, None])[None], None)
-    logits, y, _ = self._run(tokens, token_pos, biases, None, None)
+    logits, y, _ = self._run(tokens, token_pos, biases, None, None,
+                             feature_layers=feature_layers if features else None)
     return (logits, y) if features else logits
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
                   logits_at: Optional[Array] = None, tree: Optional[TreeAttention] = None,
-                  features: bool = False):
+                  features: bool = False, feature_layers: Optional[Tuple[int, ...]] = None):
     """Writes tokens int32 [B, k] at slots positions[b] + (0..k-1) -> (float32 logits
     [B, k, V] ([B, 1, V] with logits_at), KVCache), with static `features` (logits, float32
-    features [B, k, E], KVCache). `tree`: the call's token tree (`specjax.models.tree`)."""
+    features [B, k, E] ([B, k, n * E] with static `feature_layers`, as `_run`), KVCache).
+    `tree`: the call's token tree (`specjax.models.tree`)."""
     k, slots = tokens.shape[1], jnp.arange(cache.max_len, dtype=jnp.int32)
     if tree is None:
       token_pos = positions[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
@@ -342,17 +359,18 @@ class GemmaNetwork(nn.Module):
       key_pos = slots[None] if tree.cache_pos is None else tree.cache_pos
     biases = _biases(self.config, token_pos, new_visible, (old_visible, key_pos))
     logits, y, written = self._run(tokens, token_pos, biases,
-                                   list(zip(cache.keys, cache.values)), positions, logits_at)
+                                   list(zip(cache.keys, cache.values)), positions, logits_at,
+                                   feature_layers if features else None)
     cache = KVCache(keys=tuple(c[0] for c in written), values=tuple(c[1] for c in written))
     return (logits, y, cache) if features else (logits, cache)
 
-  def decode_step_features(self, tokens, positions, cache, tree=None):
-    """`decode_step` with features."""
-    return self.decode_step(tokens, positions, cache, None, tree, True)
+  def decode_step_features(self, tokens, positions, cache, tree=None, feature_layers=None):
+    """`decode_step` with features (of static `feature_layers`, if given)."""
+    return self.decode_step(tokens, positions, cache, None, tree, True, feature_layers)
 
-  def forward_features(self, tokens):
-    """`forward` with features."""
-    return self.forward(tokens, True)
+  def forward_features(self, tokens, feature_layers=None):
+    """`forward` with features (of static `feature_layers`, if given)."""
+    return self.forward(tokens, True, feature_layers)
 
 
 class _Embedder(nn.Module):
@@ -406,11 +424,14 @@ class GemmaModel(NetworkModel):
     self.check_params(params)
     return self._apply("forward", params, check_tokens(tokens, self.vocab_size, "logits tokens"))
 
-  def features(self, params: Any, tokens: Any) -> Tuple[Array, Array]:
-    """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E])."""
+  def features(self, params: Any, tokens: Any, feature_layers: Any = None
+               ) -> Tuple[Array, Array]:
+    """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E]), or with
+    `feature_layers` (a tuple of layer indices, `specjax.models.protocol.FEATURE_LAYERS`)
+    those layers' hidden states concatenated, float32 [B, L, n * E]."""
     self.check_params(params)
     tokens = check_tokens(tokens, self.vocab_size, "features tokens")
-    return self._apply("forward_features", params, tokens)
+    return self._apply_features("forward_features", feature_layers, params, tokens)
 
   def _check_decode(self, params, cache, tokens, positions):
     self.check_params(params)
@@ -445,14 +466,17 @@ class GemmaModel(NetworkModel):
     return self._apply("decode_step", params, tokens, positions, cache, logits_at, tree)
 
   def decode_features(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
-                      encoded: Any = None, *, tree: Optional[TreeAttention] = None
-                      ) -> Tuple[Array, Array, KVCache]:
-    """`decode` that also returns each token's final hidden state (after `final_norm`):
-    (float32 logits [B, k, V], float32 features [B, k, E], cache)."""
+                      encoded: Any = None, *, tree: Optional[TreeAttention] = None,
+                      feature_layers: Any = None) -> Tuple[Array, Array, KVCache]:
+    """`decode` that also returns each token's final hidden state (after `final_norm`), or
+    with `feature_layers` (`specjax.models.protocol.FEATURE_LAYERS`) the chosen layers'
+    hidden states concatenated: (float32 logits [B, k, V], float32 features [B, k, E]
+    ([B, k, n * E] with n feature_layers), cache)."""
     del encoded
     tokens, positions = self._check_decode(params, cache, tokens, positions)
     check_tree(tree, tokens.shape[0], tokens.shape[1], cache.max_len, None)
-    return self._apply("decode_step_features", params, tokens, positions, cache, tree)
+    return self._apply_features("decode_step_features", feature_layers, params, tokens,
+                                positions, cache, tree)
 
   def output_rows(self, params: Any, token_ids: Any) -> Array:
     """The tied embedding's rows [K, E] of `token_ids` int [K] (distinct, in [0, V))."""
