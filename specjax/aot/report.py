@@ -128,7 +128,6 @@ def split(args: Sequence[Any], devices: Sequence[Any]) -> Tuple[Tuple, Any]:
   (heads, MLP and vocabulary split; `STANDARD_RULES`). args[0] is the piece's parameters (a
   tree, or `LoopParams` of trees: each split by its names), the rest loop state and caches
   (`Partitioner.state_shardings`: caches split by heads, the rest replicated)."""
-  from specjax.decode.state import LoopParams  # pylint: disable=import-outside-toplevel
   from specjax.runtime.sharding import Partitioner  # pylint: disable=import-outside-toplevel
   partitioner = Partitioner(num_partitions=len(devices), devices=tuple(devices))
   shardings = ((_param_shardings(args[0], partitioner),)
