@@ -43,7 +43,5 @@ def test_a_tpu_gathers_the_bfloat16_embeddings_rows_as_they_lie(gemma_pieces):
   # A 16-bit view of the [56, 32] table (the CPU's way to gather bfloat16 rows) is a copy of
   # the whole table on a TPU, hoisted out of the loop: 704 MB more per chip for Gemma 3 27B's
   # embedding split over four v5e chips.
-  piece = gemma_pieces["target step"]
-  rep, text = report.compile_piece(piece, TPU)
+  _, text = report.compile_piece(gemma_pieces["target step"], TPU)
   assert "bf16[56,32]" in text and "u16[56,32]" not in text
-  assert rep.compiler["xla_temp_MB"] < 0.1
