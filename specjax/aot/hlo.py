@@ -260,7 +260,7 @@ _ARRAY = re.compile(r"\b(pred|[a-z]+\d+(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _FUSION_KIND = re.compile(r"kind=(k\w+)")
 _BACKEND_KIND = re.compile(r'"kind":"(__\w+)"')
-_LAYER = re.compile(r"layers_(\d+)/")
+_LAYER = re.compile(r"layers?_(\d+)/")  # T5X's layers_3, the gemma library's layer_3
 
 
 def _kernels_in(comps, name: str, out: List[Kernel], seen: set) -> None:

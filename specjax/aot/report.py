@@ -50,6 +50,8 @@ class Piece:
   """The weights one iteration reads (abstract pytree), for the floor and the smallest matrix."""
   cache_bytes: int = 0
   """KV-cache bytes one iteration reads, for the floor."""
+  cache: Any = None
+  """Those caches (abstract: a `KVCache`, T5's encoded inputs), for one device's share."""
 
 
 @dataclasses.dataclass
@@ -66,13 +68,16 @@ class Report:
   whiles: int
   custom_calls: Dict[str, int]
   compile_s: float
+  devices: int = 1
+  """Devices the models are split over (the figures are one device's)."""
   compiler: Dict[str, float] = dataclasses.field(default_factory=dict)
   estimate: Any = None
   """The step-time model's `specjax.aot.cost.Estimate` of one iteration (None: not known)."""
 
   def row(self) -> Dict[str, Any]:
     """The report as a flat table row (MB for bytes)."""
-    return {"piece": self.piece, "target": self.target, "kernels": self.kernels,
+    return {"piece": self.piece, "target": self.target, "devices": self.devices,
+            "kernels": self.kernels,
             "per_layer": round(self.per_layer, 1) if self.per_layer else "",
             "outside_layers": self.outside_layers,
             "f32_temps": self.f32_temps, "f32_temp_MB": round(self.f32_temp_bytes / 1e6, 1),
@@ -82,15 +87,27 @@ class Report:
             **(self.estimate.row() if self.estimate is not None else {})}
 
 
+def _split_floor(piece: Piece, partitioner) -> int:
+  """One device's share of `piece`'s floor: its weights and caches split as `split` splits
+  them (a piece without its `cache` tree: the cache's bytes over the devices)."""
+  weights = per_device_nbytes(_placed(piece.weights,
+                                      _param_shardings(piece.weights, partitioner)))
+  if piece.cache is None:
+    return weights + piece.cache_bytes // partitioner.mesh.size
+  return weights + per_device_nbytes(_placed(piece.cache,
+                                             partitioner.state_shardings(piece.cache)))
+
+
 def _nbytes(tree: Any) -> int:
   return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
 def weight_matrices(weights: Any) -> List[Tuple[int, ...]]:
-  """The shapes of the weight matrices whose float32 copies count as temporaries: 2-D
-  parameters at least half the median one's size (projections and embeddings; not the small
+  """The shapes of the weight matrices whose float32 copies count as temporaries: parameters
+  of two axes or more (T5X's 2-D kernels; a Gemma's [N, E, H] and [2, F, E] einsum weights)
+  at least half the median one's size (projections and embeddings; not the small
   relative-position tables, whose per-step float32 relayout on a TPU is a few KB)."""
-  shapes = [tuple(x.shape) for x in jax.tree.leaves(weights) if len(x.shape) == 2]
+  shapes = [tuple(x.shape) for x in jax.tree.leaves(weights) if len(x.shape) >= 2]
   if not shapes:
     return []
   sizes = sorted(math.prod(shape) for shape in shapes)
@@ -105,20 +122,69 @@ def place(tree: Any, device) -> Any:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
 
-def _compiler_figures(compiled) -> Dict[str, float]:
+def split(args: Sequence[Any], devices: Sequence[Any]) -> Tuple[Tuple, Any]:
+  """(abstract `args` placed over `devices`, the `Partitioner`) for a model split over them:
+  the project's `specjax.runtime.sharding.Partitioner` with every device on its 'model' axis
+  (heads, MLP and vocabulary split; `STANDARD_RULES`). args[0] is the piece's parameters (a
+  tree, or `LoopParams` of trees: each split by its names), the rest loop state and caches
+  (`Partitioner.state_shardings`: caches split by heads, the rest replicated)."""
+  from specjax.runtime.sharding import Partitioner  # pylint: disable=import-outside-toplevel
+  partitioner = Partitioner(num_partitions=len(devices), devices=tuple(devices))
+  shardings = ((_param_shardings(args[0], partitioner),)
+               + tuple(partitioner.state_shardings(a) for a in args[1:]))
+  return _placed(tuple(args), shardings), partitioner
+
+
+def _param_shardings(tree: Any, partitioner) -> Any:
+  """Shardings of parameter trees (a dict by its names; `LoopParams`, tuples of them)."""
+  from specjax.decode.state import LoopParams  # pylint: disable=import-outside-toplevel
+  if isinstance(tree, LoopParams):
+    return LoopParams(*(_param_shardings(getattr(tree, f.name), partitioner)
+                        for f in dataclasses.fields(tree)))
+  if isinstance(tree, (tuple, list)):
+    return type(tree)(_param_shardings(t, partitioner) for t in tree)
+  if isinstance(tree, dict):
+    return partitioner.param_shardings(tree)
+  return partitioner.state_shardings(tree)
+
+
+def _placed(tree: Any, shardings: Any) -> Any:
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
+                      shardings)
+
+
+def per_device_nbytes(tree: Any) -> int:
+  """Bytes of one device's shards of abstract arrays placed by `split` (all of an array
+  without a sharding)."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    sharding = getattr(x, "sharding", None)
+    shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+    total += math.prod(shape) * np.dtype(x.dtype).itemsize
+  return total
+
+
+def _compiler_figures(compiled, tpu: bool) -> Dict[str, float]:
+  """XLA's memory analysis of one device's program (every backend: its arguments, temporaries
+  and peak in MB), and on a TPU its cost analysis too (FLOPs, bytes accessed)."""
   out: Dict[str, float] = {}
-  try:
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    for key in ("flops", "bytes accessed"):
-      if cost and key in cost:
-        out[f"xla_{key.replace(' ', '_')}"] = float(cost[key])
-  except Exception:  # pylint: disable=broad-except  # not every backend answers
-    pass
+  if tpu:
+    try:
+      cost = compiled.cost_analysis()
+      cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+      for key in ("flops", "bytes accessed"):
+        if cost and key in cost:
+          out[f"xla_{key.replace(' ', '_')}"] = float(cost[key])
+    except Exception:  # pylint: disable=broad-except  # not every backend answers
+      pass
   try:
     memory = compiled.memory_analysis()
     if memory is not None:
+      out["xla_args_MB"] = round(memory.argument_size_in_bytes / 1e6, 1)
       out["xla_temp_MB"] = round(memory.temp_size_in_bytes / 1e6, 1)
+      peak = getattr(memory, "peak_memory_in_bytes", 0)
+      if peak:
+        out["xla_peak_MB"] = round(peak / 1e6, 1)
   except Exception:  # pylint: disable=broad-except
     pass
   return out
@@ -161,26 +227,36 @@ def retraced(traced, like: Callable) -> Callable:
   return jax.jit(again, donate_argnums=donate)
 
 
-def compile_piece(piece: Piece, target: str, traces: Optional[Dict[str, Any]] = None
-                  ) -> Tuple[Report, str]:
-  """(its `Report`, the optimized HLO text) of `piece` compiled for `target` without the device.
-  Raises `targets.TargetUnavailable` when the target's compiler is missing.
+def compile_piece(piece: Piece, target: str, devices: int = 1,
+                  traces: Optional[Dict[str, Any]] = None) -> Tuple[Report, str]:
+  """(its `Report`, the optimized HLO text: one device's program) of `piece` compiled for
+  `target` without the device; with `devices` > 1 the models split over that many devices
+  (`split`; the floor is then one device's share). Raises `targets.TargetUnavailable` when
+  the target's compiler is missing.
 
   traces: {piece name: `jax.stages.Traced`} shared by the calls of one run: a TPU target
   lowers a trace made for another accelerator (`retraced`: seconds, against the model's
   Python traced again); a GPU target traces afresh (its Pallas kernels are traced for its
-  kind) and leaves its trace there. None: trace here."""
-  device = targets.devices(target)[0]
+  kind) and leaves its trace there. None: trace here. A split compile traces afresh (its
+  trace has no Pallas calls: `fused.placed_by`)."""
+  chosen = targets.devices(target, devices)
   start = time.perf_counter()
   gpu = targets.target(target).platform == "gpu"
-  placed = place(piece.args, device)
+  if devices == 1:
+    args, context = place(piece.args, chosen[0]), (
+        # Pallas's Triton lowering asks for the GPU's kind (`specjax.models.fused`).
+        targets.kernels_for(chosen[0]) if gpu else contextlib.nullcontext())
+  else:  # XLA's partitioner would gather a Pallas call's operands: XLA's own kernels
+    from specjax.models import fused  # pylint: disable=import-outside-toplevel
+    args, partitioner = split(piece.args, chosen)
+    context = fused.placed_by(partitioner)
+    traces = None
   shared = None if gpu or traces is None else traces.get(piece.name)
-  # Pallas's Triton lowering asks for the GPU's kind (`specjax.models.fused`).
-  with targets.kernels_for(device) if gpu else contextlib.nullcontext():
+  with context:
     if shared is not None:
-      lowered = retraced(shared, piece.fn).lower(*placed)
+      lowered = retraced(shared, piece.fn).lower(*args)
     else:
-      traced = piece.fn.trace(*placed)
+      traced = piece.fn.trace(*args)
       if traces is not None:
         traces.setdefault(piece.name, traced)
       lowered = traced.lower()
@@ -199,10 +275,11 @@ def compile_piece(piece: Piece, target: str, traces: Optional[Dict[str, Any]] = 
       piece=piece.name, target=target, kernels=len(kernels),
       per_layer=per_layer if piece.layers else 0.0, outside_layers=outside,
       f32_temps=len(temps), f32_temp_bytes=temp_bytes,
-      floor_bytes=_nbytes(piece.weights) + piece.cache_bytes,
+      floor_bytes=(_nbytes(piece.weights) + piece.cache_bytes) if devices == 1 else
+      _split_floor(piece, partitioner), devices=devices,
       whiles=sum(k.opcode == "while" for k in kernels), custom_calls=calls,
       compile_s=seconds,
-      compiler=_compiler_figures(compiled) if targets.target(target).platform == "tpu" else {})
+      compiler=_compiler_figures(compiled, not gpu))
   try:
     report.estimate = cost.estimate(text, target, floor_bytes=report.floor_bytes)
   except targets.TargetUnavailable:  # a 'gpu:FILE' without bandwidth: no estimate
@@ -253,7 +330,8 @@ def step_piece(name: str, model, params, *, batch: int, cache_len: int, input_le
   fn = jax.jit(decode_steps, donate_argnums=(1,))
   tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
   return Piece(name, fn, (params, cache, encoded, tokens), _layers(model),
-               _decoder_weights(model, params), _nbytes(cache) + _nbytes(encoded))
+               _decoder_weights(model, params), _nbytes(cache) + _nbytes(encoded),
+               (cache, encoded))
 
 
 def head_step_piece(name: str, head, params, *, batch: int, cache_len: int,
@@ -274,7 +352,7 @@ def head_step_piece(name: str, head, params, *, batch: int, cache_len: int,
 
   fn = jax.jit(head_steps, donate_argnums=(1,))
   rows = jax.ShapeDtypeStruct((batch, 1, width), jnp.float32)
-  return Piece(name, fn, (params, cache, rows, rows), 1, params, _nbytes(cache))
+  return Piece(name, fn, (params, cache, rows, rows), 1, params, _nbytes(cache), cache)
 
 
 def loop_piece(name: str, loop, params, *, batch: int, input_len: int, cache_len: int,
@@ -297,7 +375,7 @@ def loop_piece(name: str, loop, params, *, batch: int, input_len: int, cache_len
   gamma = ints()  # a loop that does not read it ignores it (jit drops the argument)
   cache = jax.eval_shape(lambda: loop.target.init_cache(batch, cache_len))
   return Piece(name, fn, (params, ints(batch, input_len), ints(batch, cache_len), ints(batch),
-                          keys, ints(), gamma), 0, weights, _nbytes(cache))
+                          keys, ints(), gamma), 0, weights, _nbytes(cache), cache)
 
 
 def stream_piece(name: str, loop, params, *, slots: int, examples: int, input_len: int,
@@ -312,7 +390,7 @@ def stream_piece(name: str, loop, params, *, slots: int, examples: int, input_le
   fn, args = chunk_program(loop, params, ints(examples, input_len), ints(examples), keys,
                            slots=slots, refill_rows=slots, width=cache_len)
   cache = jax.eval_shape(lambda: loop.target.init_cache(slots, cache_len))
-  return Piece(name, fn, args, 0, weights, _nbytes(cache))
+  return Piece(name, fn, args, 0, weights, _nbytes(cache), cache)
 
 
 def abstract_params(model, dtype: str, seed: int = 0) -> Any:

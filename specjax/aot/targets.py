@@ -10,6 +10,8 @@ is named by a file). libtpu (`jax[tpu]`) knows the TPU topologies by name (`TPU_
 
     devices("h200")        [one compile-only H200]     (GPU names: `GPUS`)
     devices("tpu-v5e")     [one compile-only v5e chip] (TPU names: `TPUS`)
+    devices("tpu-v5e", 4)  the four chips of a v5e 2x2 slice (a model split over them:
+                           `specjax.aot.report.compile_piece(..., devices=4)`)
     devices("gpu:FILE")    a GPU described by a GpuTargetConfigProto text file, e.g. the
                            `*.gpu_target_config.pbtxt` that `--xla_dump_to` writes on a real GPU
 
@@ -57,6 +59,9 @@ class Target:
   """GPU: the `device_description_str` of XLA's target config; TPU: libtpu's topology name."""
   hbm_gbps: float
   """Peak memory bandwidth in GB/s (the vendor's figure), for rooflines."""
+  slices: Tuple[str, ...] = ()
+  """TPU: larger topologies of the same chip, smallest first, for compiles over several chips
+  (`devices(name, count)` takes the first `count` chips of the first that has enough)."""
 
 
 GPUS = {t.name: t for t in (
@@ -70,10 +75,10 @@ GPUS = {t.name: t for t in (
 """GPU names -> XLA's target configs (those the CUDA plugin embeds)."""
 
 TPUS = {t.name: t for t in (
-    Target("tpu-v4", "tpu", "v4:2x2x1", 1200.0),
-    Target("tpu-v5e", "tpu", "v5e:2x2", 819.0),
-    Target("tpu-v5p", "tpu", "v5p:2x2x1", 2765.0),
-    Target("tpu-v6e", "tpu", "v6e:2x2", 1640.0),
+    Target("tpu-v4", "tpu", "v4:2x2x1", 1200.0, ("v4:2x2x2", "v4:2x2x4")),
+    Target("tpu-v5e", "tpu", "v5e:2x2", 819.0, ("v5e:2x4", "v5e:4x4")),
+    Target("tpu-v5p", "tpu", "v5p:2x2x1", 2765.0, ("v5p:2x2x2", "v5p:2x2x4")),
+    Target("tpu-v6e", "tpu", "v6e:2x2", 1640.0, ("v6e:2x4", "v6e:4x4")),
 )}
 """TPU names -> libtpu topologies (a one-chip compile uses the topology's first chip)."""
 
@@ -284,18 +289,38 @@ def _tpu_ready() -> None:
     os.environ.setdefault(key, value)
 
 
+MAX_DEVICES = 16
+"""The most compile-only devices `devices` gives (a v5e 4x4 slice, 16 GPUs of one host)."""
+
+
+def _tpu_topology(chosen: Target, count: int):
+  """libtpu's description of the first of the target's topologies with `count` chips or more."""
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  topology = None
+  for spec in (chosen.spec,) + chosen.slices:
+    topology = topologies.get_topology_desc(topology_name=spec, platform="tpu")
+    if len(topology.devices) >= count:
+      return topology
+  largest = ((chosen.spec,) + chosen.slices)[-1]
+  raise TargetUnavailable(f"{chosen.name}: {count} devices asked for, but its largest "
+                          f"topology here ({largest}) has {len(topology.devices)}")
+
+
 @functools.lru_cache(maxsize=None)
-def _devices(name: str) -> Tuple:
+def _devices(name: str, count: int = 1) -> Tuple:
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   chosen = target(name)
+  if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_DEVICES:
+    raise TargetUnavailable(f"the number of {name} devices must be an integer from 1 to "
+                            f"{MAX_DEVICES}, got {count!r}")
   try:
-    if chosen.platform == "gpu":
+    if chosen.platform == "gpu":  # one host with `count` GPUs (slices x hosts x GPUs)
       text = gpu_config_text(chosen.spec)
       topology = topologies.get_topology_desc("cuda", "cuda", target_config=text,
-                                              topology="1x1x1")
+                                              topology=f"1x1x{count}")
     else:
       _tpu_ready()
-      topology = topologies.get_topology_desc(topology_name=chosen.spec, platform="tpu")
+      topology = _tpu_topology(chosen, count)
   except TargetUnavailable:
     raise
   except Exception as e:  # pylint: disable=broad-except  # XLA's errors carry no type
@@ -304,13 +329,14 @@ def _devices(name: str) -> Tuple:
       first += (" (JAX's backend for it did not start in this process: run with "
                 "JAX_PLATFORMS=cpu, or call specjax.aot.targets.cpu_host() before any JAX work)")
     raise TargetUnavailable(f"cannot compile for {name}: {first}") from None
-  return tuple(topology.devices[:1])
+  return tuple(topology.devices[:count])
 
 
-def devices(name: str) -> List:
-  """One compile-only device of the accelerator `name` (see the module docstring), as a list
-  for a `jax.sharding.Mesh`. Raises `TargetUnavailable` with one line naming what is missing."""
-  return list(_devices(name))
+def devices(name: str, count: int = 1) -> List:
+  """`count` compile-only devices of the accelerator `name` (see the module docstring), as a
+  list for a `jax.sharding.Mesh`: GPUs of one host, or a TPU slice's first `count` chips.
+  Raises `TargetUnavailable` with one line naming what is missing."""
+  return list(_devices(name, count))
 
 
 def hbm_gbps(name: str) -> Optional[float]:

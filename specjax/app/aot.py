@@ -4,6 +4,8 @@
     python -m specjax.aot --target h100 --target tpu-v6e \\
         --model models/decoder_only_large.gin --draft models/decoder_only_small.gin \\
         --pieces steps --output_dir docs/results/aot/decoder_only_large
+    python -m specjax.aot --target tpu-v5e --devices 4 \
+        --model models/gemma3_27b.gin --draft models/gemma3_270m.gin --pieces steps
 
 Without --model and --draft: the speedup curves of `PAIRS` (the bundled pairs and the paper's
 T5 1.1 XXL pair), each from its target's and draft's steps at its own α and γ (--alpha, --gamma,
@@ -11,10 +13,12 @@ T5 1.1 XXL pair), each from its target's and draft's steps at its own α and γ 
 path (gin/models/*.gin) or 'bundled:PAIR/ROLE'; both random-init and abstract (no weights
 are read or allocated). For every compiled piece (`specjax.aot.report.model_pieces`) one row: kernels per iteration and per layer, weight-shaped
 float32 temporaries and the bytes they move, the floor (weights + KV cache), nested loops and
-custom calls, on a TPU XLA's cost and memory analysis, and the step-time model's prediction
+custom calls, XLA's memory analysis (on a TPU its cost analysis too), and the step-time model's prediction
 (`specjax.aot.cost`: each iteration's ms and % of roofline; per accelerator the target and
 draft steps, c and Thm 3.8's speedup at --alpha and --gamma). Writes aot.json and aot.md to
---output_dir when given. Needs the `aot` extra (`pip install 'specjax[aot]'`); the process's own
+--output_dir when given. --devices N splits both models over N devices of each accelerator (the
+project's `Partitioner`: heads, MLP and vocabulary over a 'model' axis; a TPU's N chips of a
+slice, N GPUs of one host); every figure is then one device's. Needs the `aot` extra (`pip install 'specjax[aot]'`); the process's own
 JAX backend is the CPU (unless JAX_PLATFORMS says otherwise).
 """
 from __future__ import annotations
@@ -54,7 +58,8 @@ input tokens, both in bfloat16)."""
 PAIR_PIECES = ("target step", "draft step")
 DTYPES = ("float32", "bfloat16", "int8")
 PIECES = ("steps", "loops")
-COLUMNS = ("target", "piece", "kernels", "per_layer", "f32_temps", "f32_temp_MB", "floor_MB",
+MAX_DEVICES = 16  # specjax.aot.targets.MAX_DEVICES (not imported: the parser needs no JAX)
+COLUMNS = ("target", "devices", "piece", "kernels", "per_layer", "f32_temps", "f32_temp_MB", "floor_MB",
            "whiles", "custom_calls", "pred_ms", "pct_of_roofline", "compile_s")
 
 
@@ -63,6 +68,8 @@ def parse_args(argv: Sequence[str]):
   parser = command.ArgumentParser(prog="python -m specjax.aot", description=__doc__.split("\n")[0])
   parser.add_argument("--target", action="append", default=None,
                       help=f"an accelerator (repeatable; default {' '.join(DEFAULT_TARGETS)})")
+  parser.add_argument("--devices", type=int, default=1,
+                      help="devices of each accelerator the models are split over (default 1)")
   parser.add_argument("--model", default=None,
                       help="the target's model gin file or bundled:PAIR/ROLE (default "
                       "bundled:lm/target with --draft; neither: the pairs of PAIRS)")
@@ -97,6 +104,8 @@ def parse_args(argv: Sequence[str]):
     for name, value in defaults.items():
       if getattr(args, name) is None:
         setattr(args, name, value)
+  if not 1 <= args.devices <= MAX_DEVICES:
+    parser.error(f"--devices must be from 1 to {MAX_DEVICES}, got {args.devices}")
   for name in ("batch", "input_len", "max_new_tokens", "gamma"):
     if getattr(args, name) is not None and getattr(args, name) < 1:
       parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -111,12 +120,13 @@ def parse_args(argv: Sequence[str]):
   return args
 
 
-def compile_row(report, piece, name: str, traces: Optional[Dict[str, Any]] = None
-                ) -> Dict[str, Any]:
-  """`report.compile_piece(piece, name, traces=traces)`'s row; a program that does not fit the
-  accelerator's memory (XLA's RESOURCE_EXHAUSTED) is one ValueError saying what does not fit."""
+def compile_row(report, piece, name: str, devices: int = 1,
+                traces: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+  """`report.compile_piece(piece, name, devices, traces=traces)`'s row; a program that does not
+  fit the accelerator's memory (XLA's RESOURCE_EXHAUSTED) is one ValueError saying what does not
+  fit."""
   try:
-    return report.compile_piece(piece, name, traces=traces)[0].row()
+    return report.compile_piece(piece, name, devices, traces=traces)[0].row()
   except Exception as e:  # pylint: disable=broad-except  # XLA's errors carry no type
     text = str(e)
     if "RESOURCE_EXHAUSTED" not in text:
@@ -124,9 +134,11 @@ def compile_row(report, piece, name: str, traces: Optional[Dict[str, Any]] = Non
     detail = next((line.strip() for line in text.splitlines()
                    if "memory" in line.lower() and any(ch.isdigit() for ch in line)),
                   text.strip().splitlines()[0])
-    raise ValueError(f"{piece.name} does not fit one {name} device's memory ({detail[:300]}): "
-                     "use a smaller --batch, --input_len or --max_new_tokens, a smaller "
-                     "--dtype, or an accelerator with more memory") from None
+    split = f" split over {devices}" if devices > 1 else ""
+    raise ValueError(f"{piece.name}{split} does not fit one {name} device's memory "
+                     f"({detail[:300]}): use more --devices, a smaller --batch, --input_len or "
+                     "--max_new_tokens, a smaller --dtype, or an accelerator with more "
+                     "memory") from None
 
 
 def predictions(rows: List[Dict[str, Any]], alpha: float, gamma: int) -> Dict[str, Any]:
@@ -185,7 +197,7 @@ def run(argv: Sequence[str]) -> int:
   from specjax.models import build_model, check_same_vocab  # pylint: disable=import-outside-toplevel
   names = args.target or list(DEFAULT_TARGETS)
   for name in names:
-    targets.devices(name)  # an unknown name or a missing compiler: one line, before any work
+    targets.devices(name, args.devices)  # an unknown name, a missing compiler: one line, first
   if args.output_dir:
     files.check_destination(os.path.join(args.output_dir, "aot.json"), "the report")
     os.makedirs(args.output_dir, exist_ok=True)
@@ -206,7 +218,7 @@ def run(argv: Sequence[str]) -> int:
     rows, traces = [], {}
     for name in _gpus_first(names):
       for piece in pieces:
-        row = compile_row(report, piece, name, traces)
+        row = compile_row(report, piece, name, args.devices, traces)
         if args.pairs:
           row = {"pair": pair.label, **row}
         rows.append(row)
@@ -219,7 +231,7 @@ def run(argv: Sequence[str]) -> int:
   for line in lines:
     print(line, flush=True)
   if args.output_dir:
-    common = dict(targets=names, dtype=args.dtype, batch=args.batch,
+    common = dict(targets=names, devices=args.devices, dtype=args.dtype, batch=args.batch,
                   max_new_tokens=args.max_new_tokens, pieces=args.pieces, unroll=args.unroll)
     arguments = lambda p: dict(common, model=p.model, draft=p.draft, draft_dtype=p.draft_dtype,
                                input_len=p.input_len, gamma=p.gamma, alpha=p.alpha)

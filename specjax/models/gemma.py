@@ -1,4 +1,4 @@
-"""Gemma 2 / Gemma 3 text decoders behind the `DecodingModel` and `FeatureModel` protocols.
+"""Gemma 2 / Gemma 3 text decoders behind the `DecodingModel`, `FeatureModel` and `LayerFeatureModel` protocols.
 
 The architecture (from the Gemma 2 and Gemma 3 reports and the gemma library's model, whose
 parameter names this network keeps, so a tree written by `gm.ckpts.save_params` loads with
@@ -47,9 +47,10 @@ import jax.numpy as jnp
 from specjax.checkpoints.gemma import load_gemma_params
 from specjax.models.checks import check_cache, check_logits_at, check_positions, check_tokens, check_tree
 from specjax.models.gemma_config import LOCAL, GemmaConfig
-from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, KVCache, after,
-                                   cached_attention, embedding_rows, key_layout, mask_to_bias,
-                                   project, value_layout, write_rows, zeros_cache)
+from specjax.models.decoder_only import joined_bias
+from specjax.models.gemma_attention import Bias, cached_self_attention, grouped_attention
+from specjax.models.layers import (DTYPES, Array, KVCache, embedding_rows, key_layout,
+                                   mask_to_bias, pad_row, project, value_layout, zeros_cache)
 from specjax.models.network import NetworkModel, check_token_ids
 from specjax.models.tree import TreeAttention
 from specjax.params import quantize
@@ -85,10 +86,29 @@ def soft_cap(x: Array, cap: Optional[float]) -> Array:
   return x if cap is None else jnp.tanh(x / cap) * cap
 
 
-def _product(equation: str, x: Array, weight: Array, dtype: Any) -> Array:
-  """einsum(equation, x, weight) in `dtype` with float32 sums."""
-  return jnp.einsum(equation, x.astype(dtype), weight.astype(dtype),
-                    preferred_element_type=jnp.float32).astype(dtype)
+def _product(x: Array, weight: Array, axis: int, dtype: Any) -> Array:
+  """x [..., D] times `weight` contracted over its axis `axis` (of size D) -> [..., the
+  weight's other axes] in `dtype`, with float32 sums (the library's einsums).
+
+  A single row (a batch-1 decode step) is padded to two (`layers.pad_row`) where XLA would
+  run a one-row product as an elementwise multiply writing a float32 temporary the size of
+  the weight, then a reduce: bfloat16 weights on every platform, float32 ones where lowered
+  for a GPU or TPU (XLA:CPU runs their one row as a matrix-vector product), as
+  `layers.bfloat16_dot` and `layers.plain_dot` do."""
+  lead = x.shape[:-1]
+  rows = x.reshape(-1, x.shape[-1]).astype(dtype)  # [M, D]
+  weight = weight.astype(dtype)
+  rest = weight.shape[:axis] + weight.shape[axis + 1:]
+  product = lambda r: jax.lax.dot_general(r, weight, (((1,), (axis,)), ((), ())),
+                                          preferred_element_type=jnp.float32)
+  padded = lambda r: product(pad_row(r))[:1]
+  if rows.shape[0] > 1:
+    out = product(rows)
+  elif rows.dtype == jnp.float32:
+    out = jax.lax.platform_dependent(rows, cpu=product, default=padded)
+  else:
+    out = padded(rows)
+  return out.astype(dtype).reshape(lead + rest)
 
 
 class _Weight(nn.Module):
@@ -111,10 +131,6 @@ class _Norm(nn.Module):
 
   def __call__(self, x: Array, dtype: Any) -> Array:
     return rms_norm(x, self.scale, dtype)
-
-
-Bias = Tuple[Array, Array]  # (over the cache before the call [B, 1, q, S], over the call's
-# own keys [B|1, 1, q, q]); float32, 0 visible, NEG_INF masked
 
 
 class GemmaAttention(nn.Module):
@@ -141,10 +157,12 @@ class GemmaAttention(nn.Module):
     scaled; keys [B, q, K, H] normed and rotated; values [B, q, K, H])."""
     cfg, dtype = self.config, DTYPES[self.config.dtype]
     if cfg.num_kv_heads == cfg.num_heads:
-      query, key, value = _product("bte,sneh->sbtnh", x, self.qkv_einsum(), dtype)
+      joined = _product(x, self.qkv_einsum(), 2, dtype)  # [B, q, 3, N, H]
+      query, key, value = (joined[..., i, :, :] for i in range(3))
     else:
-      query = _product("bte,neh->btnh", x, self.q_einsum(), dtype)
-      key, value = _product("bte,ckeh->cbtkh", x, self.kv_einsum(), dtype)
+      query = _product(x, self.q_einsum(), 1, dtype)  # [B, q, N, H]
+      joined = _product(x, self.kv_einsum(), 2, dtype)  # [B, q, 2, K, H]
+      key, value = joined[..., 0, :, :], joined[..., 1, :, :]
     if cfg.use_qk_norm:
       query, key = self._query_norm(query, dtype), self._key_norm(key, dtype)
     base, scale = cfg.rope(self.layer)
@@ -152,24 +170,11 @@ class GemmaAttention(nn.Module):
                                                                dtype)
     return query, rope(key, positions, base, scale), value
 
-  def attend(self, query: Array, parts) -> Array:
-    """Queries [B, q, N, H] over head-major parts (keys [B, K, H, kv_i], values
-    [B, K, kv_i, H], bias float32 [B|1, 1, q, kv_i]) -> ([B, q, E], the heads' outputs as
-    [B, G*q, K, H]).
-
-    The G = N / K query heads that share a key/value head join the query axis (as G * q
-    queries of K heads), so the cache is read once per key/value head by
-    `cached_attention`."""
-    cfg, dtype = self.config, DTYPES[self.config.dtype]
-    batch, q, n, h = query.shape
-    kv, groups = cfg.num_kv_heads, n // cfg.num_kv_heads
-    grouped = query.reshape(batch, q, kv, groups, h).transpose(0, 3, 1, 2, 4)
-    grouped = grouped.reshape(batch, groups * q, kv, h)  # [B, G*q, K, H]
-    tiled = [(keys, values, jnp.tile(bias, (1, 1, groups, 1))) for keys, values, bias in parts]
-    grouped = cached_attention(grouped, tiled, dtype, soft_cap=cfg.attn_logits_soft_cap)
-    heads = grouped.reshape(batch, groups, q, kv, h).transpose(0, 2, 3, 1, 4)
-    heads = heads.reshape(batch, q, n, h)
-    return _product("btnh,nhe->bte", heads, self.attn_vec_einsum(), dtype), grouped
+  def output(self, heads: Array) -> Array:
+    """The heads' outputs [B, q, N * H] -> [B, q, E] (attn_vec_einsum)."""
+    weight = self.attn_vec_einsum()  # [N, H, E]: its leading axes joined, a free reshape
+    dtype = DTYPES[self.config.dtype]
+    return _product(heads, weight.reshape(-1, weight.shape[-1]), 0, dtype)
 
 
 class GemmaMlp(nn.Module):
@@ -183,13 +188,13 @@ class GemmaMlp(nn.Module):
     e, f = cfg.embed_dim, cfg.hidden_dim
     if cfg.transpose_gating_einsum:
       gating = self.param("gating_einsum", _weight_init, (2, f, e), jnp.float32)
-      gates = _product("...e,cfe->...cf", x, gating, dtype)
+      gates = _product(x, gating, 2, dtype)  # [..., 2, F]
     else:
       gating = self.param("gating_einsum", _weight_init, (2, e, f), jnp.float32)
-      gates = _product("...e,cef->...cf", x, gating, dtype)
+      gates = _product(x, gating, 1, dtype)  # [..., 2, F]
     hidden = nn.gelu(gates[..., 0, :]) * gates[..., 1, :]
     linear = self.param("linear", _weight_init, (f, e), jnp.float32)
-    return _product("...f,fe->...e", hidden, linear, dtype)
+    return _product(hidden, linear, 0, dtype)
 
 
 class GemmaBlock(nn.Module):
@@ -214,16 +219,14 @@ class GemmaBlock(nn.Module):
     [B, K, H, S], values [B, K, S, H]) the call's keys are attended after the cache's and
     written at slots starts[b] .. starts[b] + q - 1 -> ([B, q, E], the written cache or None).
     """
-    dtype = DTYPES[self.config.dtype]
+    cfg, dtype = self.config, DTYPES[self.config.dtype]
     query, key, value = self.attn.project(self.pre_attention_norm(x, dtype), positions)
-    parts = [(key_layout(key), value_layout(value), bias[1])]
-    if cache is not None:
-      parts.insert(0, (cache[0], cache[1], bias[0]))
-    out, heads = self.attn.attend(query, parts)
-    if cache is not None:  # read the old buffers, then write in place (`layers.after`)
-      key, value = after(key, heads), after(value, heads)
-      cache = (write_rows(cache[0], key_layout(key), starts, KEY_SLOT_AXIS),
-               write_rows(cache[1], value_layout(value), starts, VALUE_SLOT_AXIS))
+    if cache is None:
+      heads, _ = grouped_attention(cfg, query, [(key_layout(key), value_layout(value),
+                                                 bias[1])], dtype)
+    else:
+      heads, cache = cached_self_attention(cfg, dtype, query, key, value, cache, bias, starts)
+    out = self.attn.output(heads)
     if self.config.use_post_attn_norm:
       out = self.post_attention_norm(out, dtype)
     x = x + out
@@ -274,34 +277,51 @@ class GemmaNetwork(nn.Module):
     logits = project(y, self.embedder.input_embedding, transposed=True)
     return soft_cap(logits, self.config.final_logit_softcap)
 
-  def _run(self, tokens, token_pos, biases, caches, starts, logits_at=None):
+  def _run(self, tokens, token_pos, biases, caches, starts, logits_at=None,
+           feature_layers=None):
+    """-> (float32 logits, features, per-layer written caches or Nones): the features the
+    final hidden states float32 [B, q, E] (after `final_norm`), or with static
+    `feature_layers` (`specjax.models.protocol.FEATURE_LAYERS`: i < num_layers the output of
+    `layer_i`, its residual stream; num_layers the final hidden state) those, concatenated
+    float32 [B, q, n * E]; [B, 1, ...] with logits_at."""
     x = self.embed(tokens)
-    written = []
+    written, hidden = [], []
     for i, block in enumerate(self.blocks):
       x, cache = block(x, token_pos, biases[self.config.attention_types[i]],
                        None if caches is None else caches[i], starts)
       written.append(cache)
+      hidden.append(x)
     if logits_at is not None:
       x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
     y = self.final_norm(x, jnp.float32)
-    return self.output_logits(y), y, written
+    if feature_layers is None:
+      return self.output_logits(y), y, written
+    if logits_at is not None:
+      hidden = [jnp.take_along_axis(h, logits_at[:, None, None], axis=1) for h in hidden]
+    hidden.append(y)  # index num_layers: the final hidden state
+    chosen = jnp.concatenate([hidden[i].astype(jnp.float32) for i in feature_layers], axis=-1)
+    return self.output_logits(y), chosen, written
 
-  def forward(self, tokens: Array, features: bool = False):
+  def forward(self, tokens: Array, features: bool = False,
+              feature_layers: Optional[Tuple[int, ...]] = None):
     """Teacher-forced logits float32 [B, L, V] of tokens int32 [B, L] at positions 0..L-1
-    (with static `features`: (logits, features float32 [B, L, E]))."""
+    (with static `features`: (logits, features float32 [B, L, E]), or [B, L, n * E] with
+    static `feature_layers`, as `_run`)."""
     length = tokens.shape[1]
     pos = jnp.arange(length, dtype=jnp.int32)
     token_pos = jnp.broadcast_to(pos[None], tokens.shape)
     biases = _biases(self.config, token_pos, (pos[None, :] <= pos[:, None])[None], None)
-    logits, y, _ = self._run(tokens, token_pos, biases, None, None)
+    logits, y, _ = self._run(tokens, token_pos, biases, None, None,
+                             feature_layers=feature_layers if features else None)
     return (logits, y) if features else logits
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
                   logits_at: Optional[Array] = None, tree: Optional[TreeAttention] = None,
-                  features: bool = False):
+                  features: bool = False, feature_layers: Optional[Tuple[int, ...]] = None):
     """Writes tokens int32 [B, k] at slots positions[b] + (0..k-1) -> (float32 logits
     [B, k, V] ([B, 1, V] with logits_at), KVCache), with static `features` (logits, float32
-    features [B, k, E], KVCache). `tree`: the call's token tree (`specjax.models.tree`)."""
+    features [B, k, E] ([B, k, n * E] with static `feature_layers`, as `_run`), KVCache).
+    `tree`: the call's token tree (`specjax.models.tree`)."""
     k, slots = tokens.shape[1], jnp.arange(cache.max_len, dtype=jnp.int32)
     if tree is None:
       token_pos = positions[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
@@ -317,19 +337,21 @@ class GemmaNetwork(nn.Module):
         old_visible = jnp.broadcast_to(slots[None, None, :] < positions[:, None, None],
                                        tree.visible.shape[:2] + slots.shape)
       key_pos = slots[None] if tree.cache_pos is None else tree.cache_pos
-    biases = _biases(self.config, token_pos, new_visible, (old_visible, key_pos))
+    biases = {kind: (old, new, joined_bias(old, new, positions)) for kind, (old, new)
+              in _biases(self.config, token_pos, new_visible, (old_visible, key_pos)).items()}
     logits, y, written = self._run(tokens, token_pos, biases,
-                                   list(zip(cache.keys, cache.values)), positions, logits_at)
+                                   list(zip(cache.keys, cache.values)), positions, logits_at,
+                                   feature_layers if features else None)
     cache = KVCache(keys=tuple(c[0] for c in written), values=tuple(c[1] for c in written))
     return (logits, y, cache) if features else (logits, cache)
 
-  def decode_step_features(self, tokens, positions, cache, tree=None):
-    """`decode_step` with features."""
-    return self.decode_step(tokens, positions, cache, None, tree, True)
+  def decode_step_features(self, tokens, positions, cache, tree=None, feature_layers=None):
+    """`decode_step` with features (of static `feature_layers`, if given)."""
+    return self.decode_step(tokens, positions, cache, None, tree, True, feature_layers)
 
-  def forward_features(self, tokens):
-    """`forward` with features."""
-    return self.forward(tokens, True)
+  def forward_features(self, tokens, feature_layers=None):
+    """`forward` with features (of static `feature_layers`, if given)."""
+    return self.forward(tokens, True, feature_layers)
 
 
 class _Embedder(nn.Module):
@@ -383,11 +405,14 @@ class GemmaModel(NetworkModel):
     self.check_params(params)
     return self._apply("forward", params, check_tokens(tokens, self.vocab_size, "logits tokens"))
 
-  def features(self, params: Any, tokens: Any) -> Tuple[Array, Array]:
-    """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E])."""
+  def features(self, params: Any, tokens: Any, feature_layers: Any = None
+               ) -> Tuple[Array, Array]:
+    """Teacher-forced (logits float32 [B, L, V], features float32 [B, L, E]), or with
+    `feature_layers` (a tuple of layer indices, `specjax.models.protocol.FEATURE_LAYERS`)
+    those layers' hidden states concatenated, float32 [B, L, n * E]."""
     self.check_params(params)
     tokens = check_tokens(tokens, self.vocab_size, "features tokens")
-    return self._apply("forward_features", params, tokens)
+    return self._apply_features("forward_features", feature_layers, params, tokens)
 
   def _check_decode(self, params, cache, tokens, positions):
     self.check_params(params)
@@ -422,14 +447,17 @@ class GemmaModel(NetworkModel):
     return self._apply("decode_step", params, tokens, positions, cache, logits_at, tree)
 
   def decode_features(self, params: Any, cache: KVCache, tokens: Any, positions: Any,
-                      encoded: Any = None, *, tree: Optional[TreeAttention] = None
-                      ) -> Tuple[Array, Array, KVCache]:
-    """`decode` that also returns each token's final hidden state (after `final_norm`):
-    (float32 logits [B, k, V], float32 features [B, k, E], cache)."""
+                      encoded: Any = None, *, tree: Optional[TreeAttention] = None,
+                      feature_layers: Any = None) -> Tuple[Array, Array, KVCache]:
+    """`decode` that also returns each token's final hidden state (after `final_norm`), or
+    with `feature_layers` (`specjax.models.protocol.FEATURE_LAYERS`) the chosen layers'
+    hidden states concatenated: (float32 logits [B, k, V], float32 features [B, k, E]
+    ([B, k, n * E] with n feature_layers), cache)."""
     del encoded
     tokens, positions = self._check_decode(params, cache, tokens, positions)
     check_tree(tree, tokens.shape[0], tokens.shape[1], cache.max_len, None)
-    return self._apply("decode_step_features", params, tokens, positions, cache, tree)
+    return self._apply_features("decode_step_features", feature_layers, params, tokens,
+                                positions, cache, tree)
 
   def output_rows(self, params: Any, token_ids: Any) -> Array:
     """The tied embedding's rows [K, E] of `token_ids` int [K] (distinct, in [0, V))."""

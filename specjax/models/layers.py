@@ -296,14 +296,18 @@ class RMSNorm(nn.Module):
 
 
 def embedding_rows(table: Array, tokens: Array) -> Array:
-  """table[tokens] (rows of a [V, E] table). A bfloat16 table's rows are gathered as their
-  16-bit patterns: XLA:CPU gathers bfloat16 through float32, converting the WHOLE table
-  first, and in a decode loop hoists that float32 copy (2x the table's bytes) out of the loop
-  into its state."""
+  """table[tokens] (rows of a [V, E] table). On the CPU a bfloat16 table's rows are gathered
+  as their 16-bit patterns: XLA:CPU gathers bfloat16 through float32, converting the WHOLE
+  table first, and in a decode loop hoists that float32 copy (2x the table's bytes) out of
+  the loop into its state. A GPU and a TPU gather bfloat16 rows as they lie; XLA:TPU would
+  write the 16-bit view as a copy of the whole table (hoisted out of the loop, the table's
+  bytes more memory per device)."""
+  take = lambda t: jnp.take(t, tokens, axis=0)
   if table.dtype == jnp.bfloat16:
-    bits = jnp.take(lax.bitcast_convert_type(table, jnp.uint16), tokens, axis=0)
-    return lax.bitcast_convert_type(bits, jnp.bfloat16)
-  return jnp.take(table, tokens, axis=0)
+    bits = lambda t: lax.bitcast_convert_type(take(lax.bitcast_convert_type(t, jnp.uint16)),
+                                              jnp.bfloat16)
+    return lax.platform_dependent(table, cpu=bits, default=take)
+  return take(table)
 
 
 class Embed(nn.Module):

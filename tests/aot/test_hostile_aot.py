@@ -28,7 +28,7 @@ class _Exhausted:
   """A report whose compile fails as XLA:TPU's does when the program does not fit."""
 
   @staticmethod
-  def compile_piece(piece, name, **_):
+  def compile_piece(piece, name, devices=1, **_):
     raise RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory "
                        "in memory space hbm. Used 41.2G of 15.75G hbm. Exceeded hbm capacity "
                        "by 25.4G.\n\nTotal hbm usage >= 41.2G: ...")
@@ -48,7 +48,9 @@ def test_a_program_too_large_for_the_device_is_one_line():
 def test_bad_arguments_are_one_line(tmp_path, capsys):
   (tmp_path / "file").write_text("x")
   for argv, message in ((["--output_dir", str(tmp_path / "file")], "is a file, not a folder"),
-                        (["--gamma", "100000"], "--gamma 100000 exceeds --max_new_tokens 64")):
+                        (["--gamma", "100000"], "--gamma 100000 exceeds --max_new_tokens 64"),
+                        (["--devices", "0"], "--devices must be from 1 to 16, got 0"),
+                        (["--devices", "17"], "--devices must be from 1 to 16, got 17")):
     with pytest.raises(SystemExit) as e:
       aot.parse_args(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from specjax.checkpoints.gemma import gemma_name
-from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode
-from specjax.draft import ModelDrafter
-from specjax.models import FeatureModel
+from specjax.decode import DecodeConfig, autoregressive_decode, speculative_decode, tree_decode
+from specjax.draft import FeatureDrafter, ModelDrafter, StaticTree
+from specjax.models import FeatureHead, FeatureHeadConfig, FeatureModel, LayerFeatureModel
+from specjax.models.protocol import eagle3_feature_layers
 from specjax.models.gemma import GemmaModel, load_gemma
 from specjax.models.gemma_config import GEMMA_SIZES, GemmaConfig
 from specjax.params import cast_kernels, flatten, unflatten
@@ -181,6 +182,73 @@ def test_greedy_speculative_decode_is_the_argmax_of_the_forward():
     result = speculative_decode(target, params, drafter, draft_params, prompts, gamma=gamma, **kw)
     np.testing.assert_array_equal(np.asarray(result.tokens), np.asarray(reference.tokens),
                                   err_msg=f"γ={gamma}")
+
+
+def test_layer_features_are_the_blocks_outputs_teacher_forced_and_cached(pair):
+  target, params, _, _ = pair
+  assert isinstance(target, LayerFeatureModel)
+  assert target.num_feature_layers == target.config.num_layers
+  depth, width = target.num_feature_layers, target.feature_dim
+  tokens = np.random.default_rng(8).integers(0, TINY_GEMMA_VOCAB, size=(2, 12)).astype(np.int32)
+  logits, final = target.features(params, tokens)
+  layers = tuple(range(depth, -1, -1))  # the final hidden state first, then layers L-1 .. 0
+  same_logits, hidden = target.features(params, tokens, feature_layers=layers)
+  assert hidden.shape == (2, 12, (depth + 1) * width)
+  np.testing.assert_array_equal(np.asarray(same_logits), np.asarray(logits))
+  np.testing.assert_array_equal(np.asarray(hidden[..., :width]), np.asarray(final))
+  # Each block's output as Flax records it (the module's own return value, outside the
+  # features code): layer_i returns (x, cache).
+  _, state = target._net.apply({"params": params}, jnp.asarray(tokens), method="forward",  # pylint: disable=protected-access
+                               capture_intermediates=True, mutable=["intermediates"])
+  for i in range(depth):
+    block = hidden[..., (depth - i) * width:(depth - i + 1) * width]
+    recorded = state["intermediates"][f"layer_{i}"]["__call__"][0][0]
+    np.testing.assert_allclose(np.asarray(block), np.asarray(recorded), atol=1e-5, rtol=0)
+  # Cached chain calls (a window of 8 crossed) return the same hidden states.
+  cache, outs = target.init_cache(2, 12), []
+  for start, stop in ((0, 5), (5, 12)):
+    _, feats, cache = target.decode_features(params, cache, tokens[:, start:stop],
+                                             jnp.full(2, start, jnp.int32),
+                                             feature_layers=layers)
+    outs.append(feats)
+  np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), np.asarray(hidden),
+                             atol=2e-5, rtol=0)
+
+
+def test_an_eagle3_head_over_gemma_layers_decodes_greedy_as_autoregressive():
+  # The Gemma 3 target's low, middle and final hidden states (eagle3_feature_layers(3):
+  # 0, 1, 3) fused by a head that starts near a copy of the final one: greedy chain and tree
+  # decodes past the window emit the autoregressive tokens, with rounds that accept guesses.
+  target = GemmaModel(tiny_gemma_configs("gemma3")[0])
+  params = _params(target, 0)
+  layers = eagle3_feature_layers(target.num_feature_layers)
+  width = target.feature_dim
+  head = FeatureHead(FeatureHeadConfig(vocab_size=TINY_GEMMA_VOCAB, emb_dim=width,
+                                       num_heads=2, head_dim=8, mlp_dim=32,
+                                       feature_layers=layers))
+  head_params = head.init(3)
+  fusion = np.asarray(head_params["feature_fusion"]["kernel"]) * 0.05
+  fusion[layers.index(target.num_feature_layers) * width:][:width] += np.eye(width,
+                                                                             dtype=np.float32)
+  head_params["feature_fusion"]["kernel"] = jnp.asarray(fusion)
+  head_params["input_projection"]["kernel"] = jnp.concatenate([jnp.eye(width),
+                                                               jnp.zeros((width, width))])
+  block = head_params["layers_0"]
+  block["self_attention"]["out"]["kernel"] = block["self_attention"]["out"]["kernel"] * 0.1
+  block["mlp"]["wo"]["kernel"] = block["mlp"]["wo"]["kernel"] * 0.1
+  prompts = np.random.default_rng(9).integers(0, TINY_GEMMA_VOCAB, size=(2, 4)).astype(np.int32)
+  new = 2 * TINY_GEMMA_WINDOW
+  config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=4 + new + 6)
+  kw = dict(max_new_tokens=new, rng=jax.random.PRNGKey(0), config=config)
+  reference = autoregressive_decode(target, params, prompts, **kw)
+  drafter = FeatureDrafter(target, head, max_gamma=3)
+  fparams = drafter.params(head_params, params)
+  chain = speculative_decode(target, params, drafter, fparams, prompts, gamma=3, **kw)
+  np.testing.assert_array_equal(np.asarray(chain.tokens), np.asarray(reference.tokens))
+  tree = tree_decode(target, params, drafter, fparams, prompts, tree=StaticTree.from_spines((3, 1)),
+                     **kw)
+  np.testing.assert_array_equal(np.asarray(tree.tokens), np.asarray(reference.tokens))
+  assert np.asarray(chain.accepted_hist).sum(0)[1:].sum() > 0  # guesses were accepted
 
 
 # ------------------------------------------------------------------ checkpoints
