@@ -13,7 +13,7 @@ rename the old one would be gone before the new one is whole.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -21,11 +21,12 @@ from specjax.checkpoints import _io
 
 
 def save(params: Mapping[str, Any], path: str, step: int, cast: Optional[np.dtype],
-         overwrite: bool, extra: Mapping[str, bytes]) -> str:
+         overwrite: bool, extra: Mapping[str, bytes], *, build_target: Callable,
+         write_zarr: Callable, version: int) -> str:
   """`save_t5x(params, path, step=step, ...)` for a gs:// `path` (checked by the caller);
-  returns the URL of `checkpoint_{step}`."""
+  returns the URL of `checkpoint_{step}`. build_target, write_zarr, version: the legacy
+  writer's (`specjax.checkpoints.t5x`, which calls this: passed in, not imported)."""
   from specjax import remote  # pylint: disable=import-outside-toplevel
-  from specjax.checkpoints import t5x  # pylint: disable=import-outside-toplevel
   path = path.rstrip("/")
   remote.split(path, "save_t5x: the model folder")
   if remote.exists(path):
@@ -42,16 +43,16 @@ def save(params: Mapping[str, Any], path: str, step: int, cast: Optional[np.dtyp
                           "(a gs:// checkpoint is not replaced; delete it first)")
   _remove_below(final)  # a failed save's arrays: no `checkpoint` object, so no checkpoint
   writes: List[Tuple[Dict[str, Any], np.ndarray]] = []
-  target = t5x._build_target(params, "", cast, final, writes, {})  # pylint: disable=protected-access
+  target = build_target(params, "", cast, final, writes, {})
   try:
     try:
-      t5x._write_zarr(writes)  # pylint: disable=protected-access
+      write_zarr(writes)
     except Exception as e:  # tensorstore reports every failure as ValueError and friends
       raise remote.error(e, final, "write the arrays of the checkpoint") from e
     remote.write_objects({remote.join(final, name): payload for name, payload in extra.items()},
                          f"an extra file of checkpoint {final}")
     remote.write_objects({marker: _io.encode({
-        "version": t5x.VERSION,
+        "version": version,
         "optimizer": {"target": target,
                       "state": {"step": np.asarray(step, np.int32)}}})},
                          f"the checkpoint file of {final}")

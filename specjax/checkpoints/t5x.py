@@ -705,7 +705,8 @@ def save_t5x(params: Mapping[str, Any], path: str, *, step: int = 0,
   path = check_path(path, "save_t5x", remote=True)
   if _paths.is_remote(path):
     from specjax.checkpoints import _save_gcs  # pylint: disable=import-outside-toplevel
-    return _save_gcs.save(params, path, step, cast, overwrite, extra)
+    return _save_gcs.save(params, path, step, cast, overwrite, extra,
+                          build_target=_build_target, write_zarr=_write_zarr, version=VERSION)
   if os.path.exists(path) and not os.path.isdir(path):
     raise FileExistsError(f"save_t5x: {path} is a file, not a model folder to write "
                           "checkpoint_N into")
