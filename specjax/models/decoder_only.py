@@ -29,12 +29,11 @@ from jax import lax
 from specjax.models.checks import (check_logits_at, check_positions, check_prefix_lengths,
                                    check_tokens, check_tree, validate_config)
 from specjax.models import fused
-from specjax.models.layers import (DTYPES, KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, Dense,
-                                   EncodedInputs, Embed, KVCache, MlpBlock, MultiHeadAttention,
-                                   RelativePositionBias, RMSNorm, activation_fn, after,
-                                   attention_parts, cache_attention, dense_params, dense_product,
-                                   gate, key_layout, mask_to_bias, mlp_input_names,
-                                   mlp_kernel_init, value_layout, write_rows)
+from specjax.models.layers import (DTYPES, Array, Dense, EncodedInputs, Embed, KVCache, MlpBlock,
+                                   MultiHeadAttention, RelativePositionBias, RMSNorm,
+                                   activation_fn, attend_and_write, attention_parts,
+                                   cache_attention, dense_params, dense_product, gate,
+                                   mask_to_bias, mlp_input_names, mlp_kernel_init, write_rows)
 from specjax.models.network import NetworkModel
 from specjax.models.tree import TreeAttention
 
@@ -167,24 +166,16 @@ def cached_self_attention(implementation: str, dtype: Any, query: Array, key: Ar
   """
   parts = attention_parts(implementation, dtype)
 
-  def read_first(query, key, value, keys, values, old_bias, new_bias, joined, starts):
-    del joined  # pylint: disable=unused-variable
-    heads = parts(query, [(keys, values, old_bias),
-                          (key_layout(key), value_layout(value), new_bias)])
-    key, value = after(key, heads), after(value, heads)  # read the old buffers, then write
-    return heads, (write_rows(keys, key_layout(key), starts, KEY_SLOT_AXIS),
-                   write_rows(values, value_layout(value), starts, VALUE_SLOT_AXIS))
+  def attend(query, pieces):
+    heads = parts(query, pieces)
+    return heads, heads
 
-  def write_first(query, key, value, keys, values, old_bias, new_bias, bias, starts):
-    del old_bias, new_bias  # pylint: disable=unused-variable
-    keys = write_rows(keys, key_layout(key), starts, KEY_SLOT_AXIS)
-    values = write_rows(values, value_layout(value), starts, VALUE_SLOT_AXIS)
+  def attend_written(query, keys, values, joined):
     if implementation == "specjax":
-      return cache_attention(query, keys, values, bias, dtype), (keys, values)
-    return parts(query, [(keys, values, bias)]), (keys, values)
+      return cache_attention(query, keys, values, joined, dtype)
+    return parts(query, [(keys, values, joined)])
 
-  return lax.platform_dependent(query, key, value, cache[0], cache[1], *bias, starts,
-                                cpu=read_first, default=write_first)
+  return attend_and_write(query, key, value, cache, bias, starts, attend, attend_written)
 
 
 def join_bias(old_bias: Array, new_bias: Array, starts: Array) -> Array:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-import jax
 import jax.numpy as jnp
 
 from specjax.models.gemma_config import GemmaConfig
-from specjax.models.layers import (KEY_SLOT_AXIS, VALUE_SLOT_AXIS, Array, after, cache_attention,
-                                   cached_attention, key_layout, value_layout, write_rows)
+from specjax.models.layers import Array, attend_and_write, cache_attention, cached_attention
 
 Bias = Tuple[Array, ...]  # (over the cache before the call [B, 1, q, S], over the call's
 # own keys [B|1, 1, q, q], and in a cached call over the cache after its write [B, 1, q, S]);
@@ -57,20 +55,10 @@ def cached_self_attention(cfg: GemmaConfig, dtype: Any, query: Array, key: Array
   Returns:
     (the heads' outputs [B, k, N * H], the written cache).
   """
-  def read_first(query, key, value, keys, values, old, new, joined, starts):
-    del joined  # pylint: disable=unused-variable
-    heads, grouped = grouped_attention(cfg, query, [
-        (keys, values, old), (key_layout(key), value_layout(value), new)], dtype)
-    key, value = after(key, grouped), after(value, grouped)  # read the old buffers, then write
-    return heads, (write_rows(keys, key_layout(key), starts, KEY_SLOT_AXIS),
-                   write_rows(values, value_layout(value), starts, VALUE_SLOT_AXIS))
+  def attend(query, parts):
+    return grouped_attention(cfg, query, parts, dtype)
 
-  def write_first(query, key, value, keys, values, old, new, joined, starts):
-    del old, new  # pylint: disable=unused-variable
-    keys = write_rows(keys, key_layout(key), starts, KEY_SLOT_AXIS)
-    values = write_rows(values, value_layout(value), starts, VALUE_SLOT_AXIS)
-    heads, _ = grouped_attention(cfg, query, [(keys, values, joined)], dtype, written=True)
-    return heads, (keys, values)
+  def attend_written(query, keys, values, joined):
+    return grouped_attention(cfg, query, [(keys, values, joined)], dtype, written=True)[0]
 
-  return jax.lax.platform_dependent(query, key, value, cache[0], cache[1], *bias, starts,
-                                    cpu=read_first, default=write_first)
+  return attend_and_write(query, key, value, cache, bias, starts, attend, attend_written)
