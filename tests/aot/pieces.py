@@ -70,3 +70,22 @@ def tiny_pieces(**options):
   # unrolled.
   return {p.name: p for p in report.model_pieces(target, draft, input_len=4, max_new_tokens=8,
                                                   gamma=4, **options)}
+
+
+def tiny_gemma_pieces():
+  """The steps and loops of the tiny Gemma 3 pair of `specjax.testing` (local and global
+  layers, QK norm, GQA 4:1), the target's weights in bfloat16, the draft's float32: shapes only.
+
+  A vocabulary of 56, so that no activation of a round shares a weight matrix's shape and the
+  float32 test is sharp: with 48, the draft's query and key/value products of one input
+  ([16, 32 + 16], joined by XLA:GPU at these tiny sizes) read as its embedding's shape. Every
+  axis a split divides (8 query heads, 2 key/value heads, MLP 64, vocabulary 56) divides by 2.
+  """
+  from specjax.models import GemmaConfig, GemmaModel  # pylint: disable=import-outside-toplevel
+  from specjax.testing import tiny_gemma_configs  # pylint: disable=import-outside-toplevel
+  target_config, draft_config = (GemmaConfig.of(c, num_embed=56)
+                                 for c in tiny_gemma_configs("gemma3"))
+  target = GemmaModel(dataclasses.replace(target_config, dtype="bfloat16"))
+  return {p.name: p for p in report.model_pieces(target, GemmaModel(draft_config), input_len=4,
+                                                  max_new_tokens=8, gamma=4,
+                                                  include=("steps", "loops"))}

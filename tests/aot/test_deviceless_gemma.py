@@ -1,29 +1,18 @@
 """A tiny Gemma's decode loops compiled for an H200 and a TPU v5e on this CPU (`specjax.aot`):
 the Gemma 3 pair of `specjax.testing` (local and global layers, QK norm, GQA), the target's
 weights in bfloat16, the draft's float32. Needs the `aot` extra, as test_deviceless.py."""
-import dataclasses
 
 import pytest
 
 from specjax.aot import report
-from specjax.models import GemmaConfig, GemmaModel
-from specjax.testing import tiny_gemma_configs
-from tests.aot.pieces import GPU, NEEDS_COMPILERS, TPU
+from tests.aot.pieces import GPU, NEEDS_COMPILERS, TPU, tiny_gemma_pieces
 
 pytestmark = NEEDS_COMPILERS
 
 
 @pytest.fixture(scope="module")
 def gemma_pieces():
-  # A vocabulary of 56, so that no activation of a round shares a weight matrix's shape and the
-  # float32 test is sharp: with 48, the draft's query and key/value products of one input
-  # ([16, 32 + 16], joined by XLA:GPU at these tiny sizes) read as its embedding's shape.
-  target_config, draft_config = (GemmaConfig.of(c, num_embed=56)
-                                 for c in tiny_gemma_configs("gemma3"))
-  target = GemmaModel(dataclasses.replace(target_config, dtype="bfloat16"))
-  return {p.name: p for p in report.model_pieces(target, GemmaModel(draft_config), input_len=4,
-                                                  max_new_tokens=8, gamma=4,
-                                                  include=("steps", "loops"))}
+  return tiny_gemma_pieces()
 
 
 @pytest.mark.parametrize("piece", ["target step", "autoregressive loop", "chain loop",

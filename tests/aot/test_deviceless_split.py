@@ -2,15 +2,12 @@
 devices=N)`, `python -m specjax.aot --devices N`): a tiny Gemma's step and chain decode over a
 TPU v5e slice's chips, a tiny decoder-only step over two GPUs. Needs the `aot` extra, as
 test_deviceless.py."""
-import dataclasses
 
 import jax
 import pytest
 
 from specjax.aot import report, targets
-from specjax.models import GemmaConfig, GemmaModel
-from specjax.testing import tiny_gemma_configs
-from tests.aot.pieces import GPU, NEEDS_COMPILERS, TPU, tiny_pieces
+from tests.aot.pieces import GPU, NEEDS_COMPILERS, TPU, tiny_gemma_pieces, tiny_pieces
 from tests.aot.test_deviceless import TRITON_CALL
 
 pytestmark = NEEDS_COMPILERS
@@ -18,15 +15,7 @@ pytestmark = NEEDS_COMPILERS
 
 @pytest.fixture(scope="module")
 def gemma_pieces():
-  # The tiny Gemma 3 target: 8 query heads, 2 key/value heads, MLP 64, vocabulary 56 (as
-  # test_deviceless_gemma.py): every split axis divides by 2, so over 2 devices each of its
-  # projections, its embedding and its cache is halved; the norms' scales stay whole.
-  target_config, draft_config = (GemmaConfig.of(c, num_embed=56)
-                                 for c in tiny_gemma_configs("gemma3"))
-  target = GemmaModel(dataclasses.replace(target_config, dtype="bfloat16"))
-  return {p.name: p for p in report.model_pieces(target, GemmaModel(draft_config), input_len=4,
-                                                  max_new_tokens=8, gamma=4,
-                                                  include=("steps", "loops"))}
+  return tiny_gemma_pieces()
 
 
 def test_a_slice_gives_its_chips_and_too_many_is_one_line():
