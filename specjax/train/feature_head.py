@@ -80,7 +80,7 @@ class FeatureHeadTraining:
   rollout_decay: float = 0.8
   """Guess k's loss is weighted rollout_decay ** k (EAGLE-3's 0.8)."""
   vocab_limit: Optional[int] = None
-  """With `rollout_steps` > 1: the head's distribution over the run's first vocab_limit
+  """With `passes` 1: the head's distribution over the run's first vocab_limit
   ranked token ids only (token_ranking.npy), as a drafter with that vocab_limit drafts; its
   logits cost vocab_limit / V of the full product. None: all ids."""
   warm_start: Optional[str] = None
@@ -105,10 +105,9 @@ class FeatureHeadTraining:
     check_real(self, "rollout_decay", 0, 1, low_open=True, high_open=False)
     if self.vocab_limit is not None and (not isinstance(self.vocab_limit, int)
                                          or isinstance(self.vocab_limit, bool)
-                                         or self.vocab_limit < 1 or self.rollout_steps < 2):
+                                         or self.vocab_limit < 1 or self.passes > 1):
       raise ValueError("FeatureHeadTraining.vocab_limit must be None or an int >= 1 with "
-                       f"rollout_steps > 1, got {self.vocab_limit!r} with rollout_steps "
-                       f"{self.rollout_steps}")
+                       f"passes 1, got {self.vocab_limit!r} with passes {self.passes}")
 
 
 def load_target(folder: Any) -> Tuple[Any, Any]:
@@ -159,9 +158,9 @@ def head_loss_sums(head: FeatureHead, target: Any, head_params: Any, target_para
   mean over `feature.passes`), pass 1's ce_sum, feature_sum, correct_sum (argmax agreement
   with the target) and tv_sum (total variation to the target's distribution), weight_sum,
   and with several passes fed_correct_sum (the last pass's agreement). With
-  `feature.rollout_steps` > 1, `specjax.train.rollout.rollout_loss_sums`' (over `ids` int32
-  [K] when given)."""
-  if feature.rollout_steps > 1:
+  `feature.rollout_steps` > 1 or a `vocab_limit` (over `ids` int32 [K]),
+  `specjax.train.rollout.rollout_loss_sums`' (one step: the teacher-forced guess alone)."""
+  if feature.rollout_steps > 1 or ids is not None:
     return rollout_loss_sums(head, target, head_params, target_params, batch,
                              feature.rollout_steps, feature.rollout_decay,
                              feature.feature_weight, feature.token_weight, ids)

@@ -70,11 +70,40 @@ def test_rollout_loss_weights_each_guess_and_reads_the_heads_own_guesses():
   assert float(jnp.abs(rolled[2] - rolled[0])[:, 2:].max()) > 1e-2
 
 
+def test_a_limited_vocabulary_trains_teacher_forced_heads_too():
+  """rollout_steps 1 with vocab_limit (the ablation of training-time test): the loss is the
+  teacher-forced guess's cross-entropy over the limited ids alone, recomputed here from
+  `FeatureHead.forward`; without vocab_limit the full-vocabulary loss of the same guess."""
+  pair = tiny_pair("lm")
+  head = FeatureHead(HEAD)
+  params = head.init(jax.random.PRNGKey(1))
+  target, tp = pair.target, pair.target_params
+  logits, hidden = target.features(tp, TOKENS, feature_layers=(0, 1))
+  p = jax.nn.softmax(logits, -1)
+  predicted = head.forward(params, shift_features(head.fuse_layers(params, hidden)),
+                           target.embed(tp, TOKENS))
+  ids = np.array([9, 3, 5, 7, 11, 13, 2, 4, 6, 8], np.int32)
+  w = BATCH["decoder_loss_weights"]
+  full = target.feature_logits(tp, predicted)
+  training = FeatureHeadTraining(target="t", feature_weight=0.0, token_weight=1.0,
+                                 vocab_limit=ids.size)
+  sums = head_loss_sums(head, target, params, tp, BATCH, training, jnp.asarray(ids))
+  ce = -(p[..., ids] * jax.nn.log_softmax(full[..., ids], -1)).sum(-1)
+  np.testing.assert_allclose(sums["loss_sum"], float((ce * w).sum()), rtol=1e-5)
+  unlimited = head_loss_sums(head, target, params, tp, BATCH,
+                             FeatureHeadTraining(target="t", feature_weight=0.0, token_weight=1.0))
+  ce_full = -(p * jax.nn.log_softmax(full, -1)).sum(-1)
+  np.testing.assert_allclose(unlimited["loss_sum"], float((ce_full * w).sum()), rtol=1e-5)
+  # Power: the limited and full losses differ.
+  assert abs(float(sums["loss_sum"]) - float(unlimited["loss_sum"])) > 1e-3
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"rollout_steps": 0}, "rollout_steps must be an int >= 1"),
     ({"rollout_steps": 2, "passes": 2}, "choose one"),
     ({"rollout_decay": 0.0}, "rollout_decay"),
-    ({"vocab_limit": 4}, "vocab_limit must be None or an int >= 1 with rollout_steps > 1"),
+    ({"vocab_limit": 4, "passes": 2}, "vocab_limit must be None or an int >= 1 with passes 1"),
+    ({"vocab_limit": 0}, "vocab_limit must be None or an int >= 1"),
 ])
 def test_bad_rollout_settings_are_named(bad, match):
   with pytest.raises(ValueError, match=match):
