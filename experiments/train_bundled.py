@@ -36,6 +36,8 @@ RUNS = {
     "translate_draft_distilled": "runs/distill_translate_draft.gin",
     "lm_eagle": "runs/train_lm_eagle.gin",
     "translate_eagle": "runs/train_translate_eagle.gin",
+    "lm_eagle3": "runs/train_lm_eagle3.gin",
+    "translate_eagle3": "runs/train_translate_eagle3.gin",
 }
 # Distilled drafts learn from OUT/TEACHER (train it first).
 TEACHERS = {"lm_draft_distilled": "lm_target", "translate_draft_distilled": "translate_target"}
@@ -45,6 +47,7 @@ SHIP = {  # run name -> (pair, role) under specjax.app.bundled.PAIRS_DIR
     "translate_target": ("translate", "target"), "translate_draft": ("translate", "draft"),
     "lm_draft_distilled": ("lm", "draft"), "translate_draft_distilled": ("translate", "draft"),
     "lm_eagle": ("lm", "eagle"), "translate_eagle": ("translate", "eagle"),
+    "lm_eagle3": ("lm", "eagle3"), "translate_eagle3": ("translate", "eagle3"),
 }
 DEFAULT_SHIP = ("lm_target", "lm_draft", "lm_tiny", "translate_target", "translate_draft")
 

@@ -30,9 +30,11 @@ from specjax.models import FeatureHead, FeatureHeadConfig, build_model, read_mod
 PAIRS_DIR = Path(__file__).resolve().parents[1] / "assets" / "pairs"
 PAIRS = {"lm": "lm_ddtp_en", "translate": "translate_en_de"}
 """Bundled pair -> its task (the bundled evaluation split in specjax/assets/eval)."""
-ROLES = ("target", "draft", "tiny", "eagle")
-"""A pair's models: its target, its draft, a tiny smoke model (LM) and a feature head (EAGLE)
-trained for its target."""
+ROLES = ("target", "draft", "tiny", "eagle", "eagle3")
+"""A pair's models: its target, its draft, a tiny smoke model (LM) and feature heads trained
+for its target: 'eagle' reads the target's final hidden states and was trained teacher-forced
+(EAGLE-1); 'eagle3' (not shipped yet: `available` says) reads a fusion of three layers' hidden
+states and is trained on its own rollouts (EAGLE-3's training-time test)."""
 PREFIX = "bundled:"
 _CKPT = re.compile(r"checkpoint_(\d+)")
 
@@ -86,8 +88,8 @@ def train_summary(pair: str, role: str) -> Dict[str, Any]:
 
 
 def load(pair: str, role: str) -> Tuple[Any, Any]:
-  """(model, float32 params as jax arrays) of the bundled PAIR/ROLE (the 'eagle' role: a
-  `FeatureHead` and its params)."""
+  """(model, float32 params as jax arrays) of the bundled PAIR/ROLE (the 'eagle' and 'eagle3'
+  roles: a `FeatureHead` and its params)."""
   ckpt = checkpoint_dir(pair, role)
   config = read_model_gin(str(ckpt.parent))
   model = FeatureHead(config) if isinstance(config, FeatureHeadConfig) else build_model(config)
