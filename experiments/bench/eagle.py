@@ -28,6 +28,7 @@ from experiments.common.output import write
 from specjax.app import bundled
 from specjax.app.greedy_check import greedy_difference
 from specjax.command import run_cli
+from specjax.train.head_eval import parse_heads
 from specjax.draft import DynamicTree, FeatureDrafter, StaticTree
 from specjax.params import DRAFT_WEIGHTS_DTYPES, cast_kernels
 from specjax.train import load_head, load_token_ranking
@@ -94,8 +95,12 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
   if cli.flags["heads"]:
     if len(cli.pairs) != 1:
       raise ValueError("bench_eagle decodes one pair: give --pair lm or --pair translate")
-    return eagle_heads.table(cli, eagle_heads.parse_heads(cli.flags["heads"]),
-                             **(eagle_heads.FAST if cli.fast else {}))
+    return eagle_heads.table(cli, parse_heads(cli.flags["heads"]),
+                             **{**(eagle_heads.FAST if cli.fast else {}),
+                                **eagle_heads.table_settings(cli.flags["gammas"],
+                                                             cli.flags["tree"],
+                                                             cli.flags["examples"],
+                                                             cli.flags["repeats"])})
   check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, repeats=repeats,
                draft_gammas=tuple(draft_gammas),
                feature_gammas=tuple(g for g, _, _, _ in feature_chains))
@@ -177,7 +182,19 @@ main = cli_main(run, "bench_eagle", __doc__, FAST, default_pairs=("lm",),
                                        help="KIND=HEAD,...: the tokens-per-call table of "
                                             "these heads side by side (e.g. "
                                             "'EAGLE-1=bundled:lm/eagle,EAGLE-3=DIR'), "
-                                            "experiments.common.eagle_heads")})
+                                            "experiments.common.eagle_heads"),
+                       "--gammas": dict(default=None,
+                                        help="with --heads: the chains' γ, e.g. '7' or '5,7' "
+                                             "(default 1,...,8)"),
+                       "--tree": dict(default=None,
+                                      help="with --heads: the dynamic tree as "
+                                           "'branch,expand,depth', or 'none' (default 2,1,6)"),
+                       "--examples": dict(type=int, default=None,
+                                          help="with --heads: bundled inputs decoded "
+                                               "(default 16)"),
+                       "--repeats": dict(type=int, default=None,
+                                         help="with --heads: timed passes per decoder "
+                                              "(default 3; the counts need 1)")})
 
 
 if __name__ == "__main__":

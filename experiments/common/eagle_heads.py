@@ -32,18 +32,41 @@ FAST = dict(num_examples=1, max_new_tokens=8, gammas=(2,), dynamic_tree=(2, 1, 2
             kernels="float32")
 
 
-def parse_heads(spec: str) -> List[Tuple[str, str]]:
-  """'KIND=HEAD,KIND=HEAD' -> [(kind, head)]; ValueError naming a malformed entry."""
-  heads = []
-  for entry in spec.split(","):
-    kind, sep, head = entry.partition("=")
-    if not sep or not kind.strip() or not head.strip():
-      raise ValueError(f"--heads takes KIND=HEAD entries separated by commas (e.g. "
-                       f"'EAGLE-1=bundled:lm/eagle'), got {entry!r}")
-    heads.append((kind.strip(), head.strip()))
-  if len({kind for kind, _ in heads}) != len(heads):
-    raise ValueError(f"--heads names a kind twice: {spec!r}")
-  return heads
+def table_settings(gammas: Optional[str] = None, tree: Optional[str] = None,
+                   examples: Optional[int] = None, repeats: Optional[int] = None
+                   ) -> Dict[str, Any]:
+  """`table`'s keywords from the command's --gammas ('5,7'), --tree ('2,1,6' or 'none'),
+  --examples and --repeats (timed passes: the counts need one); those not given are left out
+  (the defaults stand). ValueError names a bad one."""
+  out: Dict[str, Any] = {}
+  if gammas is not None:
+    try:
+      values = tuple(int(g) for g in gammas.split(","))
+    except ValueError:
+      raise ValueError(f"--gammas {gammas!r}: give γ values as '5,7'") from None
+    if not values or min(values) < 1:
+      raise ValueError(f"--gammas {gammas!r}: every γ must be >= 1")
+    out["gammas"] = values
+  if tree is not None:
+    if tree.strip().lower() == "none":
+      out["dynamic_tree"] = None
+    else:
+      try:
+        shape = tuple(int(v) for v in tree.split(","))
+      except ValueError:
+        shape = ()
+      if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"--tree {tree!r}: give 'branch,expand,depth' (each >= 1) or 'none'")
+      out["dynamic_tree"] = shape
+  if examples is not None:
+    if examples < 1:
+      raise ValueError(f"--examples must be >= 1, got {examples}")
+    out["num_examples"] = examples
+  if repeats is not None:
+    if repeats < 1:
+      raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    out["repeats"] = repeats
+  return out
 
 
 def acceptance(hist: np.ndarray) -> Tuple[float, List[float]]:

@@ -26,6 +26,11 @@ killed at any point resumes from its newest checkpoint and continues exactly; th
 folder and the loss weights are part of the resume fingerprint. Logged: loss, cross_entropy,
 feature_loss, accuracy (argmax agreement with the target, an α estimate at T = 0),
 teacher_tv (1 - teacher_tv estimates α at T = 1) and with several passes fed_agreement.
+With `TrainConfig.eval_every` > 0 the run also evaluates on the validation split (every
+eval_every steps and at the end; `split: validation` lines in metrics.jsonl): a rollout of
+`FeatureHeadTraining.eval_guesses` guesses per position, its agreement by guess and a chain
+estimate of tokens per target call (`head_record`). `python -m specjax.train.head_eval`
+evaluates saved heads and checkpoints so, side by side.
 """
 from __future__ import annotations
 
@@ -89,12 +94,17 @@ class FeatureHeadTraining:
   hidden state, the fusion starts as its selection (`specjax.train.rollout`). Ignored on
   resume."""
 
+  eval_guesses: int = 4
+  """Held-out evaluation (`TrainConfig.eval_every` > 0, `evaluate_head`) rolls out this many
+  guesses per position, as a chain drafts, whatever `rollout_steps` and `passes` trained: heads
+  trained either way compare by their validation agreement by guess."""
+
   def __post_init__(self):
     if not isinstance(self.target, (str, os.PathLike)) or not os.fspath(self.target):
       raise ValueError(f"FeatureHeadTraining.target must be a model folder, got {self.target!r}")
     check_real(self, "feature_weight", 0)
     check_real(self, "token_weight", 0)
-    for field in ("passes", "rollout_steps"):
+    for field in ("passes", "rollout_steps", "eval_guesses"):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"FeatureHeadTraining.{field} must be an int >= 1, got {value!r}")
@@ -188,6 +198,37 @@ def head_loss_sums(head: FeatureHead, target: Any, head_params: Any, target_para
   return dict(out, loss_sum=jnp.sum(loss * weights), weight_sum=jnp.sum(weights))
 
 
+def held_out(feature: FeatureHeadTraining) -> FeatureHeadTraining:
+  """The loss an evaluation computes: a rollout of max(eval_guesses, rollout_steps) guesses
+  per position (one pass), the training's weights otherwise."""
+  return dataclasses.replace(feature, passes=1,
+                             rollout_steps=max(feature.eval_guesses, feature.rollout_steps))
+
+
+def head_record(total: Dict[str, Any]) -> Dict[str, Any]:
+  """Summed `head_loss_sums` (over log steps or evaluation batches) -> the logged means:
+  `trainer.summarize`'s (loss, cross_entropy, accuracy = guess 1's argmax agreement,
+  teacher_tv), feature_loss, fed_agreement (the last pass's or guess's), agreement_by_guess
+  (a rollout's) and, from it, chain_tokens_estimate: 1 + sum_k prod_{j <= k} a_j, the tokens
+  per target call of a greedy chain of that many guesses if each guess's acceptance were its
+  agreement here and independent of the others (an estimate that ranks heads and
+  checkpoints; the drafted tables measure it)."""
+  record = dict(base.summarize(total),
+                feature_loss=float(total["feature_sum"]) / max(float(total["weight_sum"]), 1.0))
+  if "fed_correct_sum" in total:
+    record["fed_agreement"] = (float(total["fed_correct_sum"])
+                               / max(float(total.get("fed_weight_sum", total["weight_sum"])), 1.0))
+  steps = sorted(int(name[4:-12]) for name in total if name.endswith("_correct_sum")
+                 and name.startswith("step"))
+  if steps:  # a rollout's agreement by guess: guess 1 is step 0's (`accuracy`)
+    by_guess = [record["accuracy"]] + [
+        float(total[f"step{k}_correct_sum"]) / max(float(total[f"step{k}_weight_sum"]), 1.0)
+        for k in steps]
+    record["agreement_by_guess"] = by_guess
+    record["chain_tokens_estimate"] = 1.0 + float(np.sum(np.cumprod(by_guess)))
+  return record
+
+
 class HeadTrainer:
   """The head, the frozen target, the optimizer and the jitted step (the `trainer.restore`
   interface: `model` and `init_state`)."""
@@ -211,6 +252,17 @@ class HeadTrainer:
 
     self.train_step = jax.jit(step_fn, donate_argnums=0)
     self._opt_init = jax.jit(self.optimizer.init)
+    evaluation = held_out(feature)
+    self._eval_step = jax.jit(lambda params, batch: head_loss_sums(
+        head, target, params, target_params, batch, evaluation, ids))
+
+  def evaluate(self, params: Any, batches: Any) -> Dict[str, Any]:
+    """`head_record` of the held-out rollout (`held_out`) summed over `batches`; ValueError
+    without a batch."""
+    parts = jax.device_get([self._eval_step(params, batch) for batch in batches])
+    if not parts:
+      raise ValueError("evaluate needs at least one batch")
+    return head_record({name: sum(float(part[name]) for part in parts) for name in parts[0]})
 
   def init_state(self, params: Any, step: int = 0, opt_state: Any = None):
     """A `TrainState` at `step` with float32 `params` and a fresh or given optax state."""
@@ -237,7 +289,7 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
   head = FeatureHead(head_config)
   target, target_params = load_target(feature.target)
   head.check_target(target)  # before anything is written
-  train_batches, _ = make_batches(data, target.config)
+  train_batches, eval_batches = make_batches(data, target.config)
   if os.path.exists(config.model_dir) and not os.path.isdir(config.model_dir):
     raise ValueError(f"TrainConfig.model_dir {config.model_dir} is a file, not a folder")
   os.makedirs(config.model_dir, exist_ok=True)
@@ -249,6 +301,7 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
   for field in ("passes", "rollout_steps", "rollout_decay", "vocab_limit", "warm_start"):
     if getattr(feature, field) == _DEFAULTS[field]:  # defaults stay out of the fingerprint:
       del recorded[field]  # runs from before these fields existed resume either way
+  del recorded["eval_guesses"]  # what an evaluation measures changes no training step
   fingerprint = dict(resume_fingerprint(head_config, data, optimizer, config), feature=recorded)
   state = restore(config.model_dir, trainer, fingerprint, config.allow_changed_training)
   if state is None:
@@ -274,6 +327,8 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
       result.history.append(_log(config, jax.device_get(pending), done))
       pending = []
     last = done == config.num_steps
+    if config.eval_every and (last or done % config.eval_every == 0):
+      result.evals.append(_evaluate(config, trainer, state, eval_batches, done))
     if last or done % config.checkpoint_every == 0:
       saved = save_checkpoint(config.model_dir, state,
                               config.final_dtype if last else "float32",
@@ -284,20 +339,26 @@ def train_feature_head(head_config: FeatureHeadConfig, data: Optional[DataConfig
   return result
 
 
+def _evaluate(config: Any, trainer: HeadTrainer, state: Any, eval_batches: Any,
+              done: int) -> Dict[str, Any]:
+  """The held-out record at step `done` (`HeadTrainer.evaluate` over `config.eval_batches`
+  validation batches), appended to metrics.jsonl and printed with progress."""
+  record = dict(trainer.evaluate(state.params, eval_batches.eval_batches(config.eval_batches)),
+                step=done)
+  base._append_metrics(config.model_dir, dict(record, split="validation"))  # pylint: disable=protected-access
+  if config.progress:
+    print(f"step {done}: validation agreement by guess "
+          + " ".join(f"{a:.3f}" for a in record["agreement_by_guess"])
+          + f" (chain estimate {record['chain_tokens_estimate']:.2f} tokens per call) "
+          f"1-TV {1 - record['teacher_tv']:.3f}", flush=True)
+  return record
+
+
 def _log(config: Any, window: Any, done: int) -> Dict[str, float]:
   """The metrics of the steps since the last log point (their loss sums), appended to
   metrics.jsonl and printed with progress; FloatingPointError when the loss diverged."""
   total = {name: sum(float(sums[name]) for sums in window) for name in window[0]}
-  record = dict(base.summarize(total), step=done,
-                feature_loss=total["feature_sum"] / max(total["weight_sum"], 1.0))
-  if "fed_correct_sum" in total:
-    record["fed_agreement"] = (total["fed_correct_sum"]
-                               / max(total.get("fed_weight_sum", total["weight_sum"]), 1.0))
-  steps = sorted(int(name[4:-12]) for name in total if name.endswith("_correct_sum")
-                 and name.startswith("step"))
-  if steps:  # a rollout's agreement by guess: guess 1 is step 0's (`accuracy`)
-    record["agreement_by_guess"] = [record["accuracy"]] + [
-        total[f"step{k}_correct_sum"] / max(total[f"step{k}_weight_sum"], 1.0) for k in steps]
+  record = dict(head_record(total), step=done)
   base._append_metrics(config.model_dir, dict(record, split="train"))  # pylint: disable=protected-access
   if not math.isfinite(record["loss"]):
     base._diverged(config.model_dir, done, f"the training loss is {record['loss']}")  # pylint: disable=protected-access

@@ -144,7 +144,9 @@ class TrainConfig:
   num_steps: int
   """Total optimizer updates (a resumed run continues up to this step)."""
   eval_every: int = 0
-  """Evaluate on the validation split every this many steps (and always at the end)."""
+  """Evaluate on the validation split every this many steps (and always at the end; a
+  feature head's run only with eval_every > 0: its evaluation is a rollout of guesses,
+  `FeatureHeadTraining.eval_guesses`)."""
   eval_batches: Optional[int] = None
   """Validation batches per evaluation; None: the whole split."""
   checkpoint_every: int = 1000

@@ -226,7 +226,10 @@ def test_ctrl_c_in_the_main_job_exits_130(tmp_path):
   assert err.strip().splitlines()[-1:] == ["specjax: interrupted"], (err, b"".join(shown))
   assert "Traceback" not in err and "Segmentation" not in err
   screen = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", b"".join(shown))  # no terminal codes
-  assert b"interrupted after 0 of 1 examples: nothing written" in screen  # while decoding
+  # Python acts on SIGINT between bytecodes, so a signal sent while the example compiles or
+  # decodes (one call into XLA) can be acted on only once that example is done, during the timed
+  # passes: either count is the job's truth, and in both nothing may be written.
+  assert re.search(rb"interrupted after [01] of 1 examples: nothing written", screen), screen
   out = tmp_path / "out"
   assert not (out / "results.jsonl").exists() and not (out / "summary.json").exists()
 

@@ -212,7 +212,15 @@ def test_bench_eagle_heads_acceptance_by_position_and_bad_heads():
   from experiments.common import eagle_heads  # pylint: disable=import-outside-toplevel
   mean, rates = eagle_heads.acceptance([2, 1, 1])  # rounds accepting 0, 1, 2 guesses
   assert mean == 0.75 and rates == [0.5, 0.5]
-  assert eagle_heads.parse_heads("A=x, B = y") == [("A", "x"), ("B", "y")]
+  from specjax.train.head_eval import parse_heads  # pylint: disable=import-outside-toplevel
+  assert parse_heads("A=x, B = y") == [("A", "x"), ("B", "y")]
   for bad in ("A", "A=x,=y", "A=x,A=y"):
     with pytest.raises(ValueError, match="--heads"):
-      eagle_heads.parse_heads(bad)
+      parse_heads(bad)
+  assert eagle_heads.table_settings("5,7", "none", 64, 1) == dict(
+      gammas=(5, 7), dynamic_tree=None, num_examples=64, repeats=1)
+  assert eagle_heads.table_settings(tree="3,2,6") == dict(dynamic_tree=(3, 2, 6))
+  for bad, match in ((dict(gammas="0"), "every γ"), (dict(gammas="a"), "--gammas"),
+                     (dict(tree="2,1"), "--tree"), (dict(examples=0), "--examples")):
+    with pytest.raises(ValueError, match=match):
+      eagle_heads.table_settings(**bad)

@@ -3,6 +3,7 @@ guess weighted decay^k, over the head's own rollout; a head with feature_layers 
 from a head of the final features alone; a run that trains, logs the agreement by guess and
 resumes exactly."""
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ from specjax.models.feature_head import shift_features
 from specjax.testing import tiny_pair
 from specjax.train import (DataConfig, FeatureHeadTraining, OptimizerConfig, TrainConfig,
                            load_head, train)
+from specjax.train import head_eval
 from specjax.train.feature_head import head_loss_sums
 from specjax.train.rollout import smooth_l1, warm_start_params
 
@@ -163,3 +165,38 @@ def test_a_rollout_run_trains_logs_each_guess_and_resumes_exactly(tmp_path, fold
     np.testing.assert_array_equal(a, b)
   head, _ = load_head(tmp_path / "cut")
   assert head.config == HEAD
+
+
+def test_held_out_evaluation_rolls_out_eval_guesses_and_matches_the_saved_head(tmp_path,
+                                                                             folders):
+  """With eval_every, a run evaluates on the validation split every eval_every steps and at
+  the end: a rollout of eval_guesses (4 > the training's 3) guesses, recorded in
+  metrics.jsonl; `head_eval.evaluate_heads` on the saved checkpoint (its ranking read from
+  the folder) gives the same record, and the chain estimate is 1 + sum of the cumulative
+  products of the agreement by guess."""
+  config = TrainConfig(model_dir=str(tmp_path), num_steps=4, checkpoint_every=2, log_every=1,
+                       eval_every=2, eval_batches=2, progress=False)
+  feature = FeatureHeadTraining(target=folders[0], rollout_steps=3, vocab_limit=512,
+                                feature_weight=0.0, token_weight=1.0, warm_start=folders[1])
+  result = train(HEAD, DATA, OPTIMIZER, config, feature=feature)
+  assert [r["step"] for r in result.evals] == [2, 4]
+  last = result.evals[-1]
+  by_guess = last["agreement_by_guess"]
+  assert len(by_guess) == 4 and by_guess[0] == last["accuracy"]
+  np.testing.assert_allclose(last["chain_tokens_estimate"], 1 + np.sum(np.cumprod(by_guess)))
+  lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [l["step"] for l in lines if l.get("split") == "validation"] == [2, 4]
+  # An evaluation changes no training step: the same run without one ends on the same params.
+  plain = _train(tmp_path / "plain", folders, 4)
+  for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(plain.params)):
+    np.testing.assert_array_equal(a, b)
+  again = head_eval.evaluate_heads([("step 4", str(tmp_path / "checkpoint_4"))], DATA, feature,
+                                   max_batches=2)
+  for key in ("accuracy", "agreement_by_guess", "teacher_tv", "tokens"):
+    np.testing.assert_allclose(again[0][key], last[key], rtol=1e-5)
+  assert [h for h, _ in head_eval.checkpoint_heads(str(tmp_path))] == ["step 2", "step 4"]
+
+
+def test_head_eval_without_heads_is_named():
+  with pytest.raises(ValueError, match="give --heads NAME=HEAD"):
+    head_eval.main(["--gin_file=runs/train_lm_eagle3.gin"])
