@@ -29,7 +29,7 @@ teacher_tv (1 - teacher_tv estimates α at T = 1) and with several passes fed_ag
 With `TrainConfig.eval_every` > 0 the run also evaluates on the validation split (every
 eval_every steps and at the end; `split: validation` lines in metrics.jsonl): a rollout of
 `FeatureHeadTraining.eval_guesses` guesses per position, its agreement by guess and a chain
-estimate of tokens per target call (`head_record`). `python -m specjax.train.head_eval`
+estimate of tokens per target call (`head_record`). `python -m specjax.app.head_eval`
 evaluates saved heads and checkpoints so, side by side.
 """
 from __future__ import annotations

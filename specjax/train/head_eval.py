@@ -1,6 +1,8 @@
 """Feature heads and their checkpoints judged on held-out text, side by side.
 
-    python -m specjax.train.head_eval --gin_file=runs/train_lm_eagle3.gin \\
+`evaluate_heads` is the library; `python -m specjax.app.head_eval` the command:
+
+    python -m specjax.app.head_eval --gin_file=runs/train_lm_eagle3.gin \\
         --gin.DATA_DIR="'DIR'" --heads "EAGLE-1=bundled:lm/eagle" --checkpoints MODEL_DIR
 
 The run file gives what a training run of these heads reads (`DataConfig`, and
@@ -15,18 +17,13 @@ drafted table (`python -m experiments.bench.eagle --heads ...`) then measures.
 """
 from __future__ import annotations
 
-import json
 import os
-import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import command
-from specjax.app import gin_config
 from specjax.draft.ranking import load_token_ranking
 from specjax.train.batches import DataConfig, make_batches
 from specjax.train.checkpoints import bundled_folder, list_checkpoints
@@ -99,49 +96,3 @@ def format_line(record: Mapping[str, Any]) -> str:
           + " ".join(f"{a:.3f}" for a in record["agreement_by_guess"])
           + f"  chain estimate {record['chain_tokens_estimate']:.2f} tokens/call"
           f"  1-TV {1 - record['teacher_tv']:.3f}  ({int(record['tokens'])} tokens)")
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """CLI; see the module docstring."""
-  files, bindings, paths, rest = gin_config.split_gin_args(
-      sys.argv[1:] if argv is None else argv)
-  p = command.ArgumentParser(prog="python -m specjax.train.head_eval",
-                             description=__doc__.split("\n")[0])
-  p.add_argument("--heads", default=None, help="NAME=HEAD,...: head folders, checkpoint_N folders in them or bundled names")
-  p.add_argument("--checkpoints", default=None,
-                 help="a head's run folder: every checkpoint_N in it, named 'step N'")
-  p.add_argument("--max_batches", type=int, default=None,
-                 help="validation batches per head (default: the whole split)")
-  p.add_argument("--output", default=None, help="also write the records here (JSON)")
-  args = p.parse_args(rest)
-  if not files:
-    raise ValueError("give the heads' run file, e.g. --gin_file=runs/train_lm_eagle3.gin")
-  if args.max_batches is not None and args.max_batches < 1:
-    raise ValueError(f"--max_batches must be >= 1, got {args.max_batches}")
-  heads = (parse_heads(args.heads) if args.heads else []) + (
-      checkpoint_heads(args.checkpoints) if args.checkpoints else [])
-  if not heads:
-    raise ValueError("give --heads NAME=HEAD,... and/or --checkpoints MODEL_DIR")
-  gin_config.parse(files, bindings, paths)
-  records = evaluate_heads(heads, gin.get_configurable(DataConfig)(),
-                           gin.get_configurable(FeatureHeadTraining)(), args.max_batches)
-  for record in records:
-    print(format_line(record), flush=True)
-  best = max(records, key=lambda r: r["chain_tokens_estimate"])
-  print(f"highest chain estimate: {best['name']} ({best['chain_tokens_estimate']:.2f})")
-  text = json.dumps(records, indent=1)
-  if args.output:
-    with open(args.output, "w", encoding="utf-8") as f:
-      f.write(text + "\n")
-  print(text)
-  return 0
-
-
-def cli(argv: Optional[Sequence[str]] = None) -> int:
-  """The command: `main` with the project's error contract (`specjax: error: ...`, exit 2;
-  130 on Ctrl-C)."""
-  return command.run_cli(main, argv)
-
-
-if __name__ == "__main__":
-  sys.exit(cli())

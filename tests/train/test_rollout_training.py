@@ -16,6 +16,7 @@ from specjax.models.feature_head import shift_features
 from specjax.testing import tiny_pair
 from specjax.train import (DataConfig, FeatureHeadTraining, OptimizerConfig, TrainConfig,
                            load_head, train)
+from specjax.app import head_eval as head_eval_cli
 from specjax.train import head_eval
 from specjax.train.feature_head import head_loss_sums
 from specjax.train.rollout import smooth_l1, warm_start_params
@@ -199,4 +200,4 @@ def test_held_out_evaluation_rolls_out_eval_guesses_and_matches_the_saved_head(t
 
 def test_head_eval_without_heads_is_named():
   with pytest.raises(ValueError, match="give --heads NAME=HEAD"):
-    head_eval.main(["--gin_file=runs/train_lm_eagle3.gin"])
+    head_eval_cli.main(["--gin_file=runs/train_lm_eagle3.gin"])
