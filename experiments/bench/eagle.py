@@ -28,10 +28,10 @@ from experiments.common.output import write
 from specjax.app import bundled
 from specjax.app.greedy_check import greedy_difference
 from specjax.command import run_cli
-from specjax.train.head_eval import parse_heads
 from specjax.draft import DynamicTree, FeatureDrafter, StaticTree
 from specjax.params import DRAFT_WEIGHTS_DTYPES, cast_kernels
 from specjax.train import load_head, load_token_ranking
+from specjax.train.head_eval import parse_heads
 
 FAST = dict(num_examples=1, max_new_tokens=8, draft_gammas=(2,),
             feature_chains=((2, None, False, "float32"), (2, 64, True, "int8")),

@@ -22,7 +22,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       sys.argv[1:] if argv is None else argv)
   p = command.ArgumentParser(prog="python -m specjax.app.head_eval",
                              description=__doc__.split("\n")[1])
-  p.add_argument("--heads", default=None, help="NAME=HEAD,...: head folders, checkpoint_N folders in them or bundled names")
+  p.add_argument("--heads", default=None,
+                 help="NAME=HEAD,...: head folders, checkpoint_N folders in them or bundled "
+                      "names")
   p.add_argument("--checkpoints", default=None,
                  help="a head's run folder: every checkpoint_N in it, named 'step N'")
   p.add_argument("--max_batches", type=int, default=None,

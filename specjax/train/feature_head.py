@@ -95,9 +95,9 @@ class FeatureHeadTraining:
   resume."""
 
   eval_guesses: int = 4
-  """Held-out evaluation (`TrainConfig.eval_every` > 0, `evaluate_head`) rolls out this many
-  guesses per position, as a chain drafts, whatever `rollout_steps` and `passes` trained: heads
-  trained either way compare by their validation agreement by guess."""
+  """Held-out evaluation (`TrainConfig.eval_every` > 0, `specjax.train.head_eval`) rolls out
+  this many guesses per position, as a chain drafts, whatever `rollout_steps` and `passes`
+  trained: heads trained either way compare by their validation agreement by guess."""
 
   def __post_init__(self):
     if not isinstance(self.target, (str, os.PathLike)) or not os.fspath(self.target):
@@ -211,8 +211,8 @@ def head_record(total: Dict[str, Any]) -> Dict[str, Any]:
   teacher_tv), feature_loss, fed_agreement (the last pass's or guess's), agreement_by_guess
   (a rollout's) and, from it, chain_tokens_estimate: 1 + sum_k prod_{j <= k} a_j, the tokens
   per target call of a greedy chain of that many guesses if each guess's acceptance were its
-  agreement here and independent of the others (an estimate that ranks heads and
-  checkpoints; the drafted tables measure it)."""
+  agreement here and independent of the others (a training diagnostic; the drafted tables
+  measure tokens per call)."""
   record = dict(base.summarize(total),
                 feature_loss=float(total["feature_sum"]) / max(float(total["weight_sum"]), 1.0))
   if "fed_correct_sum" in total:
@@ -227,6 +227,25 @@ def head_record(total: Dict[str, Any]) -> Dict[str, Any]:
     record["agreement_by_guess"] = by_guess
     record["chain_tokens_estimate"] = 1.0 + float(np.sum(np.cumprod(by_guess)))
   return record
+
+
+def held_out_step(head: FeatureHead, target: Any, target_params: Any,
+                  feature: FeatureHeadTraining, ids: Any = None) -> Any:
+  """The jitted held-out step: (head params, batch) -> `head_loss_sums` of `held_out(feature)`,
+  over the ids int32 [K] (a vocab_limit's; None: all)."""
+  evaluation = held_out(feature)
+  ids = None if ids is None else jnp.asarray(ids, jnp.int32)
+  return jax.jit(lambda params, batch: head_loss_sums(head, target, params, target_params,
+                                                       batch, evaluation, ids))
+
+
+def evaluate_with(step: Any, params: Any, batches: Any) -> Dict[str, Any]:
+  """`head_record` of `step` (a `held_out_step`) summed over `batches`; ValueError without a
+  batch."""
+  parts = jax.device_get([step(params, batch) for batch in batches])
+  if not parts:
+    raise ValueError("evaluate needs at least one batch")
+  return head_record({name: sum(float(part[name]) for part in parts) for name in parts[0]})
 
 
 class HeadTrainer:
@@ -252,17 +271,12 @@ class HeadTrainer:
 
     self.train_step = jax.jit(step_fn, donate_argnums=0)
     self._opt_init = jax.jit(self.optimizer.init)
-    evaluation = held_out(feature)
-    self._eval_step = jax.jit(lambda params, batch: head_loss_sums(
-        head, target, params, target_params, batch, evaluation, ids))
+    self._eval_step = held_out_step(head, target, target_params, feature, ids)
 
   def evaluate(self, params: Any, batches: Any) -> Dict[str, Any]:
     """`head_record` of the held-out rollout (`held_out`) summed over `batches`; ValueError
     without a batch."""
-    parts = jax.device_get([self._eval_step(params, batch) for batch in batches])
-    if not parts:
-      raise ValueError("evaluate needs at least one batch")
-    return head_record({name: sum(float(part[name]) for part in parts) for name in parts[0]})
+    return evaluate_with(self._eval_step, params, batches)
 
   def init_state(self, params: Any, step: int = 0, opt_state: Any = None):
     """A `TrainState` at `step` with float32 `params` and a fresh or given optax state."""

@@ -9,26 +9,25 @@ The run file gives what a training run of these heads reads (`DataConfig`, and
 `FeatureHeadTraining`'s target, vocab_limit and eval_guesses); each head comes from its own
 folder (its model.gin and, with a vocab_limit, its token_ranking.npy, as its drafter reads
 them), so EAGLE-1 and EAGLE-3 heads compare. Every head is evaluated as a training run with
-`TrainConfig.eval_every` evaluates (`feature_head.held_out`): on the validation split, a rollout
-of eval_guesses guesses per position, its agreement with the target's argmax by guess and the
+`TrainConfig.eval_every` evaluates (`feature_head.held_out_step`): on the validation split, a
+rollout of eval_guesses guesses per position, its agreement with the target's argmax by guess and the
 chain estimate of tokens per target call (`feature_head.head_record`). One line per head, then
-the records as JSON (`--output FILE` writes them too). A cheap way to pick the checkpoint a
-drafted table (`python -m experiments.bench.eagle --heads ...`) then measures.
+the records as JSON (`--output FILE` writes them too). A training diagnostic, not the
+measurement: tokens per target call are the drafted table's (`python -m experiments.bench.eagle
+--heads ...`), and the estimate has ranked heads otherwise (docs/feature_drafts.md).
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specjax.draft.ranking import load_token_ranking
 from specjax.train.batches import DataConfig, make_batches
 from specjax.train.checkpoints import bundled_folder, list_checkpoints
-from specjax.train.feature_head import (FeatureHeadTraining, head_loss_sums, head_record,
-                                        held_out, load_head, load_target)
+from specjax.train.feature_head import (FeatureHeadTraining, evaluate_with, held_out_step,
+                                        load_head, load_target)
 
 
 def parse_heads(spec: str) -> List[Tuple[str, str]]:
@@ -66,7 +65,6 @@ def evaluate_heads(heads: Sequence[Tuple[str, str]], data: DataConfig,
   vocab_limit is set and a head's folder has no token_ranking.npy."""
   target, target_params = load_target(feature.target)
   _, batches = make_batches(data, target.config)
-  evaluation = held_out(feature)
   steps: Dict[Any, Any] = {}
   out = []
   for name, folder in heads:
@@ -81,12 +79,9 @@ def evaluate_heads(heads: Sequence[Tuple[str, str]], data: DataConfig,
       ids = np.asarray(ranking[:feature.vocab_limit], np.int32)
     key = (head.config, None if ids is None else ids.tobytes())
     if key not in steps:  # the checkpoints of one run (one ranking) share a compiled step
-      steps[key] = jax.jit(lambda p, b, head=head, ids=None if ids is None else jnp.asarray(ids):
-                           head_loss_sums(head, target, p, target_params, b, evaluation, ids))
-    parts = jax.device_get([steps[key](params, batch)
-                            for batch in batches.eval_batches(max_batches)])
-    total = {k: sum(float(part[k]) for part in parts) for k in parts[0]}
-    out.append(dict(head_record(total), name=name, head=os.fspath(folder)))
+      steps[key] = held_out_step(head, target, target_params, feature, ids)
+    record = evaluate_with(steps[key], params, batches.eval_batches(max_batches))
+    out.append(dict(record, name=name, head=os.fspath(folder)))
   return out
 
 
