@@ -8,7 +8,8 @@ accelerator (`specjax.aot.targets`) and reads the optimized program (`specjax.ao
   per_layer      of those, per decoder layer (their op names say which layer they came from)
   f32_temps      kernels that write a float32 array shaped like a weight matrix
                  (`weight_matrices`), and the bytes they move (written, then read back)
-  floor_bytes    what an iteration must read at least: the weights and the KV cache
+  floor_bytes    what an iteration must read at least: the weights it reads (`read_weights`)
+                 and the KV cache
   whiles         loops nested inside one iteration (on a GPU each costs a copy of its predicate
                  to the host per trip)
   custom_calls   {target: count} inside one iteration (cuDNN, Pallas kernels, ...)
@@ -87,11 +88,49 @@ class Report:
             **(self.estimate.row() if self.estimate is not None else {})}
 
 
+def _key_name(key) -> str:
+  for attribute in ("key", "name", "idx"):
+    if hasattr(key, attribute):
+      return str(getattr(key, attribute))
+  return str(key)
+
+
+def read_weights(weights: Any) -> List[Any]:
+  """The leaves of `weights` (one model's parameters, or a tuple or `LoopParams` of several)
+  that one iteration reads in full, for the floor. Left out: a T5 encoder (run once per
+  decode), a T5 decoder's cross-attention key and value kernels (`encode` applies them once;
+  a step reads their output, the encoded inputs, counted with the cache), and a token
+  embedding that the logits do not read (a model with `logits_dense`: a step gathers a few
+  rows of it). A Gemma's embedding is its logits' kernel too, so it stays."""
+  leaves = [([_key_name(k) for k in path], x)
+            for path, x in jax.tree_util.tree_flatten_with_path(weights)[0]]
+  untied = set()  # the path prefixes of models that own a logits_dense kernel
+  for names, _ in leaves:
+    if "logits_dense" in names:
+      at = names.index("logits_dense")
+      untied.add(tuple(names[:at - 1 if at and names[at - 1] == "decoder" else at]))
+  read = []
+  for names, x in leaves:
+    if "encoder" in names:
+      continue
+    if "encoder_decoder_attention" in names:
+      at = names.index("encoder_decoder_attention")
+      if at + 1 < len(names) and names[at + 1] in ("key", "value"):
+        continue
+    if "token_embedder" in names:
+      owner = tuple(names[:names.index("token_embedder")])
+      if owner in untied or (owner[-1:] == ("decoder",) and owner[:-1] in untied):
+        continue
+    read.append(x)
+  return read
+
+
 def _split_floor(piece: Piece, partitioner) -> int:
-  """One device's share of `piece`'s floor: its weights and caches split as `split` splits
-  them (a piece without its `cache` tree: the cache's bytes over the devices)."""
-  weights = per_device_nbytes(_placed(piece.weights,
-                                      _param_shardings(piece.weights, partitioner)))
+  """One device's share of `piece`'s floor: the weights it reads (`read_weights`) and its
+  caches, split as `split` splits them (a piece without its `cache` tree: the cache's bytes
+  over the devices)."""
+  weights = per_device_nbytes(read_weights(_placed(
+      piece.weights, _param_shardings(piece.weights, partitioner))))
   if piece.cache is None:
     return weights + piece.cache_bytes // partitioner.mesh.size
   return weights + per_device_nbytes(_placed(piece.cache,
@@ -275,7 +314,7 @@ def compile_piece(piece: Piece, target: str, devices: int = 1,
       piece=piece.name, target=target, kernels=len(kernels),
       per_layer=per_layer if piece.layers else 0.0, outside_layers=outside,
       f32_temps=len(temps), f32_temp_bytes=temp_bytes,
-      floor_bytes=(_nbytes(piece.weights) + piece.cache_bytes) if devices == 1 else
+      floor_bytes=(_nbytes(read_weights(piece.weights)) + piece.cache_bytes) if devices == 1 else
       _split_floor(piece, partitioner), devices=devices,
       whiles=sum(k.opcode == "while" for k in kernels), custom_calls=calls,
       compile_s=seconds,

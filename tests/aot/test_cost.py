@@ -164,3 +164,41 @@ def test_the_launch_fit_recovers_the_constant_of_exact_points():
   # Two points that disagree: the fit lies between their own constants.
   points[1] = (0.02, 150, 1, 0.02 + 150 * 1.5e-3 + 17.5e-3)
   assert 1.5 < cost.fit_launch_us(points, round_trip_us=17.5) < 2.5
+
+
+def _floor_weights(gin_file, **changes):
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from specjax.aot import report  # pylint: disable=import-outside-toplevel
+  from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
+  from specjax.models import build_model  # pylint: disable=import-outside-toplevel
+  model = build_model(dataclasses.replace(model_config_from_file(gin_file), **changes))
+  params = report.abstract_params(model, "bfloat16")
+  nbytes = lambda leaves: sum(x.size * x.dtype.itemsize for x in leaves)
+  return report, params, nbytes
+
+
+def test_the_floor_leaves_out_the_weights_a_step_does_not_read():
+  """A T5 1.1 step reads neither the encoder, nor the cross-attention key and value kernels
+  (applied once, in `encode`), nor the untied input embedding (a few gathered rows); the
+  logits' embedding of a tied model it reads whole. Counted against the tree by hand."""
+  import jax  # pylint: disable=import-outside-toplevel
+  report, params, nbytes = _floor_weights("models/t5_1_1_tiny.gin")
+  decoder = params["decoder"]
+  unread = nbytes(jax.tree.leaves(params["encoder"])) + nbytes(
+      jax.tree.leaves(params["token_embedder"])) + sum(
+          nbytes(jax.tree.leaves(decoder[name]["encoder_decoder_attention"][kv]))
+          for name in decoder if name.startswith("layers_") for kv in ("key", "value"))
+  assert unread > 0
+  assert nbytes(report.read_weights(params)) == nbytes(jax.tree.leaves(params)) - unread
+  # Two models side by side (a loop's target and drafter) are each read as alone.
+  both = nbytes(report.read_weights({"target": params, "drafter": params}))
+  assert both == 2 * nbytes(report.read_weights(params))
+
+  report, tied, nbytes = _floor_weights("models/decoder_only_tiny.gin",
+                                        logits_via_embedding=True)
+  assert "logits_dense" not in tied["decoder"]
+  assert nbytes(report.read_weights(tied)) == nbytes(jax.tree.leaves(tied))
+  report, untied, nbytes = _floor_weights("models/decoder_only_tiny.gin",
+                                          logits_via_embedding=False)
+  assert nbytes(report.read_weights(untied)) == nbytes(jax.tree.leaves(untied)) - nbytes(
+      jax.tree.leaves(untied["decoder"]["token_embedder"]))
