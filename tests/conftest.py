@@ -97,6 +97,33 @@ compile_cache.enable(compile_cache.choose_folder())
 
 MAX_MAPS = 30_000
 
+_EXTENDED = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+  """Marks the tests that tests/extended.txt lists `extended` (tests/tiers.py: the tiers), before
+  `-m` selects. When the whole suite is collected, a listed test that no longer exists is an
+  error: the list would silently stop selecting."""
+  global _EXTENDED  # pylint: disable=global-statement
+  from tests import tiers  # pylint: disable=import-outside-toplevel
+  if _EXTENDED is None:
+    _EXTENDED = tuple(tiers.read_list())
+  collected = set()
+  for item in items:
+    for entry in _EXTENDED:
+      if tiers.matches(item.nodeid, entry):
+        item.add_marker(pytest.mark.extended)
+        collected.add(entry)
+  whole = [os.path.abspath(str(arg)) for arg in config.args] == [
+      os.path.dirname(os.path.abspath(__file__))]
+  if whole and not config.option.keyword:
+    stale = sorted(set(_EXTENDED) - collected)
+    if stale:
+      raise pytest.UsageError(f"tests/extended.txt lists {len(stale)} tests that do not exist "
+                              f"(renamed or removed? regenerate: python -m tests.tiers): "
+                              f"{stale[:5]}")
+
 
 def _maps() -> int:
   try:

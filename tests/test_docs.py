@@ -191,17 +191,31 @@ def test_every_macro_has_a_meaning():
 
 
 README_TEST_COMMAND = ("pip install -e '.[test,seqio,experiments,hf]' \\\n"
-                       "  && python -m pytest -q -n 2 --dist loadfile -m \"not e2e\" tests \\\n"
-                       "  && python -m pytest -q -n 2 --dist loadfile -m e2e tests")
+                       "  && python -m pytest -q -n 2 --dist loadfile -m \"not e2e and not extended\" "
+                       "tests \\\n"
+                       "  && python -m pytest -q -n 2 --dist loadfile -m \"e2e and not extended\" tests")
+EXTENDED_TEST_COMMAND = ("python -m pytest -q -n 2 --dist loadfile -m \"extended and not e2e\" tests \\\n"
+                         "  && python -m pytest -q -n 2 --dist loadfile -m \"extended and e2e\" tests")
 
 
 def test_ci_runs_the_readme_test_command_and_it_covers_every_test():
-  """The README's command is `.ci/run`'s, its two parts select complementary sets (every test
-  runs), and the marker they split on is registered."""
-  assert README_TEST_COMMAND in (ROOT / ".ci" / "run").read_text()
-  parts = re.findall(r"-m (\"not e2e\"|e2e) tests", README_TEST_COMMAND)
-  assert parts == ['"not e2e"', "e2e"], parts
-  assert re.search(r"^markers\s*=\s*\n\s+e2e:", (ROOT / "pytest.ini").read_text(), re.M)
+  """`.ci/run` runs the README's command (the core set) and then the extended set; the four
+  parts select complementary sets (every test runs), and the markers they split on are
+  registered."""
+  ci = (ROOT / ".ci" / "run").read_text()
+  assert README_TEST_COMMAND in ci and EXTENDED_TEST_COMMAND in ci
+  assert ci.index(README_TEST_COMMAND) < ci.index(EXTENDED_TEST_COMMAND)
+  assert EXTENDED_TEST_COMMAND in (ROOT / "README.md").read_text()
+  parts = re.findall(r'-m "([^"]+)" tests', README_TEST_COMMAND + EXTENDED_TEST_COMMAND)
+  assert parts == ["not e2e and not extended", "e2e and not extended", "extended and not e2e",
+                   "extended and e2e"], parts
+  for e2e in (False, True):  # each test, whatever its marks, runs in exactly one part
+    for extended in (False, True):
+      chosen = [p for p in parts if eval(p, {}, {"e2e": e2e, "extended": extended})]  # pylint: disable=eval-used
+      assert len(chosen) == 1, (e2e, extended, chosen)
+  ini = (ROOT / "pytest.ini").read_text()
+  assert re.search(r"^markers\s*=\s*\n(\s+\w+:.*\n)*?\s+e2e:", ini, re.M)
+  assert re.search(r"^\s+extended:", ini, re.M)
 
 
 def _readme_sections_named(text):
