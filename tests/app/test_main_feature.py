@@ -8,7 +8,7 @@ import pytest
 from specjax import app as main
 from specjax.app import bundled, run
 from specjax.checkpoints import save_t5x
-from specjax.models import FeatureHead, FeatureHeadConfig, model_gin_text
+from specjax.models import FeatureHead, FeatureHeadConfig, model_gin_text, read_model_gin
 
 TINY_HEAD = dict(num_heads=2, head_dim=8, mlp_dim=32)
 
@@ -56,13 +56,17 @@ def test_a_feature_head_drafts_chains_and_trees_in_the_main_job(tiny_folders, tr
   assert summary["speculating_rounds"].endswith("(100%)")
 
 
-def test_the_bundled_head_runs_from_its_run_file(tmp_path):
-  # runs/bundled_lm_eagle.gin itself: the bundled LM target and bundled:lm/eagle.
-  assert bundled.available("lm", "eagle")
+@pytest.mark.parametrize("role", ["eagle", "eagle3"])
+def test_the_bundled_head_runs_from_its_run_file(tmp_path, role):
+  # runs/bundled_lm_eagle.gin itself: the bundled LM target and bundled:lm/eagle; and
+  # runs/bundled_lm_eagle3.gin: bundled:lm/eagle3, a head over three layers' features.
+  assert bundled.available("lm", role)
+  layers = read_model_gin(str(bundled.model_dir("lm", role))).feature_layers
+  assert (layers is None) == (role == "eagle"), layers
   # The target ends this prompt at once (its first token is EOS); the run file ignores EOS,
   # so both decodes go on to the budget.
   prompt = "Shellingham detects what shell the current Python executable is running in."
-  summary = run(["--gin_file=runs/bundled_lm_eagle.gin", "--prompt", prompt,
+  summary = run([f"--gin_file=runs/bundled_lm_{role}.gin", "--prompt", prompt,
                  "--plain", "--gin.MAX_NEW_TOKENS=12", f"--gin.OUTPUT_DIR='{tmp_path}'"])
   assert summary["greedy_identical"] is True and summary["drafter"] == "feature"
   assert summary["alpha"] > 0.3  # a trained head, not a random one (random: about 0)
