@@ -97,28 +97,24 @@ compile_cache.enable(compile_cache.choose_folder())
 
 MAX_MAPS = 30_000
 
-_EXTENDED = None
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
   """Marks the tests that tests/extended.txt lists `extended` (tests/tiers.py: the tiers), before
   `-m` selects. When the whole suite is collected, a listed test that no longer exists is an
   error: the list would silently stop selecting."""
-  global _EXTENDED  # pylint: disable=global-statement
+  del session
   from tests import tiers  # pylint: disable=import-outside-toplevel
-  if _EXTENDED is None:
-    _EXTENDED = tuple(tiers.read_list())
-  collected = set()
+  entries = tiers.read_list()
+  used = set()
   for item in items:
-    for entry in _EXTENDED:
-      if tiers.matches(item.nodeid, entry):
-        item.add_marker(pytest.mark.extended)
-        collected.add(entry)
+    selecting = [entry for entry in entries if tiers.matches(item.nodeid, entry)]
+    if selecting:
+      item.add_marker(pytest.mark.extended)
+      used.update(selecting)
   whole = [os.path.abspath(str(arg)) for arg in config.args] == [
       os.path.dirname(os.path.abspath(__file__))]
   if whole and not config.option.keyword:
-    stale = sorted(set(_EXTENDED) - collected)
+    stale = sorted(set(entries) - used)
     if stale:
       raise pytest.UsageError(f"tests/extended.txt lists {len(stale)} tests that do not exist "
                               f"(renamed or removed? regenerate: python -m tests.tiers): "

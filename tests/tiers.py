@@ -86,6 +86,11 @@ def matches(node: str, entry: str) -> bool:
   return node == entry
 
 
+def is_extended(node: str, entries: Iterable[str]) -> bool:
+  """Whether any of `entries` (lines of tests/extended.txt) selects `node`."""
+  return any(matches(node, entry) for entry in entries)
+
+
 def extended(seconds: Dict[str, float], threshold: float = THRESHOLD_S) -> List[str]:
   """The lines of tests/extended.txt for the measured `seconds` (of one or more runs: the
   largest of each test's): `WHOLE`'s entries, then the node ids that took `threshold` or more
@@ -95,7 +100,7 @@ def extended(seconds: Dict[str, float], threshold: float = THRESHOLD_S) -> List[
     raise ValueError(f"CORE names tests the measured run does not have: {unknown}")
   whole = [entry if entry.endswith(".py") else entry + "[*]" for entry in WHOLE]
   single = sorted(node for node, s in seconds.items() if s >= threshold and node not in CORE
-                  and not any(matches(node, entry) for entry in whole))
+                  and not is_extended(node, whole))
   return whole + single
 
 
@@ -103,10 +108,6 @@ def read_list(path: str = LIST) -> List[str]:
   """The node ids listed in `path` (comments and blank lines skipped)."""
   with open(path, encoding="utf-8") as f:
     return [line.strip() for line in f if line.strip() and not line.startswith("#")]
-
-
-def is_extended(node: str, entries: Iterable[str]) -> bool:
-  return any(matches(node, entry) for entry in entries)
 
 
 def write_list(entries: List[str], path: str = LIST) -> None:
@@ -126,8 +127,8 @@ def main(argv: List[str]) -> int:
   seconds = durations(argv)
   entries = extended(seconds)
   write_list(entries)
-  chosen = [node for node in seconds if is_extended(node, entries)]
-  core = sum(s for node, s in seconds.items() if node not in set(chosen))
+  chosen = {node for node in seconds if is_extended(node, entries)}
+  core = sum(s for node, s in seconds.items() if node not in chosen)
   print(f"{len(chosen)} extended tests of {len(seconds)} ({len(entries)} lines) written to "
         f"{LIST}; the core set measured {core:.0f} worker-seconds of {sum(seconds.values()):.0f}")
   return 0

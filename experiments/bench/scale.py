@@ -24,6 +24,7 @@ import numpy as np
 from jax._src import xla_bridge
 
 from specjax.aot import hlo as hlo_stats
+from specjax.aot.report import read_weights
 from experiments.common.checks import check_counts
 from experiments.common.cli import parse_cli
 from experiments.common.output import Output, markdown_table
@@ -36,7 +37,7 @@ from specjax.decode import DecodeConfig, autoregressive_decode, speculative_deco
 from specjax.draft import FeatureDrafter, ModelDrafter
 from specjax.models import FeatureHead, FeatureHeadConfig, build_model
 from specjax.models.layers import ATTENTION_IMPLEMENTATIONS
-from specjax.params import cast_kernels, count_params, flatten
+from specjax.params import cast_kernels, count_params
 from specjax.sampling import Sampling
 
 XLA_PRESETS = {
@@ -76,12 +77,12 @@ def model_config(family: str, size: str, *, dtype: str, attention: str, tied: bo
 
 
 def step_bytes(model, params, batch: int, cache_len: int, input_len: int) -> int:
-  """Bytes one autoregressive step reads: the decoder's weights (as stored; the embedding when
-  the logits use it), every KV-cache buffer and, for T5, the encoded inputs."""
+  """Bytes one autoregressive step reads: the decoder's weights that it reads, as stored
+  (`specjax.aot.report.read_weights`: the embedding only when the logits use it, no T5
+  cross-attention key and value kernels), every KV-cache buffer and, for T5, the encoded
+  inputs."""
   cfg = model.config
-  weights = sum(int(np.prod(v.shape)) * v.dtype.itemsize for name, v in flatten(params)
-                if not name.startswith("encoder/")
-                and (cfg.logits_via_embedding or not name.endswith("embedding")))
+  weights = sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in read_weights(params))
   itemsize = np.dtype(model.init_cache(1, 1).keys[0].dtype).itemsize
   layers = cfg.num_layers if hasattr(cfg, "num_layers") else cfg.num_decoder_layers
   per_slot = 2 * layers * batch * cfg.num_heads * cfg.head_dim * itemsize

@@ -95,6 +95,14 @@ def _key_name(key) -> str:
   return str(key)
 
 
+def _model_of(names: List[str], at: int) -> Tuple[str, ...]:
+  """The path of the model that owns `names[at]`: the names before it, less a T5's or a
+  decoder-only model's `decoder` scope (T5 keeps its embedding beside that scope, the
+  decoder-only model inside it)."""
+  prefix = names[:at]
+  return tuple(prefix[:-1] if prefix[-1:] == ["decoder"] else prefix)
+
+
 def read_weights(weights: Any) -> List[Any]:
   """The leaves of `weights` (one model's parameters, or a tuple or `LoopParams` of several)
   that one iteration reads in full, for the floor. Left out: a T5 encoder (run once per
@@ -104,23 +112,18 @@ def read_weights(weights: Any) -> List[Any]:
   rows of it). A Gemma's embedding is its logits' kernel too, so it stays."""
   leaves = [([_key_name(k) for k in path], x)
             for path, x in jax.tree_util.tree_flatten_with_path(weights)[0]]
-  untied = set()  # the path prefixes of models that own a logits_dense kernel
-  for names, _ in leaves:
-    if "logits_dense" in names:
-      at = names.index("logits_dense")
-      untied.add(tuple(names[:at - 1 if at and names[at - 1] == "decoder" else at]))
+  untied = {_model_of(names, names.index("logits_dense"))
+            for names, _ in leaves if "logits_dense" in names}
   read = []
   for names, x in leaves:
     if "encoder" in names:
       continue
     if "encoder_decoder_attention" in names:
       at = names.index("encoder_decoder_attention")
-      if at + 1 < len(names) and names[at + 1] in ("key", "value"):
+      if names[at + 1:at + 2] in (["key"], ["value"]):
         continue
-    if "token_embedder" in names:
-      owner = tuple(names[:names.index("token_embedder")])
-      if owner in untied or (owner[-1:] == ("decoder",) and owner[:-1] in untied):
-        continue
+    if "token_embedder" in names and _model_of(names, names.index("token_embedder")) in untied:
+      continue
     read.append(x)
   return read
 

@@ -166,39 +166,40 @@ def test_the_launch_fit_recovers_the_constant_of_exact_points():
   assert 1.5 < cost.fit_launch_us(points, round_trip_us=17.5) < 2.5
 
 
-def _floor_weights(gin_file, **changes):
+def _abstract_params(gin_file, **changes):
+  """A model's parameters from its gin file (with `changes`), bfloat16, shapes only."""
   import dataclasses  # pylint: disable=import-outside-toplevel
   from specjax.aot import report  # pylint: disable=import-outside-toplevel
   from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
   from specjax.models import build_model  # pylint: disable=import-outside-toplevel
   model = build_model(dataclasses.replace(model_config_from_file(gin_file), **changes))
-  params = report.abstract_params(model, "bfloat16")
-  nbytes = lambda leaves: sum(x.size * x.dtype.itemsize for x in leaves)
-  return report, params, nbytes
+  return report.abstract_params(model, "bfloat16")
+
+
+def _nbytes(tree):
+  import jax  # pylint: disable=import-outside-toplevel
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 def test_the_floor_leaves_out_the_weights_a_step_does_not_read():
   """A T5 1.1 step reads neither the encoder, nor the cross-attention key and value kernels
   (applied once, in `encode`), nor the untied input embedding (a few gathered rows); the
   logits' embedding of a tied model it reads whole. Counted against the tree by hand."""
-  import jax  # pylint: disable=import-outside-toplevel
-  report, params, nbytes = _floor_weights("models/t5_1_1_tiny.gin")
+  from specjax.aot.report import read_weights  # pylint: disable=import-outside-toplevel
+  params = _abstract_params("models/t5_1_1_tiny.gin")
   decoder = params["decoder"]
-  unread = nbytes(jax.tree.leaves(params["encoder"])) + nbytes(
-      jax.tree.leaves(params["token_embedder"])) + sum(
-          nbytes(jax.tree.leaves(decoder[name]["encoder_decoder_attention"][kv]))
-          for name in decoder if name.startswith("layers_") for kv in ("key", "value"))
+  unread = _nbytes(params["encoder"]) + _nbytes(params["token_embedder"]) + sum(
+      _nbytes(decoder[name]["encoder_decoder_attention"][kv])
+      for name in decoder if name.startswith("layers_") for kv in ("key", "value"))
   assert unread > 0
-  assert nbytes(report.read_weights(params)) == nbytes(jax.tree.leaves(params)) - unread
+  assert _nbytes(read_weights(params)) == _nbytes(params) - unread
   # Two models side by side (a loop's target and drafter) are each read as alone.
-  both = nbytes(report.read_weights({"target": params, "drafter": params}))
-  assert both == 2 * nbytes(report.read_weights(params))
+  both = _nbytes(read_weights({"target": params, "drafter": params}))
+  assert both == 2 * _nbytes(read_weights(params))
 
-  report, tied, nbytes = _floor_weights("models/decoder_only_tiny.gin",
-                                        logits_via_embedding=True)
+  tied = _abstract_params("models/decoder_only_tiny.gin", logits_via_embedding=True)
   assert "logits_dense" not in tied["decoder"]
-  assert nbytes(report.read_weights(tied)) == nbytes(jax.tree.leaves(tied))
-  report, untied, nbytes = _floor_weights("models/decoder_only_tiny.gin",
-                                          logits_via_embedding=False)
-  assert nbytes(report.read_weights(untied)) == nbytes(jax.tree.leaves(untied)) - nbytes(
-      jax.tree.leaves(untied["decoder"]["token_embedder"]))
+  assert _nbytes(read_weights(tied)) == _nbytes(tied)
+  untied = _abstract_params("models/decoder_only_tiny.gin", logits_via_embedding=False)
+  assert _nbytes(read_weights(untied)) == _nbytes(untied) - _nbytes(
+      untied["decoder"]["token_embedder"])
