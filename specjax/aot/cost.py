@@ -41,7 +41,7 @@ import dataclasses
 import math
 import re
 import statistics
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from specjax.aot import hlo, targets
 
@@ -468,6 +468,26 @@ def prediction(target_ms: float, draft_ms: float, alpha: float, gamma: int,
           "speedup": round(float(analysis.walltime_improvement(alpha, gamma, c)), 3),
           "round_ms": round(gamma * draft_ms + target_ms, 4),
           "speedup_by_gamma": curve}
+
+
+def head_prediction(target_ms: float, head_ms: float,
+                    tokens_per_call: Mapping[int, float]) -> Dict[str, object]:
+  """A feature head's chain (EAGLE): c = head step / target step and, per γ in
+  `tokens_per_call` ({γ: tokens per target call, measured: they do not depend on the
+  hardware}), the speedup tokens / (γ c + 1). A round is γ head guesses (its first also feeds
+  the accepted positions' true features) and one target call of γ + 1 positions, costed as one
+  step (batch 1: Thm 3.8's cost model); `speedup` is the best γ's."""
+  if not tokens_per_call:
+    raise ValueError("head_prediction needs the tokens per target call of at least one γ")
+  c = head_ms / target_ms
+  curve = {int(g): round(float(e) / (int(g) * c + 1), 3)
+           for g, e in sorted(tokens_per_call.items())}
+  best = max(curve, key=curve.get)
+  return {"target_step_ms": round(target_ms, 4), "head_step_ms": round(head_ms, 4),
+          "c": round(c, 4), "tokens_per_call": {int(g): float(e)
+                                                for g, e in sorted(tokens_per_call.items())},
+          "gamma": best, "speedup": curve[best],
+          "round_ms": round(best * head_ms + target_ms, 4), "speedup_by_gamma": curve}
 
 
 def fit_launch_us(points: Sequence[Tuple[float, int, int, float]],

@@ -377,24 +377,38 @@ def step_piece(name: str, model, params, *, batch: int, cache_len: int, input_le
 
 
 def head_step_piece(name: str, head, params, *, batch: int, cache_len: int,
-                    steps: int = 4) -> Piece:
+                    steps: int = 4, encoded: Any = None, vocab_rows: int = 0) -> Piece:
   """`steps` one-position `head.decode` calls of a feature head (`specjax.models.FeatureHead`)
-  in a jitted `fori_loop`, each reading the features the last one predicted (a chain's later
-  guesses); the logits over the target's vocabulary are the drafter's, not counted here."""
+  in a jitted `fori_loop` (one iteration is one guess), each reading the features the last one
+  predicted (a chain's later guesses). With `vocab_rows` K > 0 a guess is a feature drafter's
+  whole guess: the logits of K output rows (an abstract [K, E] matrix in the head's dtype, as
+  `FeatureDrafter` with `vocab_limit` K reads them), their argmax, and that row as the next
+  guess's embedding; with 0 the logits are not counted. `encoded`: an encoder-decoder target's
+  abstract `encode` output, for a head with cross_attention (it reads the target's last
+  layer's cross-attention keys and values)."""
   cache = jax.eval_shape(lambda: head.init_cache(batch, cache_len))
   width = head.config.emb_dim
+  kernel_dtype = max(jax.tree.leaves(params), key=lambda x: math.prod(x.shape)).dtype
 
-  def head_steps(params, cache, features, embedded):
+  def head_steps(params, rows, cache, encoded, features, embedded):
     def body(i, carry):
-      cache, features = carry
+      cache, features, embedded = carry
       predicted, cache = head.decode(params, cache, features, embedded,
-                                     jnp.full((batch,), i, jnp.int32))
-      return cache, predicted
-    return jax.lax.fori_loop(0, steps, body, (cache, features))
+                                     jnp.full((batch,), i, jnp.int32), encoded=encoded)
+      if rows is not None:
+        table = rows.astype(jnp.bfloat16) if rows.dtype == jnp.int8 else rows  # int8: scales
+        logits = jnp.einsum("bke,ve->bkv", predicted.astype(table.dtype), table,
+                            preferred_element_type=jnp.float32)  # aside, as the head's dots
+        embedded = jnp.take(rows, jnp.argmax(logits, axis=-1), axis=0).astype(jnp.float32)
+      return cache, predicted, embedded
+    return jax.lax.fori_loop(0, steps, body, (cache, features, embedded))
 
-  fn = jax.jit(head_steps, donate_argnums=(1,))
-  rows = jax.ShapeDtypeStruct((batch, 1, width), jnp.float32)
-  return Piece(name, fn, (params, cache, rows, rows), 1, params, _nbytes(cache), cache)
+  fn = jax.jit(head_steps, donate_argnums=(2,))
+  features = jax.ShapeDtypeStruct((batch, 1, width), jnp.float32)
+  rows = jax.ShapeDtypeStruct((vocab_rows, width), kernel_dtype) if vocab_rows else None
+  weights = params if rows is None else (params, rows)
+  return Piece(name, fn, (params, rows, cache, encoded, features, features), 1, weights,
+               _nbytes(cache) + _nbytes(encoded), (cache, encoded))
 
 
 def loop_piece(name: str, loop, params, *, batch: int, input_len: int, cache_len: int,
@@ -450,11 +464,38 @@ def abstract_params(model, dtype: str, seed: int = 0) -> Any:
   return jax.eval_shape(build)
 
 
+def pieces_head(target_model, head_config: Any = None):
+  """The `FeatureHead` `model_pieces` compiles: `head_config` (a trained head's, checked
+  against the target) in the target's dtype, or a random head at the target's widths."""
+  from specjax.models import FeatureHead, FeatureHeadConfig  # pylint: disable=import-outside-toplevel
+  from specjax.models import GemmaConfig  # pylint: disable=import-outside-toplevel
+
+  cfg = target_model.config
+  if isinstance(cfg, GemmaConfig):  # a head of T5X layers at the Gemma target's widths
+    sizes = dict(emb_dim=cfg.embed_dim, mlp_dim=cfg.hidden_dim, mlp_activations=("gelu", "linear"))
+  else:
+    sizes = dict(emb_dim=cfg.emb_dim, mlp_dim=cfg.mlp_dim, mlp_activations=cfg.mlp_activations)
+  if head_config is None:
+    head_config = FeatureHeadConfig(vocab_size=cfg.vocab_size, num_heads=cfg.num_heads,
+                                    head_dim=cfg.head_dim, dtype=cfg.dtype, **sizes)
+  else:
+    if (head_config.emb_dim, head_config.vocab_size) != (target_model.feature_dim,
+                                                         cfg.vocab_size):
+      raise ValueError(f"the feature head reads features of width {head_config.emb_dim} and "
+                       f"{head_config.vocab_size} ids; the target's are "
+                       f"{target_model.feature_dim} and {cfg.vocab_size}")
+    if head_config.cross_attention and not target_model.is_encoder_decoder:
+      raise ValueError("the feature head attends to a source (cross_attention); the target "
+                       "is decoder-only")
+    head_config = dataclasses.replace(head_config, dtype=cfg.dtype)
+  return FeatureHead(head_config)
+
+
 def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
                  draft_dtype: str = "float32", batch: int = 1, input_len: int = 16,
                  max_new_tokens: int = 64, gamma: int = 4,
-                 include: Sequence[str] = ("steps", "loops"), unroll: bool = False
-                 ) -> List[Piece]:
+                 include: Sequence[str] = ("steps", "loops"), unroll: bool = False,
+                 head_config: Any = None, vocab_rows: int = 0) -> List[Piece]:
   """The pieces of decoding with `target_model` verifying and `draft_model` drafting (both
   random-init, abstract: shapes only), greedy, at `batch` rows:
 
@@ -467,7 +508,10 @@ def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
 
   include: 'steps', 'loops' or both. unroll: the drafters' `unroll` (the chains' γ guesses and
   the tree's spine tail in straight-line code: a round's one nested loop is then the draft's
-  catch-up).
+  catch-up). head_config: a trained head's `FeatureHeadConfig` (its model.gin; its sizes,
+  cross-attention and fused layers, computed in the target's dtype) for the head step and the
+  feature chain, in place of the random head at the target's width; vocab_rows: the head step's
+  drafted ids (`head_step_piece`; 0: its logits not counted).
   """
   from specjax.decode import DecodeConfig  # pylint: disable=import-outside-toplevel
   from specjax.decode.round import AutoregressiveLoop, SpeculativeLoop  # pylint: disable=import-outside-toplevel
@@ -475,18 +519,9 @@ def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
   from specjax.decode.tree import TreeLoop  # pylint: disable=import-outside-toplevel
   from specjax.draft import (FeatureDrafter, ModelDrafter, StaticTree,  # pylint: disable=import-outside-toplevel
                              TreeModelDrafter)
-  from specjax.models import FeatureHead, FeatureHeadConfig  # pylint: disable=import-outside-toplevel
   from specjax.sampling import Sampling  # pylint: disable=import-outside-toplevel
 
-  from specjax.models import GemmaConfig  # pylint: disable=import-outside-toplevel
-
-  cfg = target_model.config
-  if isinstance(cfg, GemmaConfig):  # a head of T5X layers at the Gemma target's widths
-    sizes = dict(emb_dim=cfg.embed_dim, mlp_dim=cfg.hidden_dim, mlp_activations=("gelu", "linear"))
-  else:
-    sizes = dict(emb_dim=cfg.emb_dim, mlp_dim=cfg.mlp_dim, mlp_activations=cfg.mlp_activations)
-  head = FeatureHead(FeatureHeadConfig(vocab_size=cfg.vocab_size, num_heads=cfg.num_heads,
-                                       head_dim=cfg.head_dim, dtype=cfg.dtype, **sizes))
+  head = pieces_head(target_model, head_config)
   tparams = abstract_params(target_model, dtype)
   dparams = abstract_params(draft_model, draft_dtype, seed=1)
   hparams = abstract_params(head, draft_dtype if draft_dtype != "float32" else dtype, seed=2)
@@ -498,8 +533,11 @@ def model_pieces(target_model, draft_model, *, dtype: str = "bfloat16",
                           cache_len=cache_len, input_len=input_len),
                step_piece("draft step", draft_model, dparams, batch=batch,
                           cache_len=cache_len, input_len=input_len)]
+    encoded = None if not head.config.cross_attention else jax.eval_shape(
+        target_model.encode, tparams, jax.ShapeDtypeStruct((batch, input_len), jnp.int32))
     pieces.append(head_step_piece("head step", head, hparams, batch=batch,
-                                  cache_len=cache_len))
+                                  cache_len=cache_len, encoded=encoded,
+                                  vocab_rows=vocab_rows))
   if "loops" in include:
     config = DecodeConfig(sampling=Sampling(temperature=0.0), eos_id=-1, cache_len=cache_len)
     feature = FeatureDrafter(target_model, head, gamma, unroll=unroll)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from specjax import command, files
 
@@ -44,23 +44,64 @@ class Pair:
   the paper's pair's from its Table 2."""
   gamma: int
   input_len: int
+  head: Optional[str] = None
+  """A trained feature head of the target (a folder or 'bundled:PAIR/ROLE'): its step is
+  compiled too, from its model.gin (`report.model_pieces`' head_config)."""
+  head_tokens: Tuple[Tuple[int, float], ...] = ()
+  """(γ, tokens per target call) of that head's chain, measured greedily on the CPU (they do
+  not depend on the hardware): the head's predicted speedup (`cost.head_prediction`)."""
+  head_vocab: Optional[int] = None
+  """The ids the head drafts over (its chain's `vocab_limit`; None: all the target's): the
+  rows of the output projection each guess reads."""
 
 
 PAIRS = (
-    Pair("bundled LM", "bundled:lm/target", "bundled:lm/draft", "float32", 0.70, 4, 16),
+    Pair("bundled LM", "bundled:lm/target", "bundled:lm/draft", "float32", 0.70, 4, 16,
+         head="bundled:lm/eagle3", head_vocab=1024,
+         head_tokens=((2, 2.55), (3, 3.11), (4, 3.63), (5, 3.93), (7, 4.56))),
     Pair("bundled EN-DE", "bundled:translate/target", "bundled:translate/draft", "float32",
-         0.51, 4, 16),
+         0.51, 4, 16, head="bundled:translate/eagle3", head_vocab=1024,
+         head_tokens=((1, 1.55), (2, 1.80), (3, 1.93), (4, 2.00), (5, 2.05), (7, 2.07))),
     Pair("paper: T5 1.1 XXL, T5 1.1 small draft", "models/t5_1_1_xxl.gin",
          "models/t5_1_1_small.gin", "bfloat16", 0.75, 7, 64))
 """The pairs without --model and --draft: the target's and the draft's steps of each
 (Leviathan et al.'s Table 2 pair: T5-XXL EN→DE with T5-small, γ = 7, on the T5 1.1 sizes, 64
-input tokens, both in bfloat16)."""
+input tokens, both in bfloat16), and the bundled pairs' EAGLE-3-style heads' steps with their
+chains' tokens per target call: greedy, 64 bundled inputs, drafting over the 1024 most
+frequent ids, bfloat16 kernels (`python -m experiments.bench.eagle --heads ... --examples 64`;
+the LM's 128 tokens with EOS ignored, as its main-job run decodes, EN→DE's to each
+translation's EOS, `--stop_at_eos`; docs/feature_drafts.md)."""
 PAIR_PIECES = ("target step", "draft step")
 DTYPES = ("float32", "bfloat16", "int8")
 PIECES = ("steps", "loops")
 MAX_DEVICES = 16  # specjax.aot.targets.MAX_DEVICES (not imported: the parser needs no JAX)
 COLUMNS = ("target", "devices", "piece", "kernels", "per_layer", "f32_temps", "f32_temp_MB", "floor_MB",
            "whiles", "custom_calls", "pred_ms", "pct_of_roofline", "compile_s")
+
+
+def _head_arguments(parser, args) -> Tuple[Tuple[int, float], ...]:
+  """--head, --tokens_per_call and --head_vocab checked (parser.error names a bad one) ->
+  the (γ, tokens per target call) given."""
+  if args.pairs and (args.head or args.tokens_per_call or args.head_vocab):
+    parser.error("--head, --tokens_per_call and --head_vocab need --model or --draft: the "
+                 "pairs of PAIRS name their own heads")
+  if (args.tokens_per_call or args.head_vocab) and not args.head:
+    parser.error("--tokens_per_call and --head_vocab describe a --head: give one")
+  tokens: Tuple[Tuple[int, float], ...] = ()
+  if args.tokens_per_call:
+    try:
+      tokens = tuple((int(g), float(e)) for g, e in
+                     (item.split(":") for item in args.tokens_per_call.split(",")))
+    except ValueError:
+      parser.error(f"--tokens_per_call {args.tokens_per_call!r}: give 'GAMMA:TOKENS,...', "
+                   "e.g. '4:3.6,7:4.5'")
+    for g, e in tokens:
+      if g < 1 or not 1 <= e <= g + 1:
+        parser.error(f"--tokens_per_call {g}:{e}: a chain of γ {g} emits from 1 to {g + 1} "
+                     "tokens per target call")
+  if args.head_vocab is not None and args.head_vocab < 1:
+    parser.error(f"--head_vocab must be at least 1, got {args.head_vocab}")
+  return tokens
 
 
 def parse_args(argv: Sequence[str]):
@@ -87,6 +128,15 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--alpha", type=float, default=None,
                       help="the pair's acceptance rate for the predicted speedup (Thm 3.8; "
                       "default 0.75)")
+  parser.add_argument("--head", default=None,
+                      help="a trained feature head of the target (a folder or bundled:PAIR/ROLE):"
+                      " its step from its model.gin (default: a random head at the target's "
+                      "width)")
+  parser.add_argument("--tokens_per_call", default=None,
+                      help="with --head: its chain's measured tokens per target call as "
+                      "'GAMMA:TOKENS,...' (e.g. '4:3.6,7:4.5'): its predicted speedup")
+  parser.add_argument("--head_vocab", type=int, default=None,
+                      help="with --head: the ids it drafts over (vocab_limit; default all)")
   parser.add_argument("--pieces", nargs="+", default=None, choices=PIECES,
                       help="default both (with --model or --draft)")
   parser.add_argument("--unroll", action="store_true",
@@ -95,6 +145,7 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--verbose", action="store_true", help="tracebacks for errors")
   args = parser.parse_args(list(argv))
   args.pairs = args.model is None and args.draft is None
+  args.head_tokens = _head_arguments(parser, args)
   if args.pairs and (args.pieces or args.unroll):
     parser.error("--pieces and --unroll need --model or --draft: without them the command "
                  "compiles the steps of the pairs of PAIRS")
@@ -145,12 +196,28 @@ def predictions(rows: List[Dict[str, Any]], alpha: float, gamma: int) -> Dict[st
   """{accelerator: `specjax.aot.cost.prediction`} from each one's target and draft step rows
   (the step-time model's `pred_ms`); {} without the steps."""
   from specjax.aot import cost  # pylint: disable=import-outside-toplevel
+  steps = _step_ms(rows)
+  return {name: cost.prediction(s["target step"], s["draft step"], alpha, gamma)
+          for name, s in steps.items() if "target step" in s and "draft step" in s}
+
+
+def head_predictions(rows: List[Dict[str, Any]], tokens: Sequence[Tuple[int, float]]
+                     ) -> Dict[str, Any]:
+  """{accelerator: `specjax.aot.cost.head_prediction`} from each one's target and head step
+  rows and the head's measured (γ, tokens per target call); {} without them."""
+  from specjax.aot import cost  # pylint: disable=import-outside-toplevel
+  if not tokens:
+    return {}
+  return {name: cost.head_prediction(s["target step"], s["head step"], dict(tokens))
+          for name, s in _step_ms(rows).items() if "target step" in s and "head step" in s}
+
+
+def _step_ms(rows: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
   steps: Dict[str, Dict[str, float]] = {}
   for r in rows:
-    if r["piece"] in ("target step", "draft step") and "pred_ms" in r:
+    if r["piece"] in ("target step", "draft step", "head step") and "pred_ms" in r:
       steps.setdefault(r["target"], {})[r["piece"]] = r["pred_ms"]
-  return {name: cost.prediction(s["target step"], s["draft step"], alpha, gamma)
-          for name, s in steps.items() if len(s) == 2}
+  return steps
 
 
 def markdown(rows: List[Dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
@@ -170,11 +237,21 @@ def prediction_line(name: str, p: Dict[str, Any]) -> str:
           f"(by gamma: {curve})")
 
 
+def head_prediction_line(name: str, head: str, p: Dict[str, Any]) -> str:
+  """One accelerator's feature-head prediction (`head_predictions`) in a line."""
+  curve = ", ".join(f"{g}: {p['tokens_per_call'][g]} tokens/call -> {x}x"
+                    for g, x in p["speedup_by_gamma"].items())
+  return (f"{name}: feature head {head}: head step {p['head_step_ms']} ms, target step "
+          f"{p['target_step_ms']} ms, c = {p['c']}; speedup {p['speedup']}x at gamma "
+          f"{p['gamma']} (by gamma, measured tokens per call: {curve})")
+
+
 def _pairs(args) -> List[Pair]:
   """The pairs to compile: `PAIRS` (with the arguments given) or the one named."""
   if not args.pairs:
     return [Pair("", args.model, args.draft, args.draft_dtype, args.alpha, args.gamma,
-                 args.input_len)]
+                 args.input_len, head=args.head, head_tokens=args.head_tokens,
+                 head_vocab=args.head_vocab)]
   given = {k: getattr(args, k) for k in ("draft_dtype", "alpha", "gamma", "input_len")
            if getattr(args, k) is not None}
   return [dataclasses.replace(p, **given) for p in PAIRS]
@@ -209,12 +286,19 @@ def run(argv: Sequence[str]) -> int:
     target = build_model(target_cfg)
     draft = build_model(model_config_from_file(pair.draft))
     check_same_vocab(target, draft.vocab_size)
+    head_config = None
+    if pair.head is not None:
+      from specjax.train.checkpoints import read_trained_folder  # pylint: disable=import-outside-toplevel
+      head_config = read_trained_folder(pair.head, "feature head")[1]
     pieces = report.model_pieces(target, draft, dtype=args.dtype, draft_dtype=pair.draft_dtype,
                                  batch=args.batch, input_len=pair.input_len,
                                  max_new_tokens=args.max_new_tokens, gamma=pair.gamma,
-                                 include=args.pieces or ("steps",), unroll=args.unroll)
+                                 include=args.pieces or ("steps",), unroll=args.unroll,
+                                 head_config=head_config,
+                                 vocab_rows=pair.head_vocab or target.vocab_size)
     if args.pairs:
-      pieces = [p for p in pieces if p.name in PAIR_PIECES]
+      wanted = PAIR_PIECES + (("head step",) if pair.head is not None else ())
+      pieces = [p for p in pieces if p.name in wanted]
     rows, traces = [], {}
     for name in _gpus_first(names):
       for piece in pieces:
@@ -224,8 +308,13 @@ def run(argv: Sequence[str]) -> int:
         rows.append(row)
         print(" | ".join(str(row.get(c, "")) for c in columns), flush=True)
     predicted = predictions(rows, pair.alpha, pair.gamma)
-    lines = [(f"{pair.label}, " if pair.label else "") + prediction_line(name, p)
-             for name, p in predicted.items()]
+    head_predicted = head_predictions(rows, pair.head_tokens)
+    prefix = f"{pair.label}, " if pair.label else ""
+    lines = [prefix + prediction_line(name, p) for name, p in predicted.items()]
+    lines += [prefix + head_prediction_line(name, pair.head, p)
+              for name, p in head_predicted.items()]
+    if head_predicted:
+      predicted = dict(predicted, feature_head=head_predicted)
     results.append((pair, rows, predicted, lines))
   lines = [line for *_, pair_lines in results for line in pair_lines]
   for line in lines:
@@ -234,7 +323,9 @@ def run(argv: Sequence[str]) -> int:
     common = dict(targets=names, devices=args.devices, dtype=args.dtype, batch=args.batch,
                   max_new_tokens=args.max_new_tokens, pieces=args.pieces, unroll=args.unroll)
     arguments = lambda p: dict(common, model=p.model, draft=p.draft, draft_dtype=p.draft_dtype,
-                               input_len=p.input_len, gamma=p.gamma, alpha=p.alpha)
+                               input_len=p.input_len, gamma=p.gamma, alpha=p.alpha,
+                               head=p.head, head_tokens=[list(t) for t in p.head_tokens],
+                               head_vocab=p.head_vocab)
     head = {"jax": jax_version(), "model_constants": dataclasses.asdict(cost.FITTED)}
     if args.pairs:
       written = dict(head, pairs=[dict(label=p.label, arguments=arguments(p), rows=rows,

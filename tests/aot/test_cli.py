@@ -49,3 +49,41 @@ def test_without_model_and_draft_the_command_takes_the_pairs_with_what_is_given(
     aot.parse_args(["--pieces", "loops"])
   assert info.value.code == 2
   assert "--pieces and --unroll need --model or --draft" in capsys.readouterr().err
+
+
+@NEEDS_COMPILERS
+def test_a_trained_head_s_step_and_tokens_per_call_give_its_predicted_speedup(tmp_path, capsys):
+  from specjax.app.gin_config import model_config_from_file  # pylint: disable=import-outside-toplevel
+  from specjax.models import FeatureHeadConfig, model_gin_text  # pylint: disable=import-outside-toplevel
+  tiny = "models/decoder_only_tiny.gin"
+  cfg = model_config_from_file(tiny)
+  head_dir = tmp_path / "head"  # a head folder as specjax.train writes it: model.gin is read
+  head_dir.mkdir()
+  (head_dir / "model.gin").write_text(model_gin_text(FeatureHeadConfig(
+      vocab_size=cfg.vocab_size, emb_dim=cfg.emb_dim, num_heads=2, head_dim=4, mlp_dim=12)))
+  out = tmp_path / "out"
+  assert aot.cli(["--target", TPU, "--model", tiny, "--draft", tiny, "--pieces", "steps",
+                  "--head", str(head_dir), "--tokens_per_call", "2:2.5,5:3.5",
+                  "--head_vocab", "16", "--output_dir", str(out)]) == 0
+  written = json.loads((out / "aot.json").read_text())
+  steps = {r["piece"]: r for r in written["rows"]}
+  p = written["prediction"]["feature_head"][TPU]
+  assert p["head_step_ms"] == steps["head step"]["pred_ms"] > 0
+  assert p["c"] == pytest.approx(p["head_step_ms"] / p["target_step_ms"], abs=1e-4)
+  assert p["speedup_by_gamma"]["5"] == pytest.approx(3.5 / (5 * p["c"] + 1), abs=2e-3)
+  assert written["arguments"]["head_tokens"] == [[2, 2.5], [5, 3.5]]
+  assert f"feature head {head_dir}: head step" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--draft", "bundled:lm/draft", "--tokens_per_call", "3:2"], "describe a --head"),
+    (["--draft", "bundled:lm/draft", "--head", "h", "--tokens_per_call", "3"],
+     "give 'GAMMA:TOKENS,...'"),
+    (["--draft", "bundled:lm/draft", "--head", "h", "--tokens_per_call", "3:4.5"],
+     "emits from 1 to 4 tokens"),
+    (["--head", "h"], "need --model or --draft")])
+def test_a_bad_head_argument_is_one_error_line(argv, error, capsys):
+  with pytest.raises(SystemExit) as info:
+    aot.parse_args(argv)
+  assert info.value.code == 2
+  assert error in capsys.readouterr().err.strip().splitlines()[-1]
