@@ -100,7 +100,8 @@ def run(cli: Cli, *, num_examples: int = 16, max_new_tokens: int = 128,
                                 **eagle_heads.table_settings(cli.flags["gammas"],
                                                              cli.flags["tree"],
                                                              cli.flags["examples"],
-                                                             cli.flags["repeats"])})
+                                                             cli.flags["repeats"]),
+                                **({"stop_at_eos": True} if cli.flags["stop_at_eos"] else {})})
   check_counts(num_examples=num_examples, max_new_tokens=max_new_tokens, repeats=repeats,
                draft_gammas=tuple(draft_gammas),
                feature_gammas=tuple(g for g, _, _, _ in feature_chains))
@@ -194,7 +195,10 @@ main = cli_main(run, "bench_eagle", __doc__, FAST, default_pairs=("lm",),
                                                "(default 16)"),
                        "--repeats": dict(type=int, default=None,
                                          help="with --heads: timed passes per decoder "
-                                              "(default 3; the counts need 1)")})
+                                              "(default 3; the counts need 1)"),
+                       "--stop_at_eos": dict(action="store_true",
+                                             help="with --heads: each decode ends at its "
+                                                  "first EOS (default: 128 tokens past it)")})
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from experiments.common.decoding import Decoders, decode_config
 from experiments.common.inputs import load_examples
 from experiments.common.output import write
 from specjax.app import bundled
+from specjax.data import load_vocab
 from specjax.draft import DynamicTree, FeatureDrafter
 from specjax.params import DRAFT_WEIGHTS_DTYPES, cast_kernels
 from specjax.train import load_head, load_token_ranking
@@ -103,9 +104,11 @@ def table(cli: Any, heads: Sequence[Tuple[str, str]], *, num_examples: int = 16,
           max_new_tokens: int = 128, gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8),
           dynamic_tree: Optional[Tuple[int, int, int]] = (2, 1, 6),
           vocab_limit: Optional[int] = 1024, kernels: str = "bfloat16", repeats: int = 3,
-          max_input_len: int = 48) -> List[Dict[str, Any]]:
+          max_input_len: int = 48, stop_at_eos: bool = False) -> List[Dict[str, Any]]:
   """Writes bench_eagle_heads.{md,csv,json}; returns the rows (module docstring).
-  dynamic_tree: (branch, expand, max_depth) of EAGLE-2's tree, or None."""
+  dynamic_tree: (branch, expand, max_depth) of EAGLE-2's tree, or None. stop_at_eos: each
+  decode ends at its first EOS (the output a user reads; the heads were trained on text that
+  ends there), else it runs on to max_new_tokens past it (equal lengths for every decoder)."""
   if kernels not in DRAFT_WEIGHTS_DTYPES:
     raise ValueError(f"kernels must be one of {sorted(DRAFT_WEIGHTS_DTYPES)}, got {kernels!r}")
   pair = cli.pairs[0]
@@ -114,7 +117,8 @@ def table(cli: Any, heads: Sequence[Tuple[str, str]], *, num_examples: int = 16,
   grown = depth if dynamic_tree is None else max(
       depth, dynamic_tree[0] + dynamic_tree[0] * dynamic_tree[1] * (dynamic_tree[2] - 1))
   d = Decoders(pair, max_new_tokens,
-               decode_config(0.0, max_input_len + max_new_tokens + grown + 1))
+               decode_config(0.0, max_input_len + max_new_tokens + grown + 1,
+                             eos_id=load_vocab().eos_id if stop_at_eos else -1))
   runs: Dict[str, Any] = {"autoregressive": d.autoregressive()}
   meta: Dict[str, Tuple[str, str, Optional[int]]] = {}
   for kind, name in heads:
@@ -154,7 +158,8 @@ def table(cli: Any, heads: Sequence[Tuple[str, str]], *, num_examples: int = 16,
                    + f"; kernels {kernels}; "
                    + (f"drafting over the {vocab_limit} most frequent ids (token_ranking.npy)"
                       if vocab_limit else "all ids"),
-                   f"{num_examples} bundled inputs × {max_new_tokens} tokens (EOS ignored), "
+                   f"{num_examples} bundled inputs × {max_new_tokens} tokens "
+                   f"({'up to the first EOS' if stop_at_eos else 'EOS ignored'}), "
                    f"temperature 0, interleaved per example, median of {repeats} passes",
                    "acceptance by position: guess i accepted among rounds whose guess i - 1 "
                    "was; accepted_per_round excludes the correction token, tokens_per_call "

@@ -224,3 +224,26 @@ def test_bench_eagle_heads_acceptance_by_position_and_bad_heads():
                      (dict(tree="2,1"), "--tree"), (dict(examples=0), "--examples")):
     with pytest.raises(ValueError, match=match):
       eagle_heads.table_settings(**bad)
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_bench_eagle_heads_stops_at_eos_when_asked(flag, monkeypatch, tmp_path):
+  """--stop_at_eos: the decodes the table compares end at the vocabulary's EOS; without it
+  they run on to the budget (eos_id -1)."""
+  from experiments.common import eagle_heads  # pylint: disable=import-outside-toplevel
+  from specjax.data import load_vocab  # pylint: disable=import-outside-toplevel
+  seen = []
+
+  class Stop(Exception):
+    pass
+
+  def decoders(pair, max_new_tokens, config):
+    seen.append(config.eos_id)
+    raise Stop
+
+  monkeypatch.setattr(eagle_heads, "Decoders", decoders)
+  with pytest.raises(Stop):
+    bench_eagle.main(["--fast", "--pair", "lm", "--heads", "EAGLE-1=bundled:lm/eagle",
+                      "--output_dir", str(tmp_path)] + (["--stop_at_eos"] if flag else []))
+  assert seen == [load_vocab().eos_id if flag else -1]
+  assert load_vocab().eos_id >= 0
