@@ -10,7 +10,8 @@ folder that `DataConfig.data_dir` reads like the prepared one:
                          sampled output as its target, `train.tsv`;
   lm                     each train document's first `prompt_tokens` tokens followed
                          by the teacher's continuation (up to EOS or the budget),
-                         `train.txt`.
+                         `train.txt`; with `past_eos` the whole budget, the documents
+                         the teacher wrote after its EOS on the lines that follow.
 
 The validation and test splits are copied unchanged, so held-out figures stay
 comparable with a run on the original data. Decoding streams the inputs through
@@ -97,11 +98,24 @@ def model_inputs(task: str, examples: Sequence, vocab, *, encoder_decoder: bool,
 
 
 def _texts(task: str, examples: Sequence, heads: List[List[int]], tokens: np.ndarray,
-           vocab) -> List[Tuple[str, Optional[str]]]:
-  """Split-file examples from decoded tokens [N, T] (`vocab.decode` stops at the first EOS)."""
+           vocab, past_eos: bool = False) -> List[Tuple[str, Optional[str]]]:
+  """Split-file examples from decoded tokens [N, T] (`vocab.decode` stops at the first EOS).
+  LM with `past_eos`: the continuation cut at each EOS, one document per piece in order
+  (training packs documents with EOS between them, in file order, so the packed stream is
+  the decode's own, up to the vocabulary's decode-encode round trip and one EOS after the
+  budget's last token)."""
   out = []
   for ex, head, row in zip(examples, heads, tokens):
-    text = _clean(vocab.decode(head + [int(t) for t in row]))
+    ids = head + [int(t) for t in row]
+    if task == "lm" and past_eos:
+      pieces, start = [], 0
+      for i, t in enumerate(ids + [vocab.eos_id]):
+        if t == vocab.eos_id:
+          pieces.append(ids[start:i])
+          start = i + 1
+      out += [(text, None) for text in (_clean(vocab.decode(p)) for p in pieces) if text]
+      continue
+    text = _clean(vocab.decode(ids))
     if task == "lm":
       if text:
         out.append((text, None))
@@ -189,7 +203,8 @@ def _train_examples(src_dir: Path, ext: str, task: str, limit: Optional[int]) ->
 def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
                         limit: Optional[int] = None, batch: int = 32, chunk: int = 2048,
                         temperature: float = 0.0, seed: int = 0, inputs_length: int = 64,
-                        max_new_tokens: int = 64, prompt_tokens: int = 16) -> Path:
+                        max_new_tokens: int = 64, prompt_tokens: int = 16,
+                        past_eos: bool = False) -> Path:
   """Decodes the train split of `task` under `data_dir` with `teacher`; returns the new
   train file. See the module docstring for the layout, chunks and resumption.
 
@@ -206,6 +221,9 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
     inputs_length: seq2seq source length cap (as training's).
     max_new_tokens: output budget per example.
     prompt_tokens: LM: tokens of each document kept as the prompt.
+    past_eos: LM: decode the whole budget past EOS (as a decode with EOS ignored does, e.g.
+      the bundled feature-head runs) and write the continuation as the documents it holds,
+      in order (`_texts`); a head then learns the target after its own EOS too.
   """
   check_settings(limit=limit, batch=batch, chunk=chunk, temperature=temperature,
                  inputs_length=inputs_length, max_new_tokens=max_new_tokens,
@@ -213,6 +231,9 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
   for name, path in (("--teacher", teacher), ("--data_dir", data_dir), ("--out", out)):
     files.check_local(path, name)
   check_task(task)
+  if past_eos and task != "lm":
+    raise ValueError(f"--past_eos is for the lm task (a document stream); {task!r} writes one "
+                     "output per source")
   folder = TASKS[task]
   ext = data_lib.TASK_FILES[folder]
   src_dir, out_dir = Path(data_dir) / folder, Path(out) / folder
@@ -224,7 +245,8 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
                      "family")
   examples = _train_examples(src_dir, ext, task, limit)
   vocab = load_vocab()
-  config = DecodeConfig(sampling=Sampling(temperature=float(temperature)), eos_id=vocab.eos_id,
+  config = DecodeConfig(sampling=Sampling(temperature=float(temperature)),
+                        eos_id=-1 if past_eos else vocab.eos_id,
                         cache_len=prompt_tokens + max_new_tokens + 2 if task == "lm"
                         else max_new_tokens + 2)
   parts = out_dir / ".parts"
@@ -233,6 +255,7 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
       "task": task, "temperature": float(temperature), "seed": int(seed), "limit": limit,
       "chunk": int(chunk), "inputs_length": int(inputs_length),
       "max_new_tokens": int(max_new_tokens), "prompt_tokens": int(prompt_tokens),
+      **({"past_eos": True} if past_eos else {}),
       "vocab_sha256": files.sha256(Path(VOCAB_MODEL)),
       "sources_sha256": {p.name: files.sha256(p) for p in sorted(src_dir.glob(f"*.{ext}"))
                          if p.stem in data_lib.SPLITS}})
@@ -249,14 +272,21 @@ def write_teacher_split(teacher: str, task: str, data_dir: str, out: str, *,
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(np.arange(start, start + len(piece)))
     result = autoregressive_decode(model, params, inputs, max_new_tokens=max_new_tokens,
                                    rng=keys, config=config, slots=min(batch, len(piece)))
-    rows = _texts(task, piece, heads, np.asarray(result.tokens), vocab)
+    rows = _texts(task, piece, heads, np.asarray(result.tokens), vocab, past_eos)
     data_lib.write_split(part, rows)  # written under a temporary name, renamed into place
     done += len(piece)
     rate = done / max(time.perf_counter() - t_start, 1e-9)
     log.warning("%s: %d / %d examples (%.1f / s)", out_dir, start + len(piece), len(examples),
                 rate)
+  return _join_parts(parts, len(examples), chunk, src_dir, out_dir, ext)
+
+
+def _join_parts(parts: Path, count: int, chunk: int, src_dir: Path, out_dir: Path,
+                ext: str) -> Path:
+  """Writes the chunks under `parts` as out_dir's train split, in order, and copies the
+  held-out splits unchanged; returns the train file."""
   written = []
-  for start in range(0, len(examples), chunk):
+  for start in range(0, count, chunk):
     written += data_lib.read_split(parts / f"part_{start:08d}.{ext}")
   train = out_dir / f"train.{ext}"
   data_lib.write_split(train, written)
@@ -283,6 +313,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--inputs_length", type=int, default=64)
   p.add_argument("--max_new_tokens", type=int, default=64)
   p.add_argument("--prompt_tokens", type=int, default=16)
+  p.add_argument("--past_eos", action="store_true",
+                 help="lm: decode the whole budget past EOS, written as the documents it holds")
   args = p.parse_args(argv)
   logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
   train = write_teacher_split(args.teacher, args.task, args.data_dir, args.out,
@@ -290,7 +322,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               temperature=args.temperature, seed=args.seed,
                               inputs_length=args.inputs_length,
                               max_new_tokens=args.max_new_tokens,
-                              prompt_tokens=args.prompt_tokens)
+                              prompt_tokens=args.prompt_tokens, past_eos=args.past_eos)
   print(train)
   return 0
 

@@ -2,11 +2,14 @@
 part): chunks are reused only under the same manifest (teacher weights, sampling, limit,
 sources), and an --out that would write over the --data_dir's split files is refused before
 the teacher is even loaded. Two tiny random teachers (nothing trained), one compile shape."""
+import json
+
 import jax
+import numpy as np
 import pytest
 
 from specjax import checkpoints
-from specjax.data import splits
+from specjax.data import load_vocab, splits
 from specjax.models import build_model, model_gin_text
 from specjax.testing import TINY_CONFIGS
 from specjax.train import teacher_data
@@ -82,3 +85,28 @@ def test_an_out_whose_split_file_is_an_input_is_refused(setup, tmp_path):
   (out / "validation.txt").symlink_to(root / "data" / "lm_ddtp_en" / "validation.txt")
   with pytest.raises(ValueError, match="validation.txt, which is the input"):
     teacher_data.write_teacher_split(teacher, "lm", data, str(tmp_path / "out"), limit=10, **KW)
+
+
+def test_past_eos_writes_each_document_the_teacher_wrote_after_its_eos():
+  vocab = load_vocab()
+  eos = vocab.eos_id
+  tokens = np.array([[7, eos, 8, 9, eos, eos, 10]], np.int32)  # a decode with EOS ignored
+  clean = lambda ids: " ".join(vocab.decode(ids).split())
+  rows = teacher_data._texts("lm", ["doc"], [[5, 6]], tokens, vocab, past_eos=True)  # pylint: disable=protected-access
+  # One document per EOS-separated piece, in order; the empty one between two EOS dropped.
+  assert rows == [(clean([5, 6, 7]), None), (clean([8, 9]), None), (clean([10]), None)]
+  assert teacher_data._texts("lm", ["doc"], [[5, 6]], tokens, vocab) == [  # pylint: disable=protected-access
+      (clean([5, 6, 7]), None)]  # without it: up to the first EOS
+
+
+def test_past_eos_decodes_again_and_is_refused_for_a_seq2seq_task(setup, tmp_path):
+  _, teachers, data = setup
+  out = tmp_path / "kd"
+  teacher_data.write_teacher_split(teachers[0], "lm", data, str(out), **KW)
+  manifest = out / "lm_ddtp_en" / ".parts" / "manifest.json"
+  assert "past_eos" not in json.loads(manifest.read_text())
+  teacher_data.write_teacher_split(teachers[0], "lm", data, str(out), past_eos=True, **KW)
+  assert json.loads(manifest.read_text())["past_eos"] is True  # the old chunks not reused
+  with pytest.raises(ValueError, match="--past_eos is for the lm task"):
+    teacher_data.write_teacher_split(teachers[0], "translate", data, str(out), past_eos=True,
+                                     **KW)
