@@ -82,11 +82,15 @@ def test_the_bundled_head_runs_from_its_run_file(tmp_path, role):
   assert record["prediction_tokens"][0] == 1 and len(record["prediction_tokens"]) == 12
 
 
-def test_the_bundled_translation_head_runs_from_its_run_file(tmp_path):
+@pytest.mark.parametrize("role", ["eagle", "eagle3"])
+def test_the_bundled_translation_head_runs_from_its_run_file(tmp_path, role):
   # runs/bundled_translate_eagle.gin: the bundled EN->DE target and bundled:translate/eagle,
-  # a head whose layer also reads the source (cross_attention).
-  assert bundled.available("translate", "eagle")
-  summary = run(["--gin_file=runs/bundled_translate_eagle.gin", "--plain",
+  # a head whose layer also reads the source (cross_attention); runs/bundled_translate_eagle3.gin:
+  # bundled:translate/eagle3, that head over all three decoder layers' features.
+  assert bundled.available("translate", role)
+  layers = read_model_gin(str(bundled.model_dir("translate", role))).feature_layers
+  assert layers == (None if role == "eagle" else (0, 1, 3)), layers
+  summary = run([f"--gin_file=runs/bundled_translate_{role}.gin", "--plain",
                  "--prompt", "The house is wonderful.", "--prompt", "Open the file.",
                  "--gin.MAX_NEW_TOKENS=12", f"--gin.OUTPUT_DIR='{tmp_path}'"])
   assert summary["drafter"] == "feature" and summary["gamma"] == 2
