@@ -38,6 +38,7 @@ RUNS = {
     "translate_eagle": "runs/train_translate_eagle.gin",
     "lm_eagle3": "runs/train_lm_eagle3.gin",
     "lm_eagle3_no_ttt": "runs/train_lm_eagle3_no_ttt.gin",
+    "lm_eagle3_past_eos": "runs/train_lm_eagle3_past_eos.gin",
     "translate_eagle3": "runs/train_translate_eagle3.gin",
 }
 # Distilled drafts learn from OUT/TEACHER (train it first).
@@ -49,6 +50,7 @@ SHIP = {  # run name -> (pair, role) under specjax.app.bundled.PAIRS_DIR
     "lm_draft_distilled": ("lm", "draft"), "translate_draft_distilled": ("translate", "draft"),
     "lm_eagle": ("lm", "eagle"), "translate_eagle": ("translate", "eagle"),
     "lm_eagle3": ("lm", "eagle3"), "lm_eagle3_no_ttt": ("lm", "eagle3"),
+    "lm_eagle3_past_eos": ("lm", "eagle3"),
     "translate_eagle3": ("translate", "eagle3"),
 }
 DEFAULT_SHIP = ("lm_target", "lm_draft", "lm_tiny", "translate_target", "translate_draft")

@@ -58,7 +58,7 @@ class Pair:
 PAIRS = (
     Pair("bundled LM", "bundled:lm/target", "bundled:lm/draft", "float32", 0.70, 4, 16,
          head="bundled:lm/eagle3", head_vocab=1024,
-         head_tokens=((2, 2.55), (3, 3.11), (4, 3.63), (5, 3.93), (7, 4.56))),
+         head_tokens=((2, 2.68), (3, 3.43), (4, 4.09), (5, 4.64), (7, 5.59))),
     Pair("bundled EN-DE", "bundled:translate/target", "bundled:translate/draft", "float32",
          0.51, 4, 16, head="bundled:translate/eagle3", head_vocab=1024,
          head_tokens=((1, 1.55), (2, 1.80), (3, 1.93), (4, 2.00), (5, 2.05), (7, 2.07))),
@@ -69,8 +69,8 @@ PAIRS = (
 input tokens, both in bfloat16), and the bundled pairs' EAGLE-3-style heads' steps with their
 chains' tokens per target call: greedy, 64 bundled inputs, drafting over the 1024 most
 frequent ids, bfloat16 kernels (`python -m experiments.bench.eagle --heads ... --examples 64`;
-the LM's 128 tokens with EOS ignored, as its main-job run decodes, EN→DE's to each
-translation's EOS, `--stop_at_eos`; docs/feature_drafts.md)."""
+the LM's 128 tokens with EOS ignored, as its main-job run decodes and its head was trained,
+EN→DE's to each translation's EOS, `--stop_at_eos`; docs/feature_drafts.md)."""
 PAIR_PIECES = ("target step", "draft step")
 DTYPES = ("float32", "bfloat16", "int8")
 PIECES = ("steps", "loops")

@@ -33,9 +33,9 @@ PAIRS = {"lm": "lm_ddtp_en", "translate": "translate_en_de"}
 ROLES = ("target", "draft", "tiny", "eagle", "eagle3")
 """A pair's models: its target, its draft, a tiny smoke model (LM) and feature heads trained
 for its target: 'eagle' reads the target's final hidden states and was trained teacher-forced
-(EAGLE-1); 'eagle3' reads a fusion of three layers' hidden states (EAGLE-3's fused features;
-the LM pair's trained teacher-forced, which beat training-time test there, EN→DE's on its own
-rollouts: training-time test)."""
+(EAGLE-1); 'eagle3' reads a fusion of three layers' hidden states (EAGLE-3's fused features)
+and was trained on its own rollouts (training-time test; the LM pair's on teacher data decoded
+past EOS)."""
 PREFIX = "bundled:"
 _CKPT = re.compile(r"checkpoint_(\d+)")
 
