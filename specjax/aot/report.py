@@ -396,9 +396,10 @@ def head_step_piece(name: str, head, params, *, batch: int, cache_len: int,
       predicted, cache = head.decode(params, cache, features, embedded,
                                      jnp.full((batch,), i, jnp.int32), encoded=encoded)
       if rows is not None:
-        table = rows.astype(jnp.bfloat16) if rows.dtype == jnp.int8 else rows  # int8: scales
+        # int8 rows are read as int8 and widened in the dot (their scales are not modelled).
+        table = rows.astype(jnp.bfloat16) if rows.dtype == jnp.int8 else rows
         logits = jnp.einsum("bke,ve->bkv", predicted.astype(table.dtype), table,
-                            preferred_element_type=jnp.float32)  # aside, as the head's dots
+                            preferred_element_type=jnp.float32)
         embedded = jnp.take(rows, jnp.argmax(logits, axis=-1), axis=0).astype(jnp.float32)
       return cache, predicted, embedded
     return jax.lax.fori_loop(0, steps, body, (cache, features, embedded))
