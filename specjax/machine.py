@@ -62,12 +62,14 @@ BF16_DOT_FLAGS = ("avx512_bf16", "amx_bf16")
 def draft_weights_dtype(backend: str, lines: Optional[Sequence[str]] = None) -> Tuple[str, str]:
   """(dtype, why): the weight dtype a draft (a model or a feature head) runs fastest in here.
 
-  A draft's step reads its weights once per guess, so fewer weight bytes are faster where the
-  dots run natively. A GPU or TPU multiplies bfloat16 natively: 'bfloat16'. A CPU with
-  bfloat16 dot instructions (`BF16_DOT_FLAGS`) likewise; a CPU without them converts bfloat16
-  to float32 element by element, and int8 (half of bfloat16's bytes, one scale per output
-  column) was faster there (docs/feature_drafts.md): 'int8'. Where the CPU's flags cannot be
-  read, 'int8' too. `backend` is `jax.default_backend()`.
+  A draft's step at batch 1 reads its weights once per guess and does little else, so it is
+  bound by its weight bytes. A GPU or TPU multiplies bfloat16 natively: 'bfloat16'. On a CPU
+  'int8' (half of bfloat16's bytes, one scale per output column): it was the faster of the two
+  both where the CPU has no bfloat16 dot instructions (`BF16_DOT_FLAGS`; bfloat16 is converted
+  element by element there) and where it has them (an avx512_bf16 / AMX Xeon: the bundled
+  heads' main job 2.30-2.37x in int8 against 2.04-2.09x in bfloat16; docs/results/main_eagle/README.md,
+  "The avx512_bf16 / AMX Xeon"). Where the CPU's flags cannot be read, 'int8' too. `backend`
+  is `jax.default_backend()`.
   """
   if backend != "cpu":
     return "bfloat16", f"the {backend.upper()} runs bfloat16 dots natively"
@@ -76,6 +78,8 @@ def draft_weights_dtype(backend: str, lines: Optional[Sequence[str]] = None) -> 
     return "int8", "this CPU's flags are unreadable (no /proc/cpuinfo): int8, the CPU default"
   have = [flag for flag in BF16_DOT_FLAGS if flag in flags]
   if have:
-    return "bfloat16", f"this CPU has bfloat16 dot instructions ({', '.join(have)})"
+    return "int8", (f"a head's step is bound by its weight bytes, and int8 reads half of "
+                    f"bfloat16's: faster than bfloat16 even with bfloat16 dot instructions "
+                    f"({', '.join(have)})")
   return "int8", ("this CPU has no bfloat16 dot instructions (no avx512_bf16 or amx_bf16): "
                   "int8 reads half of bfloat16's weight bytes without converting them")

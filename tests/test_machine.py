@@ -25,9 +25,11 @@ def test_no_cpuinfo_falls_back_to_the_model_alone():
   assert machine.describe([]).endswith(f", {os.cpu_count()} cores")
 
 
-def test_a_draft_runs_bfloat16_where_the_dots_are_native_and_int8_elsewhere():
-  assert machine.draft_weights_dtype("cpu", GENOA)[0] == "bfloat16"
-  assert "avx512_bf16" in machine.draft_weights_dtype("cpu", GENOA)[1]
+def test_a_draft_runs_int8_on_every_cpu_and_bfloat16_on_an_accelerator():
+  # Measured faster in int8 on an AVX2-only EPYC and on an avx512_bf16 / AMX Xeon alike.
+  assert machine.draft_weights_dtype("cpu", GENOA)[0] == "int8"
+  assert "weight bytes" in machine.draft_weights_dtype("cpu", GENOA)[1]
+  assert "(avx512_bf16)" in machine.draft_weights_dtype("cpu", GENOA)[1]
   assert machine.draft_weights_dtype("cpu", AVX2_ONLY) == (
       "int8", "this CPU has no bfloat16 dot instructions (no avx512_bf16 or amx_bf16): int8 "
       "reads half of bfloat16's weight bytes without converting them")
