@@ -66,10 +66,10 @@ def draft_weights_dtype(backend: str, lines: Optional[Sequence[str]] = None) -> 
   bound by its weight bytes. A GPU or TPU multiplies bfloat16 natively: 'bfloat16'. On a CPU
   'int8' (half of bfloat16's bytes, one scale per output column): it was the faster of the two
   both where the CPU has no bfloat16 dot instructions (`BF16_DOT_FLAGS`; bfloat16 is converted
-  element by element there) and where it has them (an avx512_bf16 / AMX Xeon: the bundled
-  heads' main job 2.30-2.37x in int8 against 2.04-2.09x in bfloat16; docs/results/main_eagle/README.md,
-  "The avx512_bf16 / AMX Xeon"). Where the CPU's flags cannot be read, 'int8' too. `backend`
-  is `jax.default_backend()`.
+  element by element there) and where it has them (an avx512_bf16 / AMX Xeon: the LM head's
+  main job 2.30-2.37x in int8 against 2.04-2.09x in bfloat16, interleaved;
+  docs/results/main_eagle/README.md, "The avx512_bf16 / AMX Xeon"). Where the CPU's flags
+  cannot be read, 'int8' too. `backend` is `jax.default_backend()`.
   """
   if backend != "cpu":
     return "bfloat16", f"the {backend.upper()} runs bfloat16 dots natively"
