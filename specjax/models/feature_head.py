@@ -1,11 +1,11 @@
-"""A feature head: one T5X decoder layer that predicts the target's next feature (EAGLE-style).
+"""A feature head: a T5X decoder layer (or a few) that predicts the target's next feature (EAGLE).
 
 The target's feature at position p is its final hidden state there (after `decoder_norm`,
 before the output projection; `specjax.models.FeatureModel`). The head runs over the same
 positions as the target: at position p it reads [f_{p-1}, embedding(x_p)] (f_{-1} = 0, the
 embedding the target's own frozen input embedding), projects the concatenation to E
-(`input_projection`, as EAGLE's fc), runs one decoder layer with its own KV cache and a final
-RMSNorm, and predicts f_p; the target's own `feature_logits(f_p)` then give the distribution
+(`input_projection`, as EAGLE's fc), runs one decoder layer (`num_layers` of them) with its
+own KV cache and a final RMSNorm, and predicts f_p; the target's own `feature_logits(f_p)` then give the distribution
 of x_{p+1}. The head's parameters hold no vocabulary matrix.
 
 With `feature_layers` (EAGLE-3's fused features) the head reads, in place of the target's
@@ -25,8 +25,9 @@ only a query and an output kernel for it.
 
 Parameter tree (T5X names): `input_projection/kernel [2E, E]`, `relpos_bias/rel_embedding
 [H, 32]`, `layers_0/{pre_self_attention_layer_norm, self_attention/{query,key,value,out},
-pre_mlp_layer_norm, mlp/{wi_0,wi_1,wo}}`, `decoder_norm/scale [E]`; with `cross_attention`
-also `layers_0/{pre_cross_attention_layer_norm, encoder_decoder_attention/{query,out}}`; with
+pre_mlp_layer_norm, mlp/{wi_0,wi_1,wo}}` (and `layers_1` .. alike with `num_layers`),
+`decoder_norm/scale [E]`; with `cross_attention` also each layer's
+`{pre_cross_attention_layer_norm, encoder_decoder_attention/{query,out}}`; with
 n `feature_layers` also `feature_fusion/kernel [n * E, E]`.
 """
 from __future__ import annotations
@@ -68,6 +69,9 @@ class FeatureHeadConfig:
   """Width D of each head."""
   mlp_dim: int
   """Hidden width of its MLP."""
+  num_layers: int = 1
+  """Decoder layers L_h (`layers_0` .. `layers_{L_h - 1}`, each with its own KV cache); the
+  shipped heads have one (EAGLE's)."""
   mlp_activations: Tuple[str, ...] = ("gelu", "linear")
   """One name per MLP input kernel, as `DecoderOnlyConfig.mlp_activations`."""
   dtype: str = "float32"
@@ -86,7 +90,7 @@ class FeatureHeadConfig:
 
   def __post_init__(self):
     name = type(self).__name__
-    for field in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
+    for field in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_layers"):
       check_int(f"{name}.{field}", getattr(self, field), low=1, expected="a positive integer")
     acts = self.mlp_activations
     if isinstance(acts, str) or not isinstance(acts, (tuple, list)) or not acts:
@@ -116,7 +120,8 @@ class FeatureHeadNetwork(nn.Module):
     cfg, dtype = self.config, DTYPES[self.config.dtype]
     self.input_projection = Dense(cfg.emb_dim, mlp_kernel_init, dtype)
     self.relpos_bias = RelativePositionBias(cfg.num_heads)
-    self.layers_0 = DecoderLayer(cfg, cross_attention=cfg.cross_attention)
+    self.layers = [DecoderLayer(cfg, cross_attention=cfg.cross_attention)
+                   for _ in range(cfg.num_layers)]  # flax names them layers_0, layers_1, ..
     self.decoder_norm = RMSNorm(dtype)
     if cfg.feature_layers is not None:
       self.feature_fusion = Dense(cfg.emb_dim, mlp_kernel_init, dtype)
@@ -152,8 +157,9 @@ class FeatureHeadNetwork(nn.Module):
     new_rel = self.relpos_bias(pos[None], pos, False)  # [1, H, L, L]
     cfg = self.config
     dtype = DTYPES[cfg.dtype]
-    cache = (jnp.zeros((batch, cfg.num_heads, cfg.head_dim, slots.shape[0]), dtype),
-             jnp.zeros((batch, cfg.num_heads, slots.shape[0], cfg.head_dim), dtype))
+    caches = [(jnp.zeros((batch, cfg.num_heads, cfg.head_dim, slots.shape[0]), dtype),
+               jnp.zeros((batch, cfg.num_heads, slots.shape[0], cfg.head_dim), dtype))
+              for _ in range(cfg.num_layers)]
     query, key, step = pos[:, None], slot_pos[None, :], slot_step[None, :]  # [L, 1], [1, S]
     outputs, inputs = [], prev_features
     for k in range(steps):
@@ -164,9 +170,10 @@ class FeatureHeadNetwork(nn.Module):
                                   (batch,) + old_rel.shape[1:])
       new_bias = new_rel + mask_to_bias(new_visible)[None, None]
       starts = jnp.full((batch,), k * length, jnp.int32)
-      x, cache = self.layers_0(self._fuse(inputs, embedded),
-                               (old_bias, new_bias, joined_bias(old_bias, new_bias, starts)),
-                               cache, starts, cross)
+      bias = (old_bias, new_bias, joined_bias(old_bias, new_bias, starts))
+      x = self._fuse(inputs, embedded)
+      for i, layer in enumerate(self.layers):
+        x, caches[i] = layer(x, bias, caches[i], starts, cross)
       outputs.append(self.decoder_norm(x).astype(jnp.float32))
       inputs = shift_features(outputs[-1])
     return jnp.stack(outputs)
@@ -180,7 +187,9 @@ class FeatureHeadNetwork(nn.Module):
               ) -> Array:
     """Teacher-forced: [B, L, E] twice -> predicted features float32 [B, L, E]."""
     bias = causal_bias(self.relpos_bias, prev_features.shape[1])
-    x, _ = self.layers_0(self._fuse(prev_features, embedded), bias, None, None, cross)
+    x = self._fuse(prev_features, embedded)
+    for layer in self.layers:
+      x, _ = layer(x, bias, None, None, cross)
     return self.decoder_norm(x).astype(jnp.float32)
 
   def decode_step(self, prev_features: Array, embedded: Array, positions: Array,
@@ -193,9 +202,13 @@ class FeatureHeadNetwork(nn.Module):
     else:
       bias = tree_bias(self.relpos_bias, tree, positions,
                        jnp.arange(cache.max_len, dtype=jnp.int32))
-    x, (keys, values) = self.layers_0(self._fuse(prev_features, embedded), bias,
-                                      (cache.keys[0], cache.values[0]), positions, cross)
-    return self.decoder_norm(x).astype(jnp.float32), KVCache(keys=(keys,), values=(values,))
+    x, keys, values = self._fuse(prev_features, embedded), [], []
+    for i, layer in enumerate(self.layers):
+      x, (k, v) = layer(x, bias, (cache.keys[i], cache.values[i]), positions, cross)
+      keys.append(k)
+      values.append(v)
+    return (self.decoder_norm(x).astype(jnp.float32),
+            KVCache(keys=tuple(keys), values=tuple(values)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,9 +296,10 @@ class FeatureHead:
                            self._cross(encoded), method="rollout")
 
   def init_cache(self, batch: int, max_len: int) -> KVCache:
-    """The head's zeroed KV cache: keys [batch, H, D, max_len], values [batch, H, max_len, D]."""
+    """The head's zeroed KV cache, per layer keys [batch, H, D, max_len] and values
+    [batch, H, max_len, D]."""
     cfg = self.config
-    return zeros_cache(batch, max_len, 1, cfg.num_heads, cfg.head_dim, DTYPES[cfg.dtype])
+    return zeros_cache(batch, max_len, cfg.num_layers, cfg.num_heads, cfg.head_dim, DTYPES[cfg.dtype])
 
   def forward(self, params: Any, prev_features: Array, embedded: Array,
               encoded: Optional[EncodedInputs] = None) -> Array:

@@ -29,28 +29,29 @@ from specjax.testing import TableModel, tiny_pair
 GREEDY = DecodeConfig(sampling=Sampling(temperature=0.0), trace=True)
 
 
-def _head(target, seed=3, cross=False):
+def _head(target, seed=3, cross=False, num_layers=1):
   """A random head for `target`; `cross`: with cross_attention (the target's heads)."""
   heads = (target.config.num_heads, target.config.head_dim) if cross else (2, 8)
   head = FeatureHead(FeatureHeadConfig(vocab_size=target.vocab_size, emb_dim=target.feature_dim,
                                        num_heads=heads[0], head_dim=heads[1], mlp_dim=32,
-                                       cross_attention=cross))
+                                       cross_attention=cross, num_layers=num_layers))
   return head, head.init(seed)
 
 
-def _near_copy_head(target, cross=False):
-  """A head whose prediction is about its input feature f_{p-1} (a small random layer on
+def _near_copy_head(target, cross=False, num_layers=1):
+  """A head whose prediction is about its input feature f_{p-1} (small random layers on
   top): greedy, it mostly guesses the last token again, so rounds accept 0..γ guesses."""
-  head, params = _head(target, cross=cross)
+  head, params = _head(target, cross=cross, num_layers=num_layers)
   width = target.feature_dim
   params["input_projection"]["kernel"] = jnp.concatenate([jnp.eye(width),
                                                           jnp.zeros((width, width))])
-  layer = params["layers_0"]
-  layer["self_attention"]["out"]["kernel"] = layer["self_attention"]["out"]["kernel"] * 0.1
-  layer["mlp"]["wo"]["kernel"] = layer["mlp"]["wo"]["kernel"] * 0.1
-  if cross:  # the source moves the prediction too, a little
-    attention = layer["encoder_decoder_attention"]
-    attention["out"]["kernel"] = attention["out"]["kernel"] * 0.01
+  for i in range(num_layers):
+    layer = params[f"layers_{i}"]
+    layer["self_attention"]["out"]["kernel"] = layer["self_attention"]["out"]["kernel"] * 0.1
+    layer["mlp"]["wo"]["kernel"] = layer["mlp"]["wo"]["kernel"] * 0.1
+    if cross:  # the source moves the prediction too, a little
+      attention = layer["encoder_decoder_attention"]
+      attention["out"]["kernel"] = attention["out"]["kernel"] * 0.01
   return head, params
 
 
@@ -274,6 +275,38 @@ def test_greedy_equals_autoregressive_and_rounds_read_true_features(family):
       assert np.count_nonzero(np.asarray(result.accepted_hist).sum(0)) >= 3
       for row, r, token in _first_guesses(pair, head, head_params, inputs, result):
         assert int(guesses[row, r, 0]) == token, (row, r)
+
+
+# A head of two layers (FeatureHeadConfig.num_layers), each with its own cache and its own
+# cross-attention, on the T5 target: chains (float32 and int8 kernels) and a tree give the
+# autoregressive output, and each round's first guess is the head's teacher-forced argmax on
+# the target's true features (a drafter that fed layer 1 layer 0's cache, or dropped a layer's
+# write, guesses otherwise and fails the last check).
+def test_a_two_layer_head_decodes_as_autoregressive_chain_and_tree():
+  pair = tiny_pair("t5")
+  head, head_params = _near_copy_head(pair.target, cross=True, num_layers=2)
+  assert "layers_1" in head_params and len(head.init_cache(1, 4).keys) == 2
+  drafter = FeatureDrafter(pair.target, head, max_gamma=3)
+  inputs = _inputs("t5")
+  reference = autoregressive_decode(pair.target, pair.target_params, inputs, max_new_tokens=20,
+                                    rng=jax.random.PRNGKey(0), config=GREEDY)
+  chains = {}
+  for name, kernels in (("float32", head_params), ("int8", quantize_kernels(head_params))):
+    chains[name] = speculative_decode(pair.target, pair.target_params, drafter,
+                                      drafter.params(kernels, pair.target_params), inputs,
+                                      max_new_tokens=20, gamma=3, rng=jax.random.PRNGKey(0),
+                                      config=GREEDY)
+    np.testing.assert_array_equal(chains[name].tokens, reference.tokens, err_msg=name)
+  chain = chains["float32"]
+  guesses = np.asarray(chain.trace.guesses)
+  for row, r, token in _first_guesses(pair, head, head_params, inputs, chain):
+    assert int(guesses[row, r, 0]) == token, (row, r)
+  assert np.count_nonzero(np.asarray(chain.accepted_hist).sum(0)) >= 3
+  params = drafter.params(head_params, pair.target_params)
+  tree = tree_decode(pair.target, pair.target_params, drafter, params, inputs,
+                     max_new_tokens=20, rng=jax.random.PRNGKey(0),
+                     tree=StaticTree.from_spines((3, 1)), config=GREEDY)
+  np.testing.assert_array_equal(tree.tokens, reference.tokens)
 
 
 def test_streamed_through_slots_greedy_equals_autoregressive():

@@ -75,9 +75,9 @@ def test_cached_features_equal_teacher_forced_and_give_the_logits(family):
                                rtol=1e-5, atol=1e-5)
 
 
-def _head(vocab=61, emb_dim=16):
+def _head(vocab=61, emb_dim=16, num_layers=1):
   return FeatureHead(FeatureHeadConfig(vocab_size=vocab, emb_dim=emb_dim, num_heads=2,
-                                       head_dim=6, mlp_dim=24))
+                                       head_dim=6, mlp_dim=24, num_layers=num_layers))
 
 
 def test_head_params_hold_no_vocabulary_matrix_and_use_t5x_names():
@@ -86,15 +86,23 @@ def test_head_params_hold_no_vocabulary_matrix_and_use_t5x_names():
   assert "layers_0/self_attention/query/kernel" in names
   assert all(1000 not in np.shape(v) for v in names.values())
   assert names["input_projection/kernel"].shape == (32, 16)
+  assert not any(name.startswith("layers_1/") for name in names)
+  deeper = dict(flatten(_head(vocab=1000, num_layers=2).init(0)))
+  assert set(deeper) == set(names) | {name.replace("layers_0/", "layers_1/")
+                                      for name in names if name.startswith("layers_0/")}
 
 
-def test_head_cached_decode_equals_teacher_forced():
-  head = _head()
+# With two layers the cache holds one key and value block per layer; a decode that read
+# layer 0's cache in layer 1 (or wrote one block only) moves these values by far more than 1e-5.
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_head_cached_decode_equals_teacher_forced(num_layers):
+  head = _head(num_layers=num_layers)
   params = head.init(1)
   features = jax.random.normal(jax.random.PRNGKey(2), (2, 7, 16))
   embedded = jax.random.normal(jax.random.PRNGKey(3), (2, 7, 16))
   whole = head.forward(params, shift_features(features), embedded)
   cache = head.init_cache(2, 12)
+  assert len(cache.keys) == len(cache.values) == num_layers
   parts = []
   for begin, end in ((0, 3), (3, 4), (4, 7)):
     out, cache = head.decode(params, cache, shift_features(features)[:, begin:end],

@@ -86,13 +86,13 @@ def test_feature_layers_are_checked_and_eagle3_picks_low_middle_and_final():
                       feature_layers=(1, 1))
 
 
-def _head(pair, layers, cross=False, seed=2):
+def _head(pair, layers, cross=False, seed=2, num_layers=1):
   cfg = pair.target.config
   heads = (cfg.num_heads, cfg.head_dim) if cross else (2, 8)
   head = FeatureHead(FeatureHeadConfig(vocab_size=pair.target.vocab_size,
                                        emb_dim=pair.target.feature_dim, num_heads=heads[0],
                                        head_dim=heads[1], mlp_dim=32, cross_attention=cross,
-                                       feature_layers=layers))
+                                       feature_layers=layers, num_layers=num_layers))
   return head, head.init(seed)
 
 
@@ -117,12 +117,14 @@ def test_head_fuses_its_layers_with_one_projection_and_eagle1_heads_keep_their_t
 # head's previous prediction. Step k at position p of the rollout must equal the k-th guess
 # after the prefix 0 .. p - k, for every p >= k (a mask that let step k see its own
 # step-(k-1) keys at other positions, or the true features past p - k, moves these values by
-# about 0.1-1, measured while writing this test).
+# about 0.1-1, measured while writing this test). The cross-attending head has two layers:
+# each keeps its own cache in the rollout as in a decode.
 @pytest.mark.parametrize("family", ["lm", "t5_cross"])
 def test_rollout_step_k_is_the_chains_kth_guess_on_its_own_predictions(family):
   pair = tiny_pair("lm" if family == "lm" else "t5")
   depth = pair.target.num_feature_layers
-  head, params = _head(pair, tuple(range(depth + 1)), cross=family == "t5_cross")
+  head, params = _head(pair, tuple(range(depth + 1)), cross=family == "t5_cross",
+                       num_layers=2 if family == "t5_cross" else 1)
   tokens = np.array([[0, 5, 7, 9, 11, 13, 4]], np.int32)
   (_, hidden), encoded = _teacher_forced(pair, tokens,
                                          feature_layers=head.config.feature_layers)
