@@ -5,8 +5,8 @@ before the output projection; `specjax.models.FeatureModel`). The head runs over
 positions as the target: at position p it reads [f_{p-1}, embedding(x_p)] (f_{-1} = 0, the
 embedding the target's own frozen input embedding), projects the concatenation to E
 (`input_projection`, as EAGLE's fc), runs one decoder layer (`num_layers` of them) with its
-own KV cache and a final RMSNorm, and predicts f_p; the target's own `feature_logits(f_p)` then give the distribution
-of x_{p+1}. The head's parameters hold no vocabulary matrix.
+own KV cache and a final RMSNorm, and predicts f_p; the target's own `feature_logits(f_p)`
+then give the distribution of x_{p+1}. The head's parameters hold no vocabulary matrix.
 
 With `feature_layers` (EAGLE-3's fused features) the head reads, in place of the target's
 final feature f_{p-1}, the fusion g_{p-1} = `feature_fusion`(h_{p-1}) of the target's hidden
@@ -69,9 +69,6 @@ class FeatureHeadConfig:
   """Width D of each head."""
   mlp_dim: int
   """Hidden width of its MLP."""
-  num_layers: int = 1
-  """Decoder layers L_h (`layers_0` .. `layers_{L_h - 1}`, each with its own KV cache); the
-  shipped heads have one (EAGLE's)."""
   mlp_activations: Tuple[str, ...] = ("gelu", "linear")
   """One name per MLP input kernel, as `DecoderOnlyConfig.mlp_activations`."""
   dtype: str = "float32"
@@ -87,6 +84,9 @@ class FeatureHeadConfig:
   """None: read the target's final features (EAGLE-1). A tuple of the target's layer indices
   (`specjax.models.protocol.FEATURE_LAYERS`; `eagle3_feature_layers(L)` is EAGLE-3's choice):
   read their hidden states, fused by one projection (module docstring)."""
+  num_layers: int = 1
+  """Decoder layers L_h (`layers_0` .. `layers_{L_h - 1}`, each with its own KV cache); the
+  shipped heads have one (EAGLE's)."""
 
   def __post_init__(self):
     name = type(self).__name__
@@ -299,7 +299,8 @@ class FeatureHead:
     """The head's zeroed KV cache, per layer keys [batch, H, D, max_len] and values
     [batch, H, max_len, D]."""
     cfg = self.config
-    return zeros_cache(batch, max_len, cfg.num_layers, cfg.num_heads, cfg.head_dim, DTYPES[cfg.dtype])
+    return zeros_cache(batch, max_len, cfg.num_layers, cfg.num_heads, cfg.head_dim,
+                       DTYPES[cfg.dtype])
 
   def forward(self, params: Any, prev_features: Array, embedded: Array,
               encoded: Optional[EncodedInputs] = None) -> Array:
