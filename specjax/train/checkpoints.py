@@ -299,6 +299,19 @@ def _choose(model_dir: str) -> Tuple[int, str, Optional[Dict[str, Any]], bool]:
   return step, folder, marker, False
 
 
+def _drop_added_defaults(saved: Any, now: Any, config: Any) -> None:
+  """Removes from `now` (this run's model fingerprint) each field that `saved` (a
+  checkpoint's) lacks and that holds its dataclass default in `config`: a field added to the
+  model config since that checkpoint was written, at the value that reproduces its model."""
+  if not (isinstance(saved, dict) and isinstance(now, dict) and dataclasses.is_dataclass(config)):
+    return
+  for field in dataclasses.fields(config):
+    if (field.name in now and field.name not in saved
+        and field.default is not dataclasses.MISSING
+        and now[field.name] == json.loads(json.dumps(field.default, default=str))):
+      del now[field.name]
+
+
 def restore(model_dir: str, trainer: Any, fingerprint: Optional[Mapping[str, Any]] = None,
             allow_changed: bool = False) -> Optional[Any]:
   """The state to resume from in `model_dir`, or None if it holds no checkpoint.
@@ -327,6 +340,8 @@ def restore(model_dir: str, trainer: Any, fingerprint: Optional[Mapping[str, Any
     now = json.loads(json.dumps(fingerprint))
     if "data_sha256" not in saved:  # recorded before file contents were
       now.pop("data_sha256", None)
+    _drop_added_defaults(saved.get("model"), now.get("model"),
+                         getattr(getattr(trainer, "model", None), "config", None))
     diff = fingerprint_diff(saved, now)
     if any(d.startswith("model.") for d in diff):
       raise ValueError(f"{folder} was trained with another model config "

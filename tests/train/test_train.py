@@ -330,6 +330,26 @@ def test_refused_model_change_writes_no_model_gin(lm_run):
   assert not (dest / T.MODEL_GIN).exists()
 
 
+# A checkpoint written before a model-config field existed records no value for it: the run
+# resumes while the field holds its default (the model that checkpoint trained), and is refused
+# when the run sets another value.
+def test_a_model_field_added_since_the_checkpoint_resumes_at_its_default(lm_run):
+  r = lm_run.result
+  dest = lm_run.tmp / "older_fingerprint"
+  copy_checkpoint(lm_run, 15, str(dest))
+  marker_path = dest / "checkpoint_15" / T.TRAIN_STATE_FILE
+  marker = json.loads(marker_path.read_text())
+  assert marker["fingerprint"]["model"].pop("logits_via_embedding") is True
+  marker_path.write_text(json.dumps(marker))
+  os.remove(dest / T.MODEL_GIN)  # the fingerprint alone decides (model.gin is checked apart)
+  config = dataclasses.replace(r.config, model_dir=str(dest))
+  other = dataclasses.replace(r.model_config, logits_via_embedding=False)
+  with pytest.raises(ValueError, match="another model config.*logits_via_embedding"):
+    T.train(other, r.data, r.optimizer, dataclasses.replace(config, allow_changed_training=True))
+  resumed = T.train(r.model_config, r.data, r.optimizer, config)
+  assert resumed.start_step == 15 and resumed.step == STEPS
+
+
 def test_resume_drops_metrics_past_the_checkpoint(lm_run):
   dest = str(lm_run.tmp / "metrics_resume")
   copy_checkpoint(lm_run, 15, dest)
